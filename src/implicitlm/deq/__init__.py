@@ -1,0 +1,8 @@
+"""Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
+
+from .options import FixedPointOptions, OptionError
+from .sequential import solve_sequence
+from .solver import FixedPointSolver
+from .stats import FixedPointStats
+
+__all__ = ["FixedPointOptions", "FixedPointSolver", "FixedPointStats", "OptionError", "solve_sequence"]

@@ -1,0 +1,196 @@
+"""The ``implicitlm`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        args.run(args)
+    except USER_ERRORS as error:
+        # Bad input is reported in one line, never as a traceback.
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"implicitlm: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("implicitlm: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="implicitlm", description="Implicit language models.")
+    commands = parser.add_subparsers(title="commands")
+    _add_demo(commands)
+    words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")
+    _add_words_generate(words)
+    _add_words_train(words)
+    _add_words_eval(words)
+    return parser
+
+
+def _add_demo(commands) -> None:
+    p = commands.add_parser("demo", help="implicit vs explicit Mamba2 on a word problem, accuracy by length")
+    p.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
+    p.add_argument("--preset", default="demo", help="preset name or JSON file (default: demo)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args) -> None:
+    from .configs import load_preset
+    from .demo import format_table, run_demo
+
+    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
+    print(format_table(results))
+    print(f"results: {args.out / 'results.json'}, plot: {args.out / 'accuracy_by_length.png'}")
+
+
+def _add_words_generate(commands) -> None:
+    p = commands.add_parser("generate", help="generate word-problem data")
+    p.add_argument("--group", required=True, help="e.g. S5, A5, Z6, S3xZ2, A5xM")
+    p.add_argument("--length", type=int, required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--hard-prob", type=float, default=None, help="identity probability of the group part (A5xM)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help=".csv for CSV; any other suffix: memory-mapped .npy")
+    p.set_defaults(run=_run_words_generate)
+
+
+def _run_words_generate(args) -> None:
+    from .data.words import save_words, write_generated_words
+
+    if args.out.suffix == ".csv":
+        from .data.words import generate_words
+
+        inputs, targets = generate_words(args.group, args.length, args.count, args.seed, args.hard_prob)
+        save_words(args.out, inputs, targets, {"group": args.group, "seed": args.seed, "hard_prob": args.hard_prob})
+    else:
+        write_generated_words(args.out, args.group, args.length, args.count, args.seed, args.hard_prob)
+    print(f"wrote {args.count} words of length {args.length} over {args.group} to {args.out}")
+
+
+def _add_words_train(commands) -> None:
+    p = commands.add_parser("train", help="train a model on a word problem")
+    p.add_argument("--out", type=Path, required=True, help="run folder: checkpoint, metrics.jsonl, tensorboard")
+    p.add_argument("--preset", default=None, help="preset name or JSON with 'model' and 'train' sections")
+    p.add_argument("--explicit", action="store_true", help="train the explicit model (one pass, no fixed point)")
+    p.add_argument("--data", type=Path, default=None, help="training words (.npy or .csv); default: fresh words")
+    p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--train", action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_words_train)
+
+
+def _run_words_train(args) -> None:
+    from .configs import load_preset
+    from .data.groups import get_group
+    from .data.words import load_words
+    from .models import ImplicitMamba2ForCausalLM, config_from_options
+    from .train.word_trainer import WordTrainConfig, train_words
+
+    preset = load_preset(args.preset) if args.preset else {}
+    kind = "explicit" if args.explicit else "implicit"
+    train_options = {**preset.get("train", {}), **preset.get(f"{kind}_train", {}), **_key_values(args.train)}
+    train_config = WordTrainConfig.from_dict(train_options)
+    data = load_words(args.data, group=train_config.group) if args.data else None
+    if data is not None and data.group != get_group(train_config.group).name:
+        raise ValueError(f"{args.data}: words over {data.group}, but the training group is {train_config.group}")
+    model_options = {
+        **preset.get("model", {}),
+        **_key_values(args.model),
+        "implicit": not args.explicit,
+        "vocab_size": get_group(train_config.group).order,
+        "label_alignment": "aligned",
+    }
+    import torch
+
+    torch.manual_seed(train_config.seed)
+    model = ImplicitMamba2ForCausalLM(config_from_options(model_options))
+    metrics = train_words(model, train_config, args.out, data=data, progress=not args.no_progress)
+    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}, indent=None))
+    print(f"checkpoint: {args.out / 'checkpoint'}")
+
+
+def _add_words_eval(commands) -> None:
+    p = commands.add_parser("eval", help="per-token accuracy of a checkpoint by test length")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--group", default=None, help="group of generated test words (default: from the checkpoint)")
+    p.add_argument("--lengths", default=None, help="comma-separated test lengths for generated words")
+    p.add_argument("--data", type=Path, action="append", default=[], help="test words file(s) instead")
+    p.add_argument("--count", type=int, default=512, help="generated words per length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hard-prob", type=float, default=None)
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--tol", type=float, default=None, help="fixed-point tolerance (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.set_defaults(run=_run_words_eval)
+
+
+def _run_words_eval(args) -> None:
+    from .data.words import load_words
+    from .demo import write_json
+    from .eval.words import accuracy_by_length, word_accuracy
+    from .train.checkpoint import read_meta
+    from .models import load_model
+
+    model = load_model(args.checkpoint)
+    options = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size}
+    if args.data:
+        group = args.group or read_meta(args.checkpoint)["train"]["group"]
+        rows = [word_accuracy(model, d.inputs, d.targets, **options) for d in (load_words(p, group) for p in args.data)]
+    else:
+        group = args.group or read_meta(args.checkpoint).get("train", {}).get("group")
+        if not group:
+            raise ValueError("--group is needed: the checkpoint does not name its training group")
+        if not args.lengths:
+            raise ValueError("give --lengths (e.g. 16,32,64) or --data FILE")
+        rows = accuracy_by_length(model, group, _int_list(args.lengths), args.count, args.seed, args.hard_prob, **options)
+    print(f"{'length':>8}{'accuracy':>10}{'last10':>9}{'fp iters':>10}")
+    for row in rows:
+        iters = f"{row['fp_iterations_mean']:>10.1f}" if "fp_iterations_mean" in row else f"{'-':>10}"
+        print(f"{row['length']:>8}{row['accuracy']:>10.1%}{row['accuracy_last10']:>9.1%}{iters}")
+    if args.json:
+        write_json(args.json, {"checkpoint": str(args.checkpoint), "group": group, "mode": args.mode, "results": rows})
+
+
+def _key_values(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs, values parsed as JSON where they are JSON (numbers, booleans, lists)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"expected positive lengths, got {text!r}")
+    return values
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+"""Word problems: random words over a finite group or monoid, labelled by prefix products.
+
+Labels are aligned with the inputs: ``targets[:, t] = inputs[:, 0] * ... * inputs[:, t]``
+(label t includes token t; there is no shift).
+
+Storage: any path not ending in ``.csv`` holds one ``.npy`` array of shape
+``(2, count, length)`` (inputs, targets), read back memory-mapped, with its metadata in a
+JSON sidecar ``path + '.json'``. A ``.csv`` path uses the format of "The Illusion of
+State" (Merrill et al., 2024): header ``seed,input,target``, one word per row, elements
+space-separated. Every write goes to a temporary file that replaces the target only once
+complete.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from implicitlm.data.errors import DataError
+from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
+
+FORMAT_VERSION = 1
+CSV_HEADER = ("seed", "input", "target")
+# Words are generated and checked in row blocks of about this many tokens, so temporary
+# memory stays bounded however many words are requested.
+BLOCK_TOKENS = 2**22
+
+
+@dataclass
+class WordData:
+    """Inputs and aligned prefix-product targets, shape (count, length); maybe memmaps."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    group: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def generate_words(
+    group: str | FiniteAlgebra,
+    length: int,
+    count: int,
+    seed: int = 0,
+    hard_prob: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` random words of ``length`` tokens and their prefix products.
+
+    Without ``hard_prob`` every token is uniform over the elements. With it (direct
+    products only, e.g. ``A5xM``) the rule of Schöne et al. (2025) applies: with
+    probability ``hard_prob`` the first factor's component is the identity, otherwise it
+    is uniform over all of that factor (identity included); the other factors are
+    uniform. So a token is "hard" (first component not the identity) with probability
+    ``(1 - hard_prob) * (1 - 1/|G|)``. The data depend only on the arguments.
+    """
+    algebra = resolve_group(group)
+    _check_generation_args(algebra, length, count, seed, hard_prob)
+    dtype = smallest_uint_dtype(algebra.order)
+    inputs = np.empty((count, length), dtype=dtype)
+    targets = np.empty((count, length), dtype=dtype)
+    _fill_words(algebra, inputs, targets, seed, hard_prob)
+    return inputs, targets
+
+
+def write_generated_words(
+    path: str | os.PathLike,
+    group: str | FiniteAlgebra,
+    length: int,
+    count: int,
+    seed: int = 0,
+    hard_prob: float | None = None,
+) -> WordData:
+    """Same data as ``generate_words``, generated straight into a memory-mapped file."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        raise ValueError(f"{path}: generate to .npy storage; export CSV with save_words")
+    algebra = resolve_group(group)
+    _check_generation_args(algebra, length, count, seed, hard_prob)
+    meta = _full_meta(algebra, count, length, seed, hard_prob)
+
+    def fill(stacked: np.ndarray) -> None:
+        _fill_words(algebra, stacked[0], stacked[1], seed, hard_prob)
+
+    _write_npy(path, (count, length), smallest_uint_dtype(algebra.order), fill, meta)
+    return load_words(path)
+
+
+def prefix_products(group: str | FiniteAlgebra, inputs: np.ndarray) -> np.ndarray:
+    """Running products of each row of ``inputs`` (shape (count, length))."""
+    algebra = resolve_group(group)
+    targets = np.empty(inputs.shape, dtype=smallest_uint_dtype(algebra.order))
+    if inputs.shape[1] == 0:
+        return targets
+    targets[:, 0] = inputs[:, 0]
+    # Sequential over positions by nature; each step is vectorised over all words.
+    for t in range(1, inputs.shape[1]):
+        targets[:, t] = algebra.table[targets[:, t - 1], inputs[:, t]]
+    return targets
+
+
+def verify_targets(group: str | FiniteAlgebra, inputs: np.ndarray, targets: np.ndarray) -> bool:
+    """Whether ``targets`` are the prefix products of ``inputs`` (all in range)."""
+    algebra = resolve_group(group)
+    if inputs.shape != targets.shape or inputs.ndim != 2:
+        return False
+    for rows in _row_blocks(inputs.shape[0], inputs.shape[1]):
+        block = np.asarray(inputs[rows])
+        if block.size and int(block.max()) >= algebra.order:
+            return False
+        if not np.array_equal(prefix_products(algebra, block), targets[rows]):
+            return False
+    return True
+
+
+def hard_token_mask(group: str | FiniteAlgebra, inputs: np.ndarray) -> np.ndarray:
+    """True where a token's first-factor component is not the identity.
+
+    For a group that is not a direct product this is simply "token is not the identity".
+    """
+    algebra = resolve_group(group)
+    rest_order = algebra.order // algebra.factor_orders[0]
+    return np.asarray(inputs) // rest_order != algebra.identity
+
+
+def save_words(
+    path: str | os.PathLike, inputs: np.ndarray, targets: np.ndarray, meta: dict[str, Any]
+) -> None:
+    """Write words atomically: CSV for a ``.csv`` path, else ``.npy`` plus JSON sidecar.
+
+    ``meta`` must name the ``group``; a CSV export also needs the generation ``seed``.
+    Length, count and format version are filled in from the arrays.
+    """
+    path = Path(path)
+    if "group" not in meta:
+        raise ValueError(f"{path}: meta must name the 'group' of the words")
+    algebra = resolve_group(meta["group"])
+    _check_storable(path, algebra, inputs, targets)
+    count, length = inputs.shape
+    full_meta = {
+        **meta,
+        **_full_meta(algebra, count, length, meta.get("seed"), meta.get("hard_prob")),
+    }
+    if path.suffix == ".csv":
+        _save_csv(path, inputs, targets, full_meta)
+        return
+
+    def fill(stacked: np.ndarray) -> None:
+        stacked[0] = inputs
+        stacked[1] = targets
+
+    _write_npy(path, (count, length), smallest_uint_dtype(algebra.order), fill, full_meta)
+
+
+def load_words(path: str | os.PathLike, group: str | FiniteAlgebra | None = None) -> WordData:
+    """Read words written by ``save_words``; a CSV file needs its ``group`` given."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        if group is None:
+            raise ValueError(f"{path}: a CSV file does not name its group; pass group=")
+        return _load_csv(path, resolve_group(group))
+    return _load_npy(path, None if group is None else resolve_group(group))
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    return Path(f"{os.fspath(path)}.json")
+
+
+def _check_generation_args(
+    algebra: FiniteAlgebra, length: int, count: int, seed: int, hard_prob: float | None
+) -> None:
+    for name, value in (("length", length), ("count", count)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if hard_prob is None:
+        return
+    if len(algebra.factor_orders) < 2:
+        raise ValueError(
+            f"hard_prob needs a direct product such as 'A5xM', "
+            f"got the single factor {algebra.name!r}"
+        )
+    if not 0.0 <= hard_prob <= 1.0:
+        raise ValueError(f"hard_prob must lie in [0, 1], got {hard_prob!r}")
+
+
+def _fill_words(
+    algebra: FiniteAlgebra,
+    inputs: np.ndarray,
+    targets: np.ndarray,
+    seed: int,
+    hard_prob: float | None,
+) -> None:
+    rng = np.random.default_rng(seed)
+    count, length = inputs.shape
+    for rows in _row_blocks(count, length):
+        tokens = _sample_tokens(algebra, rng, (rows.stop - rows.start, length), hard_prob)
+        inputs[rows] = tokens
+        targets[rows] = prefix_products(algebra, tokens)
+
+
+def _row_blocks(count: int, length: int) -> Iterator[slice]:
+    rows_per_block = max(1, BLOCK_TOKENS // max(1, length))
+    for start in range(0, count, rows_per_block):
+        yield slice(start, min(start + rows_per_block, count))
+
+
+def _sample_tokens(
+    algebra: FiniteAlgebra,
+    rng: np.random.Generator,
+    shape: tuple[int, int],
+    hard_prob: float | None,
+) -> np.ndarray:
+    dtype = smallest_uint_dtype(algebra.order)
+    if hard_prob is None:
+        return rng.integers(0, algebra.order, size=shape, dtype=dtype)
+    first_order = algebra.factor_orders[0]
+    rest_order = algebra.order // first_order
+    # Strictly greater, as in the reference generator: hard_prob = 1 never frees a token.
+    free = rng.random(shape, dtype=np.float32) > hard_prob
+    first = np.where(free, rng.integers(0, first_order, size=shape, dtype=dtype), 0)
+    rest = rng.integers(0, rest_order, size=shape, dtype=dtype)
+    # int64 because rest_order itself may not fit the token dtype (e.g. Z1xZ256).
+    return (first.astype(np.int64) * rest_order + rest).astype(dtype)
+
+
+def _full_meta(
+    algebra: FiniteAlgebra, count: int, length: int, seed: int | None, hard_prob: float | None
+) -> dict[str, Any]:
+    return {
+        "group": algebra.name,
+        "length": int(length),
+        "count": int(count),
+        "seed": None if seed is None else int(seed),
+        "hard_prob": None if hard_prob is None else float(hard_prob),
+        "format_version": FORMAT_VERSION,
+    }
+
+
+def _check_storable(
+    path: Path, algebra: FiniteAlgebra, inputs: np.ndarray, targets: np.ndarray
+) -> None:
+    if inputs.ndim != 2 or inputs.shape != targets.shape or 0 in inputs.shape:
+        raise ValueError(
+            f"{path}: inputs and targets must be non-empty (count, length) arrays of one shape, "
+            f"got {inputs.shape} and {targets.shape}"
+        )
+    for name, array in (("inputs", inputs), ("targets", targets)):
+        if (
+            not np.issubdtype(array.dtype, np.integer)
+            or array.min() < 0
+            or array.max() >= algebra.order
+        ):
+            raise ValueError(
+                f"{path}: {name} must be integers in [0, {algebra.order}) for {algebra.name}"
+            )
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write`` on a temporary file beside ``path``, then move it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    os.close(descriptor)
+    try:
+        write(Path(temporary))
+        _fsync(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _fsync(path: Path) -> None:
+    # Without it a crash after the rename could leave a renamed but empty file.
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _write_npy(
+    path: Path,
+    shape: tuple[int, int],
+    dtype: np.dtype,
+    fill: Callable[[np.ndarray], None],
+    meta: dict[str, Any],
+) -> None:
+    def write_array(temporary: Path) -> None:
+        stacked = np.lib.format.open_memmap(temporary, mode="w+", dtype=dtype, shape=(2, *shape))
+        fill(stacked)
+        stacked.flush()
+        del stacked
+
+    # Data first: a reader that finds new metadata therefore always finds the new data.
+    _atomic_write(path, write_array)
+    _atomic_write(
+        sidecar_path(path), lambda temporary: temporary.write_text(json.dumps(meta, indent=2))
+    )
+
+
+def _load_npy(path: Path, group: FiniteAlgebra | None) -> WordData:
+    meta = _read_meta(path)
+    try:
+        stacked = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as error:
+        raise DataError(
+            f"{path}: cannot read as a .npy file: {str(error).splitlines()[0]}"
+        ) from error
+    expected = (2, meta["count"], meta["length"])
+    if stacked.shape != expected or not np.issubdtype(stacked.dtype, np.unsignedinteger):
+        raise DataError(
+            f"{path}: expected an unsigned array of shape {expected} as its metadata says, "
+            f"got {stacked.dtype} {stacked.shape}"
+        )
+    if group is not None and group.name != resolve_group(meta["group"]).name:
+        raise DataError(f"{path}: holds words over {meta['group']}, not {group.name}")
+    return WordData(stacked[0], stacked[1], meta["group"], meta)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    sidecar = sidecar_path(path)
+    try:
+        meta = json.loads(sidecar.read_text())
+    except FileNotFoundError as error:
+        raise DataError(f"{path}: metadata file {sidecar} is missing") from error
+    except json.JSONDecodeError as error:
+        raise DataError(f"{sidecar}:{error.lineno}: expected JSON metadata: {error.msg}") from error
+    missing = {"group", "count", "length", "format_version"} - set(meta)
+    if missing:
+        raise DataError(f"{sidecar}: expected metadata keys {sorted(missing)}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise DataError(
+            f"{sidecar}: expected format_version {FORMAT_VERSION}, got {meta['format_version']!r}"
+        )
+    return meta
+
+
+def _save_csv(path: Path, inputs: np.ndarray, targets: np.ndarray, meta: dict[str, Any]) -> None:
+    seed = meta.get("seed")
+    if not isinstance(seed, int):
+        raise ValueError(
+            f"{path}: a CSV export needs the integer generation 'seed' in meta, got {seed!r}"
+        )
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(CSV_HEADER)
+            for word, labels in zip(inputs, targets):
+                writer.writerow(
+                    (seed, " ".join(map(str, word.tolist())), " ".join(map(str, labels.tolist())))
+                )
+
+    _atomic_write(path, write)
+
+
+def _load_csv(path: Path, algebra: FiniteAlgebra) -> WordData:
+    seeds: list[int] = []
+    inputs: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header != list(CSV_HEADER):
+            found = "an empty file" if header is None else repr(",".join(header))
+            raise DataError(f"{path}:1: expected header 'seed,input,target', got {found}")
+        for row in reader:
+            seed, word, labels = _parse_csv_row(path, reader.line_num, row, algebra)
+            if inputs and word.size != inputs[0].size:
+                raise DataError(
+                    f"{path}:{reader.line_num}: expected {inputs[0].size} elements per word "
+                    f"like the first row, got {word.size}"
+                )
+            seeds.append(seed)
+            inputs.append(word)
+            targets.append(labels)
+    if not inputs:
+        raise DataError(f"{path}:2: expected at least one row after the header, got none")
+    dtype = smallest_uint_dtype(algebra.order)
+    meta = _full_meta(
+        algebra, len(inputs), inputs[0].size, seeds[0] if len(set(seeds)) == 1 else None, None
+    )
+    return WordData(
+        np.stack(inputs).astype(dtype), np.stack(targets).astype(dtype), algebra.name, meta
+    )
+
+
+def _parse_csv_row(
+    path: Path, line: int, row: list[str], algebra: FiniteAlgebra
+) -> tuple[int, np.ndarray, np.ndarray]:
+    if len(row) != len(CSV_HEADER):
+        raise DataError(f"{path}:{line}: expected 3 columns seed,input,target, got {len(row)}")
+    try:
+        seed = int(row[0])
+    except ValueError:
+        raise DataError(f"{path}:{line}: expected an integer seed, got {row[0]!r}") from None
+    word = _parse_elements(path, line, "input", row[1], algebra)
+    labels = _parse_elements(path, line, "target", row[2], algebra)
+    if word.size != labels.size:
+        raise DataError(
+            f"{path}:{line}: expected input and target of equal length, "
+            f"got {word.size} and {labels.size}"
+        )
+    return seed, word, labels
+
+
+def _parse_elements(
+    path: Path, line: int, column: str, text: str, algebra: FiniteAlgebra
+) -> np.ndarray:
+    tokens = text.split()
+    if not tokens:
+        raise DataError(f"{path}:{line}: expected at least one element index in {column}, got none")
+    for token in tokens:
+        # str.isdigit alone accepts non-ASCII digits such as superscripts.
+        if not (token.isascii() and token.isdigit()):
+            raise DataError(
+                f"{path}:{line}: expected non-negative integers in {column}, got {token!r}"
+            )
+    values = np.array([int(token) for token in tokens], dtype=np.int64)
+    if values.max() >= algebra.order:
+        raise DataError(
+            f"{path}:{line}: expected {column} indices below {algebra.order} for {algebra.name}, "
+            f"got {int(values.max())}"
+        )
+    return values

@@ -1,0 +1,94 @@
+"""Validated options of the fixed-point solve and its gradient.
+
+torchdeq reads its options from a loose dict and silently drops keys it does not know
+(``stop_mode`` for ``f_stop_mode`` runs with the default and no warning). Every option
+here is declared, type-checked and range-checked, and an unknown key is an error that
+names the closest known one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+SOLVERS = ("fixed_point_iter", "anderson", "broyden")
+STOP_MODES = ("rel", "abs")
+
+
+class OptionError(ValueError):
+    """An invalid fixed-point option; the message is one line naming the option."""
+
+
+@dataclass(frozen=True)
+class FixedPointOptions:
+    """How to find the fixed point and how to differentiate through it.
+
+    Training runs ``f_max_iter`` solver steps without gradient, then ``phantom_steps``
+    damped steps ``z <- tau f(z) + (1 - tau) z`` with autograd (phantom gradient), unless
+    ``unroll_steps > 0``, which replaces both by a fully differentiable weight-tied unroll
+    (the warm-up phase). Evaluation has its own budget, the test-time-compute knob.
+    """
+
+    f_solver: str = "fixed_point_iter"
+    f_max_iter: int = 4
+    f_tol: float = 1e-3
+    f_stop_mode: str = "rel"
+    phantom_steps: int = 1
+    tau: float = 0.8
+    unroll_steps: int = 0
+    eval_f_max_iter: int = 16
+    eval_f_tol: float = 1e-3
+
+    def __post_init__(self) -> None:
+        _check_choice("f_solver", self.f_solver, SOLVERS)
+        _check_choice("f_stop_mode", self.f_stop_mode, STOP_MODES)
+        _check_int("f_max_iter", self.f_max_iter, minimum=0)
+        _check_int("eval_f_max_iter", self.eval_f_max_iter, minimum=1)
+        _check_int("phantom_steps", self.phantom_steps, minimum=1)
+        _check_int("unroll_steps", self.unroll_steps, minimum=0)
+        _check_positive("f_tol", self.f_tol)
+        _check_positive("eval_f_tol", self.eval_f_tol)
+        if not isinstance(self.tau, (int, float)) or not 0.0 < self.tau <= 1.0:
+            raise OptionError(f"tau must be a number in (0, 1], got {self.tau!r}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "FixedPointOptions":
+        check_known_keys(values, field_names(cls), "fixed-point option")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "FixedPointOptions":
+        check_known_keys(changes, field_names(type(self)), "fixed-point option")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def field_names(schema: type) -> list[str]:
+    return [field.name for field in dataclasses.fields(schema)]
+
+
+def check_known_keys(values: Mapping[str, Any], known: Sequence[str], what: str) -> None:
+    """Raise OptionError for the first key of ``values`` not in ``known``, naming the closest one."""
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+            raise OptionError(f"unknown {what} '{key}'{hint}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise OptionError(f"{name} must be a positive number, got {value!r}")

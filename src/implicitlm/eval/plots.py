@@ -1,0 +1,42 @@
+"""PNG figures of evaluation results."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are written to files, never shown
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_accuracy_by_length(
+    curves: dict[str, list[dict]], path: str | Path, title: str, train_length: int | None = None
+) -> Path:
+    """One line per model: per-token accuracy against test length."""
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name, rows in curves.items():
+        axis.plot([r["length"] for r in rows], [r["accuracy"] for r in rows], marker="o", label=name)
+    if train_length:
+        axis.axvline(train_length, color="grey", linestyle=":", label="training length")
+    axis.set_xscale("log", base=2)
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("test sequence length")
+    axis.set_ylabel("per-token accuracy")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def save_figure(figure, path: str | Path) -> Path:
+    """Write atomically: a temporary file renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    figure.savefig(temporary, dpi=120, format=path.suffix.lstrip(".") or "png")
+    plt.close(figure)
+    os.replace(temporary, path)
+    return path

@@ -1,0 +1,26 @@
+"""RMSNorm and the gated RMSNorm of the Mamba2 mixer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class GatedRMSNorm(RMSNorm):
+    """RMSNorm(y * silu(gate)): Mamba2 gates before normalising (``norm_before_gate=False``)."""
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x * nn.functional.silu(gate.to(x.dtype)))

@@ -1,0 +1,120 @@
+"""Causal LM around a backbone stack, explicit (one pass) or implicit (fixed point over depth).
+
+A stack provides ``forward(z, u, states)``, ``step(z_t, u_t, states)`` and
+``initial_state(batch, ...)``; this module adds embedding, injection, the two inference
+modes, the tied head and the loss, and knows nothing else about the stack.
+
+Implicit: u = Linear(RMSNorm(embed(x))); z* = f(z*, u) from z = 0 with f the stack.
+Explicit: z = f(embed(x), None), once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from transformers import PreTrainedModel
+
+from ..deq import FixedPointSolver, solve_sequence
+from ..layers import RMSNorm
+from .loss import token_cross_entropy
+from .output import ImplicitLMOutput
+
+MODES = ("simultaneous", "sequential")
+
+
+class ImplicitCausalLM(PreTrainedModel):
+    base_model_prefix = "model"
+
+    def __init__(self, config, stack: nn.Module, injection_size: int) -> None:
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.stack = stack
+        if config.implicit:
+            self.injection_norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+            self.injection = nn.Linear(config.hidden_size, injection_size, bias=False)
+        self.solver = FixedPointSolver(config.fixed_point_options)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings = value
+
+    def get_output_embeddings(self) -> None:
+        # The head is the embedding matrix itself (tied by construction, not by copy).
+        return None
+
+    def set_fixed_point_options(self, **changes) -> None:
+        """Change solver options in place (curriculum phases, evaluation budgets)."""
+        options = self.solver.options.replace(**changes)
+        self.config.fixed_point = options.to_dict()
+        self.solver = FixedPointSolver(options)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        mode: str = "simultaneous",
+        max_iter: int | None = None,
+        tol: float | None = None,
+        **unused,
+    ) -> ImplicitLMOutput:
+        """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
+        token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "sequential" and self.training and torch.is_grad_enabled():
+            raise ValueError("sequential mode is for inference; training runs in simultaneous mode")
+        # The weight-normalised weights are computed once per forward, not once per iteration.
+        with parametrize.cached():
+            embedded = self.embeddings(input_ids)
+            run = self._sequential if mode == "sequential" else self._simultaneous
+            z, stats, state = run(embedded, max_iter, tol)
+            logits = F.linear(z, self.embeddings.weight)[..., : self.config.vocab_size]
+        loss = None
+        if labels is not None:
+            loss = token_cross_entropy(logits, labels, self.config.label_alignment)
+        return ImplicitLMOutput(loss=loss, logits=logits, fixed_point=stats, state=state)
+
+    def _simultaneous(self, embedded: torch.Tensor, max_iter: int | None, tol: float | None):
+        if not self.config.implicit:
+            z, state = self.stack(embedded, None)
+            return z, None, state
+        injection = self.injection(self.injection_norm(embedded))
+        z, stats = self.solver(
+            lambda z: self.stack(z, injection)[0],
+            torch.zeros_like(embedded),
+            training=self.training,
+            max_iter=max_iter,
+            tol=tol,
+        )
+        return z, stats, None
+
+    def _sequential(self, embedded: torch.Tensor, max_iter: int | None, tol: float | None):
+        batch, length, _ = embedded.shape
+        state = self.stack.initial_state(batch, embedded.device, embedded.dtype)
+        if not self.config.implicit:
+            outputs = []
+            for t in range(length):
+                z_t, state = self.stack.step(embedded[:, t], None, state)
+                outputs.append(z_t)
+            return torch.stack(outputs, dim=1), None, state
+        options = self.solver.options
+        injection = self.injection(self.injection_norm(embedded))
+        z, state, stats = solve_sequence(
+            self.stack.step,
+            injection,
+            state,
+            self.solver,
+            self.config.hidden_size,
+            max_iter=options.eval_f_max_iter if max_iter is None else max_iter,
+            tol=options.eval_f_tol if tol is None else tol,
+        )
+        return z, stats, state

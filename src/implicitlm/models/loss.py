@@ -1,0 +1,24 @@
+"""Token-level cross-entropy for shifted (next-token) and aligned (word-problem) labels."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, alignment: str) -> torch.Tensor:
+    """Mean cross-entropy over labelled positions.
+
+    ``alignment="shifted"``: position t predicts label t + 1 (causal LM, labels = input_ids).
+    ``alignment="aligned"``: position t predicts label t; shifting these, as a causal-LM
+    loss would, trains the model to predict the *next* running product instead.
+    """
+    if alignment == "shifted":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    elif alignment != "aligned":
+        raise ValueError(f"unknown label alignment {alignment!r}")
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX
+    )

@@ -1,0 +1,81 @@
+"""Checkpoints: safetensors weights + config, and the optimiser/scheduler state, written atomically.
+
+A checkpoint is a directory. It is assembled under a temporary name beside its final
+place and renamed into it, so a crash leaves either the previous checkpoint or the new
+one, never a mixture. Training state is loaded with ``weights_only=True``: nothing in a
+checkpoint directory is unpickled into arbitrary objects or executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TRAINING_STATE = "training_state.pt"
+TRAINER_META = "trainer.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is missing, incomplete or corrupt."""
+
+
+def save_checkpoint(
+    path: str | Path,
+    model,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        if optimizer is not None:
+            state = {"optimizer": optimizer.state_dict()}
+            if scheduler is not None:
+                state["scheduler"] = scheduler.state_dict()
+            torch.save(state, staging / TRAINING_STATE)
+        (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))
+        _replace_directory(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def load_training_state(path: str | Path) -> dict[str, Any]:
+    file = Path(path) / TRAINING_STATE
+    if not file.is_file():
+        raise CheckpointError(f"{path}: no {TRAINING_STATE} (not a training checkpoint)")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for truncated/corrupt files
+        raise CheckpointError(f"{file}: unreadable training state ({type(error).__name__})") from None
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    file = Path(path) / TRAINER_META
+    try:
+        return json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{file}: unreadable checkpoint metadata ({error})") from None
+
+
+def _replace_directory(staging: Path, final: Path) -> None:
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    # Directories cannot be swapped atomically: move the old one aside first, so at every
+    # moment one complete checkpoint exists under a known name.
+    retired = final.with_name(f".{final.name}.old")
+    shutil.rmtree(retired, ignore_errors=True)
+    os.replace(final, retired)
+    os.replace(staging, final)
+    shutil.rmtree(retired, ignore_errors=True)

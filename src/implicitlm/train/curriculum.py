@@ -1,0 +1,81 @@
+"""Training curriculum: which fixed-point regime holds at each step.
+
+The authors' schedule is unroll (optional, fully differentiable warm-up) -> bounded
+(few no-grad iterations + one phantom step, e.g. 4+1) -> free (larger budget with an
+early-stop tolerance, e.g. 24+4 at tol 0.05). Each phase is a set of
+``FixedPointOptions`` overrides applied to the model when the phase begins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..deq.options import FixedPointOptions, OptionError
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    steps: int
+    fixed_point: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise OptionError(f"phase '{self.name}' has a negative number of steps ({self.steps})")
+        FixedPointOptions().replace(**self.fixed_point)  # validates names and values
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    phases: tuple[Phase, ...]
+
+    @property
+    def total_steps(self) -> int:
+        return sum(phase.steps for phase in self.phases)
+
+    def phase_at(self, step: int) -> Phase:
+        """The phase that governs optimiser step ``step`` (0-based); the last one past the end."""
+        end = 0
+        for phase in self.phases:
+            end += phase.steps
+            if step < end:
+                return phase
+        return self.phases[-1]
+
+    def boundaries(self) -> list[tuple[int, str]]:
+        """(first step, phase name) of every non-empty phase."""
+        start, out = 0, []
+        for phase in self.phases:
+            if phase.steps:
+                out.append((start, phase.name))
+            start += phase.steps
+        return out
+
+    @classmethod
+    def unroll_bounded_free(
+        cls,
+        unroll_steps: int,
+        bounded_steps: int,
+        free_steps: int,
+        unroll_depth: int = 16,
+        bounded: tuple[int, int] = (4, 1),
+        free: tuple[int, int] = (24, 4),
+        free_tol: float = 0.05,
+    ) -> "Curriculum":
+        """The three-phase schedule; (iterations, phantom steps) pairs as in the paper's "(4+1)"."""
+        return cls(
+            (
+                Phase("unroll", unroll_steps, {"unroll_steps": unroll_depth}),
+                Phase(
+                    "bounded",
+                    bounded_steps,
+                    {"unroll_steps": 0, "f_max_iter": bounded[0], "phantom_steps": bounded[1]},
+                ),
+                Phase(
+                    "free",
+                    free_steps,
+                    {"unroll_steps": 0, "f_max_iter": free[0], "phantom_steps": free[1], "f_tol": free_tol},
+                ),
+            )
+        )
