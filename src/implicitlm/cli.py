@@ -17,6 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
+    _quiet_libraries()
     try:
         args.run(args)
     except USER_ERRORS as error:
@@ -28,6 +29,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("implicitlm: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _quiet_libraries() -> None:
+    # Saving and loading a checkpoint is instant; the libraries' own progress bars are noise.
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +103,8 @@ def _add_words_train(commands) -> None:
 
 
 def _run_words_train(args) -> None:
+    import torch
+
     from .configs import load_preset
     from .data.groups import get_group
     from .data.words import load_words
@@ -115,8 +125,6 @@ def _run_words_train(args) -> None:
         "vocab_size": get_group(train_config.group).order,
         "label_alignment": "aligned",
     }
-    import torch
-
     torch.manual_seed(train_config.seed)
     model = ImplicitMamba2ForCausalLM(config_from_options(model_options))
     metrics = train_words(model, train_config, args.out, data=data, progress=not args.no_progress)

@@ -50,7 +50,7 @@ class FixedPointOptions:
         _check_int("unroll_steps", self.unroll_steps, minimum=0)
         _check_positive("f_tol", self.f_tol)
         _check_positive("eval_f_tol", self.eval_f_tol)
-        if not isinstance(self.tau, (int, float)) or not 0.0 < self.tau <= 1.0:
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0.0 < self.tau <= 1.0:
             raise OptionError(f"tau must be a number in (0, 1], got {self.tau!r}")
 
     @classmethod

@@ -57,22 +57,16 @@ class FixedPointSolver:
         """No-grad solve from ``z0``: at most ``max_iter`` evaluations of ``f``."""
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
-        calls = [0]
-
-        def counted(z: torch.Tensor) -> torch.Tensor:
-            calls[0] += 1
-            return f(z)
-
+        tracker = _ConvergenceTracker(f, tol, self.options.f_stop_mode)
         with torch.no_grad():
             z_star, _, info = self._solver(
-                counted, x0=z0, max_iter=max_iter, tol=tol, stop_mode=self.options.f_stop_mode
+                tracker, x0=z0, max_iter=max_iter, tol=tol, stop_mode=self.options.f_stop_mode
             )
-        trace = info[f"{self.options.f_stop_mode}_trace"]
         return z_star, FixedPointStats(
-            iterations=_steps_to_tolerance(trace, tol, calls[0]),
+            iterations=tracker.iterations(),
             abs_residual=info["abs_lowest"],
             rel_residual=info["rel_lowest"],
-            evaluations=calls[0],
+            evaluations=tracker.calls,
             tol=tol,
             stop_mode=self.options.f_stop_mode,
         )
@@ -113,11 +107,34 @@ def _damped(f: FixedPointFn) -> Callable[..., torch.Tensor]:
     return damped
 
 
-def _steps_to_tolerance(trace: torch.Tensor, tol: float, steps_taken: int) -> torch.Tensor:
-    """First step at which each sample's residual fell under ``tol`` (``steps_taken`` if never)."""
-    below = trace < tol
-    first = below.float().argmax(dim=1) + 1
-    return torch.where(below.any(dim=1), first.clamp(max=steps_taken), torch.full_like(first, steps_taken))
+class _ConvergenceTracker:
+    """Wraps ``f`` to count its calls and note when each sample first had a residual under ``tol``.
+
+    Read off the evaluations themselves rather than a solver's trace, whose layout
+    differs between solvers; the residual of an evaluated point z is ``||f(z) - z||``
+    (divided by ``||f(z)||`` in rel mode), as the solvers define it.
+    """
+
+    def __init__(self, f: FixedPointFn, tol: float, stop_mode: str) -> None:
+        self.f, self.tol, self.relative = f, tol, stop_mode == "rel"
+        self.calls = 0
+        self.first_converged: torch.Tensor | None = None
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        fz = self.f(z)
+        self.calls += 1
+        residual = (fz - z).flatten(1).norm(dim=1)
+        if self.relative:
+            residual = residual / (fz.flatten(1).norm(dim=1) + 1e-9)
+        if self.first_converged is None:
+            self.first_converged = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+        newly = (self.first_converged == 0) & (residual < self.tol)
+        self.first_converged[newly] = self.calls
+        return fz
+
+    def iterations(self) -> torch.Tensor:
+        """Evaluations each sample needed (all of them for a sample that never converged)."""
+        return torch.where(self.first_converged > 0, self.first_converged, self.calls)
 
 
 def _or(value, default):

@@ -111,7 +111,7 @@ class Mamba2Mixer(nn.Module):
         y, ssm = ssd_chunked(
             x,
             dt,
-            -torch.exp(self.A_log.float()),
+            self._decay_rates(),
             B.reshape(batch, length, d.ngroups, d.d_state),
             C.reshape(batch, length, d.ngroups, d.d_state),
             chunk_size=d.chunk_size,
@@ -136,13 +136,17 @@ class Mamba2Mixer(nn.Module):
             state.ssm,
             x,
             dt,
-            -torch.exp(self.A_log.float()),
+            self._decay_rates(),
             B.reshape(batch, d.ngroups, d.d_state),
             C.reshape(batch, d.ngroups, d.d_state),
         )
         y = y + x * self.D[:, None]
         out = self.out_proj(self.norm(y.reshape(batch, d.d_inner), gate))
         return out, Mamba2State(conv=conv, ssm=ssm)
+
+    def _decay_rates(self) -> torch.Tensor:
+        # The SSM decay is computed in at least float32: exp(dt * A) is sensitive to rounding.
+        return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
 
     def _project(
         self, hidden: torch.Tensor, injection: torch.Tensor | None

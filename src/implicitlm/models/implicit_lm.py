@@ -74,6 +74,7 @@ class ImplicitCausalLM(PreTrainedModel):
             raise ValueError("sequential mode is for inference; training runs in simultaneous mode")
         # The weight-normalised weights are computed once per forward, not once per iteration.
         with parametrize.cached():
+            _fill_parametrization_cache(self)
             embedded = self.embeddings(input_ids)
             run = self._sequential if mode == "sequential" else self._simultaneous
             z, stats, state = run(embedded, max_iter, tol)
@@ -118,3 +119,16 @@ class ImplicitCausalLM(PreTrainedModel):
             tol=options.eval_f_tol if tol is None else tol,
         )
         return z, stats, state
+
+
+def _fill_parametrization_cache(model: nn.Module) -> None:
+    """Compute every parametrised weight now, while autograd records (if it is on at all).
+
+    The cache fills on first access; if that first access were inside the no-grad
+    fixed-point solve, the phantom-gradient steps would reuse weights without history and
+    the backbone would never receive a gradient.
+    """
+    for module in model.modules():
+        if parametrize.is_parametrized(module):
+            for name in module.parametrizations:
+                getattr(module, name)

@@ -1,0 +1,41 @@
+"""Shared fixtures: a demo-size implicit model trained briefly on S3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from implicitlm.configs import load_preset
+from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
+from implicitlm.train.word_trainer import WordTrainConfig, train_words
+
+# Test models are tiny: one thread avoids synchronisation overhead that dominates their cost.
+torch.set_num_threads(1)
+
+TRAINED_GROUP = "S3"
+TRAINED_LENGTH = 12
+
+
+@pytest.fixture(scope="session")
+def trained_s3(tmp_path_factory):
+    """(model, run folder): the demo preset's implicit model after a short unroll + free schedule."""
+    preset = load_preset("demo")
+    run = tmp_path_factory.mktemp("trained_s3")
+    train = WordTrainConfig.from_dict(
+        {
+            **preset["train"],
+            **preset["implicit_train"],
+            "train_length": TRAINED_LENGTH,
+            "batch_size": 64,
+            "unroll_steps": 150,
+            "free_steps": 30,
+            "log_every": 50,
+        }
+    )
+    torch.manual_seed(train.seed)
+    model = ImplicitMamba2ForCausalLM(
+        config_from_options({**preset["model"], "vocab_size": 6, "label_alignment": "aligned"})
+    )
+    train_words(model, train, run, progress=False)
+    model.eval()
+    return model, run

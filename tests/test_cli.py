@@ -1,0 +1,104 @@
+"""The command line: outputs, and one-line errors with exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from implicitlm.cli import main
+from implicitlm.data.words import load_words, verify_targets
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_clean_error(code, err, *fragments):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("implicitlm: error:"), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".npy"])
+def test_generate_writes_correct_words(tmp_path, capsys, suffix):
+    out = tmp_path / f"words{suffix}"
+    code, _, _ = run(capsys, "words", "generate", "--group", "A5", "--length", "9", "--count", "7", "--seed", "3", "--out", str(out))
+    assert code == 0
+    data = load_words(out, group="A5")
+    assert data.inputs.shape == (7, 9) and data.inputs.dtype == np.uint8
+    assert verify_targets("A5", data.inputs, data.targets)
+
+
+def test_unknown_group_is_a_clean_error(tmp_path, capsys):
+    code, _, err = run(capsys, "words", "generate", "--group", "Q8", "--length", "4", "--count", "2", "--out", str(tmp_path / "q.csv"))
+    assert_clean_error(code, err, "Q8")
+    assert not any(tmp_path.iterdir()), "nothing may be left behind"
+
+
+def test_misspelled_training_option_is_a_clean_error(tmp_path, capsys):
+    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--train", "bounded_step=3")
+    assert_clean_error(code, err, "bounded_step", "bounded_steps")
+
+
+def test_misspelled_fixed_point_option_is_a_clean_error(tmp_path, capsys):
+    code, _, err = run(
+        capsys, "words", "train", "--out", str(tmp_path / "r"), "--model", 'fixed_point={"stop_mode": "abs"}'
+    )
+    assert_clean_error(code, err, "stop_mode", "f_stop_mode")
+
+
+def test_unknown_model_option_is_a_clean_error(tmp_path, capsys):
+    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--model", "hiden_size=8")
+    assert_clean_error(code, err, "hiden_size")
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["words", "eval", "x", "--mode", "sideways"])
+    assert exit_info.value.code == 2
+
+
+def test_eval_of_missing_checkpoint_is_a_clean_error(tmp_path, capsys):
+    code, _, err = run(capsys, "words", "eval", str(tmp_path / "nope"), "--lengths", "8")
+    assert_clean_error(code, err, "nope")
+
+
+def test_eval_of_malformed_csv_is_a_clean_error(tmp_path, capsys, trained_s3):
+    _, train_run = trained_s3
+    bad = tmp_path / "bad.csv"
+    bad.write_text("seed,input,target\n0,1 2 x,1 3 5\n")
+    code, _, err = run(capsys, "words", "eval", str(train_run / "checkpoint"), "--data", str(bad))
+    assert_clean_error(code, err, "bad.csv", "2")
+
+
+def test_train_then_eval_writes_json(tmp_path, capsys, trained_s3):
+    _, train_run = trained_s3
+    out = tmp_path / "eval.json"
+    code, stdout, _ = run(
+        capsys, "words", "eval", str(train_run / "checkpoint"), "--lengths", "12,24", "--count", "32", "--json", str(out)
+    )
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["length"] for r in results] == [12, 24]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and "accuracy_last10" in r for r in results)
+    assert "last10" in stdout
+
+
+def test_words_train_runs_and_checkpoints(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run(
+        capsys, "words", "train", "--out", str(out), "--no-progress",
+        "--train", "group=Z3", "--train", "train_length=6", "--train", "batch_size=8",
+        "--train", "bounded_steps=3", "--train", "log_every=1",
+        "--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4", "--model", "head_dim=8",
+    )
+    assert code == 0, err
+    assert (out / "checkpoint" / "model.safetensors").is_file()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3

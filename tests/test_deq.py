@@ -1,0 +1,340 @@
+"""Fixed-point options, per-sample solve, phantom gradient and unroll."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from implicitlm.deq import FixedPointOptions, FixedPointSolver, OptionError
+
+# Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
+
+
+DIM = 6
+class TanhMap(nn.Module):
+    """f(z) = tanh(gain * W z + bias + shift), per sample: Lipschitz constant <= gain, as ||W||_2 = 1.
+
+    ``gain`` and ``bias`` are rows of data, so a sample is the same problem in any batch.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        weight = torch.randn(DIM, DIM, generator=gen, dtype=torch.float64)
+        self.weight = nn.Parameter(weight / torch.linalg.matrix_norm(weight, ord=2))
+        self.shift = nn.Parameter(0.05 * torch.randn(DIM, generator=gen, dtype=torch.float64))
+
+    def forward(self, z: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(gain * (z @ self.weight.T) + bias + self.shift)
+
+
+def problems(gains, seed: int = 1):
+    """One row of (gain, bias) per sample; a larger gain is a slower sample."""
+    gen = torch.Generator().manual_seed(seed)
+    gain = torch.tensor(gains, dtype=torch.float64)[:, None]
+    bias = 0.3 * torch.randn(len(gains), DIM, generator=gen, dtype=torch.float64)  # tanh near linear
+    return gain, bias
+
+
+def batch_map(gains, seed: int = 1):
+    f_map = TanhMap()
+    gain, bias = problems(gains, seed)
+    return lambda z: f_map(z, gain, bias)
+
+
+def residuals(f, z):
+    fz = f(z)
+    abs_res = (fz - z).flatten(1).norm(dim=1)
+    return abs_res, abs_res / fz.flatten(1).norm(dim=1)
+
+
+def first_step_under(f, z0, tol, mode, budget=300):
+    """Plain iteration by hand: per sample, the first step k with ||z_k - z_{k-1}|| under tol."""
+    z, first = z0, [None] * z0.shape[0]
+    for k in range(1, budget + 1):
+        fz = f(z)
+        abs_res = (fz - z).flatten(1).norm(dim=1)
+        res = abs_res if mode == "abs" else abs_res / fz.flatten(1).norm(dim=1)
+        for i, r in enumerate(res):
+            if first[i] is None and r < tol:
+                first[i] = k
+        z = fz
+    return first
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_unknown_key_names_the_closest_option():
+    with pytest.raises(OptionError, match="unknown fixed-point option 'stop_mode' \\(did you mean 'f_stop_mode'\\?\\)"):
+        FixedPointOptions.from_dict({"f_tol": 0.05, "stop_mode": "abs"})
+    with pytest.raises(OptionError, match="'f_max_iters'.*'f_max_iter'"):
+        FixedPointOptions().replace(f_max_iters=8)
+
+
+def test_unknown_key_without_close_match_lists_known_options():
+    with pytest.raises(OptionError, match="known: f_solver, f_max_iter"):
+        FixedPointOptions.from_dict({"zzz": 1})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("f_stop_mode", "max"),
+        ("f_solver", "newton"),
+        ("f_max_iter", -1),
+        ("unroll_steps", -2),
+        ("phantom_steps", 0),
+        ("eval_f_max_iter", 0),
+        ("f_tol", 0.0),
+        ("eval_f_tol", -1e-3),
+        ("tau", 0.0),
+        ("tau", 1.5),
+        ("tau", "0.8"),
+        ("f_max_iter", 4.0),
+        ("f_max_iter", True),
+        ("phantom_steps", False),
+        ("f_tol", True),
+        ("f_tol", "0.05"),
+    ],
+)
+def test_invalid_values_are_rejected(field, value):
+    with pytest.raises(OptionError, match=field):
+        FixedPointOptions(**{field: value})
+    with pytest.raises(OptionError, match=field):
+        FixedPointOptions().replace(**{field: value})
+
+
+def test_bool_tau_is_rejected():
+    with pytest.raises(OptionError, match="tau"):
+        FixedPointOptions(tau=True)
+
+
+def test_options_are_frozen_and_round_trip():
+    options = FixedPointOptions(f_max_iter=24, phantom_steps=4, f_tol=0.05, f_stop_mode="abs")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.f_max_iter = 1
+    assert FixedPointOptions.from_dict(options.to_dict()) == options
+    assert options.replace(tau=1.0).tau == 1.0 and options.tau == 0.8
+    assert FixedPointOptions(f_max_iter=0).f_max_iter == 0  # a phantom step from z0 alone is allowed
+
+
+# ---------------------------------------------------------------- solve
+
+
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+def test_solve_reaches_tolerance_per_sample(mode):
+    f = batch_map([0.2, 0.6, 0.9])
+    tol = 1e-8
+    solver = FixedPointSolver(FixedPointOptions(f_stop_mode=mode))
+
+    with torch.no_grad():
+        z, stats = solver.solve(f, torch.zeros(3, DIM, dtype=torch.float64), max_iter=300, tol=tol)
+        abs_res, rel_res = residuals(f, z)
+
+    true_res = abs_res if mode == "abs" else rel_res
+    assert (true_res < tol).all()
+    assert stats.converged.all() and stats.stop_mode == mode and stats.tol == tol
+    reported = stats.abs_residual if mode == "abs" else stats.rel_residual
+    assert (reported < tol).all()
+    assert stats.iterations.shape == (3,)
+    # The slowest sample decides how many times f ran; faster samples need fewer steps.
+    assert stats.evaluations == stats.iterations.max().item() < 300
+    assert stats.iterations[0] < stats.iterations[1] < stats.iterations[2]
+
+
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+def test_slowest_sample_iterations_match_hand_count(mode):
+    f = batch_map([0.2, 0.9])
+    z0 = torch.zeros(2, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        _, stats = FixedPointSolver(FixedPointOptions(f_stop_mode=mode)).solve(f, z0, 300, 1e-8)
+        expected = first_step_under(f, z0, 1e-8, mode)
+    assert stats.iterations[1].item() == expected[1] == stats.evaluations
+
+
+@pytest.mark.parametrize("mode", ["rel", "abs"])
+def test_every_sample_iterations_match_hand_count(mode):
+    f = batch_map([0.2, 0.6, 0.9])
+    z0 = torch.zeros(3, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        _, stats = FixedPointSolver(FixedPointOptions(f_stop_mode=mode)).solve(f, z0, 300, 1e-8)
+        expected = first_step_under(f, z0, 1e-8, mode)
+    assert stats.iterations.tolist() == expected
+
+
+def test_budget_caps_evaluations_and_reports_failure():
+    f_map = TanhMap()
+    gain, bias = problems([0.9])
+    calls = []
+
+    def f(z):
+        calls.append(1)
+        return f_map(z, gain, bias)
+
+    with torch.no_grad():
+        _, stats = FixedPointSolver(FixedPointOptions()).solve(f, torch.zeros(1, DIM, dtype=torch.float64), 3, 1e-12)
+    assert len(calls) == stats.evaluations == 3
+    assert stats.iterations.tolist() == [3]
+    assert not stats.converged.any()
+
+
+def solve_with_fast_sample(slower_gains, tol):
+    """Solve a batch of one fixed fast problem (gain 0.3) followed by ``slower_gains``."""
+    f_map = TanhMap()
+    gain, bias = problems([0.3], seed=1)
+    if slower_gains:
+        slower_gain, slower_bias = problems(slower_gains, seed=2)
+        gain, bias = torch.cat([gain, slower_gain]), torch.cat([bias, slower_bias])
+    f = lambda z: f_map(z, gain, bias)  # noqa: E731
+    z0 = torch.zeros(len(gain), DIM, dtype=torch.float64)
+    with torch.no_grad():
+        z, stats = FixedPointSolver(FixedPointOptions()).solve(f, z0, 300, tol)
+    return z, stats, f
+
+
+def test_adding_slower_samples_only_refines_a_fast_sample():
+    tol = 1e-6
+    z_alone, stats_alone, _ = solve_with_fast_sample([], tol)
+    z_batch, stats_batch, f = solve_with_fast_sample([0.9, 0.8], tol)
+
+    assert stats_batch.evaluations > stats_alone.evaluations  # the others really are slower
+    with torch.no_grad():
+        _, rel_res = residuals(f, z_batch)
+    assert rel_res[0] < tol  # still meets the tolerance ...
+    assert stats_batch.rel_residual[0] <= stats_alone.rel_residual[0]  # ... and only got better
+    # Both lie near the fixed point: for a contraction with factor c <= 0.3,
+    # |z - z*| <= |f(z) - z| / (1 - c) < tol |f(z)| / 0.7, and |f(z)| < sqrt(DIM) under tanh.
+    assert (z_batch[0] - z_alone[0]).norm() < 2 * tol * DIM**0.5 / 0.7
+
+
+def test_adding_faster_samples_leaves_a_slow_sample_unchanged():
+    f_map = TanhMap()
+    gain, bias = problems([0.9, 0.2, 0.4])
+    z0 = torch.zeros(3, DIM, dtype=torch.float64)
+    solver = FixedPointSolver(FixedPointOptions())
+    with torch.no_grad():
+        z_alone, stats_alone = solver.solve(lambda z: f_map(z, gain[:1], bias[:1]), z0[:1], 300, 1e-8)
+        z_batch, stats_batch = solver.solve(lambda z: f_map(z, gain, bias), z0, 300, 1e-8)
+    torch.testing.assert_close(z_batch[:1], z_alone, rtol=1e-14, atol=1e-14)
+    assert stats_batch.iterations[0] == stats_alone.iterations[0]
+
+
+def test_adding_slower_samples_keeps_a_fast_sample_iteration_count():
+    _, stats_alone, _ = solve_with_fast_sample([], 1e-6)
+    _, stats_batch, _ = solve_with_fast_sample([0.9, 0.8], 1e-6)
+    assert stats_batch.iterations[0] == stats_alone.iterations[0]
+
+
+def test_zero_budget_returns_start_without_calling_f():
+    z0 = torch.randn(2, DIM, dtype=torch.float64)
+
+    def f(z):
+        raise AssertionError("f must not run with a zero budget")
+
+    z, stats = FixedPointSolver(FixedPointOptions()).solve(f, z0, max_iter=0, tol=1e-3)
+    assert z is z0
+    assert stats.evaluations == 0 and stats.iterations.tolist() == [0, 0]
+    assert not stats.converged.any()
+
+
+def test_anderson_converges_to_the_same_fixed_point():
+    f = batch_map([0.3, 0.9])
+    z0 = torch.zeros(2, DIM, dtype=torch.float64)
+    with torch.no_grad():
+        z_and, stats_and = FixedPointSolver(FixedPointOptions(f_solver="anderson")).solve(f, z0, 100, 1e-10)
+        z_fp, _ = FixedPointSolver(FixedPointOptions()).solve(f, z0, 500, 1e-10)
+        _, rel_res = residuals(f, z_and)
+    assert (rel_res < 1e-10).all() and stats_and.converged.all()
+    assert stats_and.evaluations < 100
+    torch.testing.assert_close(z_and, z_fp, rtol=0, atol=1e-8)
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def parameter_grads(f_map: TanhMap, z: torch.Tensor, weights: torch.Tensor) -> list[torch.Tensor]:
+    f_map.zero_grad()
+    (z * weights).sum().backward()
+    return [p.grad.clone() for p in f_map.parameters()]
+
+
+def training_setup():
+    f_map = TanhMap(seed=2)
+    gain, bias = problems([0.5, 0.7], seed=3)
+    z0 = torch.zeros(2, DIM, dtype=torch.float64)
+    weights = torch.randn(2, DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    return f_map, (lambda z: f_map(z, gain, bias)), z0, weights
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_phantom_gradient_is_autograd_through_damped_steps(tau, steps):
+    f_map, f, z0, weights = training_setup()
+    options = FixedPointOptions(f_max_iter=6, f_tol=1e-12, phantom_steps=steps, tau=tau)
+    solver = FixedPointSolver(options)
+
+    z, stats = solver(f, z0, training=True)
+    grads = parameter_grads(f_map, z, weights)
+
+    z_star, _ = solver.solve(f, z0, max_iter=6, tol=1e-12)
+    z_ref = z_star.detach()
+    for _ in range(steps):
+        z_ref = tau * f(z_ref) + (1 - tau) * z_ref
+    grads_ref = parameter_grads(f_map, z_ref, weights)
+
+    assert stats.evaluations == 6  # the no-grad solve used its whole budget
+    torch.testing.assert_close(z, z_ref, rtol=1e-14, atol=1e-14)
+    for g, g_ref in zip(grads, grads_ref):
+        assert g.abs().max() > 1e-3
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-14)
+
+
+def test_damping_changes_the_phantom_gradient():
+    def grads_for(tau):
+        f_map, f, z0, weights = training_setup()
+        options = FixedPointOptions(f_max_iter=6, f_tol=1e-12, phantom_steps=2, tau=tau)
+        z, _ = FixedPointSolver(options)(f, z0, training=True)
+        return parameter_grads(f_map, z, weights)
+
+    assert not torch.allclose(grads_for(1.0)[0], grads_for(0.5)[0], rtol=1e-3)
+
+
+def test_unroll_is_plain_autograd_through_n_steps():
+    f_map, f, z0, weights = training_setup()
+    solver = FixedPointSolver(FixedPointOptions(unroll_steps=3, f_max_iter=50))
+
+    z, stats = solver(f, z0, training=True)
+    grads = parameter_grads(f_map, z, weights)
+
+    z_ref = z0
+    for _ in range(3):
+        z_prev, z_ref = z_ref, f(z_ref)
+    grads_ref = parameter_grads(f_map, z_ref, weights)
+
+    assert stats.evaluations == 3 and stats.iterations.tolist() == [3, 3]
+    with torch.no_grad():
+        torch.testing.assert_close(stats.abs_residual, (z_ref - z_prev).norm(dim=1), rtol=1e-12, atol=0)
+    torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-14)
+
+
+def test_evaluation_uses_the_evaluation_budget_and_keeps_no_graph():
+    f_map, f, z0, _ = training_setup()
+    solver = FixedPointSolver(FixedPointOptions(f_max_iter=2, eval_f_max_iter=5, eval_f_tol=1e-14))
+    z, stats = solver(f, z0, training=False)
+    assert stats.evaluations == 5 and stats.tol == 1e-14
+    assert not z.requires_grad
+    _, stats = solver(f, z0, training=False, max_iter=2, tol=1e-3)
+    assert stats.evaluations == 2 and stats.tol == 1e-3
+
+
+def test_zero_solve_budget_in_training_takes_phantom_steps_from_z0():
+    f_map, f, z0, weights = training_setup()
+    z, stats = FixedPointSolver(FixedPointOptions(f_max_iter=0, tau=1.0))(f, z0, training=True)
+    assert stats.evaluations == 0
+    torch.testing.assert_close(z, f(z0), rtol=0, atol=0)
