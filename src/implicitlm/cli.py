@@ -103,32 +103,21 @@ def _add_words_train(commands) -> None:
 
 
 def _run_words_train(args) -> None:
-    import torch
-
     from .configs import load_preset
     from .data.groups import get_group
     from .data.words import load_words
-    from .models import ImplicitMamba2ForCausalLM, config_from_options
-    from .train.word_trainer import WordTrainConfig, train_words
+    from .train.word_setup import word_model, word_train_config
+    from .train.word_trainer import train_words
 
     preset = load_preset(args.preset) if args.preset else {}
     kind = "explicit" if args.explicit else "implicit"
-    train_options = {**preset.get("train", {}), **preset.get(f"{kind}_train", {}), **_key_values(args.train)}
-    train_config = WordTrainConfig.from_dict(train_options)
-    data = load_words(args.data, group=train_config.group) if args.data else None
-    if data is not None and data.group != get_group(train_config.group).name:
-        raise ValueError(f"{args.data}: words over {data.group}, but the training group is {train_config.group}")
-    model_options = {
-        **preset.get("model", {}),
-        **_key_values(args.model),
-        "implicit": not args.explicit,
-        "vocab_size": get_group(train_config.group).order,
-        "label_alignment": "aligned",
-    }
-    torch.manual_seed(train_config.seed)
-    model = ImplicitMamba2ForCausalLM(config_from_options(model_options))
-    metrics = train_words(model, train_config, args.out, data=data, progress=not args.no_progress)
-    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}, indent=None))
+    train = word_train_config(preset, kind, _key_values(args.train))
+    data = load_words(args.data, group=train.group) if args.data else None
+    if data is not None and data.group != get_group(train.group).name:
+        raise ValueError(f"{args.data}: words over {data.group}, but the training group is {train.group}")
+    model = word_model(preset, kind, train, _key_values(args.model))
+    metrics = train_words(model, train, args.out, data=data, progress=not args.no_progress)
+    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
     print(f"checkpoint: {args.out / 'checkpoint'}")
 
 

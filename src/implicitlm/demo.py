@@ -8,83 +8,90 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .data.groups import get_group
-from .deq.options import check_known_keys
+from .deq.options import check_known_keys, field_names
 from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length
-from .models import config_from_options
-from .models.mamba2_lm import ImplicitMamba2ForCausalLM
-from .train.word_trainer import WordTrainConfig, train_words
+from .train.word_setup import KINDS, word_model, word_train_config
+from .train.word_trainer import train_words
 
-PRESET_SECTIONS = ("model", "train", "implicit_train", "explicit_train", "eval")
+PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train", "eval")
+
+
+@dataclass(frozen=True)
+class DemoEval:
+    length_multiples: tuple[int, ...] = (1, 2, 4)
+    count: int = 512
+    # Sequential (RNN) mode runs token by token, so it is checked on fewer words.
+    sequential_count: int = 64
+    max_iter: int | None = None
+    tol: float | None = None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "DemoEval":
+        check_known_keys(values, field_names(cls), "demo eval option")
+        return cls(**{**values, "length_multiples": tuple(values.get("length_multiples", cls.length_multiples))})
 
 
 def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
+    evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
-    train_base = preset.get("train", {})
-    evaluation = preset.get("eval", {})
-    group = train_base.get("group", "S3")
-    train_length = train_base.get("train_length", 16)
-    lengths = [train_length * m for m in evaluation.get("length_multiples", [1, 2, 4])]
-    results: dict[str, Any] = {"group": group, "train_length": train_length, "models": {}}
-    for kind in ("implicit", "explicit"):
-        train_config = WordTrainConfig.from_dict({**train_base, **preset.get(f"{kind}_train", {})})
-        torch.manual_seed(train_config.seed)
-        model = ImplicitMamba2ForCausalLM(
-            config_from_options(
-                {
-                    **preset.get("model", {}),
-                    "implicit": kind == "implicit",
-                    "vocab_size": get_group(group).order,
-                    "label_alignment": "aligned",
-                }
-            )
-        )
-        train_words(model, train_config, out_dir / kind, progress=progress, description=f"train {kind}")
-        rows = accuracy_by_length(
-            model,
-            group,
-            lengths,
-            count=evaluation.get("count", 512),
-            seed=train_config.seed,
-            max_iter=evaluation.get("max_iter"),
-            tol=evaluation.get("tol"),
-            progress=progress,
-        )
-        results["models"][kind] = {
+    results: dict[str, Any] = {"models": {}}
+    for kind in KINDS:
+        train = word_train_config(preset, kind)
+        model = word_model(preset, kind, train)
+        train_words(model, train, out_dir / kind, progress=progress, description=f"train {kind}")
+        lengths = [train.train_length * m for m in evaluation.length_multiples]
+        budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}
+        entry = {
             "parameters": sum(p.numel() for p in model.parameters()),
-            "by_length": rows,
+            "train_steps": train.curriculum(model.config.implicit).total_steps,
+            "checkpoint": str(out_dir / kind / "checkpoint"),
+            "by_length": accuracy_by_length(model, train.group, lengths, evaluation.count, train.seed, **budget),
         }
+        if model.config.implicit:
+            entry["sequential_by_length"] = accuracy_by_length(
+                model, train.group, lengths, evaluation.sequential_count, train.seed, mode="sequential", **budget
+            )
+        results["models"][kind] = entry
+        results.update(group=train.group, train_length=train.train_length)
     write_json(out_dir / "results.json", results)
     plot_accuracy_by_length(
         {k: v["by_length"] for k, v in results["models"].items()},
         out_dir / "accuracy_by_length.png",
-        title=f"{group} word problem, trained at length {train_length}",
-        train_length=train_length,
+        title=f"{results['group']} word problem, trained at length {results['train_length']}",
+        train_length=results["train_length"],
+        chance=1.0 / get_group(results["group"]).order,
     )
     return results
 
 
 def format_table(results: dict[str, Any]) -> str:
-    models = results["models"]
-    names = list(models)
-    header = f"{'test length':>12}" + "".join(f"{name + ' acc':>16}{'last10':>9}" for name in names)
-    lines = [header]
-    for i, row in enumerate(models[names[0]]["by_length"]):
+    """Per-token accuracy (all tokens / last 10) by test length, one column pair per model and mode."""
+    columns = []
+    for name, entry in results["models"].items():
+        columns.append((f"{name}", entry["by_length"]))
+        if "sequential_by_length" in entry:
+            columns.append((f"{name} (RNN mode)", entry["sequential_by_length"]))
+    width = max(len(label) for label, _ in columns) + 2
+    lines = [
+        f"{results['group']} word problem, trained at length {results['train_length']}; "
+        + ", ".join(f"{n}: {e['parameters']:,} parameters" for n, e in results["models"].items()),
+        f"{'':>12}" + "".join(f"{label:>{width}}" for label, _ in columns),
+        f"{'test length':>12}" + "".join(f"{'all / last10':>{width}}" for _ in columns),
+    ]
+    for i, row in enumerate(columns[0][1]):
         multiple = row["length"] // results["train_length"]
         cells = "".join(
-            f"{models[n]['by_length'][i]['accuracy']:>16.1%}{models[n]['by_length'][i]['accuracy_last10']:>9.1%}"
-            for n in names
+            f"{rows[i]['accuracy']:.1%} / {rows[i]['accuracy_last10']:.1%}".rjust(width) for _, rows in columns
         )
         lines.append(f"{row['length']:>7} ({multiple}x)" + cells)
-    params = ", ".join(f"{n}: {models[n]['parameters']:,} parameters" for n in names)
-    return "\n".join([f"{results['group']} word problem, trained at length {results['train_length']} ({params})", *lines])
+    return "\n".join(lines)
 
 
 def write_json(path: Path, value: Any) -> None:
