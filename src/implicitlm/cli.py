@@ -86,7 +86,7 @@ def _run_words_generate(args) -> None:
         inputs, targets = generate_words(args.group, args.length, args.count, args.seed, args.hard_prob)
         save_words(args.out, inputs, targets, {"group": args.group, "seed": args.seed, "hard_prob": args.hard_prob})
     else:
-        write_generated_words(args.out, args.group, args.length, args.count, args.seed, args.hard_prob)
+        write_generated_words(args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True)
     print(f"wrote {args.count} words of length {args.length} over {args.group} to {args.out}")
 
 

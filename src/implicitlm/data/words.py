@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from implicitlm.data.errors import DataError
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
@@ -75,6 +76,7 @@ def write_generated_words(
     count: int,
     seed: int = 0,
     hard_prob: float | None = None,
+    progress: bool = False,
 ) -> WordData:
     """Same data as ``generate_words``, generated straight into a memory-mapped file."""
     path = Path(path)
@@ -85,7 +87,7 @@ def write_generated_words(
     meta = _full_meta(algebra, count, length, seed, hard_prob)
 
     def fill(stacked: np.ndarray) -> None:
-        _fill_words(algebra, stacked[0], stacked[1], seed, hard_prob)
+        _fill_words(algebra, stacked[0], stacked[1], seed, hard_prob, progress)
 
     _write_npy(path, (count, length), smallest_uint_dtype(algebra.order), fill, meta)
     return load_words(path)
@@ -196,10 +198,12 @@ def _fill_words(
     targets: np.ndarray,
     seed: int,
     hard_prob: float | None,
+    progress: bool = False,
 ) -> None:
     rng = np.random.default_rng(seed)
     count, length = inputs.shape
-    for rows in _row_blocks(count, length):
+    blocks = list(_row_blocks(count, length))
+    for rows in tqdm(blocks, desc="generate", unit="block", disable=not progress or len(blocks) < 2):
         tokens = _sample_tokens(algebra, rng, (rows.stop - rows.start, length), hard_prob)
         inputs[rows] = tokens
         targets[rows] = prefix_products(algebra, tokens)
@@ -269,6 +273,7 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
     )
     os.close(descriptor)
+    os.chmod(temporary, 0o644)  # mkstemp's private 0600 would outlive the rename
     try:
         write(Path(temporary))
         _fsync(Path(temporary))

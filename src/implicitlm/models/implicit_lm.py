@@ -61,13 +61,16 @@ class ImplicitCausalLM(PreTrainedModel):
         self,
         input_ids: torch.Tensor,
         labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         mode: str = "simultaneous",
         max_iter: int | None = None,
         tol: float | None = None,
-        **unused,
     ) -> ImplicitLMOutput:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
         token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call."""
+        if attention_mask is not None and not bool(attention_mask.all()):
+            # Refused rather than ignored: a recurrent state silently fed padding is wrong.
+            raise ValueError("padded batches (attention_mask with zeros) are not supported by this model")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "sequential" and self.training and torch.is_grad_enabled():

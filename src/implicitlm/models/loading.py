@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from ..deq.options import check_known_keys
 from .configuration import ImplicitMamba2Config
 from .mamba2_lm import ImplicitMamba2ForCausalLM
@@ -44,5 +46,5 @@ def load_model(path: str | Path) -> ImplicitMamba2ForCausalLM:
         raise ModelLoadError(f"{path}: no model.safetensors")
     try:
         return MODEL_CLASSES[model_type].from_pretrained(path, use_safetensors=True)
-    except (OSError, RuntimeError, ValueError) as error:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as error:
         raise ModelLoadError(f"{path}: cannot load weights ({str(error).splitlines()[0]})") from None

@@ -35,6 +35,7 @@ def save_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging.chmod(0o755)  # mkdtemp's private 0700 would outlive the rename
     try:
         model.save_pretrained(staging, safe_serialization=True)
         if optimizer is not None:

@@ -1,0 +1,120 @@
+"""Curriculum, checkpoints and the word trainer's plumbing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from implicitlm.deq import OptionError
+from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
+from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
+from implicitlm.train.curriculum import Curriculum, Phase
+from implicitlm.train.word_trainer import WordTrainConfig, train_words
+
+
+def tiny_model(implicit: bool = True) -> ImplicitMamba2ForCausalLM:
+    torch.manual_seed(0)
+    config = ImplicitMamba2Config(
+        vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=4, head_dim=8, implicit=implicit,
+        label_alignment="aligned",
+    )
+    return ImplicitMamba2ForCausalLM(config)
+
+
+def test_curriculum_phases_switch_at_their_boundaries():
+    curriculum = Curriculum.unroll_bounded_free(3, 5, 2, unroll_depth=6, bounded=(4, 1), free=(24, 4), free_tol=0.05)
+    names = [curriculum.phase_at(step).name for step in range(11)]
+    assert names == ["unroll"] * 3 + ["bounded"] * 5 + ["free"] * 3  # the last phase holds past the end
+    assert curriculum.total_steps == 10
+    assert curriculum.boundaries() == [(0, "unroll"), (3, "bounded"), (8, "free")]
+    assert curriculum.phase_at(8).fixed_point == {"unroll_steps": 0, "f_max_iter": 24, "phantom_steps": 4, "f_tol": 0.05}
+
+
+def test_empty_phases_are_skipped():
+    curriculum = Curriculum.unroll_bounded_free(0, 4, 0)
+    assert {curriculum.phase_at(step).name for step in range(4)} == {"bounded"}
+
+
+def test_phase_options_are_validated():
+    with pytest.raises(OptionError, match="f_max_iter"):
+        Phase("free", 3, {"max_iter": 24})
+    with pytest.raises(OptionError, match="negative"):
+        Phase("free", -1)
+
+
+def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
+    model = tiny_model()
+    config = WordTrainConfig(
+        group="S3", train_length=5, batch_size=4, bounded_steps=2, bounded_iters=3, free_steps=2, free_iters=7,
+        free_tol=1e-12, log_every=1,
+    )
+    train_words(model, config, tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["fp_evaluations"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
+    assert model.solver.options.f_max_iter == 7
+
+
+def test_generated_batches_are_reproducible(tmp_path):
+    config = WordTrainConfig(group="S3", train_length=5, batch_size=4, bounded_steps=3, log_every=1)
+    losses = []
+    for run in ("a", "b"):
+        train_words(tiny_model(), config, tmp_path / run, progress=False)
+        losses.append([json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()])
+    assert losses[0] == losses[1]
+
+
+def test_checkpoint_round_trip_and_replacement(tmp_path):
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 3, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long)).loss.backward()
+    optimizer.step()
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, meta={"step": 1})
+    save_checkpoint(tmp_path / "ckpt", model, optimizer, meta={"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "no staging or retired folders left"
+    assert json.loads((tmp_path / "ckpt" / "trainer.json").read_text()) == {"step": 2}
+    state = load_training_state(tmp_path / "ckpt")
+    assert state["optimizer"]["state"][0]["step"] == 1
+    reloaded = load_model(tmp_path / "ckpt")
+    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = tiny_model()
+    save_checkpoint(tmp_path / "ckpt", model, meta={"step": 1})
+
+    def failing_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model, "save_pretrained", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path / "ckpt", model, meta={"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert json.loads((tmp_path / "ckpt" / "trainer.json").read_text()) == {"step": 1}
+
+
+def test_corrupt_training_state_is_a_clear_error(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", tiny_model(), torch.optim.AdamW(tiny_model().parameters()))
+    (tmp_path / "ckpt" / "training_state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="training_state.pt"):
+        load_training_state(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("damage", ["no_config", "bad_json", "foreign_type", "no_weights", "truncated_weights"])
+def test_damaged_model_directory_is_a_clear_error(tmp_path, damage):
+    save_checkpoint(tmp_path / "ckpt", tiny_model())
+    config, weights = tmp_path / "ckpt" / "config.json", tmp_path / "ckpt" / "model.safetensors"
+    if damage == "no_config":
+        config.unlink()
+    elif damage == "bad_json":
+        config.write_text("{")
+    elif damage == "foreign_type":
+        config.write_text(json.dumps({"model_type": "gpt2"}))
+    elif damage == "no_weights":
+        weights.unlink()
+    else:
+        weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="ckpt"):
+        load_model(tmp_path / "ckpt")
