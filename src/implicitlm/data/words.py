@@ -162,6 +162,8 @@ def save_words(
 def load_words(path: str | os.PathLike, group: str | FiniteAlgebra | None = None) -> WordData:
     """Read words written by ``save_words``; a CSV file needs its ``group`` given."""
     path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
     if path.suffix == ".csv":
         if group is None:
             raise ValueError(f"{path}: a CSV file does not name its group; pass group=")
