@@ -1,15 +1,23 @@
 """Configs and models (explicit and implicit); they know no trainer or evaluation."""
 
-from .configuration import ImplicitMamba2Config
-from .loading import ModelLoadError, config_from_options, load_model
+from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config
+from .implicit_lm import ImplicitCausalLM
+from .llama_lm import ImplicitLlamaForCausalLM
+from .loading import ModelLoadError, build_model, config_from_options, load_model, model_option_names
 from .mamba2_lm import ImplicitMamba2ForCausalLM
 from .output import ImplicitLMOutput
 
 __all__ = [
+    "ImplicitCausalLM",
+    "ImplicitLMConfig",
     "ImplicitLMOutput",
+    "ImplicitLlamaConfig",
+    "ImplicitLlamaForCausalLM",
     "ImplicitMamba2Config",
     "ImplicitMamba2ForCausalLM",
     "ModelLoadError",
+    "build_model",
     "config_from_options",
     "load_model",
+    "model_option_names",
 ]

@@ -9,28 +9,48 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from ..deq.options import check_known_keys
-from .configuration import ImplicitMamba2Config
+from ..deq.options import OptionError, check_known_keys
+from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config
+from .implicit_lm import ImplicitCausalLM
+from .llama_lm import ImplicitLlamaForCausalLM
 from .mamba2_lm import ImplicitMamba2ForCausalLM
 
-MODEL_CLASSES = {ImplicitMamba2Config.model_type: ImplicitMamba2ForCausalLM}
+# The ``architecture`` model option names the backbone family.
+CONFIG_CLASSES: dict[str, type[ImplicitLMConfig]] = {"mamba2": ImplicitMamba2Config, "llama": ImplicitLlamaConfig}
+MODEL_CLASSES: dict[str, type[ImplicitCausalLM]] = {
+    ImplicitMamba2Config.model_type: ImplicitMamba2ForCausalLM,
+    ImplicitLlamaConfig.model_type: ImplicitLlamaForCausalLM,
+}
 
 
 class ModelLoadError(ValueError):
     """A directory that does not hold a model this package can load."""
 
 
-def model_option_names() -> list[str]:
-    return [n for n in inspect.signature(ImplicitMamba2Config.__init__).parameters if n not in ("self", "kwargs")]
+def model_option_names(architecture: str = "mamba2") -> list[str]:
+    """Every option ``config_from_options`` accepts for that architecture, ``architecture`` included."""
+    names = ["architecture"]
+    # The family's own fields, then those it passes on to the shared base class.
+    for cls in _config_class(architecture).__mro__:
+        if issubclass(cls, ImplicitLMConfig):
+            names += [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "kwargs")]
+    return list(dict.fromkeys(names))
 
 
-def config_from_options(options: dict[str, Any]) -> ImplicitMamba2Config:
-    """A config from user options; unknown names are errors (PretrainedConfig would keep them silently)."""
-    check_known_keys(options, model_option_names(), "model option")
-    return ImplicitMamba2Config(**options)
+def config_from_options(options: dict[str, Any]) -> ImplicitLMConfig:
+    """A config from user options; ``architecture`` ("mamba2", the default, or "llama") picks
+    the family. Unknown names are errors (PretrainedConfig would keep them silently)."""
+    architecture = options.get("architecture", "mamba2")
+    check_known_keys(options, model_option_names(architecture), "model option")
+    return _config_class(architecture)(**{k: v for k, v in options.items() if k != "architecture"})
 
 
-def load_model(path: str | Path) -> ImplicitMamba2ForCausalLM:
+def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
+    """A freshly initialised model of the config's family."""
+    return MODEL_CLASSES[config.model_type](config)
+
+
+def load_model(path: str | Path) -> ImplicitCausalLM:
     """Load a saved model (config.json + model.safetensors); weights come from safetensors only."""
     path = Path(path)
     config_file = path / "config.json"
@@ -48,3 +68,9 @@ def load_model(path: str | Path) -> ImplicitMamba2ForCausalLM:
         return MODEL_CLASSES[model_type].from_pretrained(path, use_safetensors=True)
     except (OSError, RuntimeError, ValueError, SafetensorError) as error:
         raise ModelLoadError(f"{path}: cannot load weights ({str(error).splitlines()[0]})") from None
+
+
+def _config_class(architecture: str) -> type[ImplicitLMConfig]:
+    if architecture not in CONFIG_CLASSES:
+        raise OptionError(f"architecture must be one of {', '.join(CONFIG_CLASSES)}; got {architecture!r}")
+    return CONFIG_CLASSES[architecture]

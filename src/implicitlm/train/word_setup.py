@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..data.groups import get_group
-from ..models import ImplicitMamba2ForCausalLM, config_from_options
+from ..models import ImplicitCausalLM, build_model, config_from_options
 from .word_trainer import WordTrainConfig
 
 KINDS = ("implicit", "explicit")
@@ -24,7 +24,7 @@ def word_train_config(preset: dict[str, Any], kind: str, overrides: dict[str, An
 
 def word_model(
     preset: dict[str, Any], kind: str, train: WordTrainConfig, overrides: dict[str, Any] | None = None
-) -> ImplicitMamba2ForCausalLM:
+) -> ImplicitCausalLM:
     """A freshly initialised model (seeded by ``train.seed``) whose vocabulary is the group's elements."""
     options = {
         **preset.get("model", {}),
@@ -35,4 +35,4 @@ def word_model(
         "label_alignment": "aligned",
     }
     torch.manual_seed(train.seed)
-    return ImplicitMamba2ForCausalLM(config_from_options(options))
+    return build_model(config_from_options(options))

@@ -1,0 +1,133 @@
+"""Causal self-attention with RoPE, grouped-query heads and an optional input injection.
+
+The injection ``u`` (width q_dim + 2 * kv_dim) is split in three and added to the q, k
+and v projections before RoPE, so in an implicit model queries, keys and values depend
+on both the iterate z and the input x. The parallel form (``forward``) and the one-token
+form (``step``) compute the same function; both return a new KV cache and never write
+the one they were given, which is what the sequential fixed-point mode needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rotary import apply_rotary, rotary_cos_sin
+
+
+@dataclass
+class KVCache:
+    """Rotated keys and values of every token so far, each (b, kv_heads, t, head_dim)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        """Tokens cached, which is also the position of the next token."""
+        return self.keys.shape[2]
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float = 5e5
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even: RoPE rotates pairs of dimensions")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def injection_size(self) -> int:
+        """Width of the injection: [q, k, v]."""
+        return self.q_dim + 2 * self.kv_dim
+
+
+class CausalSelfAttention(nn.Module):
+    """Projection names as in transformers' LlamaAttention, so its weights map one to one."""
+
+    def __init__(self, dims: AttentionDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.q_proj = nn.Linear(dims.hidden_size, dims.q_dim, bias=False)
+        self.k_proj = nn.Linear(dims.hidden_size, dims.kv_dim, bias=False)
+        self.v_proj = nn.Linear(dims.hidden_size, dims.kv_dim, bias=False)
+        self.o_proj = nn.Linear(dims.q_dim, dims.hidden_size, bias=False)
+
+    def initial_state(self, batch: int, device=None, dtype=None) -> KVCache:
+        d = self.dims
+        empty = torch.zeros(batch, d.num_kv_heads, 0, d.head_dim, device=device, dtype=dtype)
+        return KVCache(keys=empty, values=empty)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        injection: torch.Tensor | None = None,
+        state: KVCache | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """hidden: (b, l, hidden_size); injection: (b, l, injection_size) or None; state: the
+        cache of the tokens before the first one (none when None). Returns (output, cache
+        of every token so far)."""
+        d = self.dims
+        batch, length, _ = hidden.shape
+        start = 0 if state is None else state.length
+        q, k, v = self._project(hidden, injection, start)
+        if state is not None:
+            k = torch.cat([state.keys, k], dim=2)
+            v = torch.cat([state.values, v], dim=2)
+        # Query i is token start + i and sees keys 0 .. start + i. From an empty cache that is
+        # sdpa's causal mask; after a prefix, is_causal would align the triangle to the
+        # top-left corner (query i seeing keys 0 .. i), so the mask is given explicitly.
+        mask = None
+        if start > 0 and length > 1:
+            mask = torch.ones(length, start + length, dtype=torch.bool, device=hidden.device).tril(diagonal=start)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=start == 0, enable_gqa=d.num_kv_heads != d.num_heads
+        )
+        out = self.o_proj(y.transpose(1, 2).reshape(batch, length, d.q_dim))
+        return out, KVCache(keys=k, values=v)
+
+    def step(
+        self, hidden: torch.Tensor, injection: torch.Tensor | None, state: KVCache
+    ) -> tuple[torch.Tensor, KVCache]:
+        """One token: hidden (b, hidden_size), injection (b, injection_size) or None; the
+        token sits at position ``state.length`` and attends to every cached key and its own."""
+        out, state = self(hidden[:, None], None if injection is None else injection[:, None], state)
+        return out[:, 0], state
+
+    def _project(
+        self, hidden: torch.Tensor, injection: torch.Tensor | None, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (b, heads, l, head_dim) and k, v (b, kv_heads, l, head_dim); q and k rotated."""
+        d = self.dims
+        q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        if injection is not None:
+            u_q, u_k, u_v = torch.split(injection, [d.q_dim, d.kv_dim, d.kv_dim], dim=-1)
+            q, k, v = q + u_q, k + u_k, v + u_v
+        batch, length, _ = hidden.shape
+        q = q.view(batch, length, d.num_heads, d.head_dim).transpose(1, 2)
+        k = k.view(batch, length, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        v = v.view(batch, length, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        cos, sin = rotary_cos_sin(start, length, d.head_dim, d.rope_theta, hidden.device, hidden.dtype)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v

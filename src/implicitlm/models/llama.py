@@ -1,0 +1,60 @@
+"""Llama blocks and the Llama stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u))."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layers import AttentionDims, CausalSelfAttention, KVCache, RMSNorm, SwiGLUMLP
+from .configuration import ImplicitLlamaConfig
+from .stack import BlockStack
+
+
+def attention_dims(config: ImplicitLlamaConfig) -> AttentionDims:
+    return AttentionDims(
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        rope_theta=config.rope_theta,
+    )
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm residual block: z <- z + Attn(RMSNorm(z), u); z <- z + MLP(RMSNorm(z)).
+
+    Only the attention sees the injection. Names as in transformers' LlamaDecoderLayer.
+    """
+
+    def __init__(self, config: ImplicitLlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.self_attn = CausalSelfAttention(attention_dims(config))
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        # N(0, initializer_range) for every Linear, as transformers' Llama initialises them
+        # (not torch's default); here, before the stack puts weight norm on these weights.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=config.initializer_range)
+
+    def initial_state(self, batch: int, device=None, dtype=None) -> KVCache:
+        return self.self_attn.initial_state(batch, device, dtype)
+
+    def forward(
+        self, z: torch.Tensor, injection: torch.Tensor | None, state: KVCache | None
+    ) -> tuple[torch.Tensor, KVCache]:
+        out, state = self.self_attn(self.input_layernorm(z), injection, state)
+        z = z + out
+        return z + self.mlp(self.post_attention_layernorm(z)), state
+
+    def step(
+        self, z: torch.Tensor, injection: torch.Tensor | None, state: KVCache
+    ) -> tuple[torch.Tensor, KVCache]:
+        out, state = self.self_attn.step(self.input_layernorm(z), injection, state)
+        z = z + out
+        return z + self.mlp(self.post_attention_layernorm(z)), state
+
+
+class LlamaStack(BlockStack):
+    def __init__(self, config: ImplicitLlamaConfig) -> None:
+        super().__init__([LlamaBlock(config) for _ in range(config.num_hidden_layers)], config)

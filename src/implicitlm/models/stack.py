@@ -1,0 +1,58 @@
+"""The backbone map f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u)), shared by all families.
+
+A block provides ``forward(z, u, state)``, ``step(z_t, u_t, state)`` and
+``initial_state(batch, ...)``; the stack threads one state per block through them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from ..layers import RMSNorm
+from .configuration import ImplicitLMConfig
+
+
+class BlockStack(nn.Module):
+    """The same object serves explicit and implicit models; implicit ones get weight norm."""
+
+    def __init__(self, layers: list[nn.Module], config: ImplicitLMConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        if config.implicit and config.weight_norm:
+            apply_weight_norm(self)
+
+    def initial_state(self, batch: int, device=None, dtype=None) -> list[Any]:
+        return [layer.initial_state(batch, device, dtype) for layer in self.layers]
+
+    def forward(
+        self, z: torch.Tensor, injection: torch.Tensor | None, states: list[Any] | None = None
+    ) -> tuple[torch.Tensor, list[Any]]:
+        new_states = []
+        for i, layer in enumerate(self.layers):
+            z, state = layer(z, injection, None if states is None else states[i])
+            new_states.append(state)
+        return self.norm_f(z), new_states
+
+    def step(
+        self, z: torch.Tensor, injection: torch.Tensor | None, states: list[Any]
+    ) -> tuple[torch.Tensor, list[Any]]:
+        new_states = []
+        for layer, state in zip(self.layers, states):
+            z, state = layer.step(z, injection, state)
+            new_states.append(state)
+        return self.norm_f(z), new_states
+
+
+def apply_weight_norm(stack: nn.Module) -> None:
+    # torch's parametrisation rather than torchdeq's weight norm: torchdeq caches the
+    # normalised weight as a plain attribute that goes stale (and holds a freed graph)
+    # unless reset after every optimiser step; the parametrisation recomputes it, once per
+    # forward under ``parametrize.cached()``.
+    for module in list(stack.modules()):
+        if isinstance(module, (nn.Linear, nn.Conv1d)):
+            weight_norm(module, name="weight", dim=0)

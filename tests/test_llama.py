@@ -1,0 +1,333 @@
+"""Llama layers and models: RoPE, attention's step and parallel forms, transformers parity,
+the two inference modes of the implicit model, training and saving."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from implicitlm.layers import AttentionDims, CausalSelfAttention, KVCache, apply_rotary, rotary_cos_sin
+from implicitlm.models import (
+    ImplicitLlamaConfig,
+    ImplicitLlamaForCausalLM,
+    build_model,
+    config_from_options,
+    load_model,
+)
+
+# Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
+
+THETA = 5e5
+VOCAB = 10  # padded to 16
+F64 = dict(rtol=1e-10, atol=1e-10)  # float64: the forms compared differ by rounding only
+
+
+def randn(*shape, seed: int, dtype=torch.float64) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def token_ids(batch: int, length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def rotate(x: torch.Tensor, position: int) -> torch.Tensor:
+    cos, sin = rotary_cos_sin(position, 1, x.shape[-1], THETA, dtype=x.dtype)
+    return apply_rotary(x, cos, sin)
+
+
+def test_rotary_score_depends_only_on_the_distance():
+    q, k = randn(1, 8, seed=0), randn(1, 8, seed=1)
+    for m, n in [(5, 2), (2, 5), (7, 7)]:
+        score = (rotate(q, m) * rotate(k, n)).sum()
+        for shift in (1, 13, 1000):
+            shifted = (rotate(q, m + shift) * rotate(k, n + shift)).sum()
+            torch.testing.assert_close(shifted, score, **F64)
+    # ... and does depend on it: the rotation is not the identity.
+    assert abs((rotate(q, 3) * rotate(k, 0)).sum() - (q * k).sum()) > 1e-3
+
+
+@pytest.mark.parametrize("start", [0, 1, 1000])
+def test_rotary_matches_transformers(start):
+    head_dim, heads, length = 8, 4, 5
+    config = LlamaConfig(
+        hidden_size=head_dim * heads,
+        num_attention_heads=heads,
+        rope_parameters={"rope_type": "default", "rope_theta": THETA},
+    )
+    q = randn(2, heads, length, head_dim, seed=2, dtype=torch.float32)
+    k = randn(2, heads, length, head_dim, seed=3, dtype=torch.float32)
+    positions = torch.arange(start, start + length)[None]
+    cos_hf, sin_hf = LlamaRotaryEmbedding(config)(q, positions)
+    q_hf, k_hf = apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
+
+    cos, sin = rotary_cos_sin(start, length, head_dim, THETA, dtype=torch.float32)
+    torch.testing.assert_close(apply_rotary(q, cos, sin), q_hf, rtol=0, atol=1e-6)
+    torch.testing.assert_close(apply_rotary(k, cos, sin), k_hf, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- attention
+
+HIDDEN, HEADS, BATCH, LENGTH = 16, 4, 2, 7
+
+
+def make_attention(kv_heads: int, seed: int) -> CausalSelfAttention:
+    torch.manual_seed(seed)
+    return CausalSelfAttention(AttentionDims(HIDDEN, HEADS, kv_heads, rope_theta=THETA)).double()
+
+
+def run_steps(attention: CausalSelfAttention, hidden, injection, state: KVCache):
+    outputs = []
+    for t in range(hidden.shape[1]):
+        out, state = attention.step(hidden[:, t], None if injection is None else injection[:, t], state)
+        outputs.append(out)
+    return torch.stack(outputs, dim=1), state
+
+
+def assert_caches_close(a: KVCache, b: KVCache) -> None:
+    torch.testing.assert_close(a.keys, b.keys, **F64)
+    torch.testing.assert_close(a.values, b.values, **F64)
+
+
+ATTENTION_CASES = pytest.mark.parametrize(
+    "kv_heads, with_injection",
+    [(HEADS, False), (HEADS, True), (2, False), (2, True)],
+    ids=["plain", "injected", "gqa", "gqa-injected"],
+)
+
+
+def inputs(attention: CausalSelfAttention, with_injection: bool, seed: int):
+    hidden = randn(BATCH, LENGTH, HIDDEN, seed=seed)
+    injection = randn(BATCH, LENGTH, attention.dims.injection_size, seed=seed + 1) if with_injection else None
+    return hidden, injection
+
+
+def head(x: torch.Tensor | None, end: int) -> torch.Tensor | None:
+    return None if x is None else x[:, :end]
+
+
+def tail(x: torch.Tensor | None, start: int) -> torch.Tensor | None:
+    return None if x is None else x[:, start:]
+
+
+@ATTENTION_CASES
+def test_attention_steps_match_parallel(kv_heads, with_injection):
+    attention = make_attention(kv_heads, seed=0)
+    hidden, injection = inputs(attention, with_injection, seed=1)
+
+    out, cache = attention(hidden, injection)
+    empty = attention.initial_state(BATCH, dtype=torch.float64)
+    out_steps, cache_steps = run_steps(attention, hidden, injection, empty)
+
+    assert out.shape == hidden.shape and cache.keys.shape == (BATCH, kv_heads, LENGTH, HIDDEN // HEADS)
+    torch.testing.assert_close(out_steps, out, **F64)
+    assert_caches_close(cache_steps, cache)
+
+
+@ATTENTION_CASES
+def test_attention_continues_a_non_empty_cache(kv_heads, with_injection):
+    attention = make_attention(kv_heads, seed=2)
+    hidden, injection = inputs(attention, with_injection, seed=3)
+    split = 3
+    out_full, cache_full = attention(hidden, injection)
+    out_head, prefix = attention(head(hidden, split), head(injection, split))
+
+    out_parallel, cache_parallel = attention(tail(hidden, split), tail(injection, split), prefix)
+    out_steps, cache_steps = run_steps(attention, tail(hidden, split), tail(injection, split), prefix)
+
+    assert prefix.length == split  # the given cache is left as it was
+    for out_tail, cache in [(out_parallel, cache_parallel), (out_steps, cache_steps)]:
+        torch.testing.assert_close(torch.cat([out_head, out_tail], dim=1), out_full, **F64)
+        assert_caches_close(cache, cache_full)
+
+
+def test_attention_is_causal():
+    attention = make_attention(kv_heads=2, seed=4)
+    hidden, injection = inputs(attention, with_injection=True, seed=5)
+    t = 4
+    changed_hidden, changed_injection = hidden.clone(), injection.clone()
+    changed_hidden[:, t] += 1.0
+    changed_injection[:, t] += 1.0
+
+    out = attention(hidden, injection)[0]
+    changed = attention(changed_hidden, changed_injection)[0]
+
+    torch.testing.assert_close(changed[:, :t], out[:, :t], rtol=0, atol=0)
+    assert (changed[:, t:] - out[:, t:]).abs().amax(dim=-1).min() > 1e-6
+
+
+def test_attention_rejects_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        AttentionDims(16, 4, 3)
+    with pytest.raises(ValueError, match="num_heads"):
+        AttentionDims(18, 4, 4)
+
+
+# ---------------------------------------------------------------- transformers parity
+
+
+def weights_from_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A LlamaForCausalLM state dict under our names; the tied lm_head is the embedding itself."""
+    prefixes = {"model.embed_tokens.": "embeddings.", "model.layers.": "stack.layers.", "model.norm.": "stack.norm_f."}
+    renamed = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight":
+            continue
+        for old, new in prefixes.items():
+            if name.startswith(old):
+                renamed[new + name.removeprefix(old)] = tensor
+    return renamed
+
+
+def test_explicit_llama_matches_transformers():
+    sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=48, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    # initializer_range 0.2: weights large enough for logits of order one and uneven attention.
+    reference = LlamaForCausalLM(
+        LlamaConfig(**sizes, rms_norm_eps=1e-5, initializer_range=0.2,
+                    rope_parameters={"rope_type": "default", "rope_theta": THETA})
+    ).eval()
+    model = ImplicitLlamaForCausalLM(
+        ImplicitLlamaConfig(**sizes, layer_norm_epsilon=1e-5, rope_theta=THETA, implicit=False)
+    ).eval()
+    model.load_state_dict(weights_from_transformers(reference.state_dict()), strict=True)
+    ids = token_ids(2, 9, seed=6, vocab=64)
+
+    with torch.no_grad():
+        expected = reference(ids).logits
+        logits = model(ids).logits
+
+    assert expected.std() > 0.1
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the two modes
+
+
+def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitLlamaForCausalLM:
+    values = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, implicit=implicit)
+    values.update(overrides)
+    torch.manual_seed(seed)
+    return ImplicitLlamaForCausalLM(ImplicitLlamaConfig(**values))
+
+
+def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: float) -> None:
+    """Close up to ``relative`` times the largest logit, with the same argmax."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=0, atol=relative * scale)
+    assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+
+
+def contractive_model(tol: float) -> ImplicitLlamaForCausalLM:
+    """A float64 implicit model whose iteration converges fast.
+
+    At a fixed point f(z) = RMSNorm(z + d(z)) with z of unit RMS, the Jacobian is about
+    (I + d'(z)) / rms(z + d), so the map contracts when the blocks' update d is large and
+    depends little on z: the weight-norm scales g of q, k, v (which read z) shrunk to 0.3,
+    those of o_proj (which writes d) and the injection weights (which drive d) grown 3 times.
+    Shrinking every g instead, as for Mamba2, makes d small: f(z) is then close to
+    z / rms(z), and the iteration crawls.
+    """
+    model = make_model(initializer_range=0.1, fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=300)).double().eval()
+    with torch.no_grad():
+        for layer in model.stack.layers:
+            attention = layer.self_attn
+            for linear, scale in [(attention.q_proj, 0.3), (attention.k_proj, 0.3), (attention.v_proj, 0.3),
+                                  (attention.o_proj, 3.0)]:
+                linear.parametrizations.weight.original0.mul_(scale)
+        model.injection.weight.mul_(3.0)
+    return model
+
+
+def test_simultaneous_and_sequential_reach_the_same_fixed_point():
+    tol = 1e-10
+    model = contractive_model(tol)
+    ids = token_ids(2, 7, seed=7)
+    with torch.no_grad():
+        parallel = model(ids, mode="simultaneous")
+        sequential = model(ids, mode="sequential")
+
+    assert parallel.fixed_point.converged.all() and sequential.fixed_point.converged.all()
+    assert sequential.fixed_point.iterations.shape == (2, 7)
+    assert parallel.fixed_point.evaluations > 10  # a genuine iteration, not a one-step map
+    assert_logits_close(sequential.logits, parallel.logits, relative=1e-6)
+    assert all(cache.length == 7 for cache in sequential.state)
+
+
+def test_explicit_sequential_equals_simultaneous():
+    model = make_model(implicit=False, initializer_range=0.3).double().eval()
+    ids = token_ids(2, 9, seed=8)
+    with torch.no_grad():
+        parallel = model(ids)
+        sequential = model(ids, mode="sequential")
+        _, parallel_caches = model.stack(model.embeddings(ids), None)
+    assert parallel.fixed_point is None and sequential.fixed_point is None
+    assert_logits_close(sequential.logits, parallel.logits, relative=1e-9)
+    for step_cache, parallel_cache in zip(sequential.state, parallel_caches):
+        assert_caches_close(step_cache, parallel_cache)
+
+
+# ---------------------------------------------------------------- training and saving
+
+
+@pytest.mark.parametrize(
+    "implicit, options",
+    [(False, {}), (True, dict(f_max_iter=2, phantom_steps=1))],
+    ids=["explicit", "implicit-phantom"],
+)
+def test_gradient_reaches_every_parameter(implicit, options):
+    model = make_model(implicit, seed=9, fixed_point=options).train()
+    ids = token_ids(2, 5, seed=10)
+    model(ids, labels=ids).loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all() and param.grad.abs().max() > 0, name
+
+
+def test_weight_norm_only_on_implicit_backbones():
+    implicit, explicit = make_model(implicit=True), make_model(implicit=False)
+    block = implicit.stack.layers[0]
+    attention, mlp = block.self_attn, block.mlp
+    for linear in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                   mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        assert "weight" in linear.parametrizations
+    assert not hasattr(explicit.stack.layers[0].self_attn.q_proj, "parametrizations")
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = make_model(seed=11).eval()
+    ids = token_ids(2, 6, seed=12)
+    model.save_pretrained(tmp_path / "llama")
+    reloaded = load_model(tmp_path / "llama")
+
+    assert type(reloaded) is ImplicitLlamaForCausalLM and reloaded.config.num_key_value_heads == 2
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_config_defaults_are_the_authors():
+    config = ImplicitLlamaConfig()
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (768, 12, 12)
+    assert config.intermediate_size == 2048 and config.num_key_value_heads == 12 and config.rope_theta == 5e5
+    assert ImplicitLlamaConfig(hidden_size=1024).intermediate_size == 2730
+
+
+def test_options_pick_the_architecture():
+    llama = build_model(config_from_options({"architecture": "llama", "vocab_size": VOCAB, "hidden_size": 16,
+                                             "num_hidden_layers": 1, "num_attention_heads": 2}))
+    assert type(llama) is ImplicitLlamaForCausalLM and llama.config.model_type == "implicit_llama"
+    with pytest.raises(ValueError, match="did you mean 'num_attention_heads'"):
+        config_from_options({"architecture": "llama", "num_attention_head": 2})
+    with pytest.raises(ValueError, match="unknown model option 'num_attention_heads'"):
+        config_from_options({"num_attention_heads": 2})  # a Mamba2 option set by default
+    with pytest.raises(ValueError, match="architecture must be one of"):
+        config_from_options({"architecture": "gpt"})
