@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contractive import make_contractive
 from implicitlm.data.words import prefix_products
 from implicitlm.deq import OptionError
 from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
@@ -38,14 +39,8 @@ def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitMam
 
 
 def contractive_model(tol: float) -> ImplicitMamba2ForCausalLM:
-    """A float64 implicit model whose iteration converges within the budget: the
-    weight-norm scales g of in_proj and out_proj shrunk to 0.3."""
-    model = make_model(fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=400)).double().eval()
-    with torch.no_grad():
-        for layer in model.stack.layers:
-            for linear in (layer.mixer.in_proj, layer.mixer.out_proj):
-                linear.parametrizations.weight.original0.mul_(0.3)
-    return model
+    """A float64 implicit model whose iteration converges within the budget."""
+    return make_contractive(make_model(fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=400)).double().eval())
 
 
 def token_ids(batch: int, length: int, seed: int) -> torch.Tensor:

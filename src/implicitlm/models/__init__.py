@@ -1,11 +1,14 @@
 """Configs and models (explicit and implicit); they know no trainer or evaluation."""
 
+from .auto import register_auto_classes
 from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config
 from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
 from .loading import ModelLoadError, build_model, config_from_options, load_model, model_option_names
 from .mamba2_lm import ImplicitMamba2ForCausalLM
 from .output import ImplicitLMOutput
+
+register_auto_classes()
 
 __all__ = [
     "ImplicitCausalLM",

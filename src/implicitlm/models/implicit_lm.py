@@ -65,9 +65,13 @@ class ImplicitCausalLM(PreTrainedModel):
         mode: str = "simultaneous",
         max_iter: int | None = None,
         tol: float | None = None,
+        state: list | None = None,
+        use_cache: bool = False,
     ) -> ImplicitLMOutput:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
-        token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call."""
+        token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call.
+        ``state``: the recurrent state to continue from (a previous output's ``state``);
+        ``use_cache``: return the state after the last token (sequential mode always does)."""
         if attention_mask is not None and not bool(attention_mask.all()):
             # Refused rather than ignored: a recurrent state silently fed padding is wrong.
             raise ValueError("padded batches (attention_mask with zeros) are not supported by this model")
@@ -79,31 +83,38 @@ class ImplicitCausalLM(PreTrainedModel):
         with parametrize.cached():
             _fill_parametrization_cache(self)
             embedded = self.embeddings(input_ids)
-            run = self._sequential if mode == "sequential" else self._simultaneous
-            z, stats, state = run(embedded, max_iter, tol)
+            if mode == "sequential":
+                z, stats, state = self._sequential(embedded, state, max_iter, tol)
+            else:
+                z, stats, state = self._simultaneous(embedded, state, use_cache, max_iter, tol)
             logits = F.linear(z, self.embeddings.weight)[..., : self.config.vocab_size]
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment)
         return ImplicitLMOutput(loss=loss, logits=logits, fixed_point=stats, state=state)
 
-    def _simultaneous(self, embedded: torch.Tensor, max_iter: int | None, tol: float | None):
+    def _simultaneous(self, embedded: torch.Tensor, state, use_cache: bool, max_iter, tol):
         if not self.config.implicit:
-            z, state = self.stack(embedded, None)
+            z, state = self.stack(embedded, None, state)
             return z, None, state
         injection = self.injection(self.injection_norm(embedded))
         z, stats = self.solver(
-            lambda z: self.stack(z, injection)[0],
+            lambda z: self.stack(z, injection, state)[0],
             torch.zeros_like(embedded),
             training=self.training,
             max_iter=max_iter,
             tol=tol,
         )
-        return z, stats, None
+        if use_cache:
+            # The state the sequence leaves behind is the one read off its fixed point: one
+            # more pass at z*, as the sequential mode commits each token's state.
+            state = self.stack(z, injection, state)[1]
+        return z, stats, state if use_cache else None
 
-    def _sequential(self, embedded: torch.Tensor, max_iter: int | None, tol: float | None):
+    def _sequential(self, embedded: torch.Tensor, state, max_iter: int | None, tol: float | None):
         batch, length, _ = embedded.shape
-        state = self.stack.initial_state(batch, embedded.device, embedded.dtype)
+        if state is None:
+            state = self.stack.initial_state(batch, embedded.device, embedded.dtype)
         if not self.config.implicit:
             outputs = []
             for t in range(length):
@@ -122,6 +133,64 @@ class ImplicitCausalLM(PreTrainedModel):
             tol=options.eval_f_tol if tol is None else tol,
         )
         return z, stats, state
+
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        eos_token_id: int | None = None,
+        max_iter: int | None = None,
+        tol: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Prompt + up to ``max_new_tokens`` tokens, shape (B, L + new).
+
+        The prompt is prefilled in simultaneous mode (parallel over the prompt); each new
+        token is then decoded in sequential mode, as an RNN: its own fixed point, reading
+        and then committing the recurrent state. Explicit models take one pass per token.
+        Sequences that emit ``eos_token_id`` are padded with it while the others go on.
+        Runs with the evaluation budget (``max_iter`` / ``tol`` override it).
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        was_training = self.training
+        self.eval()
+        try:
+            out = self(input_ids, mode="simultaneous", use_cache=True, max_iter=max_iter, tol=tol)
+            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            tokens = [input_ids]
+            for position in range(max_new_tokens):
+                next_token = _choose(out.logits[:, -1], do_sample, temperature, top_k, generator)
+                if eos_token_id is not None:
+                    next_token = torch.where(finished, eos_token_id, next_token)
+                    finished |= next_token == eos_token_id
+                tokens.append(next_token[:, None])
+                if position == max_new_tokens - 1 or bool(finished.all()):
+                    break
+                out = self(next_token[:, None], mode="sequential", state=out.state, max_iter=max_iter, tol=tol)
+        finally:
+            self.train(was_training)
+        return torch.cat(tokens, dim=1)
+
+
+def _choose(
+    logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Greedy argmax, or a sample from softmax(logits / temperature) over the top k."""
+    if not do_sample:
+        return logits.argmax(-1)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    logits = logits.float() / temperature
+    if top_k is not None:
+        threshold = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
 
 
 def _fill_parametrization_cache(model: nn.Module) -> None:
