@@ -100,3 +100,35 @@ def test_auto_class_round_trip_gives_identical_logits(architecture, implicit, tm
     assert type(reloaded) is type(model)
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_left_padding_leaves_the_real_tokens_logits_unchanged(architecture, implicit):
+    model = make_model(architecture, implicit)
+    short, long = tokens(1, 4, seed=7), tokens(1, 7, seed=8)
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], dim=1), long])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1] * 7])
+    with torch.no_grad():
+        padded = model(batch, attention_mask=mask)
+        alone = model(short)
+    # Explicit: the same arithmetic; implicit: two solves of one fixed point to 1e-7.
+    tolerance = 1e-10 if not implicit else 1e-5
+    torch.testing.assert_close(padded.logits[0, 3:], alone.logits[0], atol=tolerance, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(padded.logits[1], model(long).logits[0], atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_generation_from_a_left_padded_prompt_equals_unpadded_generation(architecture, implicit):
+    model = make_model(architecture, implicit)
+    short = tokens(1, 3, seed=9)
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), short], dim=1)
+    mask = torch.tensor([[0, 0, 1, 1, 1]])
+    generated = model.generate(padded, max_new_tokens=5, attention_mask=mask)
+    assert torch.equal(generated[:, 5:], model.generate(short, max_new_tokens=5)[:, 3:])
+
+
+def test_padded_sequential_run_is_refused():
+    model = make_model("mamba2", True)
+    with pytest.raises(ValueError, match="simultaneous"):
+        model(tokens(1, 3, seed=10), attention_mask=torch.tensor([[0, 1, 1]]), mode="sequential")

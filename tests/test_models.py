@@ -144,7 +144,7 @@ class FixedOutputStack(nn.Module):
         super().__init__()
         self.z = z
 
-    def forward(self, z, injection, states=None):
+    def forward(self, z, injection, states=None, padding=None):
         return self.z, None
 
 
@@ -264,13 +264,3 @@ def test_unknown_fixed_point_key_in_config_is_rejected():
 def test_invalid_label_alignment_is_rejected():
     with pytest.raises(ValueError, match="label_alignment"):
         make_config(label_alignment="next")
-
-
-def test_padding_mask_is_refused_not_ignored():
-    model = make_model().eval()
-    ids = token_ids(2, 4, seed=15)
-    with torch.no_grad():
-        full = model(ids, attention_mask=torch.ones(2, 4, dtype=torch.long))
-        torch.testing.assert_close(full.logits, model(ids).logits, rtol=0, atol=0)
-        with pytest.raises(ValueError, match="attention_mask"):
-            model(ids, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))

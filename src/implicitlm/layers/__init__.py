@@ -4,7 +4,7 @@ from .attention import AttentionDims, CausalSelfAttention, KVCache
 from .mamba2 import Mamba2Dims, Mamba2Mixer, Mamba2State
 from .mlp import SwiGLUMLP, swiglu_hidden_size
 from .norms import GatedRMSNorm, RMSNorm
-from .rotary import apply_rotary, rotary_cos_sin
+from .rotary import apply_rotary, rotary_cos_sin, rotary_cos_sin_at
 from .ssd import ssd_chunked, ssd_reference, ssd_step
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "SwiGLUMLP",
     "apply_rotary",
     "rotary_cos_sin",
+    "rotary_cos_sin_at",
     "ssd_chunked",
     "ssd_reference",
     "ssd_step",

@@ -15,20 +15,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .rotary import apply_rotary, rotary_cos_sin
+from .rotary import apply_rotary, rotary_cos_sin, rotary_cos_sin_at
 
 
 @dataclass
 class KVCache:
-    """Rotated keys and values of every token so far, each (b, kv_heads, t, head_dim)."""
+    """Rotated keys and values of every token so far, each (b, kv_heads, t, head_dim).
+
+    ``real``: (b, t) bool, False at padding; None when every cached token is real.
+    """
 
     keys: torch.Tensor
     values: torch.Tensor
+    real: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
-        """Tokens cached, which is also the position of the next token."""
+        """Tokens cached, padding included."""
         return self.keys.shape[2]
+
 
 
 @dataclass(frozen=True)
@@ -85,14 +90,20 @@ class CausalSelfAttention(nn.Module):
         hidden: torch.Tensor,
         injection: torch.Tensor | None = None,
         state: KVCache | None = None,
+        padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
         """hidden: (b, l, hidden_size); injection: (b, l, injection_size) or None; state: the
-        cache of the tokens before the first one (none when None). Returns (output, cache
-        of every token so far)."""
+        cache of the tokens before the first one (none when None); padding: (b, l) bool, True
+        at real tokens, or None. Returns (output, cache of every token so far).
+
+        Padding tokens are invisible to every query and do not advance positions, so a
+        left-padded sample gets the same outputs at its real tokens as without padding."""
         d = self.dims
         batch, length, _ = hidden.shape
         start = 0 if state is None else state.length
-        q, k, v = self._project(hidden, injection, start)
+        real = _real_tokens(state, padding, batch, length, hidden.device)
+        positions = None if real is None else _positions(real, length)
+        q, k, v = self._project(hidden, injection, start, positions)
         if state is not None:
             k = torch.cat([state.keys, k], dim=2)
             v = torch.cat([state.values, v], dim=2)
@@ -100,13 +111,18 @@ class CausalSelfAttention(nn.Module):
         # sdpa's causal mask; after a prefix, is_causal would align the triangle to the
         # top-left corner (query i seeing keys 0 .. i), so the mask is given explicitly.
         mask = None
-        if start > 0 and length > 1:
+        if real is not None or (start > 0 and length > 1):
             mask = torch.ones(length, start + length, dtype=torch.bool, device=hidden.device).tril(diagonal=start)
+        if real is not None:
+            # A query always sees itself, so a padding query has one key and no NaN row.
+            cached = torch.zeros(length, start, dtype=torch.bool, device=hidden.device)
+            itself = torch.cat([cached, torch.eye(length, dtype=torch.bool, device=hidden.device)], dim=1)
+            mask = (mask & real[:, None, None, :]) | itself
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=start == 0, enable_gqa=d.num_kv_heads != d.num_heads
+            q, k, v, attn_mask=mask, is_causal=mask is None and start == 0, enable_gqa=d.num_kv_heads != d.num_heads
         )
         out = self.o_proj(y.transpose(1, 2).reshape(batch, length, d.q_dim))
-        return out, KVCache(keys=k, values=v)
+        return out, KVCache(keys=k, values=v, real=real)
 
     def step(
         self, hidden: torch.Tensor, injection: torch.Tensor | None, state: KVCache
@@ -117,7 +133,7 @@ class CausalSelfAttention(nn.Module):
         return out[:, 0], state
 
     def _project(
-        self, hidden: torch.Tensor, injection: torch.Tensor | None, start: int
+        self, hidden: torch.Tensor, injection: torch.Tensor | None, start: int, positions: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (b, heads, l, head_dim) and k, v (b, kv_heads, l, head_dim); q and k rotated."""
         d = self.dims
@@ -129,5 +145,28 @@ class CausalSelfAttention(nn.Module):
         q = q.view(batch, length, d.num_heads, d.head_dim).transpose(1, 2)
         k = k.view(batch, length, d.num_kv_heads, d.head_dim).transpose(1, 2)
         v = v.view(batch, length, d.num_kv_heads, d.head_dim).transpose(1, 2)
-        cos, sin = rotary_cos_sin(start, length, d.head_dim, d.rope_theta, hidden.device, hidden.dtype)
+        if positions is None:
+            cos, sin = rotary_cos_sin(start, length, d.head_dim, d.rope_theta, hidden.device, hidden.dtype)
+        else:
+            cos, sin = rotary_cos_sin_at(positions, d.head_dim, d.rope_theta, hidden.dtype)
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # one angle per sample, shared by heads
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+
+def _real_tokens(
+    state: KVCache | None, padding: torch.Tensor | None, batch: int, length: int, device
+) -> torch.Tensor | None:
+    """(b, t + l) bool over cached and new tokens, or None when none of them is padding."""
+    cached = None if state is None else state.real
+    if cached is None and padding is None:
+        return None
+    if cached is None:
+        cached = torch.ones(batch, 0 if state is None else state.length, dtype=torch.bool, device=device)
+    if padding is None:
+        padding = torch.ones(batch, length, dtype=torch.bool, device=device)
+    return torch.cat([cached, padding.bool()], dim=1)
+
+
+def _positions(real: torch.Tensor, length: int) -> torch.Tensor:
+    """(b, l) positions of the new tokens: real tokens before each, padding not counted."""
+    return (real.cumsum(dim=1) - 1).clamp(min=0)[:, -length:]

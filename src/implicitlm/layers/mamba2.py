@@ -94,14 +94,21 @@ class Mamba2Mixer(nn.Module):
         hidden: torch.Tensor,
         injection: torch.Tensor | None = None,
         state: Mamba2State | None = None,
+        padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Mamba2State]:
         """hidden: (b, l, d_model); injection: (b, l, d_in_proj) or None; state: the state
-        before the first token (zeros when None). Returns (output, state after the last token)."""
+        before the first token (zeros when None); padding: (b, l) bool, True at real tokens,
+        or None. Returns (output, state after the last token)."""
         d = self.dims
         batch, length, _ = hidden.shape
         if state is None:
             state = self.initial_state(batch, hidden.device, hidden.dtype)
         gate, xbc, dt = self._project(hidden, injection)
+        if padding is not None:
+            # A padding token feeds zeros to the conv (as before the first token) and has
+            # dt = 0 (no decay, no input): left padding leaves the state as it found it.
+            real = padding.to(xbc.dtype).unsqueeze(-1)
+            xbc, dt = xbc * real, dt * real
         # Causal conv: the previous d_conv - 1 inputs (zeros at the start) are prepended and
         # the conv runs unpadded, so output t sees inputs t-3..t only and the length is kept.
         conv_input = torch.cat([state.conv[:, :, 1:], xbc.transpose(1, 2)], dim=2)

@@ -15,10 +15,16 @@ def rotary_cos_sin(
     start: int, length: int, head_dim: int, theta: float, device=None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape (length, head_dim) for positions start .. start + length - 1."""
+    return rotary_cos_sin_at(torch.arange(start, start + length, device=device), head_dim, theta, dtype)
+
+
+def rotary_cos_sin_at(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (*positions.shape, head_dim): per-sample positions (left padding)."""
     compute = torch.promote_types(dtype, torch.float32)
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=compute) / head_dim))
-    positions = torch.arange(start, start + length, device=device, dtype=compute)
-    angles = torch.outer(positions, inv_freq)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=compute) / head_dim))
+    angles = positions.to(compute).unsqueeze(-1) * inv_freq
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

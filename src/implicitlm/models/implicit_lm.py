@@ -72,13 +72,14 @@ class ImplicitCausalLM(PreTrainedModel):
         token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call.
         ``state``: the recurrent state to continue from (a previous output's ``state``);
         ``use_cache``: return the state after the last token (sequential mode always does)."""
-        if attention_mask is not None and not bool(attention_mask.all()):
-            # Refused rather than ignored: a recurrent state silently fed padding is wrong.
-            raise ValueError("padded batches (attention_mask with zeros) are not supported by this model")
+        padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "sequential" and self.training and torch.is_grad_enabled():
             raise ValueError("sequential mode is for inference; training runs in simultaneous mode")
+        if mode == "sequential" and padding is not None:
+            # Refused rather than ignored: a recurrent state silently fed padding is wrong.
+            raise ValueError("padded batches run in simultaneous mode (prefill); sequential mode takes real tokens only")
         # The weight-normalised weights are computed once per forward, not once per iteration.
         with parametrize.cached():
             _fill_parametrization_cache(self)
@@ -86,20 +87,28 @@ class ImplicitCausalLM(PreTrainedModel):
             if mode == "sequential":
                 z, stats, state = self._sequential(embedded, state, max_iter, tol)
             else:
-                z, stats, state = self._simultaneous(embedded, state, use_cache, max_iter, tol)
+                z, stats, state = self._simultaneous(embedded, state, padding, use_cache, max_iter, tol)
             logits = F.linear(z, self.embeddings.weight)[..., : self.config.vocab_size]
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment)
         return ImplicitLMOutput(loss=loss, logits=logits, fixed_point=stats, state=state)
 
-    def _simultaneous(self, embedded: torch.Tensor, state, use_cache: bool, max_iter, tol):
+    def _simultaneous(self, embedded: torch.Tensor, state, padding, use_cache: bool, max_iter, tol):
         if not self.config.implicit:
-            z, state = self.stack(embedded, None, state)
+            z, state = self.stack(embedded, None, state, padding)
             return z, None, state
         injection = self.injection(self.injection_norm(embedded))
+        keep = None if padding is None else padding.unsqueeze(-1).to(embedded.dtype)
+
+        def f(z: torch.Tensor) -> torch.Tensor:
+            z = self.stack(z, injection, state, padding)[0]
+            # Padding positions held at 0: exactly fixed, so they neither count in a
+            # sample's residual nor delay its convergence.
+            return z if keep is None else z * keep
+
         z, stats = self.solver(
-            lambda z: self.stack(z, injection, state)[0],
+            f,
             torch.zeros_like(embedded),
             training=self.training,
             max_iter=max_iter,
@@ -108,7 +117,7 @@ class ImplicitCausalLM(PreTrainedModel):
         if use_cache:
             # The state the sequence leaves behind is the one read off its fixed point: one
             # more pass at z*, as the sequential mode commits each token's state.
-            state = self.stack(z, injection, state)[1]
+            state = self.stack(z, injection, state, padding)[1]
         return z, stats, state if use_cache else None
 
     def _sequential(self, embedded: torch.Tensor, state, max_iter: int | None, tol: float | None):
@@ -140,6 +149,7 @@ class ImplicitCausalLM(PreTrainedModel):
         self,
         input_ids: torch.Tensor,
         max_new_tokens: int = 20,
+        attention_mask: torch.Tensor | None = None,
         do_sample: bool = False,
         temperature: float = 1.0,
         top_k: int | None = None,
@@ -154,6 +164,7 @@ class ImplicitCausalLM(PreTrainedModel):
         token is then decoded in sequential mode, as an RNN: its own fixed point, reading
         and then committing the recurrent state. Explicit models take one pass per token.
         Sequences that emit ``eos_token_id`` are padded with it while the others go on.
+        Prompts of different lengths are left-padded, with ``attention_mask`` 0 on padding.
         Runs with the evaluation budget (``max_iter`` / ``tol`` override it).
         """
         if max_new_tokens < 1:
@@ -161,7 +172,9 @@ class ImplicitCausalLM(PreTrainedModel):
         was_training = self.training
         self.eval()
         try:
-            out = self(input_ids, mode="simultaneous", use_cache=True, max_iter=max_iter, tol=tol)
+            out = self(
+                input_ids, attention_mask=attention_mask, mode="simultaneous", use_cache=True, max_iter=max_iter, tol=tol
+            )
             finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
             tokens = [input_ids]
             for position in range(max_new_tokens):

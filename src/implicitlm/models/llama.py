@@ -41,9 +41,9 @@ class LlamaBlock(nn.Module):
         return self.self_attn.initial_state(batch, device, dtype)
 
     def forward(
-        self, z: torch.Tensor, injection: torch.Tensor | None, state: KVCache | None
+        self, z: torch.Tensor, injection: torch.Tensor | None, state: KVCache | None, padding=None
     ) -> tuple[torch.Tensor, KVCache]:
-        out, state = self.self_attn(self.input_layernorm(z), injection, state)
+        out, state = self.self_attn(self.input_layernorm(z), injection, state, padding)
         z = z + out
         return z + self.mlp(self.post_attention_layernorm(z)), state
 

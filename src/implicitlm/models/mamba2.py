@@ -44,9 +44,9 @@ class Mamba2Block(nn.Module):
         return self.mixer.initial_state(batch, device, dtype)
 
     def forward(
-        self, z: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State | None
+        self, z: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State | None, padding=None
     ) -> tuple[torch.Tensor, Mamba2State]:
-        out, state = self.mixer(self.norm(z), injection, state)
+        out, state = self.mixer(self.norm(z), injection, state, padding)
         return z + out, state
 
     def step(

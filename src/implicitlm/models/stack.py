@@ -30,11 +30,17 @@ class BlockStack(nn.Module):
         return [layer.initial_state(batch, device, dtype) for layer in self.layers]
 
     def forward(
-        self, z: torch.Tensor, injection: torch.Tensor | None, states: list[Any] | None = None
+        self,
+        z: torch.Tensor,
+        injection: torch.Tensor | None,
+        states: list[Any] | None = None,
+        padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
+        """``padding``: (b, l) bool, True at real tokens; padding tokens leave no trace in
+        the state, so left padding does not change the real tokens' outputs."""
         new_states = []
         for i, layer in enumerate(self.layers):
-            z, state = layer(z, injection, None if states is None else states[i])
+            z, state = layer(z, injection, None if states is None else states[i], padding)
             new_states.append(state)
         return self.norm_f(z), new_states
 
