@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from contractive import make_contractive
 from implicitlm.layers import AttentionDims, CausalSelfAttention, KVCache, apply_rotary, rotary_cos_sin
 from implicitlm.models import (
     ImplicitLlamaConfig,
@@ -16,6 +17,7 @@ from implicitlm.models import (
     config_from_options,
     load_model,
 )
+from implicitlm.models.convert import from_hf_llama
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -170,19 +172,6 @@ def test_attention_rejects_heads_that_do_not_divide():
 # ---------------------------------------------------------------- transformers parity
 
 
-def weights_from_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A LlamaForCausalLM state dict under our names; the tied lm_head is the embedding itself."""
-    prefixes = {"model.embed_tokens.": "embeddings.", "model.layers.": "stack.layers.", "model.norm.": "stack.norm_f."}
-    renamed = {}
-    for name, tensor in state.items():
-        if name == "lm_head.weight":
-            continue
-        for old, new in prefixes.items():
-            if name.startswith(old):
-                renamed[new + name.removeprefix(old)] = tensor
-    return renamed
-
-
 def test_explicit_llama_matches_transformers():
     sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=48, tie_word_embeddings=True)
@@ -192,10 +181,7 @@ def test_explicit_llama_matches_transformers():
         LlamaConfig(**sizes, rms_norm_eps=1e-5, initializer_range=0.2,
                     rope_parameters={"rope_type": "default", "rope_theta": THETA})
     ).eval()
-    model = ImplicitLlamaForCausalLM(
-        ImplicitLlamaConfig(**sizes, layer_norm_epsilon=1e-5, rope_theta=THETA, implicit=False)
-    ).eval()
-    model.load_state_dict(weights_from_transformers(reference.state_dict()), strict=True)
+    model = from_hf_llama(reference)
     ids = token_ids(2, 9, seed=6, vocab=64)
 
     with torch.no_grad():
@@ -225,24 +211,9 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: 
 
 
 def contractive_model(tol: float) -> ImplicitLlamaForCausalLM:
-    """A float64 implicit model whose iteration converges fast.
-
-    At a fixed point f(z) = RMSNorm(z + d(z)) with z of unit RMS, the Jacobian is about
-    (I + d'(z)) / rms(z + d), so the map contracts when the blocks' update d is large and
-    depends little on z: the weight-norm scales g of q, k, v (which read z) shrunk to 0.3,
-    those of o_proj (which writes d) and the injection weights (which drive d) grown 3 times.
-    Shrinking every g instead, as for Mamba2, makes d small: f(z) is then close to
-    z / rms(z), and the iteration crawls.
-    """
+    """A float64 implicit model whose iteration converges fast."""
     model = make_model(initializer_range=0.1, fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=300)).double().eval()
-    with torch.no_grad():
-        for layer in model.stack.layers:
-            attention = layer.self_attn
-            for linear, scale in [(attention.q_proj, 0.3), (attention.k_proj, 0.3), (attention.v_proj, 0.3),
-                                  (attention.o_proj, 3.0)]:
-                linear.parametrizations.weight.original0.mul_(scale)
-        model.injection.weight.mul_(3.0)
-    return model
+    return make_contractive(model)
 
 
 def test_simultaneous_and_sequential_reach_the_same_fixed_point():

@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_words_generate(words)
     _add_words_train(words)
     _add_words_eval(words)
+    models = commands.add_parser("models", help="the paper's model presets; import from Hugging Face")
+    models = models.add_subparsers(title="commands")
+    _add_models_list(models)
+    _add_models_show(models)
+    _add_models_import(models)
     return parser
 
 
@@ -163,6 +168,53 @@ def _run_words_eval(args) -> None:
         print(f"{row['length']:>8}{row['accuracy']:>10.1%}{row['accuracy_last10']:>9.1%}{iters}")
     if args.json:
         write_json(args.json, {"checkpoint": str(args.checkpoint), "group": group, "mode": args.mode, "results": rows})
+
+
+def _add_models_list(commands) -> None:
+    p = commands.add_parser("list", help="every model preset with its size and parameter count")
+    p.set_defaults(run=_run_models_list)
+
+
+def _run_models_list(args) -> None:
+    from .models.presets import model_preset_names, preset_summary
+
+    print(f"{'name':<26}{'arch':<8}{'layers':>7}{'d_model':>8}  {'variant':<14}{'eval iters':>10}{'params (M)':>12}")
+    for row in map(preset_summary, model_preset_names()):
+        eval_iterations = "-" if row["eval_iterations"] is None else row["eval_iterations"]
+        print(
+            f"{row['name']:<26}{row['architecture']:<8}{row['layers']:>7}{row['d_model']:>8}  {row['variant']:<14}"
+            f"{eval_iterations:>10}{row['parameters'] / 1e6:>12.1f}"
+        )
+
+
+def _add_models_show(commands) -> None:
+    p = commands.add_parser("show", help="a preset's model options as JSON")
+    p.add_argument("name", help="preset name (see: implicitlm models list)")
+    p.set_defaults(run=_run_models_show)
+
+
+def _run_models_show(args) -> None:
+    from .models.presets import model_preset
+
+    print(json.dumps(model_preset(args.name), indent=2))
+
+
+def _add_models_import(commands) -> None:
+    p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama checkpoint (safetensors)")
+    p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
+    p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
+    p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.set_defaults(run=_run_models_import)
+
+
+def _run_models_import(args) -> None:
+    from .models.convert import from_hf
+
+    model = from_hf(args.source, implicit=args.implicit, **_key_values(args.model))
+    model.save_pretrained(args.out)
+    kind = "implicit" if model.config.implicit else "explicit"
+    print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:

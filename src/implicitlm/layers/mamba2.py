@@ -79,7 +79,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(_inverse_softplus(_log_uniform(dims.nheads, dt_min, dt_max).clamp(min=dt_init_floor)))
         self.A_log = nn.Parameter(torch.log(torch.empty(dims.nheads).uniform_(*a_init_range)))
         self.D = nn.Parameter(torch.ones(dims.nheads))
-        self.norm = GatedRMSNorm(dims.d_inner, eps=norm_eps)
+        self.norm = GatedRMSNorm(dims.d_inner, eps=norm_eps, group_size=dims.d_inner // dims.ngroups)
         self.out_proj = nn.Linear(dims.d_inner, dims.d_model, bias=False)
 
     def initial_state(self, batch: int, device=None, dtype=None) -> Mamba2State:

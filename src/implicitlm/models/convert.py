@@ -1,0 +1,263 @@
+"""Our models initialised from explicit Hugging Face checkpoints (Mamba2, Llama).
+
+``from_hf_mamba2`` / ``from_hf_llama`` take a ``transformers`` model or a checkpoint
+directory (read from safetensors only, never unpickled), map its config onto ours,
+refuse the settings we do not implement, and copy every weight. ``from_hf`` picks the
+family from the directory's config.json.
+
+Explicit (``implicit=False``): the same function as the source model.
+
+Implicit (``implicit=True``): the backbone gets the explicit weights (through the
+weight-norm parametrisation, so the effective weights equal them) and the injection is
+chosen so that the FIRST iteration from z = 0 reproduces the explicit model as far as
+the design allows. Explicit block 1 reads ``proj_1(norm_1(e))``, e = embed(x), where
+proj_1 is Mamba2's in_proj or Llama's q/k/v projections. Implicit iteration 1 starts at
+z = 0, so norm_1(z) = 0 and block 1's mixer reads the injection alone; we set
+
+    injection_norm.weight = norm_1.weight,    injection.weight = proj_1.weight
+
+so that ``u = proj_1(norm_1(e))`` and block 1's mixer (Mamba2 mixer, attention) computes
+exactly its explicit output. Exactness ends there, for reasons the design fixes: the
+residual stream of iteration 1 starts at 0 rather than at e (Llama's first MLP reads
+norm(a_1) instead of norm(e + a_1), block 2 reads h_1 - e instead of h_1), and u is added
+in every block, not only the first. Measured on the random tiny models of
+tests/test_convert.py (hidden 32, 2 layers, vocab 64, 19 tokens, 5 seeds), the relative
+error ||logits_1 - logits|| / ||logits|| of iteration 1 was 0.69-0.79 for Mamba2 and
+0.70-0.86 for Llama (a zero injection gives 1.0: z_1 = 0). With u added in block 1 only
+it would be 0.23-0.25 and 0.44-0.54 (3 seeds): the repeated injection makes most of
+Mamba2's error, the missing embedding most of Llama's. Scaling u by 0.25-1.5 helped
+neither family consistently, so u keeps the scale that makes block 1 exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, PreTrainedModel
+
+from .implicit_lm import ImplicitCausalLM
+from .loading import ModelLoadError, build_model, config_from_options
+
+# transformers' parameter prefixes -> ours; the layers' own names are the same in both.
+MAMBA2_PREFIXES = {
+    "backbone.embeddings.": "embeddings.",
+    "backbone.layers.": "stack.layers.",
+    "backbone.norm_f.": "stack.norm_f.",
+}
+LLAMA_PREFIXES = {
+    "model.embed_tokens.": "embeddings.",
+    "model.layers.": "stack.layers.",
+    "model.norm.": "stack.norm_f.",
+}
+# The tied head is the embedding matrix itself in our models.
+TIED_HEAD = "lm_head.weight"
+
+HFSource = PreTrainedModel | str | Path
+
+
+def from_hf(path: str | Path, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
+    """A model from a transformers checkpoint directory of a Mamba2 or Llama model."""
+    model_type = _model_type(Path(path))
+    if model_type == "mamba":
+        raise ModelLoadError(
+            f"{path}: a Mamba (Mamba1) checkpoint, a different architecture; only Mamba2 and Llama are supported"
+        )
+    if model_type not in IMPORTERS:
+        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported; only Mamba2 and Llama are")
+    return IMPORTERS[model_type](path, implicit, **option_overrides)
+
+
+def from_hf_mamba2(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
+    """Our Mamba2 model from a ``Mamba2ForCausalLM`` or its checkpoint directory.
+
+    ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
+    """
+    hf = _hf_model(source, Mamba2ForCausalLM)
+    options = _mamba2_options(hf.config)
+    return _convert(hf, options, MAMBA2_PREFIXES, _mamba2_first_projection, implicit, option_overrides)
+
+
+def from_hf_llama(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
+    """Our Llama model from a ``LlamaForCausalLM`` or its checkpoint directory.
+
+    ``option_overrides``: further model options (e.g. ``fixed_point``).
+    """
+    hf = _hf_model(source, LlamaForCausalLM)
+    options = _llama_options(hf.config)
+    return _convert(hf, options, LLAMA_PREFIXES, _llama_first_projection, implicit, option_overrides)
+
+
+IMPORTERS: dict[str, Callable[..., ImplicitCausalLM]] = {"mamba2": from_hf_mamba2, "llama": from_hf_llama}
+
+
+def _mamba2_options(config: Mamba2Config) -> dict[str, Any]:
+    _refuse(config.use_bias, "use_bias=True (biases in in_proj / out_proj)")
+    _refuse(not config.use_conv_bias, "use_conv_bias=False")
+    _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
+    _refuse(tuple(config.time_step_limit) != (0.0, math.inf), f"time_step_limit={config.time_step_limit} (dt clamping)")
+    # transformers normalises the gated output per group of heads, our mixer over all of them.
+    _refuse(not config.tie_word_embeddings, "untied input and output embeddings")
+    return dict(
+        architecture="mamba2",
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        state_size=config.state_size,
+        conv_kernel=config.conv_kernel,
+        expand=config.expand,
+        head_dim=config.head_dim,
+        n_groups=config.n_groups,
+        chunk_size=config.chunk_size,
+        time_step_min=config.time_step_min,
+        time_step_max=config.time_step_max,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        initializer_range=config.initializer_range,
+    )
+
+
+def _llama_options(config: LlamaConfig) -> dict[str, Any]:
+    rope = config.rope_parameters or {}
+    _refuse(config.attention_bias or config.mlp_bias, "attention_bias / mlp_bias (biases)")
+    _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
+    head_dim, rope_type = config.head_dim, rope.get("rope_type", "default")
+    _refuse(head_dim * config.num_attention_heads != config.hidden_size, f"head_dim={head_dim} (not hidden / heads)")
+    _refuse(rope_type != "default", f"rope_type={rope_type!r} (only the default RoPE)")
+    _refuse(not config.tie_word_embeddings, "untied input and output embeddings")
+    return dict(
+        architecture="llama",
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        rope_theta=rope["rope_theta"],
+        layer_norm_epsilon=config.rms_norm_eps,
+        initializer_range=config.initializer_range,
+    )
+
+
+def _mamba2_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torch.Tensor]:
+    layer = model.stack.layers[0]
+    return layer.norm.weight, layer.mixer.in_proj.weight
+
+
+def _llama_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torch.Tensor]:
+    layer = model.stack.layers[0]
+    attention = layer.self_attn
+    # [q, k, v]: the order in which the attention splits its injection.
+    projection = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+    return layer.input_layernorm.weight, projection
+
+
+def _convert(
+    hf: PreTrainedModel,
+    options: dict[str, Any],
+    prefixes: dict[str, str],
+    first_projection: Callable[[ImplicitCausalLM], tuple[torch.Tensor, torch.Tensor]],
+    implicit: bool,
+    overrides: dict[str, Any],
+) -> ImplicitCausalLM:
+    model = build_model(config_from_options({**options, "implicit": implicit, **overrides}))
+    weights = _renamed(hf.state_dict(), prefixes)
+    weights["embeddings.weight"] = _pad_rows(weights["embeddings.weight"], model.config.padded_vocab_size)
+    with torch.no_grad():
+        _copy_weights(model, weights)
+        if model.config.implicit:
+            norm_weight, projection_weight = first_projection(model)
+            _set_weight(model.injection_norm, "weight", norm_weight)
+            _set_weight(model.injection, "weight", projection_weight)
+    return model.eval()
+
+
+def _renamed(state: dict[str, torch.Tensor], prefixes: dict[str, str]) -> dict[str, torch.Tensor]:
+    renamed = {}
+    for name, tensor in state.items():
+        if name == TIED_HEAD:
+            continue
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            raise ModelLoadError(f"checkpoint weight {name!r} has no counterpart in this model")
+        renamed[prefixes[prefix] + name.removeprefix(prefix)] = tensor
+    return renamed
+
+
+def _pad_rows(embedding: torch.Tensor, rows: int) -> torch.Tensor:
+    """The embedding padded with zero rows to our padded vocabulary (logits of padding
+    rows are cut off, and no token id reaches them)."""
+    if embedding.shape[0] > rows:
+        raise ModelLoadError(f"embedding has {embedding.shape[0]} rows, more than the padded vocabulary ({rows})")
+    return torch.cat([embedding, embedding.new_zeros(rows - embedding.shape[0], embedding.shape[1])])
+
+
+def _copy_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Set every backbone weight by its plain name (``...in_proj.weight``), all present."""
+    # The injection has no explicit counterpart; it is set from block 1 afterwards.
+    expected = {name for name in _plain_names(model) if not name.startswith(("injection.", "injection_norm."))}
+    if expected != weights.keys():
+        missing, unexpected = sorted(expected - weights.keys()), sorted(weights.keys() - expected)
+        raise ModelLoadError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+    for name, tensor in weights.items():
+        module_name, _, attribute = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if tensor.shape != getattr(module, attribute).shape:
+            shape, ours = tuple(tensor.shape), tuple(getattr(module, attribute).shape)
+            raise ModelLoadError(f"{name}: shape {shape} in the checkpoint, {ours} in the model")
+        _set_weight(module, attribute, tensor)
+
+
+def _plain_names(model: nn.Module) -> set[str]:
+    """State-dict names with weight norm's (g, v) pairs folded back into the weight they define."""
+    names = set()
+    for name in model.state_dict():
+        head, marker, rest = name.partition("parametrizations.")
+        names.add(head + rest.split(".")[0] if marker else name)
+    return names
+
+
+def _set_weight(module: nn.Module, attribute: str, value: torch.Tensor) -> None:
+    """Copy ``value`` into a parameter; a parametrised one is set through its right inverse
+    (weight norm: g = ||w|| per row, v = w), so that its effective value is ``value``."""
+    target = getattr(module, attribute)
+    # A copy: assignment stores the given tensor itself, which must not alias the source model.
+    value = value.detach().to(dtype=target.dtype, device=target.device, copy=True)
+    if parametrize.is_parametrized(module, attribute):
+        setattr(module, attribute, value)
+    else:
+        target.copy_(value)
+
+
+def _hf_model(source: HFSource, cls: type[PreTrainedModel]) -> PreTrainedModel:
+    if isinstance(source, cls):
+        return source
+    if isinstance(source, PreTrainedModel):
+        raise TypeError(f"expected a {cls.__name__} or its checkpoint directory, got a {type(source).__name__}")
+    path = Path(source)
+    model_type = _model_type(path)
+    if model_type != cls.config_class.model_type:
+        raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {cls.config_class.model_type!r}")
+    try:
+        return cls.from_pretrained(path, use_safetensors=True)
+    except OSError as error:
+        raise ModelLoadError(f"{path}: cannot load safetensors weights ({str(error).splitlines()[0]})") from None
+
+
+def _model_type(path: Path) -> str | None:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path}: not a checkpoint directory (no config.json)")
+    try:
+        return json.loads(config_file.read_text()).get("model_type")
+    except json.JSONDecodeError as error:
+        raise ModelLoadError(f"{config_file}: invalid JSON ({error.msg}, line {error.lineno})") from None
+
+
+def _refuse(condition: bool, setting: str) -> None:
+    if condition:
+        raise ModelLoadError(f"unsupported setting of the source model: {setting}")

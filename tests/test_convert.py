@@ -1,0 +1,207 @@
+"""Import from transformers' Mamba2 and Llama: same logits as the source, the implicit
+initialisation, saved directories, and the settings and checkpoints that are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
+from transformers.utils import logging as transformers_logging
+
+from implicitlm.cli import main
+from implicitlm.models import ModelLoadError, load_model
+from implicitlm.models.convert import from_hf, from_hf_llama, from_hf_mamba2
+
+# transformers warns once per kernel that it runs its pure-PyTorch Mamba2 path on CPU.
+transformers_logging.set_verbosity_error()
+
+VOCAB, LENGTH = 64, 19  # 19 tokens: two full chunks of 8 and a partial one
+
+
+def mamba2_reference(seed: int = 0, **changes) -> Mamba2ForCausalLM:
+    values = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16, expand=2,
+                  state_size=16, n_groups=1, conv_kernel=4, chunk_size=8, tie_word_embeddings=True, use_bias=False)
+    values.update(changes)
+    torch.manual_seed(seed)
+    return randomise_norms(Mamba2ForCausalLM(Mamba2Config(**values)), seed).eval()
+
+
+def llama_reference(seed: int = 0, **changes) -> LlamaForCausalLM:
+    values = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=48, tie_word_embeddings=True, rms_norm_eps=1e-5, initializer_range=0.2,
+                  rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    values.update(changes)
+    torch.manual_seed(seed)
+    return randomise_norms(LlamaForCausalLM(LlamaConfig(**values)), seed).eval()
+
+
+def randomise_norms(model, seed: int):
+    """Norm scales away from their initial ones, so that a scale copied to the wrong place shows."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.mul_(1 + 0.2 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+FAMILIES = pytest.mark.parametrize(
+    "reference, convert",
+    [(mamba2_reference, from_hf_mamba2), (llama_reference, from_hf_llama)],
+    ids=["mamba2", "llama"],
+)
+
+
+def token_ids(vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, LENGTH), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+# ---------------------------------------------------------------- explicit: the same function
+
+
+@pytest.mark.parametrize(
+    "vocab, groups", [(VOCAB, 1), (61, 1), (VOCAB, 2)], ids=["vocab64", "vocab61-padded", "two-groups"]
+)
+def test_explicit_mamba2_matches_transformers(vocab, groups):
+    # transformers' gated RMSNorm normalises groups of intermediate_size / n_groups, as ours,
+    # and clamps dt to time_step_limit = (0, inf) after the softplus, a no-op: other limits
+    # are refused (below).
+    reference = mamba2_reference(vocab_size=vocab, n_groups=groups)
+    model = from_hf_mamba2(reference)
+    ids = token_ids(vocab)
+    expected = logits(reference, ids)
+    assert expected.std() > 0.1 and model.embeddings.weight.shape[0] == 64
+    torch.testing.assert_close(logits(model, ids), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(model, ids, mode="sequential"), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reference", [mamba2_reference, llama_reference], ids=["mamba2", "llama"])
+def test_round_trip_through_a_saved_directory(tmp_path, reference):
+    hf = reference()
+    hf.save_pretrained(tmp_path / "hf")  # safetensors
+    model = from_hf(tmp_path / "hf")
+    assert not model.config.implicit and not model.training
+    ids = token_ids()
+    torch.testing.assert_close(logits(model, ids), logits(hf, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_import_command_writes_a_loadable_model(tmp_path, capsys):
+    hf = mamba2_reference()
+    hf.save_pretrained(tmp_path / "hf")
+    fixed_point = json.dumps({"f_max_iter": 3})
+    code = main(["models", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours"), "--implicit",
+                 "--model", f"fixed_point={fixed_point}"])
+    assert code == 0 and "saved the implicit model" in capsys.readouterr().out
+    reloaded, direct = load_model(tmp_path / "ours"), from_hf_mamba2(hf, implicit=True, fixed_point={"f_max_iter": 3})
+    assert reloaded.config.implicit and reloaded.config.fixed_point_options.f_max_iter == 3
+    ids = token_ids()
+    torch.testing.assert_close(logits(reloaded, ids, max_iter=2), logits(direct, ids, max_iter=2), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- implicit initialisation
+
+
+@FAMILIES
+def test_implicit_model_starts_from_the_explicit_weights(reference, convert):
+    hf = reference()
+    explicit, implicit = convert(hf), convert(hf, implicit=True)
+    ids = token_ids()
+    embedded = explicit.embeddings(ids)
+
+    with torch.no_grad():
+        # Weight norm is on, and the effective weights are the explicit ones.
+        for name, weight in explicit.stack.named_parameters():
+            module_name, _, attribute = name.rpartition(".")
+            module = implicit.stack.get_submodule(module_name)
+            weight_normed = attribute == "weight" and isinstance(module, (nn.Linear, nn.Conv1d))
+            assert parametrize.is_parametrized(module, attribute) == weight_normed, name
+            torch.testing.assert_close(getattr(module, attribute), weight, rtol=1e-6, atol=1e-7)
+        # Iteration 1 from z = 0: block 1's mixer computes exactly what the explicit one does.
+        injection = implicit.injection(implicit.injection_norm(embedded))
+        mixer, norm = first_mixer(implicit)
+        first = mixer(norm(torch.zeros_like(embedded)), injection)[0]
+        mixer, norm = first_mixer(explicit)
+        torch.testing.assert_close(first, mixer(norm(embedded), None)[0], rtol=1e-5, atol=1e-6)
+
+    # The rest differs by design (no embedding in the residual stream, u in every block):
+    # measured 0.76 (Mamba2) and 0.70 (Llama) here; a zero injection gives 1.0.
+    error = relative_error(logits(implicit, ids, max_iter=1), logits(hf, ids))
+    assert 0.2 < error < 0.9
+
+
+def first_mixer(model) -> tuple[nn.Module, nn.Module]:
+    """The first block's mixer (Mamba2 mixer or attention) and the norm before it."""
+    layer = model.stack.layers[0]
+    return (layer.mixer, layer.norm) if hasattr(layer, "mixer") else (layer.self_attn, layer.input_layernorm)
+
+
+# ---------------------------------------------------------------- refused
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(use_bias=True), "use_bias"),
+        (dict(use_conv_bias=False), "use_conv_bias"),
+        (dict(time_step_limit=(0.0, 1.0)), "time_step_limit"),
+        (dict(tie_word_embeddings=False), "untied"),
+    ],
+)
+def test_unsupported_mamba2_settings_are_refused(changes, message):
+    with pytest.raises(ModelLoadError, match=message):
+        from_hf_mamba2(mamba2_reference(**changes))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(attention_bias=True), "bias"),
+        (dict(tie_word_embeddings=False), "untied"),
+        (dict(rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0}), "rope_type='linear'"),
+        (dict(head_dim=4), "head_dim=4"),
+    ],
+)
+def test_unsupported_llama_settings_are_refused(changes, message):
+    with pytest.raises(ModelLoadError, match=message):
+        from_hf_llama(llama_reference(**changes))
+
+
+@pytest.mark.parametrize(
+    "model_type, message", [("mamba", "Mamba1.*only Mamba2 and Llama"), ("gpt2", "'gpt2' is not supported")]
+)
+def test_other_architectures_are_refused(tmp_path, model_type, message):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(ModelLoadError, match=message):
+        from_hf(tmp_path)
+
+
+def test_pickled_weights_are_never_read(tmp_path):
+    hf = llama_reference()
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        from_hf(tmp_path)
+
+
+def test_wrong_model_class_or_directory_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="expected a Mamba2ForCausalLM"):
+        from_hf_mamba2(llama_reference())
+    llama_reference().save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="model_type 'llama', expected 'mamba2'"):
+        from_hf_mamba2(tmp_path)
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        from_hf(tmp_path / "missing")
