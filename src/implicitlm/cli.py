@@ -83,11 +83,9 @@ def _add_words_generate(commands) -> None:
 
 
 def _run_words_generate(args) -> None:
-    from .data.words import save_words, write_generated_words
+    from .data.words import generate_words, save_words, write_generated_words
 
     if args.out.suffix == ".csv":
-        from .data.words import generate_words
-
         inputs, targets = generate_words(args.group, args.length, args.count, args.seed, args.hard_prob)
         save_words(args.out, inputs, targets, {"group": args.group, "seed": args.seed, "hard_prob": args.hard_prob})
     else:
