@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from implicitlm import atomic_io
 from implicitlm.data import words
 from implicitlm.data.errors import DataError
 from implicitlm.data.groups import get_group
@@ -314,7 +315,7 @@ def test_failed_write_leaves_no_file_and_keeps_the_old_one(
         raise OSError("disk full")
 
     with monkeypatch.context() as patch:
-        patch.setattr(words, "_fsync", fail)
+        patch.setattr(atomic_io, "_fsync", fail)
         with pytest.raises(OSError, match="disk full"):
             save_words(path, inputs, targets, {"group": "A5", "seed": 0})
     assert os.listdir(tmp_path) == []
@@ -323,7 +324,7 @@ def test_failed_write_leaves_no_file_and_keeps_the_old_one(
     before = sorted(os.listdir(tmp_path))
     other_inputs, other_targets = generate_words("A5", length=6, count=3, seed=1)
     with monkeypatch.context() as patch:
-        patch.setattr(words, "_fsync", fail)
+        patch.setattr(atomic_io, "_fsync", fail)
         with pytest.raises(OSError):
             save_words(path, other_inputs, other_targets, {"group": "A5", "seed": 1})
     assert sorted(os.listdir(tmp_path)) == before

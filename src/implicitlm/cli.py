@@ -143,7 +143,7 @@ def _add_words_eval(commands) -> None:
 
 def _run_words_eval(args) -> None:
     from .data.words import load_words
-    from .demo import write_json
+    from .atomic_io import write_json
     from .eval.words import accuracy_by_length, word_accuracy
     from .train.checkpoint import read_meta
     from .models import load_model

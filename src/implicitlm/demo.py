@@ -6,12 +6,11 @@ fresh words of 1x, 2x and 4x the training length.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .atomic_io import write_json
 from .data.groups import get_group
 from .deq.options import check_known_keys, field_names
 from .eval.plots import plot_accuracy_by_length
@@ -92,10 +91,3 @@ def format_table(results: dict[str, Any]) -> str:
         )
         lines.append(f"{row['length']:>7} ({multiple}x)" + cells)
     return "\n".join(lines)
-
-
-def write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(value, indent=2))
-    os.replace(temporary, path)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
+from implicitlm.atomic_io import atomic_write
 from implicitlm.data.errors import DataError
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
 
@@ -268,29 +268,6 @@ def _check_storable(
             )
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Run ``write`` on a temporary file beside ``path``, then move it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-    )
-    os.close(descriptor)
-    os.chmod(temporary, 0o644)  # mkstemp's private 0600 would outlive the rename
-    try:
-        write(Path(temporary))
-        _fsync(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _fsync(path: Path) -> None:
-    # Without it a crash after the rename could leave a renamed but empty file.
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
 def _write_npy(
     path: Path,
     shape: tuple[int, int],
@@ -305,8 +282,8 @@ def _write_npy(
         del stacked
 
     # Data first: a reader that finds new metadata therefore always finds the new data.
-    _atomic_write(path, write_array)
-    _atomic_write(
+    atomic_write(path, write_array)
+    atomic_write(
         sidecar_path(path), lambda temporary: temporary.write_text(json.dumps(meta, indent=2))
     )
 
@@ -364,7 +341,7 @@ def _save_csv(path: Path, inputs: np.ndarray, targets: np.ndarray, meta: dict[st
                     (seed, " ".join(map(str, word.tolist())), " ".join(map(str, labels.tolist())))
                 )
 
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def _load_csv(path: Path, algebra: FiniteAlgebra) -> WordData:

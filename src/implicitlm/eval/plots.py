@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # headless: figures are written to files, never shown
 import matplotlib.pyplot as plt  # noqa: E402
+
+from ..atomic_io import atomic_write  # noqa: E402
 
 
 def plot_accuracy_by_length(
@@ -41,11 +42,10 @@ def plot_accuracy_by_length(
 
 
 def save_figure(figure, path: str | Path) -> Path:
-    """Write atomically: a temporary file renamed into place."""
+    """Write atomically (a temporary file renamed into place) and release the figure."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    figure.savefig(temporary, dpi=120, format=path.suffix.lstrip(".") or "png")
-    plt.close(figure)
-    os.replace(temporary, path)
+    try:
+        atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=120, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(figure)
     return path

@@ -101,7 +101,6 @@ def _mamba2_options(config: Mamba2Config) -> dict[str, Any]:
     _refuse(not config.use_conv_bias, "use_conv_bias=False")
     _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
     _refuse(tuple(config.time_step_limit) != (0.0, math.inf), f"time_step_limit={config.time_step_limit} (dt clamping)")
-    # transformers normalises the gated output per group of heads, our mixer over all of them.
     _refuse(not config.tie_word_embeddings, "untied input and output embeddings")
     return dict(
         architecture="mamba2",
