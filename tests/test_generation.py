@@ -81,15 +81,57 @@ def test_generation_stops_at_eos_and_pads_finished_sequences():
         assert torch.equal(stopped[row, :end], free_run[row, :end])
 
 
-def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
+def test_sampling_is_reproducible_under_a_seed_and_respects_top_k():
     model, prompt = make_model("llama", False), tokens(4, 3, seed=5)
 
-    def sample(seed):
-        return model.generate(prompt, max_new_tokens=5, do_sample=True, top_k=1, generator=torch.Generator().manual_seed(seed))
+    def sample(seed, **settings):
+        torch.manual_seed(seed)
+        return model.generate(prompt, max_new_tokens=5, do_sample=True, **settings)
 
-    assert torch.equal(sample(0), model.generate(prompt, max_new_tokens=5)), "top_k=1 sampling is greedy"
-    wide = [model.generate(prompt, 5, do_sample=True, temperature=5.0, generator=torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    assert torch.equal(sample(0, top_k=1), model.generate(prompt, max_new_tokens=5)), "top_k=1 sampling is greedy"
+    wide = [sample(seed, top_k=0, temperature=5.0) for seed in (1, 1, 2)]
     assert torch.equal(wide[0], wide[1]) and not torch.equal(wide[0], wide[2])
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_beam_search_scores_equal_the_log_probability_of_its_sequences(architecture, implicit):
+    # Beams are reordered at every step; a state that did not follow its beam would give
+    # scores that a fresh forward pass over the returned sequence does not reproduce.
+    model, prompt = make_model(architecture, implicit), tokens(2, 4, seed=11)
+    out = model.generate(
+        prompt, max_new_tokens=5, num_beams=3, length_penalty=0.0, return_dict_in_generate=True, output_scores=True
+    )
+    sequences = out.sequences
+    assert sequences.shape == (2, 9)
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(sequences, mode="sequential").logits[:, 3:-1], dim=-1)
+    expected = log_probs.gather(-1, sequences[:, 4:, None]).sum(dim=(1, 2))
+    torch.testing.assert_close(out.sequences_scores.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_generation_continues_from_a_given_state(architecture, implicit):
+    model, ids = make_model(architecture, implicit), tokens(2, 6, seed=12)
+    whole = model.generate(ids, max_new_tokens=4)
+    with torch.no_grad():
+        head = model(ids[:, :4], mode="sequential")
+    continued = model.generate(ids[:, 4:], state=head.state, max_new_tokens=4)
+    assert torch.equal(continued, whole[:, 4:])
+
+
+def test_generation_without_cache_rereads_the_sequence_and_agrees():
+    model, prompt = make_model("mamba2", True), tokens(2, 4, seed=13)
+    assert torch.equal(model.generate(prompt, max_new_tokens=4, use_cache=False), model.generate(prompt, max_new_tokens=4))
+
+
+def test_solver_budget_reaches_every_decoding_step():
+    model, prompt = make_model("llama", True), tokens(2, 4, seed=14)
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, output: calls.append((kwargs, output)), with_kwargs=True)
+    model.generate(prompt, max_new_tokens=3, max_iter=2)
+    assert [kwargs["mode"] for kwargs, _ in calls] == ["simultaneous", "sequential", "sequential"]
+    assert all(kwargs["max_iter"] == 2 for kwargs, _ in calls)
+    assert all(int(output.fixed_point.iterations.max()) <= 2 for _, output in calls)
 
 
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)

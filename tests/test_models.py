@@ -143,6 +143,7 @@ class FixedOutputStack(nn.Module):
     def __init__(self, z: torch.Tensor) -> None:
         super().__init__()
         self.z = z
+        self.gradient_checkpointing = False
 
     def forward(self, z, injection, states=None, padding=None):
         return self.z, None

@@ -1,10 +1,12 @@
 """Layers with a parallel form and a one-token step form; they know no model."""
 
 from .attention import AttentionDims, CausalSelfAttention, KVCache
+from .mamba1 import Mamba1Dims, Mamba1Mixer, Mamba1State
 from .mamba2 import Mamba2Dims, Mamba2Mixer, Mamba2State
 from .mlp import SwiGLUMLP, swiglu_hidden_size
 from .norms import GatedRMSNorm, RMSNorm
 from .rotary import apply_rotary, rotary_cos_sin, rotary_cos_sin_at
+from .selective_scan import selective_scan_chunked, selective_scan_reference, selective_scan_step
 from .ssd import ssd_chunked, ssd_reference, ssd_step
 
 __all__ = [
@@ -12,6 +14,9 @@ __all__ = [
     "CausalSelfAttention",
     "GatedRMSNorm",
     "KVCache",
+    "Mamba1Dims",
+    "Mamba1Mixer",
+    "Mamba1State",
     "Mamba2Dims",
     "Mamba2Mixer",
     "Mamba2State",
@@ -20,6 +25,9 @@ __all__ = [
     "apply_rotary",
     "rotary_cos_sin",
     "rotary_cos_sin_at",
+    "selective_scan_chunked",
+    "selective_scan_reference",
+    "selective_scan_step",
     "ssd_chunked",
     "ssd_reference",
     "ssd_step",

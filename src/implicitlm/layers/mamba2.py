@@ -9,7 +9,6 @@ is what the sequential fixed-point mode needs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 
 from .norms import GatedRMSNorm
 from .ssd import ssd_chunked, ssd_step
+from .ssm_parameters import decay_rates, initial_dt_bias
 
 
 @dataclass
@@ -76,7 +76,7 @@ class Mamba2Mixer(nn.Module):
         self.dims = dims
         self.in_proj = nn.Linear(dims.d_model, dims.d_in_proj, bias=False)
         self.conv1d = nn.Conv1d(dims.conv_dim, dims.conv_dim, dims.d_conv, groups=dims.conv_dim, bias=True)
-        self.dt_bias = nn.Parameter(_inverse_softplus(_log_uniform(dims.nheads, dt_min, dt_max).clamp(min=dt_init_floor)))
+        self.dt_bias = nn.Parameter(initial_dt_bias(dims.nheads, dt_min, dt_max, dt_init_floor))
         self.A_log = nn.Parameter(torch.log(torch.empty(dims.nheads).uniform_(*a_init_range)))
         self.D = nn.Parameter(torch.ones(dims.nheads))
         self.norm = GatedRMSNorm(dims.d_inner, eps=norm_eps, group_size=dims.d_inner // dims.ngroups)
@@ -118,7 +118,7 @@ class Mamba2Mixer(nn.Module):
         y, ssm = ssd_chunked(
             x,
             dt,
-            self._decay_rates(),
+            decay_rates(self.A_log),
             B.reshape(batch, length, d.ngroups, d.d_state),
             C.reshape(batch, length, d.ngroups, d.d_state),
             chunk_size=d.chunk_size,
@@ -143,17 +143,13 @@ class Mamba2Mixer(nn.Module):
             state.ssm,
             x,
             dt,
-            self._decay_rates(),
+            decay_rates(self.A_log),
             B.reshape(batch, d.ngroups, d.d_state),
             C.reshape(batch, d.ngroups, d.d_state),
         )
         y = y + x * self.D[:, None]
         out = self.out_proj(self.norm(y.reshape(batch, d.d_inner), gate))
         return out, Mamba2State(conv=conv, ssm=ssm)
-
-    def _decay_rates(self) -> torch.Tensor:
-        # The SSM decay is computed in at least float32: exp(dt * A) is sensitive to rounding.
-        return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
 
     def _project(
         self, hidden: torch.Tensor, injection: torch.Tensor | None
@@ -164,11 +160,3 @@ class Mamba2Mixer(nn.Module):
             zxbcdt = zxbcdt + injection
         gate, xbc, dt = torch.split(zxbcdt, [d.d_inner, d.conv_dim, d.nheads], dim=-1)
         return gate, xbc, F.softplus(dt + self.dt_bias)
-
-
-def _log_uniform(n: int, low: float, high: float) -> torch.Tensor:
-    return torch.exp(torch.rand(n) * (math.log(high) - math.log(low)) + math.log(low))
-
-
-def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
-    return y + torch.log(-torch.expm1(-y))

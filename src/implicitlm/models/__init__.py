@@ -1,10 +1,11 @@
 """Configs and models (explicit and implicit); they know no trainer or evaluation."""
 
 from .auto import register_auto_classes
-from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config
+from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
 from .loading import ModelLoadError, build_model, config_from_options, load_model, model_option_names
+from .mamba1_lm import ImplicitMambaForCausalLM
 from .mamba2_lm import ImplicitMamba2ForCausalLM
 from .output import ImplicitLMOutput
 
@@ -18,6 +19,8 @@ __all__ = [
     "ImplicitLlamaForCausalLM",
     "ImplicitMamba2Config",
     "ImplicitMamba2ForCausalLM",
+    "ImplicitMambaConfig",
+    "ImplicitMambaForCausalLM",
     "ModelLoadError",
     "build_model",
     "config_from_options",

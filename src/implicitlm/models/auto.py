@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .configuration import ImplicitLlamaConfig, ImplicitMamba2Config
+from .configuration import ImplicitLlamaConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .llama_lm import ImplicitLlamaForCausalLM
+from .mamba1_lm import ImplicitMambaForCausalLM
 from .mamba2_lm import ImplicitMamba2ForCausalLM
 
 
@@ -13,6 +14,7 @@ def register_auto_classes() -> None:
     for config_class, model_class in (
         (ImplicitMamba2Config, ImplicitMamba2ForCausalLM),
         (ImplicitLlamaConfig, ImplicitLlamaForCausalLM),
+        (ImplicitMambaConfig, ImplicitMambaForCausalLM),
     ):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         AutoModelForCausalLM.register(config_class, model_class, exist_ok=True)

@@ -1,7 +1,8 @@
-"""Configuration of implicit and explicit language models: Mamba2 and Llama backbones."""
+"""Configuration of implicit and explicit language models: Mamba2, Llama and Mamba (Mamba1) backbones."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -20,6 +21,8 @@ class ImplicitLMConfig(PretrainedConfig):
     ``label_alignment``: "shifted" for next-token prediction (label t is token t + 1),
     "aligned" when label t already belongs to position t (word problems: the running
     product including token t). ``fixed_point``: a dict of ``FixedPointOptions`` fields.
+    ``tie_word_embeddings=False`` gives the model a head of its own (``lm_head``) instead of
+    reading logits off the embedding matrix.
     """
 
     def __init__(
@@ -39,8 +42,6 @@ class ImplicitLMConfig(PretrainedConfig):
     ) -> None:
         if label_alignment not in LABEL_ALIGNMENTS:
             raise ValueError(f"label_alignment must be one of {LABEL_ALIGNMENTS}, got {label_alignment!r}")
-        if not tie_word_embeddings:
-            raise ValueError("only tied input/output embeddings are supported (tie_word_embeddings=True)")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -120,3 +121,37 @@ class ImplicitLlamaConfig(ImplicitLMConfig):
         if intermediate_size is None:
             intermediate_size = swiglu_hidden_size(self.hidden_size)
         self.intermediate_size = intermediate_size
+
+
+class ImplicitMambaConfig(ImplicitLMConfig):
+    """Mamba1 blocks (no MLP); field names follow ``transformers.MambaConfig``.
+
+    ``time_step_rank``: the rank of dt's projection, "auto" for ceil(hidden_size / 16).
+    ``chunk_size``: the chunk length of the parallel scan; it changes the cost (work and
+    memory grow with its square), not the function.
+    """
+
+    model_type = "implicit_mamba"
+
+    def __init__(
+        self,
+        state_size: int = 16,
+        conv_kernel: int = 4,
+        expand: int = 2,
+        time_step_rank: int | str = "auto",
+        time_step_min: float = 1e-3,
+        time_step_max: float = 0.1,
+        chunk_size: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        self.state_size = state_size
+        self.conv_kernel = conv_kernel
+        self.expand = expand
+        self.time_step_min = time_step_min
+        self.time_step_max = time_step_max
+        self.chunk_size = chunk_size
+        super().__init__(**kwargs)
+        # Resolved after the shared fields are set: "auto" depends on hidden_size.
+        if time_step_rank == "auto":
+            time_step_rank = math.ceil(self.hidden_size / 16)
+        self.time_step_rank = time_step_rank

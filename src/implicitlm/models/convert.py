@@ -1,9 +1,9 @@
-"""Our models initialised from explicit Hugging Face checkpoints (Mamba2, Llama).
+"""Our models initialised from explicit Hugging Face checkpoints (Mamba2, Llama, Mamba1).
 
-``from_hf_mamba2`` / ``from_hf_llama`` take a ``transformers`` model or a checkpoint
-directory (read from safetensors only, never unpickled), map its config onto ours,
-refuse the settings we do not implement, and copy every weight. ``from_hf`` picks the
-family from the directory's config.json.
+``from_hf_mamba2`` / ``from_hf_llama`` / ``from_hf_mamba`` take a ``transformers`` model
+or a checkpoint directory (read from safetensors only, never unpickled), map its config
+onto ours, refuse the settings we do not implement, and copy every weight. ``from_hf``
+picks the family from the directory's config.json.
 
 Explicit (``implicit=False``): the same function as the source model.
 
@@ -11,12 +11,12 @@ Implicit (``implicit=True``): the backbone gets the explicit weights (through th
 weight-norm parametrisation, so the effective weights equal them) and the injection is
 chosen so that the FIRST iteration from z = 0 reproduces the explicit model as far as
 the design allows. Explicit block 1 reads ``proj_1(norm_1(e))``, e = embed(x), where
-proj_1 is Mamba2's in_proj or Llama's q/k/v projections. Implicit iteration 1 starts at
-z = 0, so norm_1(z) = 0 and block 1's mixer reads the injection alone; we set
+proj_1 is a Mamba mixer's in_proj or Llama's q/k/v projections. Implicit iteration 1
+starts at z = 0, so norm_1(z) = 0 and block 1's mixer reads the injection alone; we set
 
     injection_norm.weight = norm_1.weight,    injection.weight = proj_1.weight
 
-so that ``u = proj_1(norm_1(e))`` and block 1's mixer (Mamba2 mixer, attention) computes
+so that ``u = proj_1(norm_1(e))`` and block 1's mixer (Mamba mixer, attention) computes
 exactly its explicit output. Exactness ends there, for reasons the design fixes: the
 residual stream of iteration 1 starts at 0 rather than at e (Llama's first MLP reads
 norm(a_1) instead of norm(e + a_1), block 2 reads h_1 - e instead of h_1), and u is added
@@ -26,7 +26,11 @@ error ||logits_1 - logits|| / ||logits|| of iteration 1 was 0.69-0.79 for Mamba2
 0.70-0.86 for Llama (a zero injection gives 1.0: z_1 = 0). With u added in block 1 only
 it would be 0.23-0.25 and 0.44-0.54 (3 seeds): the repeated injection makes most of
 Mamba2's error, the missing embedding most of Llama's. Scaling u by 0.25-1.5 helped
-neither family consistently, so u keeps the scale that makes block 1 exact.
+neither family consistently, so u keeps the scale that makes block 1 exact. For Mamba1
+the error was 1.18-1.27, worse than no injection, and 1.20-1.25 with u in block 1 only:
+the missing embedding makes nearly all of it, as these random Mamba1 models' logits come
+mostly from the embedding that the residual stream carries to the head (norm_f(e) alone
+is within 0.33-0.39 of them; 1.39-1.49 for Mamba2).
 """
 
 from __future__ import annotations
@@ -39,13 +43,22 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, PreTrainedModel
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    MambaConfig,
+    MambaForCausalLM,
+    PreTrainedModel,
+)
 
 from .implicit_lm import ImplicitCausalLM
 from .loading import ModelLoadError, build_model, config_from_options
 
 # transformers' parameter prefixes -> ours; the layers' own names are the same in both.
-MAMBA2_PREFIXES = {
+# Mamba1 and Mamba2 checkpoints share theirs.
+MAMBA_PREFIXES = {
     "backbone.embeddings.": "embeddings.",
     "backbone.layers.": "stack.layers.",
     "backbone.norm_f.": "stack.norm_f.",
@@ -55,21 +68,17 @@ LLAMA_PREFIXES = {
     "model.layers.": "stack.layers.",
     "model.norm.": "stack.norm_f.",
 }
-# The tied head is the embedding matrix itself in our models.
-TIED_HEAD = "lm_head.weight"
+# A tied head is the embedding matrix itself in our models, an untied one our own lm_head.
+HEAD = "lm_head.weight"
 
 HFSource = PreTrainedModel | str | Path
 
 
 def from_hf(path: str | Path, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
-    """A model from a transformers checkpoint directory of a Mamba2 or Llama model."""
+    """A model from a transformers checkpoint directory of a Mamba2, Llama or Mamba (Mamba1) model."""
     model_type = _model_type(Path(path))
-    if model_type == "mamba":
-        raise ModelLoadError(
-            f"{path}: a Mamba (Mamba1) checkpoint, a different architecture; only Mamba2 and Llama are supported"
-        )
     if model_type not in IMPORTERS:
-        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported; only Mamba2 and Llama are")
+        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported; only Mamba2, Llama and Mamba are")
     return IMPORTERS[model_type](path, implicit, **option_overrides)
 
 
@@ -80,7 +89,7 @@ def from_hf_mamba2(source: HFSource, implicit: bool = False, **option_overrides:
     """
     hf = _hf_model(source, Mamba2ForCausalLM)
     options = _mamba2_options(hf.config)
-    return _convert(hf, options, MAMBA2_PREFIXES, _mamba2_first_projection, implicit, option_overrides)
+    return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
 
 
 def from_hf_llama(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
@@ -93,30 +102,32 @@ def from_hf_llama(source: HFSource, implicit: bool = False, **option_overrides: 
     return _convert(hf, options, LLAMA_PREFIXES, _llama_first_projection, implicit, option_overrides)
 
 
-IMPORTERS: dict[str, Callable[..., ImplicitCausalLM]] = {"mamba2": from_hf_mamba2, "llama": from_hf_llama}
+def from_hf_mamba(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
+    """Our Mamba1 model from a ``MambaForCausalLM`` or its checkpoint directory.
+
+    ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
+    """
+    hf = _hf_model(source, MambaForCausalLM)
+    options = _mamba_options(hf.config)
+    return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
+
+
+IMPORTERS: dict[str, Callable[..., ImplicitCausalLM]] = {
+    "mamba2": from_hf_mamba2,
+    "llama": from_hf_llama,
+    "mamba": from_hf_mamba,
+}
 
 
 def _mamba2_options(config: Mamba2Config) -> dict[str, Any]:
-    _refuse(config.use_bias, "use_bias=True (biases in in_proj / out_proj)")
-    _refuse(not config.use_conv_bias, "use_conv_bias=False")
-    _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
+    options = _shared_mamba_options(config)
     _refuse(tuple(config.time_step_limit) != (0.0, math.inf), f"time_step_limit={config.time_step_limit} (dt clamping)")
-    _refuse(not config.tie_word_embeddings, "untied input and output embeddings")
     return dict(
+        options,
         architecture="mamba2",
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        state_size=config.state_size,
-        conv_kernel=config.conv_kernel,
-        expand=config.expand,
         head_dim=config.head_dim,
         n_groups=config.n_groups,
         chunk_size=config.chunk_size,
-        time_step_min=config.time_step_min,
-        time_step_max=config.time_step_max,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
     )
 
 
@@ -127,10 +138,10 @@ def _llama_options(config: LlamaConfig) -> dict[str, Any]:
     head_dim, rope_type = config.head_dim, rope.get("rope_type", "default")
     _refuse(head_dim * config.num_attention_heads != config.hidden_size, f"head_dim={head_dim} (not hidden / heads)")
     _refuse(rope_type != "default", f"rope_type={rope_type!r} (only the default RoPE)")
-    _refuse(not config.tie_word_embeddings, "untied input and output embeddings")
     return dict(
         architecture="llama",
         vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
@@ -142,7 +153,35 @@ def _llama_options(config: LlamaConfig) -> dict[str, Any]:
     )
 
 
-def _mamba2_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torch.Tensor]:
+def _mamba_options(config: MambaConfig) -> dict[str, Any]:
+    # Only the initialisation reads time_step_scale / _init_scheme / _floor and
+    # rescale_prenorm_residual; use_mambapy and use_associative_scan choose how the same
+    # scan is computed; residual_in_fp32 matters below float32 only.
+    return dict(_shared_mamba_options(config), architecture="mamba", time_step_rank=config.time_step_rank)
+
+
+def _shared_mamba_options(config: MambaConfig | Mamba2Config) -> dict[str, Any]:
+    """The settings Mamba1 and Mamba2 configs name alike, after the refusals they share."""
+    _refuse(config.use_bias, "use_bias=True (biases in in_proj / out_proj)")
+    _refuse(not config.use_conv_bias, "use_conv_bias=False")
+    # hidden_act is the conv's activation; the gate is silu whatever it says.
+    _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
+    return dict(
+        vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        state_size=config.state_size,
+        conv_kernel=config.conv_kernel,
+        expand=config.expand,
+        time_step_min=config.time_step_min,
+        time_step_max=config.time_step_max,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        initializer_range=config.initializer_range,
+    )
+
+
+def _mamba_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     layer = model.stack.layers[0]
     return layer.norm.weight, layer.mixer.in_proj.weight
 
@@ -164,8 +203,10 @@ def _convert(
     overrides: dict[str, Any],
 ) -> ImplicitCausalLM:
     model = build_model(config_from_options({**options, "implicit": implicit, **overrides}))
-    weights = _renamed(hf.state_dict(), prefixes)
-    weights["embeddings.weight"] = _pad_rows(weights["embeddings.weight"], model.config.padded_vocab_size)
+    tied = model.config.tie_word_embeddings
+    weights = _renamed(hf.state_dict(), prefixes if tied else {**prefixes, HEAD: HEAD})
+    for name in ("embeddings.weight",) if tied else ("embeddings.weight", HEAD):
+        weights[name] = _pad_rows(weights[name], model.config.padded_vocab_size)
     with torch.no_grad():
         _copy_weights(model, weights)
         if model.config.implicit:
@@ -178,7 +219,7 @@ def _convert(
 def _renamed(state: dict[str, torch.Tensor], prefixes: dict[str, str]) -> dict[str, torch.Tensor]:
     renamed = {}
     for name, tensor in state.items():
-        if name == TIED_HEAD:
+        if name == HEAD and HEAD not in prefixes:
             continue
         prefix = next((p for p in prefixes if name.startswith(p)), None)
         if prefix is None:
@@ -188,8 +229,8 @@ def _renamed(state: dict[str, torch.Tensor], prefixes: dict[str, str]) -> dict[s
 
 
 def _pad_rows(embedding: torch.Tensor, rows: int) -> torch.Tensor:
-    """The embedding padded with zero rows to our padded vocabulary (logits of padding
-    rows are cut off, and no token id reaches them)."""
+    """An embedding or head matrix padded with zero rows to our padded vocabulary (logits
+    of padding rows are cut off, and no token id reaches them)."""
     if embedding.shape[0] > rows:
         raise ModelLoadError(f"embedding has {embedding.shape[0]} rows, more than the padded vocabulary ({rows})")
     return torch.cat([embedding, embedding.new_zeros(rows - embedding.shape[0], embedding.shape[1])])

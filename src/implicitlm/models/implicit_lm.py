@@ -1,8 +1,9 @@
 """Causal LM around a backbone stack, explicit (one pass) or implicit (fixed point over depth).
 
-A stack provides ``forward(z, u, states)``, ``step(z_t, u_t, states)`` and
-``initial_state(batch, ...)``; this module adds embedding, injection, the two inference
-modes, the tied head and the loss, and knows nothing else about the stack.
+A stack provides ``forward(z, u, states)``, ``step(z_t, u_t, states)``,
+``initial_state(batch, ...)``, ``select_state(states, rows)`` and a ``gradient_checkpointing`` flag; this module adds embedding, injection, the two inference
+modes, the head and the loss, and generation through transformers' ``GenerationMixin``;
+it knows nothing else about the stack.
 
 Implicit: u = Linear(RMSNorm(embed(x))); z* = f(z*, u) from z = 0 with f the stack.
 Explicit: z = f(embed(x), None), once.
@@ -10,11 +11,13 @@ Explicit: z = f(embed(x), None), once.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 
 from ..deq import FixedPointSolver, solve_sequence
 from ..layers import RMSNorm
@@ -24,8 +27,12 @@ from .output import ImplicitLMOutput
 MODES = ("simultaneous", "sequential")
 
 
-class ImplicitCausalLM(PreTrainedModel):
+class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
+    # A recurrent state cannot be rolled back to an earlier token, so transformers refuses
+    # the generation modes that would need it (assisted decoding).
+    _is_stateful = True
+    supports_gradient_checkpointing = True
 
     def __init__(self, config, stack: nn.Module, injection_size: int) -> None:
         super().__init__(config)
@@ -34,11 +41,19 @@ class ImplicitCausalLM(PreTrainedModel):
         if config.implicit:
             self.injection_norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
             self.injection = nn.Linear(config.hidden_size, injection_size, bias=False)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.solver = FixedPointSolver(config.fixed_point_options)
         self.post_init()
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The recurrent state travels as the stack's own per-layer objects (``state``),
+        # not as a transformers Cache.
+        return False
+
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Embedding):
+        if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -47,9 +62,10 @@ class ImplicitCausalLM(PreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings = value
 
-    def get_output_embeddings(self) -> None:
-        # The head is the embedding matrix itself (tied by construction, not by copy).
-        return None
+    def get_output_embeddings(self) -> nn.Linear | None:
+        # Tied: the head is the embedding matrix itself (by construction, not by copy), so
+        # there is no separate module for transformers to tie.
+        return None if self.config.tie_word_embeddings else self.lm_head
 
     def set_fixed_point_options(self, **changes) -> None:
         """Change solver options in place (curriculum phases, evaluation budgets)."""
@@ -67,11 +83,13 @@ class ImplicitCausalLM(PreTrainedModel):
         tol: float | None = None,
         state: list | None = None,
         use_cache: bool = False,
-    ) -> ImplicitLMOutput:
+        return_dict: bool | None = None,
+    ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
         token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call.
         ``state``: the recurrent state to continue from (a previous output's ``state``);
-        ``use_cache``: return the state after the last token (sequential mode always does)."""
+        ``use_cache``: return the state after the last token (sequential mode always does).
+        ``return_dict=False``: a tuple instead, as transformers' convention has it."""
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -80,19 +98,34 @@ class ImplicitCausalLM(PreTrainedModel):
         if mode == "sequential" and padding is not None:
             # Refused rather than ignored: a recurrent state silently fed padding is wrong.
             raise ValueError("padded batches run in simultaneous mode (prefill); sequential mode takes real tokens only")
-        # The weight-normalised weights are computed once per forward, not once per iteration.
-        with parametrize.cached():
-            _fill_parametrization_cache(self)
+        with self._weights_once_per_forward():
             embedded = self.embeddings(input_ids)
             if mode == "sequential":
                 z, stats, state = self._sequential(embedded, state, max_iter, tol)
             else:
                 z, stats, state = self._simultaneous(embedded, state, padding, use_cache, max_iter, tol)
-            logits = F.linear(z, self.embeddings.weight)[..., : self.config.vocab_size]
+            head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
+            logits = F.linear(z, head)[..., : self.config.vocab_size]
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment)
-        return ImplicitLMOutput(loss=loss, logits=logits, fixed_point=stats, state=state)
+        output = ImplicitLMOutput(loss=loss, logits=logits, fixed_point=stats, state=state)
+        return output.to_tuple() if return_dict is False else output
+
+    @contextlib.contextmanager
+    def _weights_once_per_forward(self):
+        """The weight-normalised weights computed once per forward, not once per iteration.
+
+        Not under activation checkpointing: its recomputation in the backward pass runs
+        outside this forward, where the cache is gone, so it would compute the weights
+        itself and no longer replay the forward it stands for.
+        """
+        if self.stack.gradient_checkpointing:
+            yield
+            return
+        with parametrize.cached():
+            _fill_parametrization_cache(self)
+            yield
 
     def _simultaneous(self, embedded: torch.Tensor, state, padding, use_cache: bool, max_iter, tol):
         if not self.config.implicit:
@@ -143,67 +176,35 @@ class ImplicitCausalLM(PreTrainedModel):
         )
         return z, stats, state
 
-
-    @torch.no_grad()
-    def generate(
+    def prepare_inputs_for_generation(
         self,
         input_ids: torch.Tensor,
-        max_new_tokens: int = 20,
+        state: list | None = None,
         attention_mask: torch.Tensor | None = None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        eos_token_id: int | None = None,
+        mode: str = "simultaneous",
         max_iter: int | None = None,
         tol: float | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Prompt + up to ``max_new_tokens`` tokens, shape (B, L + new).
+        use_cache: bool = True,
+        is_first_iteration: bool = False,
+        **unused,
+    ) -> dict:
+        """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
+        prefill by default); then each new token alone, in sequential mode (its own fixed
+        point, as an RNN) from the state the previous call returned. That state already
+        holds what the attention mask said about the prompt, so decoding takes no mask.
+        A ``state`` given to ``generate()`` continues an earlier run: the tokens given are
+        the ones after it, fed in sequential mode. ``max_iter`` / ``tol`` set the solver
+        budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
+        sequence at every token instead."""
+        budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache)
+        if state is None:
+            return dict(input_ids=input_ids, attention_mask=attention_mask, mode=mode, **budget)
+        new_tokens = input_ids if is_first_iteration else input_ids[:, -1:]
+        return dict(input_ids=new_tokens, state=state, mode="sequential", **budget)
 
-        The prompt is prefilled in simultaneous mode (parallel over the prompt); each new
-        token is then decoded in sequential mode, as an RNN: its own fixed point, reading
-        and then committing the recurrent state. Explicit models take one pass per token.
-        Sequences that emit ``eos_token_id`` are padded with it while the others go on.
-        Prompts of different lengths are left-padded, with ``attention_mask`` 0 on padding.
-        Runs with the evaluation budget (``max_iter`` / ``tol`` override it).
-        """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        was_training = self.training
-        self.eval()
-        try:
-            out = self(
-                input_ids, attention_mask=attention_mask, mode="simultaneous", use_cache=True, max_iter=max_iter, tol=tol
-            )
-            finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            tokens = [input_ids]
-            for position in range(max_new_tokens):
-                next_token = _choose(out.logits[:, -1], do_sample, temperature, top_k, generator)
-                if eos_token_id is not None:
-                    next_token = torch.where(finished, eos_token_id, next_token)
-                    finished |= next_token == eos_token_id
-                tokens.append(next_token[:, None])
-                if position == max_new_tokens - 1 or bool(finished.all()):
-                    break
-                out = self(next_token[:, None], mode="sequential", state=out.state, max_iter=max_iter, tol=tol)
-        finally:
-            self.train(was_training)
-        return torch.cat(tokens, dim=1)
-
-
-def _choose(
-    logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> torch.Tensor:
-    """Greedy argmax, or a sample from softmax(logits / temperature) over the top k."""
-    if not do_sample:
-        return logits.argmax(-1)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
-    logits = logits.float() / temperature
-    if top_k is not None:
-        threshold = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < threshold, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
+    def _reorder_cache(self, state: list, beam_index: torch.Tensor) -> list:
+        """The state of the beams kept (beam search)."""
+        return self.stack.select_state(state, beam_index)
 
 
 def _fill_parametrization_cache(model: nn.Module) -> None:

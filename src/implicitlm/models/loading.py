@@ -10,16 +10,22 @@ from typing import Any
 from safetensors import SafetensorError
 
 from ..deq.options import OptionError, check_known_keys
-from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config
+from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
+from .mamba1_lm import ImplicitMambaForCausalLM
 from .mamba2_lm import ImplicitMamba2ForCausalLM
 
 # The ``architecture`` model option names the backbone family.
-CONFIG_CLASSES: dict[str, type[ImplicitLMConfig]] = {"mamba2": ImplicitMamba2Config, "llama": ImplicitLlamaConfig}
+CONFIG_CLASSES: dict[str, type[ImplicitLMConfig]] = {
+    "mamba2": ImplicitMamba2Config,
+    "llama": ImplicitLlamaConfig,
+    "mamba": ImplicitMambaConfig,
+}
 MODEL_CLASSES: dict[str, type[ImplicitCausalLM]] = {
     ImplicitMamba2Config.model_type: ImplicitMamba2ForCausalLM,
     ImplicitLlamaConfig.model_type: ImplicitLlamaForCausalLM,
+    ImplicitMambaConfig.model_type: ImplicitMambaForCausalLM,
 }
 
 
@@ -38,8 +44,9 @@ def model_option_names(architecture: str = "mamba2") -> list[str]:
 
 
 def config_from_options(options: dict[str, Any]) -> ImplicitLMConfig:
-    """A config from user options; ``architecture`` ("mamba2", the default, or "llama") picks
-    the family. Unknown names are errors (PretrainedConfig would keep them silently)."""
+    """A config from user options; ``architecture`` ("mamba2", the default, "llama" or
+    "mamba", i.e. Mamba1) picks the family. Unknown names are errors (PretrainedConfig
+    would keep them silently)."""
     architecture = options.get("architecture", "mamba2")
     check_known_keys(options, model_option_names(architecture), "model option")
     return _config_class(architecture)(**{k: v for k, v in options.items() if k != "architecture"})

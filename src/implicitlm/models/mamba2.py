@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from ..layers import Mamba2Dims, Mamba2Mixer, Mamba2State, RMSNorm
+from ..layers import Mamba2Dims, Mamba2Mixer
 from .configuration import ImplicitMamba2Config
+from .mixer_block import MixerBlock
 from .stack import BlockStack
 
 
@@ -22,38 +20,18 @@ def mamba2_dims(config: ImplicitMamba2Config) -> Mamba2Dims:
     )
 
 
-class Mamba2Block(nn.Module):
-    """Pre-norm residual block: z <- z + Mixer(RMSNorm(z), u)."""
+class Mamba2Block(MixerBlock):
+    """Pre-norm residual block around a Mamba2 mixer."""
 
     def __init__(self, config: ImplicitMamba2Config) -> None:
-        super().__init__()
-        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
-        self.mixer = Mamba2Mixer(
+        mixer = Mamba2Mixer(
             mamba2_dims(config),
             dt_min=config.time_step_min,
             dt_max=config.time_step_max,
             a_init_range=config.a_init_range,
             norm_eps=config.layer_norm_epsilon,
         )
-        # GPT-2-style residual scaling (as mamba_ssm): keeps the residual stream's variance
-        # independent of depth at initialisation.
-        with torch.no_grad():
-            self.mixer.out_proj.weight.div_(config.num_hidden_layers**0.5)
-
-    def initial_state(self, batch: int, device=None, dtype=None) -> Mamba2State:
-        return self.mixer.initial_state(batch, device, dtype)
-
-    def forward(
-        self, z: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State | None, padding=None
-    ) -> tuple[torch.Tensor, Mamba2State]:
-        out, state = self.mixer(self.norm(z), injection, state, padding)
-        return z + out, state
-
-    def step(
-        self, z: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State
-    ) -> tuple[torch.Tensor, Mamba2State]:
-        out, state = self.mixer.step(self.norm(z), injection, state)
-        return z + out, state
+        super().__init__(config, mixer)
 
 
 class Mamba2Stack(BlockStack):

@@ -6,6 +6,7 @@ A block provides ``forward(z, u, state)``, ``step(z_t, u_t, state)`` and
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -23,11 +24,17 @@ class BlockStack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        # Set through the model's ``activation_checkpointing_enable()`` (transformers).
+        self.gradient_checkpointing = False
         if config.implicit and config.weight_norm:
             apply_weight_norm(self)
 
     def initial_state(self, batch: int, device=None, dtype=None) -> list[Any]:
         return [layer.initial_state(batch, device, dtype) for layer in self.layers]
+
+    def select_state(self, states: list[Any], index: torch.Tensor) -> list[Any]:
+        """The states of batch rows ``index``, in that order (every state tensor is batch-first)."""
+        return [_select_rows(state, index) for state in states]
 
     def forward(
         self,
@@ -39,8 +46,15 @@ class BlockStack(nn.Module):
         """``padding``: (b, l) bool, True at real tokens; padding tokens leave no trace in
         the state, so left padding does not change the real tokens' outputs."""
         new_states = []
+        recompute = self.gradient_checkpointing and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            z, state = layer(z, injection, None if states is None else states[i], padding)
+            state = None if states is None else states[i]
+            if recompute:
+                # Only each block's input is kept; its activations are recomputed in the
+                # backward pass, trading one more forward for most of the memory.
+                z, state = self._gradient_checkpointing_func(layer.__call__, z, injection, state, padding)
+            else:
+                z, state = layer(z, injection, state, padding)
             new_states.append(state)
         return self.norm_f(z), new_states
 
@@ -52,6 +66,15 @@ class BlockStack(nn.Module):
             z, state = layer.step(z, injection, state)
             new_states.append(state)
         return self.norm_f(z), new_states
+
+
+def _select_rows(state: Any, index: torch.Tensor) -> Any:
+    rows = {}
+    for field in dataclasses.fields(state):
+        value = getattr(state, field.name)
+        if value is not None:
+            rows[field.name] = value.index_select(0, index)
+    return dataclasses.replace(state, **rows)
 
 
 def apply_weight_norm(stack: nn.Module) -> None:

@@ -1,0 +1,135 @@
+"""Mamba1 mixer (pure PyTorch) with an optional input injection.
+
+The function and parameter names are those of transformers' ``MambaMixer``: in_proj gives
+[x, gate]; x goes through the causal depthwise conv and silu; x_proj reads a low-rank dt,
+B and C off it, and dt_proj lifts dt to one step size per channel; then
+y = scan(x) + D x, gated by silu(gate), and out_proj. The injection ``u`` is added to the
+in_proj pre-activations, so in an implicit model x and the gate (and through x: dt, B and
+C) depend on both the iterate z and the input x. The parallel form (``forward``) and the
+one-token form (``step``) compute the same function; ``step`` is functional: it returns
+the next state and never writes the one it was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .selective_scan import selective_scan_chunked, selective_scan_step
+from .ssm_parameters import decay_rates, initial_dt_bias
+
+
+@dataclass
+class Mamba1State:
+    """Recurrent state of one mixer: the last ``d_conv`` conv inputs and the SSM state."""
+
+    conv: torch.Tensor  # (b, d_inner, d_conv)
+    ssm: torch.Tensor  # (b, d_inner, d_state)
+
+
+@dataclass(frozen=True)
+class Mamba1Dims:
+    d_model: int
+    dt_rank: int
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    chunk_size: int = 4
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def d_in_proj(self) -> int:
+        """Width of in_proj's output, and so of the injection: [x, gate]."""
+        return 2 * self.d_inner
+
+
+class Mamba1Mixer(nn.Module):
+    def __init__(
+        self, dims: Mamba1Dims, dt_min: float = 1e-3, dt_max: float = 0.1, dt_init_floor: float = 1e-4
+    ) -> None:
+        super().__init__()
+        self.dims = dims
+        self.in_proj = nn.Linear(dims.d_model, dims.d_in_proj, bias=False)
+        self.conv1d = nn.Conv1d(dims.d_inner, dims.d_inner, dims.d_conv, groups=dims.d_inner, bias=True)
+        self.x_proj = nn.Linear(dims.d_inner, dims.dt_rank + 2 * dims.d_state, bias=False)
+        self.dt_proj = nn.Linear(dims.dt_rank, dims.d_inner, bias=True)
+        # mamba_ssm's initialisation: dt_proj keeps the low-rank dt at unit scale, and its
+        # bias puts the initial step sizes log-uniformly in [dt_min, dt_max].
+        nn.init.uniform_(self.dt_proj.weight, -(dims.dt_rank**-0.5), dims.dt_rank**-0.5)
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(initial_dt_bias(dims.d_inner, dt_min, dt_max, dt_init_floor))
+        # S4D-real: A[:, n] = -(n + 1) in every channel.
+        s4d_real = torch.arange(1, dims.d_state + 1, dtype=torch.float32).repeat(dims.d_inner, 1)
+        self.A_log = nn.Parameter(torch.log(s4d_real))
+        self.D = nn.Parameter(torch.ones(dims.d_inner))
+        self.out_proj = nn.Linear(dims.d_inner, dims.d_model, bias=False)
+
+    def initial_state(self, batch: int, device=None, dtype=None) -> Mamba1State:
+        d = self.dims
+        return Mamba1State(
+            conv=torch.zeros(batch, d.d_inner, d.d_conv, device=device, dtype=dtype),
+            ssm=torch.zeros(batch, d.d_inner, d.d_state, device=device, dtype=dtype),
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        injection: torch.Tensor | None = None,
+        state: Mamba1State | None = None,
+        padding: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Mamba1State]:
+        """hidden: (b, l, d_model); injection: (b, l, d_in_proj) or None; state: the state
+        before the first token (zeros when None); padding: (b, l) bool, True at real tokens,
+        or None. Returns (output, state after the last token)."""
+        d = self.dims
+        if state is None:
+            state = self.initial_state(hidden.shape[0], hidden.device, hidden.dtype)
+        x, gate = self._project(hidden, injection)
+        real = None if padding is None else padding.to(x.dtype).unsqueeze(-1)
+        if real is not None:
+            # A padding token feeds zeros to the conv (as before the first token) and has
+            # dt = 0 (no decay, no input): left padding leaves the state as it found it.
+            x = x * real
+        # Causal conv: the previous d_conv - 1 inputs (zeros at the start) are prepended and
+        # the conv runs unpadded, so output t sees inputs t-3..t only and the length is kept.
+        conv_input = torch.cat([state.conv[:, :, 1:], x.transpose(1, 2)], dim=2)
+        x = F.silu(F.conv1d(conv_input, self.conv1d.weight, self.conv1d.bias, groups=d.d_inner)).transpose(1, 2)
+        dt, B, C = self._select(x)
+        if real is not None:
+            dt = dt * real
+        y, ssm = selective_scan_chunked(x, dt, decay_rates(self.A_log), B, C, d.chunk_size, state.ssm)
+        return self._output(y, x, gate), Mamba1State(conv=conv_input[:, :, -d.d_conv :], ssm=ssm)
+
+    def step(
+        self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba1State
+    ) -> tuple[torch.Tensor, Mamba1State]:
+        """One token: hidden (b, d_model), injection (b, d_in_proj) or None. Returns (out, next state)."""
+        x, gate = self._project(hidden, injection)
+        conv = torch.cat([state.conv[:, :, 1:], x.unsqueeze(-1)], dim=-1)
+        x = F.silu((conv * self.conv1d.weight[:, 0, :]).sum(-1) + self.conv1d.bias)
+        dt, B, C = self._select(x)
+        y, ssm = selective_scan_step(state.ssm, x, dt, decay_rates(self.A_log), B, C)
+        return self._output(y, x, gate), Mamba1State(conv=conv, ssm=ssm)
+
+    def _project(self, hidden: torch.Tensor, injection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        xz = self.in_proj(hidden)
+        if injection is not None:
+            xz = xz + injection
+        x, gate = xz.chunk(2, dim=-1)
+        return x, gate
+
+    def _select(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input-dependent SSM parameters, read off the conv output: dt (one positive
+        step per channel), B and C."""
+        d = self.dims
+        dt, B, C = torch.split(self.x_proj(x), [d.dt_rank, d.d_state, d.d_state], dim=-1)
+        return F.softplus(self.dt_proj(dt)), B, C
+
+    def _output(self, y: torch.Tensor, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self.out_proj((y + x * self.D) * F.silu(gate))

@@ -1,0 +1,32 @@
+"""Mamba1 blocks and the Mamba1 stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u))."""
+
+from __future__ import annotations
+
+from ..layers import Mamba1Dims, Mamba1Mixer
+from .configuration import ImplicitMambaConfig
+from .mixer_block import MixerBlock
+from .stack import BlockStack
+
+
+def mamba1_dims(config: ImplicitMambaConfig) -> Mamba1Dims:
+    return Mamba1Dims(
+        d_model=config.hidden_size,
+        dt_rank=config.time_step_rank,
+        d_state=config.state_size,
+        d_conv=config.conv_kernel,
+        expand=config.expand,
+        chunk_size=config.chunk_size,
+    )
+
+
+class Mamba1Block(MixerBlock):
+    """Pre-norm residual block around a Mamba1 mixer (transformers' ``MambaBlock``)."""
+
+    def __init__(self, config: ImplicitMambaConfig) -> None:
+        mixer = Mamba1Mixer(mamba1_dims(config), dt_min=config.time_step_min, dt_max=config.time_step_max)
+        super().__init__(config, mixer)
+
+
+class Mamba1Stack(BlockStack):
+    def __init__(self, config: ImplicitMambaConfig) -> None:
+        super().__init__([Mamba1Block(config) for _ in range(config.num_hidden_layers)], config)
