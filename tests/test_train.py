@@ -70,8 +70,9 @@ def test_checkpoint_round_trip_and_replacement(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 3, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long)).loss.backward()
     optimizer.step()
-    save_checkpoint(tmp_path / "ckpt", model, optimizer, meta={"step": 1})
-    save_checkpoint(tmp_path / "ckpt", model, optimizer, meta={"step": 2})
+    state = {"optimizer": optimizer.state_dict()}
+    save_checkpoint(tmp_path / "ckpt", model, training_state=state, meta={"step": 1})
+    save_checkpoint(tmp_path / "ckpt", model, training_state=state, meta={"step": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "no staging or retired folders left"
     assert json.loads((tmp_path / "ckpt" / "trainer.json").read_text()) == {"step": 2}
     state = load_training_state(tmp_path / "ckpt")
@@ -96,7 +97,8 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_corrupt_training_state_is_a_clear_error(tmp_path):
-    save_checkpoint(tmp_path / "ckpt", tiny_model(), torch.optim.AdamW(tiny_model().parameters()))
+    state = {"optimizer": torch.optim.AdamW(tiny_model().parameters()).state_dict()}
+    save_checkpoint(tmp_path / "ckpt", tiny_model(), training_state=state)
     (tmp_path / "ckpt" / "training_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="training_state.pt"):
         load_training_state(tmp_path / "ckpt")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models_list(models)
     _add_models_show(models)
     _add_models_import(models)
+    tokenizer = commands.add_parser("tokenizer", help="tokenizers for language modelling")
+    _add_tokenizer_train(tokenizer.add_subparsers(title="commands"))
+    corpus = commands.add_parser("corpus", help="language-model corpora as token shards")
+    _add_corpus_build(corpus.add_subparsers(title="commands"))
+    _add_train(commands)
+    lm = commands.add_parser("lm", help="language models: perplexity, the CPU demo").add_subparsers(title="commands")
+    _add_lm_eval(lm)
+    _add_lm_demo(lm)
     return parser
 
 
@@ -198,7 +207,7 @@ def _run_models_show(args) -> None:
 
 
 def _add_models_import(commands) -> None:
-    p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama checkpoint (safetensors)")
+    p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama / Mamba (Mamba1) checkpoint (safetensors)")
     p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
     p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
@@ -213,6 +222,150 @@ def _run_models_import(args) -> None:
     model.save_pretrained(args.out)
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
+
+
+def _add_tokenizer_train(commands) -> None:
+    p = commands.add_parser("train", help="train a byte-level BPE tokenizer on local text (offline)")
+    p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders")
+    p.add_argument("--out", type=Path, required=True, help="tokenizer folder (Hugging Face format)")
+    p.add_argument("--vocab-size", type=int, default=32768)
+    p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
+    p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
+    p.set_defaults(run=_run_tokenizer_train)
+
+
+def _run_tokenizer_train(args) -> None:
+    from .data.corpus import read_documents
+    from .data.tokenizer import train_tokenizer
+
+    documents = read_documents(args.sources, text_field=args.text_field, pattern=args.pattern)
+    tokenizer = train_tokenizer(documents, args.vocab_size, args.out)
+    print(f"saved a tokenizer of {len(tokenizer)} tokens to {args.out}")
+
+
+def _add_corpus_build(commands) -> None:
+    p = commands.add_parser("build", help="tokenize documents into packed, memory-mapped token shards")
+    p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders, or a hub dataset name")
+    p.add_argument("--tokenizer", required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
+    p.add_argument("--out", type=Path, required=True, help="shard folder")
+    p.add_argument("--test-fraction", type=float, default=0.001, help="share of documents held out (default 0.1%%)")
+    p.add_argument("--shard-tokens", type=int, default=2**24, help="tokens per shard file")
+    p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
+    p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.txt')")
+    p.add_argument("--split", default="train", help="split of a hub dataset")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted build")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished build")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_corpus_build)
+
+
+def _run_corpus_build(args) -> None:
+    from .data.corpus import read_documents
+    from .data.shards import TokenShards, write_shards
+    from .data.tokenizer import load_tokenizer
+
+    documents = read_documents(args.sources, text_field=args.text_field, split=args.split, pattern=args.pattern)
+    write_shards(
+        documents, load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
+        test_fraction=args.test_fraction, seed=args.seed, workers=args.workers, progress=not args.no_progress,
+        resume=args.resume, overwrite=args.overwrite,
+    )
+    train, test = TokenShards(args.out, "train"), TokenShards(args.out, "test")
+    print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out}")
+
+
+def _add_train(commands) -> None:
+    p = commands.add_parser("train", help="train a language model on token shards (torchrun for several processes)")
+    p.add_argument("--data", type=Path, required=True, help="shard folder (implicitlm corpus build)")
+    p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
+    p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
+    p.add_argument("--config", default=None, help="training preset name or JSON with 'model' and 'train' sections")
+    p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--train", action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> None:
+    import torch
+
+    from .configs import load_preset
+    from .data.shards import TokenShards
+    from .models import build_model, config_from_options, load_model
+    from .models.presets import model_preset
+    from .train.checkpoint import latest_checkpoint
+    from .train.lm_trainer import CHECKPOINTS, LMTrainConfig, resume_config, train_lm
+
+    preset = load_preset(args.config) if args.config else {}
+    if args.resume:
+        # The run's own settings, with any given on the command line on top.
+        train = resume_config(args.out, _key_values(args.train))
+        model = load_model(latest_checkpoint(args.out / CHECKPOINTS))
+    else:
+        train = LMTrainConfig.from_dict({**preset.get("train", {}), **_key_values(args.train)})
+        options = {"vocab_size": TokenShards(args.data, "train").vocab_size}
+        if args.model_preset:
+            from_file = args.model_preset.endswith(".json")
+            options.update(load_preset(args.model_preset) if from_file else model_preset(args.model_preset))
+        options.update({**preset.get("model", {}), **_key_values(args.model)})
+        options.setdefault("label_alignment", "shifted")
+        torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
+        model = build_model(config_from_options(options))
+    metrics = train_lm(model, train, args.data, args.out, resume=args.resume, progress=not args.no_progress)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
+        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
+        print(f"checkpoints: {args.out / CHECKPOINTS}")
+
+
+def _add_lm_eval(commands) -> None:
+    p = commands.add_parser("eval", help="held-out perplexity of a checkpoint on token shards")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--data", type=Path, required=True, help="shard folder")
+    p.add_argument("--split", default="test")
+    p.add_argument("--sequence-length", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--tol", type=float, default=None)
+    p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    p.set_defaults(run=_run_lm_eval)
+
+
+def _run_lm_eval(args) -> None:
+    import itertools
+
+    from .atomic_io import write_json
+    from .data.shards import TokenShards, evaluation_windows
+    from .eval.perplexity import perplexity
+    from .models import load_model
+
+    model = load_model(args.checkpoint)
+    windows = evaluation_windows(TokenShards(args.data, args.split), args.sequence_length, args.batch_size)
+    result = perplexity(model, itertools.islice(windows, args.max_batches), args.mode, args.max_iter, args.tol)
+    print(f"{args.split}: loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} over {result['tokens']:,} tokens")
+    if args.json:
+        write_json(args.json, {"checkpoint": str(args.checkpoint), "split": args.split, "mode": args.mode, **result})
+
+
+def _add_lm_demo(commands) -> None:
+    p = commands.add_parser("demo", help="explicit vs implicit Mamba2 on Python's standard library, on CPU")
+    p.add_argument("--out", type=Path, default=Path("lm_demo_out"), help="output folder (default: lm_demo_out)")
+    p.add_argument("--preset", default="lm_demo", help="preset name or JSON file (default: lm_demo)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_lm_demo)
+
+
+def _run_lm_demo(args) -> None:
+    from .configs import load_preset
+    from .lm_demo import format_lm_table, run_lm_demo
+
+    results = run_lm_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
+    print(format_lm_table(results))
+    print(f"results: {args.out / 'results.json'}, plot: {args.out / 'perplexity.png'}")
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:

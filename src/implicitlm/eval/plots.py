@@ -49,3 +49,20 @@ def save_figure(figure, path: str | Path) -> Path:
     finally:
         plt.close(figure)
     return path
+
+
+def plot_learning_curves(
+    curves: dict[str, list[tuple[float, float]]], path: str | Path, title: str, xlabel: str, ylabel: str
+) -> Path:
+    """One line per run: (x, y) points, e.g. (tokens seen, held-out perplexity)."""
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name, points in curves.items():
+        axis.plot([x for x, _ in points], [y for _, y in points], marker=".", label=name)
+    axis.set_yscale("log")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.grid(alpha=0.3, which="both")
+    axis.legend()
+    figure.tight_layout()
+    return save_figure(figure, path)

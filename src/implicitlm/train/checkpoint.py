@@ -28,27 +28,46 @@ class CheckpointError(ValueError):
 def save_checkpoint(
     path: str | Path,
     model,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
+    training_state: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
+    """``training_state``: tensors and plain containers only (optimiser, scheduler, sampler,
+    RNG state), loadable without unpickling objects. ``weights``: the state dict to save
+    when the model's own is not the full one (gathered from FSDP shards)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     staging.chmod(0o755)  # mkdtemp's private 0700 would outlive the rename
     try:
-        model.save_pretrained(staging, safe_serialization=True)
-        if optimizer is not None:
-            state = {"optimizer": optimizer.state_dict()}
-            if scheduler is not None:
-                state["scheduler"] = scheduler.state_dict()
-            torch.save(state, staging / TRAINING_STATE)
+        model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
+        if training_state is not None:
+            torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))
         _replace_directory(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+def latest_checkpoint(folder: str | Path) -> Path | None:
+    """The checkpoint of the highest step in ``folder`` (``step_NNNNNNN`` directories)."""
+    steps = _step_directories(Path(folder))
+    return steps[-1] if steps else None
+
+
+def prune_checkpoints(folder: str | Path, keep: int) -> None:
+    """Delete all but the ``keep`` latest checkpoints in ``folder``."""
+    for old in _step_directories(Path(folder))[:-keep]:
+        shutil.rmtree(old)
+
+
+def _step_directories(folder: Path) -> list[Path]:
+    # Staging and retired directories start with a dot and never match.
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("step_*") if p.is_dir() and p.name[len("step_"):].isdigit())
 
 
 def load_training_state(path: str | Path) -> dict[str, Any]:

@@ -135,9 +135,9 @@ def _step_metrics(output, labels, grad_norm, scheduler, phase: Phase, tokens: in
 def _checkpoint(accelerator, core, optimizer, scheduler, out_dir: Path, step: int, config: WordTrainConfig) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        save_checkpoint(
-            out_dir / "checkpoint", core, optimizer, scheduler, meta={"step": step, "train": asdict(config)}
-        )
+        training_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        meta = {"step": step, "train": asdict(config)}
+        save_checkpoint(out_dir / "checkpoint", core, training_state=training_state, meta=meta)
 
 
 def _batches(

@@ -1,0 +1,165 @@
+"""Text documents for language modelling, read from local files or a Hugging Face dataset.
+
+A source is one of:
+
+- a ``.jsonl`` file: one document per non-blank line, a JSON object with the text in ``text_field``;
+- a ``.parquet`` file: one document per row of the column ``text_field``, read in record batches;
+- any other file: the whole file is one document (UTF-8; undecodable bytes become U+FFFD);
+- a directory: the files below it whose names match ``pattern``, recursively, in sorted path
+  order; hidden files and directories (names starting with ".") are skipped;
+- a name that is not a local path, such as ``"allenai/c4"``: the Hugging Face dataset of that
+  name, streamed (``datasets.load_dataset(name, split=split, streaming=True)``).
+
+The order of documents depends only on the sources, so every reading gives the same sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from implicitlm.data.errors import DataError
+
+Source = str | os.PathLike
+# Suffixes that mark a source as a file path, so that a missing one is reported as missing
+# rather than looked up on the hub.
+FILE_SUFFIXES = {".txt", ".text", ".md", ".py", ".json", ".jsonl", ".parquet", ".csv"}
+# "name" or "owner/name", as the hub spells dataset ids.
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+PARQUET_BATCH_ROWS = 1024
+
+
+def read_documents(
+    sources: Source | Iterable[Source],
+    text_field: str = "text",
+    split: str = "train",
+    pattern: str = "*",
+) -> Iterator[str]:
+    """The documents of ``sources``, in order (see the module docstring for the kinds).
+
+    Sources are checked at once, so a missing path raises here; file contents are read lazily.
+    ``split`` applies to hub datasets only, ``pattern`` (a glob on file names) to directories.
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    parts = [_source_documents(source, text_field, split, pattern) for source in sources]
+    return itertools.chain.from_iterable(parts)
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _source_documents(source: Source, text_field: str, split: str, pattern: str) -> Iterator[str]:
+    path = Path(source)
+    if path.is_dir():
+        files = _files_under(path, pattern)
+        return itertools.chain.from_iterable(_file_documents(file, text_field) for file in files)
+    if path.is_file():
+        return _file_documents(path, text_field)
+    if _is_hub_name(source):
+        return _hub_documents(str(source), text_field, split)
+    raise DataError(f"{path}: no such file or directory")
+
+
+def _is_hub_name(source: Source) -> bool:
+    return (
+        isinstance(source, str)
+        and HUB_NAME.fullmatch(source) is not None
+        and Path(source).suffix.lower() not in FILE_SUFFIXES
+    )
+
+
+def _files_under(directory: Path, pattern: str) -> list[Path]:
+    # Version-control and editor metadata live in hidden paths; they are not documents.
+    files = sorted(
+        path
+        for path in directory.rglob(pattern)
+        if path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(directory).parts)
+    )
+    if not files:
+        raise DataError(f"{directory}: no files match {pattern!r}")
+    return files
+
+
+def _file_documents(path: Path, text_field: str) -> Iterator[str]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _jsonl_documents(path, text_field)
+    if suffix == ".parquet":
+        return _parquet_documents(path, text_field)
+    return _whole_file(path)
+
+
+def _whole_file(path: Path) -> Iterator[str]:
+    yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{path}:{line_number}: expected a JSON object: {error.msg}"
+                ) from None
+            yield _text_of(record, text_field, f"{path}:{line_number}")
+
+
+def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
+    try:
+        parquet = pq.ParquetFile(path)
+        columns = parquet.schema_arrow.names
+        if text_field not in columns:
+            raise DataError(f"{path}: expected a column {text_field!r}, found {columns}")
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field])
+        texts = itertools.chain.from_iterable(batch.column(0).to_pylist() for batch in batches)
+        for row_number, text in enumerate(texts, 1):
+            if not isinstance(text, str):
+                raise DataError(
+                    f"{path}: row {row_number}: expected a string in column {text_field!r}, "
+                    f"got {type(text).__name__}"
+                )
+            yield text
+    except pa.ArrowException as error:
+        raise DataError(f"{path}: cannot read as Parquet: {first_line(error)}") from error
+
+
+def _hub_documents(name: str, text_field: str, split: str) -> Iterator[str]:
+    for row_number, row in enumerate(_hub_rows(name, split), 1):
+        yield _text_of(row, text_field, f"{name}: row {row_number}")
+
+
+def _hub_rows(name: str, split: str) -> Iterator[dict[str, Any]]:
+    # Imported here: it takes seconds and only hub sources need it.
+    import datasets
+
+    try:
+        yield from datasets.load_dataset(name, split=split, streaming=True)
+    # The hub fails in many ways (network, authentication, unknown dataset or split), with
+    # exception types that differ between library versions; all of them end reading here.
+    except Exception as error:
+        raise DataError(
+            f"{name}: not a local path, and reading it as a Hugging Face dataset failed: "
+            f"{first_line(error)}"
+        ) from error
+
+
+def _text_of(record: Any, text_field: str, where: str) -> str:
+    text = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise DataError(f"{where}: expected an object with a string field {text_field!r}")
+    return text

@@ -1,0 +1,350 @@
+"""Language-model training on packed token shards, on accelerate (one process, DDP or FSDP).
+
+One optimiser step takes a global batch of ``batch_tokens`` tokens: ``micro_batch_size``
+windows of ``sequence_length`` tokens per process and micro-step, accumulated over as many
+micro-steps as that takes. Launched with ``torchrun``, the same code runs data-parallel:
+accelerate sets up the process group and wraps the model; each process reads its own
+rows of every global batch.
+
+The curriculum is bounded (4+1) for ``bounded_fraction`` of the steps, then free (24+4 /
+32+4 at tol 0.05). A run resumes exactly from its latest checkpoint: weights, optimiser,
+scheduler, sampler position and RNG state are all restored, so the loss sequence after a
+resume is the one the uninterrupted run would have produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from ..data.shards import TokenSampler, TokenShards, evaluation_windows
+from ..deq.options import OptionError, check_known_keys, field_names
+from ..eval.perplexity import perplexity
+from ..models.loss import token_cross_entropy
+from ..models import load_model
+from .checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_training_state,
+    prune_checkpoints,
+    read_meta,
+    save_checkpoint,
+)
+from .curriculum import Curriculum, Phase
+from .run_log import RunLog
+from .schedule import warmup_constant_sqrt_decay
+
+PRECISIONS = ("auto", "no", "bf16")
+DISTRIBUTED = ("ddp", "fsdp")
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    sequence_length: int = 2048
+    batch_tokens: int = 2**20
+    micro_batch_size: int = 8
+    total_steps: int = 1000
+    lr: float = 3e-3
+    min_lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    decay_fraction: float = 0.1
+    grad_clip: float = 1.0
+    # Curriculum (implicit models): bounded for this share of the steps, then free.
+    bounded_fraction: float = 0.9
+    bounded_iters: int = 4
+    bounded_phantom_steps: int = 1
+    free_iters: int = 24
+    free_phantom_steps: int = 4
+    free_tol: float = 0.05
+    precision: str = "auto"
+    distributed: str = "ddp"
+    activation_checkpointing: bool = False
+    compile: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    eval_batches: int = 8
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise OptionError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.distributed not in DISTRIBUTED:
+            raise OptionError(f"distributed must be one of {DISTRIBUTED}, got {self.distributed!r}")
+        if not 0.0 <= self.bounded_fraction <= 1.0 or not 0.0 <= self.decay_fraction <= 1.0:
+            raise OptionError("bounded_fraction and decay_fraction must lie in [0, 1]")
+        for name in ("sequence_length", "batch_tokens", "micro_batch_size", "total_steps", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise OptionError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "LMTrainConfig":
+        check_known_keys(values, field_names(cls), "training option")
+        if "betas" in values:
+            values = {**values, "betas": tuple(values["betas"])}
+        return cls(**values)
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimiser step, so that one step sees ``batch_tokens`` tokens."""
+        per_micro_step = self.sequence_length * self.micro_batch_size * world_size
+        if self.batch_tokens % per_micro_step:
+            raise OptionError(
+                f"batch_tokens={self.batch_tokens} is not a multiple of sequence_length x micro_batch_size x "
+                f"processes = {per_micro_step}"
+            )
+        return self.batch_tokens // per_micro_step
+
+    def curriculum(self, implicit: bool) -> Curriculum:
+        if not implicit:
+            return Curriculum((Phase("explicit", self.total_steps),))
+        bounded_steps = round(self.bounded_fraction * self.total_steps)
+        return Curriculum.unroll_bounded_free(
+            0,
+            bounded_steps,
+            self.total_steps - bounded_steps,
+            bounded=(self.bounded_iters, self.bounded_phantom_steps),
+            free=(self.free_iters, self.free_phantom_steps),
+            free_tol=self.free_tol,
+        )
+
+
+def train_lm(
+    model,
+    config: LMTrainConfig,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``model`` in place on the shards in ``data_dir``; returns the last logged metrics.
+
+    Checkpoints go to ``out_dir/checkpoints/step_NNNNNNN`` (the last ``keep_checkpoints``
+    kept), logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``. ``resume``
+    continues from the latest checkpoint in ``out_dir`` (the model's weights are replaced
+    by the checkpoint's).
+    """
+    out_dir = Path(out_dir)
+    accelerator = _accelerator(config, model)
+    torch.manual_seed(config.seed)
+    shards = TokenShards(data_dir, "train")
+    _check_vocabulary(model, shards)
+    accumulation = config.accumulation_steps(accelerator.num_processes)
+    sampler = TokenSampler(
+        shards, config.sequence_length, config.micro_batch_size, seed=config.seed,
+        rank=accelerator.process_index, world_size=accelerator.num_processes,
+    )
+    start_step, state = 0, None
+    if resume:
+        start_step, state = _restore_weights(model, out_dir)
+    if config.activation_checkpointing:
+        model.activation_checkpointing_enable()
+    if config.compile:
+        # The stack is what the solver calls over and over; the loop around it stays eager.
+        model.stack.compile()
+    model = accelerator.prepare(model)
+    core = accelerator.unwrap_model(model)
+    optimizer = accelerator.prepare(
+        torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
+    )
+    decay_steps = round(config.decay_fraction * config.total_steps)
+    schedule = warmup_constant_sqrt_decay(config.warmup_steps, config.total_steps, decay_steps, config.lr, config.min_lr)
+    # Not handed to accelerate, which would step it once per process.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    if state is not None:
+        _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
+    log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
+    curriculum = config.curriculum(core.config.implicit)
+    test = TokenShards(data_dir, "test") if config.eval_every else None
+    batches = iter(sampler)
+    metrics: dict[str, Any] = {}
+    phase, started, tokens = None, time.perf_counter(), 0
+    bar = tqdm(
+        range(start_step, config.total_steps), initial=start_step, total=config.total_steps, desc="train",
+        disable=not progress or not accelerator.is_main_process,
+    )
+    model.train()
+    for step in bar:
+        if curriculum.phase_at(step) is not phase:
+            phase = curriculum.phase_at(step)
+            if core.config.implicit:
+                core.set_fixed_point_options(**phase.fixed_point)
+        loss, output = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
+        grad_norm = _clip(accelerator, model, config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += config.batch_tokens
+        if step % config.log_every == 0 or step == config.total_steps - 1:
+            metrics = _step_metrics(loss, output, grad_norm, scheduler, phase, tokens, started)
+            if core.config.implicit:
+                metrics["fp_budget"] = core.solver.options.f_max_iter
+            log.write(step, metrics)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", phase=phase.name)
+        if test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1):
+            log.write(step, _held_out(core, test, config))
+        if (step + 1) % config.checkpoint_every == 0 or step == config.total_steps - 1:
+            _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step + 1, config)
+    log.close()
+    return metrics
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on weight matrices (and the embedding), none on norm scales, biases,
+    SSM parameters (A_log, D, dt_bias) and weight norm's magnitudes: those are scales whose
+    size is their meaning, not capacity to regularise."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        magnitude = name.endswith("original0")  # weight norm's g
+        (decay if param.ndim >= 2 and not magnitude else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _accelerator(config: LMTrainConfig, model) -> Accelerator:
+    precision = config.precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() else "no"
+    plugin = None
+    if config.distributed == "fsdp":
+        from accelerate import FullyShardedDataParallelPlugin
+
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=list(model._no_split_modules),
+            state_dict_type="FULL_STATE_DICT",
+        )
+    # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
+    return Accelerator(mixed_precision=precision, fsdp_plugin=plugin, cpu=not torch.cuda.is_available())
+
+
+def _check_vocabulary(model, shards: TokenShards) -> None:
+    if shards.vocab_size > model.config.vocab_size:
+        raise OptionError(
+            f"the shards' tokenizer has {shards.vocab_size} tokens, more than the model's vocab_size "
+            f"{model.config.vocab_size}"
+        )
+
+
+def _optimiser_step(accelerator, model, optimizer, batches, accumulation: int):
+    """Forward and backward over ``accumulation`` micro-batches; gradients are synchronised
+    between processes on the last one only. Returns the step's mean loss over all processes."""
+    total = torch.zeros((), device=accelerator.device)
+    output = None
+    for micro_step in range(accumulation):
+        window = next(batches).to(accelerator.device)
+        last = micro_step == accumulation - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            output = model(window[:, :-1])
+            # Every micro-batch holds the same number of tokens, so the mean of the
+            # micro-batch means is the mean over the whole global batch.
+            loss = token_cross_entropy(output.logits, window[:, 1:], "aligned") / accumulation
+            accelerator.backward(loss)
+        total += loss.detach()
+    return accelerator.reduce(total, reduction="mean").item(), output
+
+
+def _clip(accelerator, model, max_norm: float) -> float:
+    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm)
+
+
+def _step_metrics(loss: float, output, grad_norm: float, scheduler, phase: Phase, tokens: int, started: float):
+    metrics = {
+        "loss": loss,
+        "ppl": math.exp(min(loss, 50.0)),
+        "lr": scheduler.get_last_lr()[0],
+        "grad_norm": grad_norm,
+        "phase": phase.name,
+        "tokens_per_s": tokens / (time.perf_counter() - started),
+    }
+    if output.fixed_point is not None:
+        metrics.update(output.fixed_point.summary())
+    return metrics
+
+
+def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float]:
+    windows = evaluation_windows(test, config.sequence_length, config.micro_batch_size)
+    limited = (w for w, _ in zip(windows, range(config.eval_batches)))
+    result = perplexity(core, limited)
+    return {"test_loss": result["loss"], "test_ppl": result["perplexity"]}
+
+
+def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path, step: int, config) -> None:
+    weights = accelerator.get_state_dict(model)  # gathered to the main process under FSDP
+    optimizer_state = _optimizer_state(accelerator, model, optimizer, config)
+    if accelerator.is_main_process:
+        training_state = {
+            "optimizer": optimizer_state,
+            "scheduler": scheduler.state_dict(),
+            "sampler": sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        meta = {"step": step, "train": asdict(config), "processes": accelerator.num_processes}
+        core = accelerator.unwrap_model(model)
+        save_checkpoint(
+            out_dir / CHECKPOINTS / f"step_{step:07d}", core, training_state=training_state, meta=meta, weights=weights
+        )
+        prune_checkpoints(out_dir / CHECKPOINTS, config.keep_checkpoints)
+    accelerator.wait_for_everyone()
+
+
+def _optimizer_state(accelerator, model, optimizer, config: LMTrainConfig) -> dict[str, Any]:
+    if config.distributed == "fsdp" and accelerator.num_processes > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(model, optimizer.optimizer, options=options)
+    return optimizer.state_dict()
+
+
+def _restore_weights(model, out_dir: Path) -> tuple[int, dict[str, Any]]:
+    """Load the latest checkpoint's weights into ``model``; returns its step and training state."""
+    checkpoint = latest_checkpoint(out_dir / CHECKPOINTS)
+    if checkpoint is None:
+        raise CheckpointError(f"{out_dir}: nothing to resume (no checkpoint in {out_dir / CHECKPOINTS})")
+    saved = load_model(checkpoint)
+    if _architecture(saved.config) != _architecture(model.config):
+        raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
+    model.load_state_dict(saved.state_dict())
+    return read_meta(checkpoint)["step"], load_training_state(checkpoint)
+
+
+def _architecture(config) -> dict[str, Any]:
+    # The solver options change with the curriculum phase; the rest must match.
+    return {k: v for k, v in config.to_diff_dict().items() if k not in ("fixed_point", "transformers_version")}
+
+
+def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer, scheduler, sampler, config) -> None:
+    if config.distributed == "fsdp" and accelerator.num_processes > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        set_optimizer_state_dict(model, optimizer.optimizer, state["optimizer"], options=options)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["torch_rng"])
+
+
+def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> LMTrainConfig:
+    """The training settings of the run in ``out_dir``, with ``overrides`` (e.g. more steps,
+    a later switch to the free phase) applied."""
+    checkpoint = latest_checkpoint(Path(out_dir) / CHECKPOINTS)
+    if checkpoint is None:
+        raise CheckpointError(f"{out_dir}: nothing to resume (no checkpoint in {Path(out_dir) / CHECKPOINTS})")
+    return LMTrainConfig.from_dict({**read_meta(checkpoint)["train"], **overrides})

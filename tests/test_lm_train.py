@@ -1,0 +1,196 @@
+"""Language-model training: curriculum, accumulation, resume after SIGKILL, DDP over torchrun,
+activation checkpointing, weight-decay groups, and clear errors for damaged checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.data.corpus import read_documents
+from implicitlm.data.shards import write_shards
+from implicitlm.data.tokenizer import train_tokenizer
+from implicitlm.models import build_model, config_from_options
+from implicitlm.train.lm_trainer import LMTrainConfig, parameter_groups, train_lm
+
+from contractive import make_contractive
+
+SEQUENCE = 32
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """Token shards of a few of this package's own source files, with a 320-token BPE."""
+    root = tmp_path_factory.mktemp("corpus")
+    sources = sorted((Path(__file__).parents[1] / "src" / "implicitlm").rglob("*.py"))[:12]
+    tokenizer = train_tokenizer(read_documents(sources), 320, root / "tokenizer")
+    write_shards(read_documents(sources), tokenizer, root / "data", test_fraction=0.2, progress=False)
+    return root / "data"
+
+
+def tiny_model(implicit: bool = True, vocab: int = 320):
+    torch.manual_seed(0)
+    options = dict(
+        architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8,
+        chunk_size=16, implicit=implicit,
+    )
+    return build_model(config_from_options(options))
+
+
+def train_config(**changes) -> LMTrainConfig:
+    values = dict(
+        sequence_length=SEQUENCE, micro_batch_size=4, batch_tokens=4 * SEQUENCE, total_steps=4, lr=1e-2,
+        warmup_steps=1, log_every=1, checkpoint_every=2, keep_checkpoints=2, bounded_fraction=0.5, free_iters=6,
+        free_phantom_steps=2,
+    )
+    return LMTrainConfig(**{**values, **changes})
+
+
+def logged(run_dir: Path, key: str) -> list:
+    return [json.loads(line).get(key) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_curriculum_switches_phase_and_budget_at_the_configured_step(shards, tmp_path):
+    train_lm(tiny_model(), train_config(), shards, tmp_path, progress=False)
+    assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
+    assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
+    assert all(n <= 4 for n in logged(tmp_path, "fp_iterations_max")[:2])
+    for key in ("loss", "ppl", "lr", "tokens_per_s", "fp_rel_residual_max"):
+        assert all(isinstance(v, float) for v in logged(tmp_path, key)), key
+
+
+def test_gradient_accumulation_equals_one_large_batch(shards, tmp_path):
+    whole = train_config(micro_batch_size=4, total_steps=3, checkpoint_every=10)
+    split = train_config(micro_batch_size=2, total_steps=3, checkpoint_every=10)
+    assert split.accumulation_steps(1) == 2
+    train_lm(tiny_model(False), whole, shards, tmp_path / "whole", progress=False)
+    train_lm(tiny_model(False), split, shards, tmp_path / "split", progress=False)
+    torch.testing.assert_close(logged(tmp_path / "split", "loss"), logged(tmp_path / "whole", "loss"), atol=1e-6, rtol=0)
+
+
+def test_batch_that_does_not_divide_is_refused():
+    with pytest.raises(ValueError, match="not a multiple"):
+        train_config(batch_tokens=100).accumulation_steps(1)
+
+
+def test_keeps_the_last_checkpoints_only(shards, tmp_path):
+    train_lm(tiny_model(), train_config(total_steps=6, checkpoint_every=1), shards, tmp_path, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000005", "step_0000006"]
+
+
+def test_weight_decay_spares_norms_biases_ssm_parameters_and_weight_norm_magnitudes():
+    model = tiny_model()
+    decay, no_decay = parameter_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = sorted(names[id(p)] for p in decay["params"])
+    spared = sorted(names[id(p)] for p in no_decay["params"])
+    assert "embeddings.weight" in decayed and "injection.weight" in decayed
+    assert all("original1" in n for n in decayed if n.startswith("stack."))
+    assert any(n.endswith("A_log") for n in spared) and any(n.endswith("conv1d.bias") for n in spared)
+    assert any("norm" in n for n in spared) and any(n.endswith("original0") for n in spared)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decayed) + len(spared) == len(list(model.parameters()))
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    gradients = []
+    for checkpointing in (False, True):
+        model = make_contractive(tiny_model()).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.stack.gradient_checkpointing
+        model(ids, labels=ids).loss.backward()
+        gradients.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert gradients[0].keys() == gradients[1].keys() and len(gradients[0]) > 5
+    for name in gradients[0]:
+        torch.testing.assert_close(gradients[1][name], gradients[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+# ---------------------------------------------------------------- through the command line
+
+
+def cli_command(shards: Path, out: Path, *train: str) -> list[str]:
+    model = ["--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=8",
+             "--model", "head_dim=8", "--model", "chunk_size=16"]
+    settings = [f"sequence_length={SEQUENCE}", "lr=0.01", "warmup_steps=1", "log_every=1", "bounded_fraction=0.5",
+                "free_iters=6", "free_phantom_steps=2", *train]
+    return ["train", "--data", str(shards), "--out", str(out), "--no-progress", *model,
+            *[arg for setting in settings for arg in ("--train", setting)]]
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+
+
+def test_sigkill_after_a_checkpoint_then_resume_continues_exactly(shards, tmp_path):
+    settings = ["total_steps=10", "checkpoint_every=2", "keep_checkpoints=10", "micro_batch_size=8",
+                f"batch_tokens={8 * SEQUENCE * 4}"]
+    assert main(cli_command(shards, tmp_path / "whole", *settings)) == 0
+    command = [sys.executable, "-m", "implicitlm", *cli_command(shards, tmp_path / "killed", *settings)]
+    process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = tmp_path / "killed" / "checkpoints" / "step_0000002"
+    deadline = time.monotonic() + 120
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    saved = sorted(p.name for p in (tmp_path / "killed" / "checkpoints").glob("step_*"))
+    assert saved and saved[-1] < "step_0000010", "the run finished before it could be killed"
+    assert main(["train", "--data", str(shards), "--out", str(tmp_path / "killed"), "--resume", "--no-progress"]) == 0
+    assert logged(tmp_path / "killed", "step") == list(range(10))
+    assert logged(tmp_path / "killed", "loss") == logged(tmp_path / "whole", "loss")
+
+
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(shards, tmp_path):
+    settings = ["total_steps=3", "checkpoint_every=3", f"batch_tokens={4 * SEQUENCE}"]
+    assert main(cli_command(shards, tmp_path / "single", "micro_batch_size=4", *settings)) == 0
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "implicitlm", *cli_command(shards, tmp_path / "ddp", "micro_batch_size=2", *settings)]
+    result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    torch.testing.assert_close(logged(tmp_path / "ddp", "loss"), logged(tmp_path / "single", "loss"), atol=1e-5, rtol=0)
+
+
+def test_damaged_checkpoint_is_a_clear_error_on_resume(shards, tmp_path, capsys):
+    assert main(cli_command(shards, tmp_path, "total_steps=2", "checkpoint_every=2", "micro_batch_size=4",
+                            f"batch_tokens={4 * SEQUENCE}")) == 0
+    weights = tmp_path / "checkpoints" / "step_0000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    capsys.readouterr()
+    code = main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "step_0000002" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(shards, tmp_path, capsys):
+    code = main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume"])
+    assert code == 2 and "nothing to resume" in capsys.readouterr().err
+
+
+def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
+    preset = {
+        "corpus": {"max_bytes": 150_000, "vocab_size": 300, "test_fraction": 0.1},
+        "model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8, "chunk_size": 16,
+                  "fixed_point": {"eval_f_max_iter": 8}},
+        "train": {"sequence_length": SEQUENCE, "micro_batch_size": 4, "batch_tokens": 4 * SEQUENCE, "total_steps": 4,
+                  "warmup_steps": 1, "bounded_fraction": 0.5, "free_iters": 6, "free_phantom_steps": 2,
+                  "eval_every": 2, "eval_batches": 2, "checkpoint_every": 4},
+    }
+    (tmp_path / "preset.json").write_text(json.dumps(preset))
+    code = main(["lm", "demo", "--preset", str(tmp_path / "preset.json"), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    for kind in ("explicit", "implicit"):
+        entry = results["models"][kind]
+        assert 1 < entry["test_perplexity"] < 300 * 1.5 and entry["train_tokens"] == 4 * 4 * SEQUENCE
+    assert results["corpus"]["test_tokens"] > 0 and (tmp_path / "out" / "perplexity.png").stat().st_size > 1000
+    assert "held-out ppl" in capsys.readouterr().out
