@@ -150,14 +150,15 @@ def test_sigkill_after_a_checkpoint_then_resume_continues_exactly(shards, tmp_pa
     assert logged(tmp_path / "killed", "loss") == logged(tmp_path / "whole", "loss")
 
 
-def test_two_process_ddp_equals_one_process_with_the_same_global_batch(shards, tmp_path):
+@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
+def test_two_processes_equal_one_process_with_the_same_global_batch(shards, tmp_path, distributed):
     settings = ["total_steps=3", "checkpoint_every=3", f"batch_tokens={4 * SEQUENCE}"]
     assert main(cli_command(shards, tmp_path / "single", "micro_batch_size=4", *settings)) == 0
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "implicitlm", *cli_command(shards, tmp_path / "ddp", "micro_batch_size=2", *settings)]
+    two = cli_command(shards, tmp_path / "two", "micro_batch_size=2", f"distributed={distributed}", *settings)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm", *two]
     result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    torch.testing.assert_close(logged(tmp_path / "ddp", "loss"), logged(tmp_path / "single", "loss"), atol=1e-5, rtol=0)
+    torch.testing.assert_close(logged(tmp_path / "two", "loss"), logged(tmp_path / "single", "loss"), atol=1e-5, rtol=0)
 
 
 def test_damaged_checkpoint_is_a_clear_error_on_resume(shards, tmp_path, capsys):
