@@ -195,3 +195,13 @@ def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
         assert 1 < entry["test_perplexity"] < 300 * 1.5 and entry["train_tokens"] == 4 * 4 * SEQUENCE
     assert results["corpus"]["test_tokens"] > 0 and (tmp_path / "out" / "perplexity.png").stat().st_size > 1000
     assert "held-out ppl" in capsys.readouterr().out
+
+
+def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
+    bounded_only = ["total_steps=2", "bounded_fraction=1.0", "checkpoint_every=2", "micro_batch_size=4",
+                    f"batch_tokens={4 * SEQUENCE}"]
+    assert main(cli_command(shards, tmp_path, *bounded_only)) == 0
+    more = ["--train", "total_steps=4", "--train", "bounded_fraction=0.5"]
+    assert main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume", "--no-progress", *more]) == 0
+    assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
+    assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
