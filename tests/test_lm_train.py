@@ -1,9 +1,11 @@
-"""Language-model training: curriculum, accumulation, resume after SIGKILL, DDP over torchrun,
-activation checkpointing, weight-decay groups, and clear errors for damaged checkpoints."""
+"""Language-model training: curriculum, accumulation, resume after SIGKILL, DDP and FSDP over
+torchrun, activation checkpointing, weight-decay groups, clear errors for damaged checkpoints,
+the command chain (tokenizer, corpus, train, eval) and the LM demo."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -205,3 +207,20 @@ def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
     assert main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume", "--no-progress", *more]) == 0
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
     assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
+
+
+def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
+    sources = str(Path(__file__).parents[1] / "src" / "implicitlm" / "data")
+    assert main(["tokenizer", "train", sources, "--pattern", "*.py", "--vocab-size", "300", "--out", str(tmp_path / "tok")]) == 0
+    assert main(["corpus", "build", sources, "--pattern", "*.py", "--tokenizer", str(tmp_path / "tok"),
+                 "--out", str(tmp_path / "shards"), "--test-fraction", "0.3", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "a tokenizer of 300 tokens" in out and "held-out tokens" in out
+    assert main(cli_command(tmp_path / "shards", tmp_path / "run", "total_steps=1", "checkpoint_every=1",
+                            "micro_batch_size=2", f"batch_tokens={2 * SEQUENCE}")) == 0
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_0000001"
+    assert main(["lm", "eval", str(checkpoint), "--data", str(tmp_path / "shards"), "--sequence-length", str(SEQUENCE),
+                 "--batch-size", "2", "--max-batches", "2", "--json", str(tmp_path / "ppl.json")]) == 0
+    result = json.loads((tmp_path / "ppl.json").read_text())
+    assert result["tokens"] == 2 * 2 * SEQUENCE and result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+    assert 100 < result["perplexity"] < 1000  # one step from a uniform start over 300 tokens

@@ -306,10 +306,12 @@ def _run_train(args) -> None:
         model = load_model(latest_checkpoint(args.out / CHECKPOINTS))
     else:
         train = LMTrainConfig.from_dict({**preset.get("train", {}), **_key_values(args.train)})
-        options = {"vocab_size": TokenShards(args.data, "train").vocab_size}
+        options = {}
         if args.model_preset:
             from_file = args.model_preset.endswith(".json")
             options.update(load_preset(args.model_preset) if from_file else model_preset(args.model_preset))
+        # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
+        options["vocab_size"] = TokenShards(args.data, "train").vocab_size
         options.update({**preset.get("model", {}), **_key_values(args.model)})
         options.setdefault("label_alignment", "shifted")
         torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
