@@ -15,6 +15,7 @@ resume is the one the uninterrupted run would have produced.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -181,7 +182,7 @@ def train_lm(
             if core.config.implicit:
                 core.set_fixed_point_options(**phase.fixed_point)
         loss, output = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
-        grad_norm = _clip(accelerator, model, config.grad_clip)
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.grad_clip))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -257,11 +258,6 @@ def _optimiser_step(accelerator, model, optimizer, batches, accumulation: int):
     return accelerator.reduce(total, reduction="mean").item(), output
 
 
-def _clip(accelerator, model, max_norm: float) -> float:
-    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-    return float(norm)
-
-
 def _step_metrics(loss: float, output, grad_norm: float, scheduler, phase: Phase, tokens: int, started: float):
     metrics = {
         "loss": loss,
@@ -278,8 +274,7 @@ def _step_metrics(loss: float, output, grad_norm: float, scheduler, phase: Phase
 
 def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float]:
     windows = evaluation_windows(test, config.sequence_length, config.micro_batch_size)
-    limited = (w for w, _ in zip(windows, range(config.eval_batches)))
-    result = perplexity(core, limited)
+    result = perplexity(core, itertools.islice(windows, config.eval_batches))
     return {"test_loss": result["loss"], "test_ppl": result["perplexity"]}
 
 
