@@ -78,16 +78,19 @@ def test_eval_of_malformed_csv_is_a_clean_error(tmp_path, capsys, trained_s3):
     assert_clean_error(code, err, "bad.csv", "2")
 
 
-def test_train_then_eval_writes_json(tmp_path, capsys, trained_s3):
+def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_s3):
     _, train_run = trained_s3
-    out = tmp_path / "eval.json"
+    out = tmp_path / "eval"
     code, stdout, _ = run(
-        capsys, "words", "eval", str(train_run / "checkpoint"), "--lengths", "12,24", "--count", "32", "--json", str(out)
+        capsys, "words", "eval", str(train_run / "checkpoint"), "--multiples", "1,2", "--count", "32", "--out", str(out)
     )
     assert code == 0
-    results = json.loads(out.read_text())["results"]
-    assert [r["length"] for r in results] == [12, 24]
-    assert all(0.0 <= r["accuracy"] <= 1.0 and "accuracy_last10" in r for r in results)
+    record = json.loads((out / "word_length.json").read_text())
+    assert record["experiment"] == "word_length" and record["train_length"] == 12
+    assert [r["length"] for r in record["rows"]] == [12, 24]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and "accuracy_last10" in r for r in record["rows"])
+    assert record["metrics"] == {f"accuracy@{r['length']}": r["accuracy"] for r in record["rows"]}
+    assert (out / "word_length.png").stat().st_size > 0
     assert "last10" in stdout
 
 

@@ -219,8 +219,17 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     assert main(cli_command(tmp_path / "shards", tmp_path / "run", "total_steps=1", "checkpoint_every=1",
                             "micro_batch_size=2", f"batch_tokens={2 * SEQUENCE}")) == 0
     checkpoint = tmp_path / "run" / "checkpoints" / "step_0000001"
-    assert main(["lm", "eval", str(checkpoint), "--data", str(tmp_path / "shards"), "--sequence-length", str(SEQUENCE),
-                 "--batch-size", "2", "--max-batches", "2", "--json", str(tmp_path / "ppl.json")]) == 0
-    result = json.loads((tmp_path / "ppl.json").read_text())
-    assert result["tokens"] == 2 * 2 * SEQUENCE and result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+    assert main(["lm", "eval", str(checkpoint), "--data", str(tmp_path / "shards"), "--multiples", "1,2",
+                 "--batch-size", "2", "--max-tokens", str(4 * SEQUENCE), "--out", str(tmp_path / "ppl")]) == 0
+    rows = json.loads((tmp_path / "ppl" / "lm_length.json").read_text())["rows"]
+    assert [row["length"] for row in rows] == [SEQUENCE, 2 * SEQUENCE]
+    result = rows[0]
+    assert result["tokens"] == 4 * SEQUENCE and result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     assert 100 < result["perplexity"] < 1000  # one step from a uniform start over 300 tokens
+    data = ["--data", str(tmp_path / "shards"), "--lengths", str(SEQUENCE), "--max-tokens", str(2 * SEQUENCE), "--no-progress"]
+    assert main(["lm", "budget", str(checkpoint), *data, "--budgets", "1,3", "--out", str(tmp_path / "budget")]) == 0
+    budget = json.loads((tmp_path / "budget" / "lm_budget.json").read_text())
+    assert [(row["max_iter"], row["tokens"]) for row in budget["rows"]] == [(1, 2 * SEQUENCE), (3, 2 * SEQUENCE)]
+    assert main(["lm", "convergence", str(checkpoint), *data, "--max-iter", "5", "--out", str(tmp_path / "conv")]) == 0
+    summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]
+    assert summary["all"]["tokens"] == 2 * SEQUENCE and summary["max_iter"] == 5

@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_words_generate(words)
     _add_words_train(words)
     _add_words_eval(words)
+    _add_words_budget(words)
+    _add_words_convergence(words)
     models = commands.add_parser("models", help="the paper's model presets; import from Hugging Face")
     models = models.add_subparsers(title="commands")
     _add_models_list(models)
@@ -56,10 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenizer_train(tokenizer.add_subparsers(title="commands"))
     corpus = commands.add_parser("corpus", help="language-model corpora as token shards")
     _add_corpus_build(corpus.add_subparsers(title="commands"))
+    _add_catbabi(commands)
     _add_train(commands)
     lm = commands.add_parser("lm", help="language models: perplexity, the CPU demo").add_subparsers(title="commands")
     _add_lm_eval(lm)
+    _add_lm_budget(lm)
+    _add_lm_convergence(lm)
     _add_lm_demo(lm)
+    _add_lm_downstream(lm)
+    _add_report(commands)
+    _add_jacobian(commands)
     return parser
 
 
@@ -134,47 +142,148 @@ def _run_words_train(args) -> None:
 
 
 def _add_words_eval(commands) -> None:
-    p = commands.add_parser("eval", help="per-token accuracy of a checkpoint by test length")
-    p.add_argument("checkpoint", type=Path)
-    p.add_argument("--group", default=None, help="group of generated test words (default: from the checkpoint)")
-    p.add_argument("--lengths", default=None, help="comma-separated test lengths for generated words")
-    p.add_argument("--data", type=Path, action="append", default=[], help="test words file(s) instead")
-    p.add_argument("--count", type=int, default=512, help="generated words per length")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hard-prob", type=float, default=None)
+    p = commands.add_parser("eval", help="per-token accuracy of a checkpoint by test length (length extrapolation)")
+    _add_word_test_options(p)
+    _add_budget_options(p)
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
-    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
-    p.add_argument("--tol", type=float, default=None, help="fixed-point tolerance (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--out", type=Path, default=None, help="folder for word_length.json and word_length.png")
     p.set_defaults(run=_run_words_eval)
 
 
-def _run_words_eval(args) -> None:
-    from .data.words import load_words
-    from .atomic_io import write_json
-    from .eval.words import accuracy_by_length, word_accuracy
-    from .train.checkpoint import read_meta
-    from .models import load_model
+def _add_word_test_options(p) -> None:
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--group", default=None, help="group of generated test words (default: from the checkpoint)")
+    lengths = p.add_mutually_exclusive_group()
+    lengths.add_argument("--lengths", default=None, help="comma-separated test lengths of generated words")
+    lengths.add_argument("--multiples", default=None, help="test lengths as multiples of the training length, e.g. 1,2,4,8")
+    p.add_argument("--data", type=Path, action="append", default=[], help="test words file(s) instead")
+    p.add_argument("--count", type=int, default=512, help="generated words per length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hard-prob", type=float, default=None, help="identity probability of the group part (A5xM)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--no-progress", action="store_true")
 
+
+def _add_budget_options(p) -> None:
+    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--tol", type=float, default=None, help="fixed-point tolerance (default: the model's)")
+
+
+def _word_test_sets(args) -> tuple:
+    """The checkpoint's model, its group and training length, and the test words: the
+    ``--data`` files, or fresh words at each requested length."""
+    from .data.words import generate_words, load_words
+    from .eval.words import TEST_SEED_OFFSET
+    from .models import load_model
     model = load_model(args.checkpoint)
-    options = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size}
+    train = _training_settings(args.checkpoint)
+    group = args.group or train.get("group")
+    if not group:
+        raise ValueError("--group is needed: the checkpoint does not name its training group")
+    train_length = train.get("train_length")
     if args.data:
-        group = args.group or read_meta(args.checkpoint)["train"]["group"]
-        rows = [word_accuracy(model, d.inputs, d.targets, **options) for d in (load_words(p, group) for p in args.data)]
+        return model, group, train_length, [(d.inputs, d.targets) for d in (load_words(p, group) for p in args.data)]
+    if args.multiples:
+        if not train_length:
+            raise ValueError("--multiples needs the training length, which the checkpoint does not record; give --lengths")
+        lengths = [train_length * m for m in _int_list(args.multiples)]
+    elif args.lengths:
+        lengths = _int_list(args.lengths)
     else:
-        group = args.group or read_meta(args.checkpoint).get("train", {}).get("group")
-        if not group:
-            raise ValueError("--group is needed: the checkpoint does not name its training group")
-        if not args.lengths:
-            raise ValueError("give --lengths (e.g. 16,32,64) or --data FILE")
-        rows = accuracy_by_length(model, group, _int_list(args.lengths), args.count, args.seed, args.hard_prob, **options)
+        raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
+    hard_prob = args.hard_prob if args.hard_prob is not None else train.get("hard_prob")
+    seed = TEST_SEED_OFFSET + args.seed
+    return model, group, train_length, [generate_words(group, n, args.count, seed, hard_prob) for n in lengths]
+
+
+def _run_words_eval(args) -> None:
+    from .eval.words import word_accuracy, word_length_record
+
+    model, group, train_length, test_sets = _word_test_sets(args)
+    budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size}
+    rows = [word_accuracy(model, inputs, targets, **budget) for inputs, targets in _progress(test_sets, args)]
     print(f"{'length':>8}{'accuracy':>10}{'last10':>9}{'fp iters':>10}")
     for row in rows:
         iters = f"{row['fp_iterations_mean']:>10.1f}" if "fp_iterations_mean" in row else f"{'-':>10}"
         print(f"{row['length']:>8}{row['accuracy']:>10.1%}{row['accuracy_last10']:>9.1%}{iters}")
-    if args.json:
-        write_json(args.json, {"checkpoint": str(args.checkpoint), "group": group, "mode": args.mode, "results": rows})
+    if args.out:
+        word_length_record(model, args.checkpoint, rows, args.out, group, args.mode, train_length)
+        print(f"results: {args.out / 'word_length.json'}, plot: {args.out / 'word_length.png'}")
+
+
+def _add_words_budget(commands) -> None:
+    p = commands.add_parser("budget", help="test-time compute: accuracy by iteration budget, a curve per test length")
+    _add_word_test_options(p)
+    _add_sweep_options(p, "word_budget")
+    p.set_defaults(run=_run_words_budget)
+
+
+def _add_sweep_options(p, experiment: str) -> None:
+    p.add_argument("--budgets", default="1,2,4,8,16,32,64", help="comma-separated max_iter values")
+    p.add_argument("--tols", default=None, help="comma-separated tolerances (default: the model's)")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--out", type=Path, required=True, help=f"folder for {experiment}.json and {experiment}.png")
+
+
+def _run_sweep(args, model, evaluate, experiment: str, quality: str, title: str, **details) -> None:
+    """The budget sweep of a ``budget`` command: table, record and figure."""
+    from .eval.budget import budget_record, budget_sweep
+
+    rows = budget_sweep(evaluate, _int_list(args.budgets), _float_list(args.tols), progress=not args.no_progress)
+    _print_budget_table(rows, quality)
+    title = f"{title} ({args.mode} mode)"
+    budget_record(experiment, model, args.checkpoint, rows, quality, args.out, title, mode=args.mode, **details)
+    print(f"results: {args.out / f'{experiment}.json'}, plot: {args.out / f'{experiment}.png'}")
+
+
+def _run_words_budget(args) -> None:
+    from .eval.words import word_accuracy
+
+    model, group, _, test_sets = _word_test_sets(args)
+    _require_implicit(model, "a budget sweep")
+
+    def evaluate(max_iter, tol):
+        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol, "batch_size": args.batch_size}
+        return [word_accuracy(model, inputs, targets, **budget) for inputs, targets in test_sets]
+
+    _run_sweep(args, model, evaluate, "word_budget", "accuracy", f"{group} word problem: test-time compute", group=group)
+
+
+def _add_words_convergence(commands) -> None:
+    p = commands.add_parser("convergence", help="iterations each token needs in sequential mode; hard vs easy tokens")
+    _add_word_test_options(p)
+    _add_budget_options(p)
+    p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
+    p.set_defaults(run=_run_words_convergence, count=64)
+
+
+def _run_words_convergence(args) -> None:
+    import numpy as np
+
+    from .data.groups import get_group
+    from .data.words import hard_token_mask
+    from .eval.convergence import convergence_summary, token_iterations
+
+    model, group, _, test_sets = _word_test_sets(args)
+    _require_implicit(model, "convergence statistics")
+    iterations, residuals, hard = [], [], []
+    for inputs, _ in test_sets:
+        its, res, max_iter, tol = token_iterations(model, inputs, args.max_iter, args.tol, args.batch_size, not args.no_progress)
+        iterations.append(its.ravel()), residuals.append(res.ravel()), hard.append(hard_token_mask(group, inputs).ravel())
+    # Hard vs easy only where the group is a product, whose first factor the mask reads.
+    product = len(get_group(group).factor_orders) > 1
+    summary = convergence_summary(
+        np.concatenate(iterations), np.concatenate(residuals), max_iter, tol, np.concatenate(hard) if product else None
+    )
+    _report_convergence(args, model, summary, f"{group}: iterations per token (sequential mode)", group=group)
+
+
+def _report_convergence(args, model, summary: dict[str, Any], title: str, **details) -> None:
+    from .eval.convergence import convergence_record
+
+    _print_convergence(summary)
+    convergence_record(model, args.checkpoint, summary, args.out, title, **details)
+    print(f"results: {args.out / 'convergence.json'}, plot: {args.out / 'convergence.png'}")
 
 
 def _add_models_list(commands) -> None:
@@ -323,34 +432,114 @@ def _run_train(args) -> None:
 
 
 def _add_lm_eval(commands) -> None:
-    p = commands.add_parser("eval", help="held-out perplexity of a checkpoint on token shards")
-    p.add_argument("checkpoint", type=Path)
-    p.add_argument("--data", type=Path, required=True, help="shard folder")
-    p.add_argument("--split", default="test")
-    p.add_argument("--sequence-length", type=int, default=2048)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+    p = commands.add_parser("eval", help="held-out perplexity of a checkpoint by context length (length extrapolation)")
+    _add_lm_test_options(p)
+    _add_budget_options(p)
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
-    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
-    p.add_argument("--tol", type=float, default=None)
-    p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    p.add_argument("--out", type=Path, default=None, help="folder for lm_length.json and lm_length.png")
     p.set_defaults(run=_run_lm_eval)
 
 
-def _run_lm_eval(args) -> None:
-    import itertools
+def _add_lm_test_options(p) -> None:
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--data", type=Path, required=True, help="shard folder")
+    p.add_argument("--split", default="test")
+    lengths = p.add_mutually_exclusive_group()
+    lengths.add_argument("--lengths", default=None, help="comma-separated context lengths (default: the training context)")
+    lengths.add_argument("--multiples", default=None, help="context lengths as multiples of the training context, e.g. 1,2,4,8")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens scored per length (default: the whole split)")
+    p.add_argument("--no-progress", action="store_true")
 
-    from .atomic_io import write_json
-    from .data.shards import TokenShards, evaluation_windows
-    from .eval.perplexity import perplexity
+
+def _lm_test_setup(args) -> tuple:
+    """The checkpoint's model, its training context, the held-out shards and the context lengths."""
+    from .data.shards import TokenShards
     from .models import load_model
 
     model = load_model(args.checkpoint)
-    windows = evaluation_windows(TokenShards(args.data, args.split), args.sequence_length, args.batch_size)
-    result = perplexity(model, itertools.islice(windows, args.max_batches), args.mode, args.max_iter, args.tol)
-    print(f"{args.split}: loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} over {result['tokens']:,} tokens")
-    if args.json:
-        write_json(args.json, {"checkpoint": str(args.checkpoint), "split": args.split, "mode": args.mode, **result})
+    train_length = _training_settings(args.checkpoint).get("sequence_length")
+    if args.lengths:
+        lengths = _int_list(args.lengths)
+    elif train_length is None:
+        raise ValueError("the checkpoint does not record its training context; give --lengths")
+    else:
+        lengths = [train_length * m for m in _int_list(args.multiples or "1")]
+    return model, train_length, TokenShards(args.data, args.split), lengths
+
+
+def _run_lm_eval(args) -> None:
+    from .eval.perplexity import lm_length_record, perplexity_by_length
+
+    model, train_length, shards, lengths = _lm_test_setup(args)
+    budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol}
+    rows = perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, not args.no_progress, **budget)
+    print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}")
+    for row in rows:
+        print(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}")
+    if args.out:
+        lm_length_record(model, args.checkpoint, rows, args.out, args.mode, train_length)
+        print(f"results: {args.out / 'lm_length.json'}, plot: {args.out / 'lm_length.png'}")
+
+
+def _add_lm_budget(commands) -> None:
+    p = commands.add_parser("budget", help="test-time compute: perplexity by iteration budget, a curve per context length")
+    _add_lm_test_options(p)
+    _add_sweep_options(p, "lm_budget")
+    p.set_defaults(run=_run_lm_budget)
+
+
+def _run_lm_budget(args) -> None:
+    from .eval.perplexity import perplexity_by_length
+
+    model, _, shards, lengths = _lm_test_setup(args)
+    _require_implicit(model, "a budget sweep")
+
+    def evaluate(max_iter, tol):
+        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol}
+        return perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, **budget)
+
+    _run_sweep(args, model, evaluate, "lm_budget", "perplexity", "test-time compute")
+
+
+def _add_lm_convergence(commands) -> None:
+    p = commands.add_parser("convergence", help="iterations each token needs in sequential mode, on held-out text")
+    _add_lm_test_options(p)
+    _add_budget_options(p)
+    p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
+    p.set_defaults(run=_run_lm_convergence, max_tokens=4096)
+
+
+def _run_lm_convergence(args) -> None:
+    from .data.shards import evaluation_windows
+    from .eval.convergence import convergence_summary, token_iterations
+
+    model, _, shards, lengths = _lm_test_setup(args)
+    _require_implicit(model, "convergence statistics")
+    if len(lengths) != 1:
+        raise ValueError("convergence statistics take one context length")
+    # The split's leading windows, as many as --max-tokens fill.
+    windows = next(evaluation_windows(shards, lengths[0], max(1, args.max_tokens // lengths[0])))
+    iterations, residuals, max_iter, tol = token_iterations(
+        model, windows[:, :-1].numpy(), args.max_iter, args.tol, args.batch_size, not args.no_progress
+    )
+    summary = convergence_summary(iterations.ravel(), residuals.ravel(), max_iter, tol)
+    _report_convergence(args, model, summary, "iterations per token (sequential mode)")
+
+
+def _add_report(commands) -> None:
+    p = commands.add_parser("report", help="gather the results of several runs into one Markdown table and figures")
+    p.add_argument("runs", nargs="+", type=Path, help="run folders (searched for result JSON files) or result files")
+    p.add_argument("--out", type=Path, default=Path("report"), help="folder for report.md and figures (default: report)")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> None:
+    from .eval.report import write_report
+
+    report, figures = write_report(args.runs, args.out)
+    print(report.read_text())
+    print(f"report: {report}, figures: {', '.join(str(f) for f in figures)}")
 
 
 def _add_lm_demo(commands) -> None:
@@ -368,6 +557,156 @@ def _run_lm_demo(args) -> None:
     results = run_lm_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
     print(format_lm_table(results))
     print(f"results: {args.out / 'results.json'}, plot: {args.out / 'perplexity.png'}")
+
+
+def _add_catbabi(commands) -> None:
+    catbabi = commands.add_parser("catbabi", help="catbAbI: the 20 bAbI tasks as one language-modelling stream")
+    catbabi = catbabi.add_subparsers(title="commands")
+    p = catbabi.add_parser("build", help="bAbI v1.2 task files (en-valid or en-valid-10k) -> a folder for `train --data`")
+    p.add_argument("babi_dir", type=Path, help="folder of qaN_train.txt, qaN_valid.txt, qaN_test.txt")
+    p.add_argument("--out", type=Path, required=True, help="catbAbI folder: token shards, tokenizer, answer positions")
+    p.add_argument("--tasks", default=None, help="comma-separated task ids (default: all 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the story order")
+    p.add_argument("--overwrite", action="store_true", help="replace a built folder")
+    p.set_defaults(run=_run_catbabi_build)
+    p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the sample's task files")
+    p.set_defaults(run=_run_catbabi_sample)
+    p = catbabi.add_parser("eval", help="answer accuracy of a checkpoint, overall and per task")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--data", type=Path, required=True, help="catbAbI folder (implicitlm catbabi build)")
+    p.add_argument("--split", choices=["train", "valid", "test"], default="test", help="bAbI split (default: test)")
+    p.add_argument("--sequence-length", type=int, default=256, help="window length")
+    p.add_argument("--stride", type=int, default=None, help="window step; every answer sees at least "
+                   "sequence-length - stride tokens before it (default: half the window)")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--tol", type=float, default=None, help="fixed-point tolerance (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--out", type=Path, required=True, help="folder for catbabi.json and catbabi.png")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_catbabi_eval)
+
+
+def _run_catbabi_build(args) -> None:
+    from .data.catbabi import build_catbabi
+
+    tasks = _int_list(args.tasks) if args.tasks else None
+    summary = build_catbabi(args.babi_dir, args.out, tasks=tasks, seed=args.seed, overwrite=args.overwrite)
+    for split, counts in summary["splits"].items():
+        print(f"{split}: {counts['stories']:,} stories, {counts['answers']:,} answers")
+    print(f"vocabulary: {summary['vocab_size']} tokens; wrote {args.out}")
+
+
+def _run_catbabi_sample(args) -> None:
+    from .data.babi_sample import write_babi_sample
+
+    write_babi_sample(args.out)
+    print(f"wrote the bAbI-format sample to {args.out} (build it with --tasks 1,6,8,15,19)")
+
+
+def _run_catbabi_eval(args) -> None:
+    from .eval.catbabi import answer_accuracy, format_task_table, write_catbabi_results
+    from .models import load_model
+
+    model = load_model(args.checkpoint)
+    settings = {"split": args.split, "sequence_length": args.sequence_length, "mode": args.mode,
+                "max_iter": args.max_iter, "tol": args.tol}
+    result = answer_accuracy(model, args.data, **settings, stride=args.stride, batch_size=args.batch_size,
+                             progress=not args.no_progress)
+    print(format_task_table(result))
+    write_catbabi_results(args.out, args.checkpoint, model, result, data=str(args.data), **settings)
+    print(f"results: {args.out / 'catbabi.json'}, plot: {args.out / 'catbabi.png'}")
+
+
+def _add_lm_downstream(commands) -> None:
+    p = commands.add_parser("downstream", help="zero-shot tasks through lm-evaluation-harness, as the paper's table")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks (default: the paper's: lambada_openai,"
+                   "hellaswag,piqa,arc_easy,arc_challenge,winogrande,openbookqa)")
+    p.add_argument("--include-path", type=Path, default=None, help="folder of further task definitions (YAML)")
+    p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if below 1): quick checks only")
+    p.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    _add_budget_options(p)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=None, help="context window in tokens (default: 2048)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: as saved)")
+    p.add_argument("--out", type=Path, required=True, help="folder for downstream.json and downstream.png")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_lm_downstream)
+
+
+def _run_lm_downstream(args) -> None:
+    try:
+        from lm_eval.utils import make_table
+    except ImportError:
+        raise ValueError("lm downstream needs lm-eval: pip install 'implicitlm[eval]'") from None
+
+    from .eval.downstream import PAPER_TASKS, downstream_record, paper_table, run_tasks
+    from .models import load_model
+
+    model = load_model(args.checkpoint)
+    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()] if args.tasks else list(PAPER_TASKS)
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    settings = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size,
+                "max_length": args.max_length, "device": args.device, "dtype": args.dtype}
+    results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
+                        tokenizer=args.tokenizer, progress=not args.no_progress, **settings)
+    print(make_table(results))
+    if any(task in PAPER_TASKS for task in tasks):
+        print(paper_table(results)[1])
+    downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **settings)
+    print(f"results: {args.out / 'downstream.json'}, plot: {args.out / 'downstream.png'}")
+
+
+def _add_jacobian(commands) -> None:
+    p = commands.add_parser(
+        "jacobian",
+        help="state-to-state Jacobian of an SSM layer (Theorem 1): diagonal explicit, dense implicit",
+        description=(
+            "dh_t/dh_(t-1) of one layer's SSM state (other state parts held fixed), at the states that token "
+            "sequences reach in sequential mode; reports the off-diagonal share ||J - diag J||_F / ||J||_F. "
+            "Computed in float64. One MODEL: <out>/jacobian.json and <out>/jacobian.png. Several: "
+            "<out>/<label>/jacobian.json (and .png) per model, all heatmaps side by side in <out>/jacobian.png."
+        ),
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="checkpoint folder, preset:NAME (random weights; implicitlm models list) or JSON model options "
+                        "(random weights)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--layer", type=int, default=0, help="layer whose SSM state is analysed (default 0)")
+    p.add_argument("--coordinates", type=int, default=64, help="state coordinates analysed, a seeded random choice")
+    p.add_argument("--positions", default=None, help="comma-separated token positions (default: 4 spread, the last included)")
+    p.add_argument("--length", type=int, default=32, help="tokens per sequence")
+    p.add_argument("--count", type=int, default=4, help="sequences")
+    p.add_argument("--words", default=None, metavar="GROUP", help="word-problem tokens over GROUP instead of random tokens")
+    p.add_argument("--method", choices=["ift", "unroll"], default="ift",
+                   help="implicit-function theorem at the fixed point, or autograd through the iterations")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, tokens and coordinates")
+    _add_budget_options(p)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_jacobian)
+
+
+def _run_jacobian(args) -> None:
+    from .eval.jacobian import run_jacobian
+
+    records = run_jacobian(
+        args.models, args.out, layer=args.layer, coordinates=args.coordinates,
+        positions=_int_list(args.positions) if args.positions else None, length=args.length, count=args.count,
+        words=args.words, method=args.method, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
+        progress=not args.no_progress,
+    )
+    print(f"{'model':<28}{'kind':<10}{'share mean':>12}{'median':>12}{'max':>12}")
+    for record in records:
+        kind = "implicit" if record["model"]["implicit"] else "explicit"
+        metrics = record["metrics"]
+        print(f"{record['label']:<28}{kind:<10}{metrics['off_diagonal_share_mean']:>12.3g}"
+              f"{metrics['off_diagonal_share_median']:>12.3g}{metrics['off_diagonal_share_max']:>12.3g}")
+    print(f"results: {args.out}, heatmaps: {args.out / 'jacobian.png'}")
 
 
 def _key_values(items: list[str]) -> dict[str, Any]:
@@ -392,6 +731,57 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise ValueError(f"expected positive lengths, got {text!r}")
     return values
+
+
+def _float_list(text: str | None) -> list[float | None]:
+    """Comma-separated numbers; None (the model's own setting) when not given."""
+    if text is None:
+        return [None]
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise ValueError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _training_settings(checkpoint: Path) -> dict[str, Any]:
+    """The training options a checkpoint records; none for an imported or hand-made model."""
+    from .train.checkpoint import TRAINER_META, read_meta
+
+    return read_meta(checkpoint).get("train", {}) if (checkpoint / TRAINER_META).is_file() else {}
+
+
+def _require_implicit(model, what: str) -> None:
+    if not model.config.implicit:
+        raise ValueError(f"{what} needs an implicit model; this checkpoint is explicit")
+
+
+def _progress(items: list, args) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc="eval", disable=args.no_progress)
+
+
+def _print_budget_table(rows: list[dict[str, Any]], quality: str) -> None:
+    print(f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>12}{'iters used':>12}")
+    for row in rows:
+        tol = "model" if row["tol"] is None else f"{row['tol']:g}"
+        used = f"{row['fp_iterations_mean']:>12.2f}" if "fp_iterations_mean" in row else f"{'-':>12}"
+        print(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>12.4f}{used}")
+
+
+def _print_convergence(summary: dict[str, Any]) -> None:
+    print(f"budget {summary['max_iter']}, tolerance {summary['tol']:g}")
+    print(f"{'tokens':<8}{'count':>9}{'mean':>8}{'median':>8}{'p90':>7}{'full budget':>13}{'unconverged':>13}")
+    for group in ("all", "hard", "easy"):
+        stats = summary.get(group)
+        if stats and stats["tokens"]:
+            print(
+                f"{group:<8}{stats['tokens']:>9,}{stats['iterations_mean']:>8.2f}{stats['iterations_median']:>8.1f}"
+                f"{stats['iterations_p90']:>7.1f}{stats['share_full_budget']:>13.1%}{stats['share_unconverged']:>13.1%}"
+            )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from .atomic_io import write_json
 from .data.groups import get_group
 from .deq.options import check_known_keys, field_names
 from .eval.plots import plot_accuracy_by_length
-from .eval.words import accuracy_by_length
+from .eval.words import accuracy_by_length, word_length_record
 from .train.word_setup import KINDS, word_model, word_train_config
 from .train.word_trainer import train_words
 
@@ -58,6 +58,8 @@ def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True)
                 model, train.group, lengths, evaluation.sequential_count, train.seed, mode="sequential", **budget
             )
         results["models"][kind] = entry
+        # Each model's result also as a record, for ``implicitlm report``.
+        word_length_record(model, entry["checkpoint"], entry["by_length"], out_dir / kind, train.group, "simultaneous", train.train_length)
         results.update(group=train.group, train_length=train.train_length)
     write_json(out_dir / "results.json", results)
     plot_accuracy_by_length(

@@ -18,6 +18,10 @@ Document ``i`` goes to the test split when a hash of ``(seed, i)`` falls below
 ``test_fraction``. If no document does, the last one does, so that a small corpus still gets
 a test split.
 
+Data that comes with its own splits (any names) is written by ``write_token_streams`` from
+documents given as token ids, each followed by eos as above; ``TokenShards`` reads any split
+the index lists.
+
 Resuming: after each shard, ``progress.json`` records per split the shards written and where
 the next shard starts (a document index and a token offset into that document). A resumed run
 reads the documents again from the start but tokenizes only those at or past their split's
@@ -119,6 +123,33 @@ def write_shards(
         if writers[split].add(index, tokens):
             splits = {name: writer.state() for name, writer in writers.items()}
             write_json(out_dir / PROGRESS_FILE, {**settings, "splits": splits})
+    return _finish(out_dir, settings, writers)
+
+
+def write_token_streams(
+    splits: dict[str, Iterable[np.ndarray]],
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | os.PathLike,
+    shard_tokens: int = 2**24,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write documents given as token ids, already assigned to named splits; returns the index.
+
+    For data with splits of its own (any names besides "train" and "test"): each document of
+    ``splits[name]`` is followed by eos and packed into that split's shards in the order
+    given, as ``write_shards`` does. There is no resuming: the whole write is one step.
+    """
+    _check_positive(shard_tokens=shard_tokens)
+    out_dir = Path(out_dir)
+    settings = _token_settings(tokenizer, shard_tokens)
+    _finished_index(out_dir, settings, resume=False, overwrite=overwrite)
+    _remove(out_dir, (*OUTPUT_PATTERNS, *(f"{split}/shard_*.bin" for split in splits)))
+    writers = {split: _SplitWriter(out_dir, split, settings, None) for split in splits}
+    eos = np.array([settings["eos_token_id"]], dtype=np.uint32)
+    for split, documents in splits.items():
+        for index, tokens in enumerate(documents):
+            writers[split].count_document(index)
+            writers[split].add(index, np.concatenate([np.asarray(tokens, dtype=np.uint32), eos]))
     return _finish(out_dir, settings, writers)
 
 
@@ -293,6 +324,15 @@ def _settings(
     tokenizer: PreTrainedTokenizerBase, shard_tokens: int, test_fraction: float, seed: int
 ) -> dict[str, Any]:
     """Everything the bytes written depend on, besides the documents."""
+    return {
+        **_token_settings(tokenizer, shard_tokens),
+        "test_fraction": test_fraction,
+        "seed": seed,
+    }
+
+
+def _token_settings(tokenizer: PreTrainedTokenizerBase, shard_tokens: int) -> dict[str, Any]:
+    """The settings that shards of already split documents depend on."""
     if tokenizer.eos_token_id is None:
         raise ValueError(
             f"tokenizer {tokenizer.name_or_path!r} has no eos token to separate documents with"
@@ -304,8 +344,6 @@ def _settings(
         "eos_token_id": int(tokenizer.eos_token_id),
         "tokenizer": tokenizer.name_or_path,
         "shard_tokens": shard_tokens,
-        "test_fraction": test_fraction,
-        "seed": seed,
     }
 
 

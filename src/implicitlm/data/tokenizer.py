@@ -51,7 +51,7 @@ def train_tokenizer(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False
     )
-    _save(tokenizer, Path(out_dir))
+    save_tokenizer(tokenizer, Path(out_dir))
     return load_tokenizer(out_dir)
 
 
@@ -71,7 +71,8 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _save(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+    """``save_pretrained`` into ``out_dir``, each file written atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # save_pretrained writes in place; staging its files makes each appear whole or not at all.
     with tempfile.TemporaryDirectory(dir=out_dir) as staging:

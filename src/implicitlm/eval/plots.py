@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -20,25 +21,61 @@ def plot_accuracy_by_length(
     chance: float | None = None,
 ) -> Path:
     """One line per model: per-token accuracy against test length."""
+    series = [
+        {"label": name, "x": [r["length"] for r in rows], "y": [r["accuracy"] for r in rows]}
+        for name, rows in curves.items()
+    ]
+    marks = {"training length": train_length} if train_length else {}
+    return plot_curves(
+        series, path, title, {"x": "test sequence length", "y": "per-token accuracy", "xscale": "log2"},
+        vertical=marks, horizontal={"chance": chance} if chance else {}, ylim=(0, 1.02),
+    )
+
+
+def plot_curves(
+    curves: list[dict[str, Any]],
+    path: str | Path,
+    title: str,
+    axes: dict[str, str],
+    vertical: dict[str, float] | None = None,
+    horizontal: dict[str, float] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """Lines ``{"label", "x", "y"}`` on shared axes; ``axes`` names them and may set
+    "xscale" / "yscale" ("linear", "log", or "log2": log axis ticked at the data's x values).
+    ``vertical`` / ``horizontal``: labelled reference lines (training length, chance)."""
     figure, axis = plt.subplots(figsize=(6, 4))
-    lengths = sorted({r["length"] for rows in curves.values() for r in rows})
-    for name, rows in curves.items():
-        axis.plot([r["length"] for r in rows], [r["accuracy"] for r in rows], marker="o", label=name)
-    if train_length:
-        axis.axvline(train_length, color="grey", linestyle=":", label="training length")
-    if chance:
-        axis.axhline(chance, color="grey", linestyle="--", linewidth=0.8, label="chance")
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(lengths, [str(n) for n in lengths])
-    axis.minorticks_off()
-    axis.set_ylim(0, 1.02)
-    axis.set_xlabel("test sequence length")
-    axis.set_ylabel("per-token accuracy")
+    for curve in curves:
+        axis.plot(curve["x"], curve["y"], marker="o", markersize=4, label=curve["label"])
+    for (label, value), style in zip((vertical or {}).items(), (":", "-.")):
+        axis.axvline(value, color="grey", linestyle=style, label=label)
+    for label, value in (horizontal or {}).items():
+        axis.axhline(value, color="grey", linestyle="--", linewidth=0.8, label=label)
+    _set_scale(axis, "x", axes.get("xscale", "linear"), sorted({x for c in curves for x in c["x"]}))
+    _set_scale(axis, "y", axes.get("yscale", "linear"), [])
+    if ylim:
+        axis.set_ylim(*ylim)
+    axis.set_xlabel(axes.get("x", ""))
+    axis.set_ylabel(axes.get("y", ""))
     axis.set_title(title)
-    axis.grid(alpha=0.3)
-    axis.legend(loc="center right")
+    axis.grid(alpha=0.3, which="both")
+    if curves:
+        axis.legend(fontsize="small")
     figure.tight_layout()
     return save_figure(figure, path)
+
+
+def _set_scale(axis, which: str, scale: str, ticks: list[float]) -> None:
+    if scale == "linear":
+        return
+    if which == "x":
+        axis.set_xscale("log", base=2 if scale == "log2" else 10)
+    else:
+        axis.set_yscale("log", base=2 if scale == "log2" else 10)
+    if scale == "log2" and which == "x" and ticks:
+        # Powers of two read better as the values themselves than as 2^k.
+        axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        axis.minorticks_off()
 
 
 def save_figure(figure, path: str | Path) -> Path:
@@ -55,14 +92,56 @@ def plot_learning_curves(
     curves: dict[str, list[tuple[float, float]]], path: str | Path, title: str, xlabel: str, ylabel: str
 ) -> Path:
     """One line per run: (x, y) points, e.g. (tokens seen, held-out perplexity)."""
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for name, points in curves.items():
-        axis.plot([x for x, _ in points], [y for _, y in points], marker=".", label=name)
-    axis.set_yscale("log")
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel(ylabel)
+    series = [{"label": name, "x": [x for x, _ in points], "y": [y for _, y in points]} for name, points in curves.items()]
+    return plot_curves(series, path, title, {"x": xlabel, "y": ylabel, "yscale": "log"})
+
+
+def plot_metric_bars(runs: dict[str, dict[str, float]], path: str | Path, title: str) -> Path:
+    """Grouped horizontal bars: a group per metric, a bar per run."""
+    metrics = list(dict.fromkeys(name for values in runs.values() for name in values))
+    height = 1.0 / (len(runs) + 1)
+    figure, axis = plt.subplots(figsize=(7, 1.5 + 0.35 * len(metrics) * len(runs)))
+    for i, (run, values) in enumerate(runs.items()):
+        positions = [m + i * height for m in range(len(metrics))]
+        axis.barh(positions, [values.get(name, 0.0) for name in metrics], height=height, label=run)
+    axis.set_yticks([m + height * (len(runs) - 1) / 2 for m in range(len(metrics))], metrics, fontsize="small")
+    axis.invert_yaxis()
     axis.set_title(title)
-    axis.grid(alpha=0.3, which="both")
-    axis.legend()
+    axis.grid(alpha=0.3, axis="x")
+    axis.legend(fontsize="small")
     figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def plot_histograms(curves: list[dict[str, Any]], path: str | Path, title: str, axes: dict[str, str]) -> Path:
+    """Side-by-side bars per x value, one colour per curve; log y, since the tail is the point."""
+    width = 0.8 / max(len(curves), 1)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for i, curve in enumerate(curves):
+        positions = [x + (i - (len(curves) - 1) / 2) * width for x in curve["x"]]
+        axis.bar(positions, curve["y"], width=width, label=curve["label"])
+    axis.set_yscale("log")
+    axis.set_xlabel(axes.get("x", ""))
+    axis.set_ylabel(axes.get("y", ""))
+    axis.set_title(title)
+    axis.grid(alpha=0.3, axis="y")
+    if curves:
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def plot_heatmaps(
+    panels: dict[str, Any], path: str | Path, title: str, axes_labels: dict[str, str], vmin: float, vmax: float
+) -> Path:
+    """Matrices side by side on one colour scale (values outside [vmin, vmax] take its ends);
+    ``axes_labels`` names "x" (columns), "y" (rows) and "colorbar"."""
+    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels) + 1, 4.4), squeeze=False, layout="constrained")
+    for axis, (name, values) in zip(axes[0], panels.items()):
+        image = axis.imshow(values, vmin=vmin, vmax=vmax, cmap="viridis", interpolation="nearest")
+        axis.set_title(name, fontsize="small")
+        axis.set_xlabel(axes_labels.get("x", ""))
+        axis.set_ylabel(axes_labels.get("y", ""))
+    figure.colorbar(image, ax=axes[0].tolist(), label=axes_labels.get("colorbar", ""))
+    figure.suptitle(title)
     return save_figure(figure, path)

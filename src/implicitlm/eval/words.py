@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data.groups import get_group
 from ..data.words import generate_words
+from .plots import plot_accuracy_by_length
+from .records import make_record, write_record
 
 # Test words come from seeds far from any training step's seed sequence.
 TEST_SEED_OFFSET = 1_000_000_007
@@ -67,3 +71,28 @@ def accuracy_by_length(
         inputs, targets = generate_words(group, length, count, seed=TEST_SEED_OFFSET + seed, hard_prob=hard_prob)
         results.append(word_accuracy(model, inputs, targets, **kwargs))
     return results
+
+
+def word_length_record(
+    model,
+    checkpoint: str | Path,
+    rows: list[dict[str, Any]],
+    out_dir: str | Path,
+    group: str,
+    mode: str,
+    train_length: int | None = None,
+) -> dict[str, Any]:
+    """Write the length-extrapolation result (``word_length.json`` + ``.png``) of ``rows``."""
+    metrics = {f"accuracy@{row['length']}": row["accuracy"] for row in rows}
+    curve = {"label": f"{mode} mode", "x": [r["length"] for r in rows], "y": [r["accuracy"] for r in rows]}
+    axes = {"x": "test sequence length", "y": "per-token accuracy", "xscale": "log2"}
+    record = make_record(
+        "word_length", checkpoint, model, metrics, [curve], axes,
+        group=group, mode=mode, train_length=train_length, rows=rows,
+    )
+    write_record(out_dir, record)
+    plot_accuracy_by_length(
+        {f"{mode} mode": rows}, Path(out_dir) / "word_length.png", f"{group} word problem: accuracy by length",
+        train_length=train_length, chance=1.0 / get_group(group).order,
+    )
+    return record

@@ -31,16 +31,20 @@ def save_checkpoint(
     training_state: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
     weights: dict[str, torch.Tensor] | None = None,
+    tokenizer=None,
 ) -> Path:
     """``training_state``: tensors and plain containers only (optimiser, scheduler, sampler,
     RNG state), loadable without unpickling objects. ``weights``: the state dict to save
-    when the model's own is not the full one (gathered from FSDP shards)."""
+    when the model's own is not the full one (gathered from FSDP shards). ``tokenizer``:
+    saved beside the model, so that the checkpoint alone can be evaluated on text."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     staging.chmod(0o755)  # mkdtemp's private 0700 would outlive the rename
     try:
         model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
         if training_state is not None:
             torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))

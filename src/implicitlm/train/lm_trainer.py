@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from ..data.shards import TokenSampler, TokenShards, evaluation_windows
+from ..data.tokenizer import load_tokenizer
 from ..deq.options import OptionError, check_known_keys, field_names
 from ..eval.perplexity import perplexity
 from ..models.loss import token_cross_entropy
@@ -141,6 +142,7 @@ def train_lm(
     torch.manual_seed(config.seed)
     shards = TokenShards(data_dir, "train")
     _check_vocabulary(model, shards)
+    tokenizer = _local_tokenizer(shards)
     accumulation = config.accumulation_steps(accelerator.num_processes)
     sampler = TokenSampler(
         shards, config.sequence_length, config.micro_batch_size, seed=config.seed,
@@ -196,7 +198,7 @@ def train_lm(
         if test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1):
             log.write(step, _held_out(core, test, config))
         if (step + 1) % config.checkpoint_every == 0 or step == config.total_steps - 1:
-            _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step + 1, config)
+            _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step + 1, config, tokenizer)
     log.close()
     return metrics
 
@@ -278,7 +280,13 @@ def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float
     return {"test_loss": result["loss"], "test_ppl": result["perplexity"]}
 
 
-def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path, step: int, config) -> None:
+def _local_tokenizer(shards: TokenShards):
+    """The shards' tokenizer when it is a local folder (then checkpoints carry a copy, since
+    the folder may not travel with them), else None: a hub name stays findable."""
+    return load_tokenizer(shards.tokenizer) if Path(shards.tokenizer).is_dir() else None
+
+
+def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path, step: int, config, tokenizer) -> None:
     weights = accelerator.get_state_dict(model)  # gathered to the main process under FSDP
     optimizer_state = _optimizer_state(accelerator, model, optimizer, config)
     if accelerator.is_main_process:
@@ -291,7 +299,8 @@ def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path
         meta = {"step": step, "train": asdict(config), "processes": accelerator.num_processes}
         core = accelerator.unwrap_model(model)
         save_checkpoint(
-            out_dir / CHECKPOINTS / f"step_{step:07d}", core, training_state=training_state, meta=meta, weights=weights
+            out_dir / CHECKPOINTS / f"step_{step:07d}", core, training_state=training_state, meta=meta, weights=weights,
+            tokenizer=tokenizer,
         )
         prune_checkpoints(out_dir / CHECKPOINTS, config.keep_checkpoints)
     accelerator.wait_for_everyone()

@@ -1,0 +1,87 @@
+"""Test-time compute: quality as a function of the evaluation iteration budget and tolerance.
+
+An implicit model's depth is its number of fixed-point iterations, chosen at evaluation
+time. A sweep re-evaluates the same data at each budget (``max_iter``) and tolerance and
+keeps, beside the quality, the iterations the model actually used: with a tolerance, a
+larger budget is only spent where tokens have not yet converged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from tqdm.auto import tqdm
+
+from .plots import plot_curves
+from .records import make_record, write_record
+
+# evaluate(max_iter, tol) -> one row per test length, each with a "length" key.
+Evaluate = Callable[[int, "float | None"], list[dict[str, Any]]]
+
+
+def budget_sweep(
+    evaluate: Evaluate,
+    budgets: Iterable[int],
+    tols: Sequence[float | None] = (None,),
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Rows of ``evaluate`` at every (tolerance, budget), each tagged with both."""
+    budgets = sorted(set(budgets))
+    if not budgets or budgets[0] < 1:
+        raise ValueError(f"budgets must be positive iteration counts, got {budgets}")
+    grid = [(tol, budget) for tol in tols for budget in budgets]
+    rows = []
+    for tol, budget in tqdm(grid, desc="budgets", disable=not progress):
+        rows += [{**row, "max_iter": budget, "tol": tol} for row in evaluate(budget, tol)]
+    return rows
+
+
+def budget_curves(rows: list[dict[str, Any]], quality: str) -> list[dict[str, Any]]:
+    """One curve per test length (and tolerance, if several): ``quality`` against budget."""
+    several_tols = len({row["tol"] for row in rows}) > 1
+    curves: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        key = (row["length"], row["tol"])
+        label = f"length {row['length']}" + (f", tol {row['tol']:g}" if several_tols else "")
+        curve = curves.setdefault(key, {"label": label, "x": [], "y": []})
+        curve["x"].append(row["max_iter"])
+        curve["y"].append(row[quality])
+    return list(curves.values())
+
+
+def budget_metrics(rows: list[dict[str, Any]], quality: str) -> dict[str, float]:
+    """Flat metrics for a comparison table: quality and iterations used at each point."""
+    several_tols = len({row["tol"] for row in rows}) > 1
+    metrics = {}
+    for row in rows:
+        point = f"L{row['length']} it{row['max_iter']}" + (f" tol{row['tol']:g}" if several_tols else "")
+        metrics[f"{quality} {point}"] = row[quality]
+        if "fp_iterations_mean" in row:
+            metrics[f"iterations {point}"] = row["fp_iterations_mean"]
+    return metrics
+
+
+def budget_record(
+    experiment: str,
+    model,
+    checkpoint: str | Path,
+    rows: list[dict[str, Any]],
+    quality: str,
+    out_dir: str | Path,
+    title: str,
+    **details: Any,
+) -> dict[str, Any]:
+    """Write a sweep's ``<experiment>.json`` and its figure: ``quality`` against budget, a
+    curve per test length."""
+    axes = {
+        "x": "iteration budget (max_iter)",
+        "y": quality,
+        "xscale": "log2",
+        "yscale": "log" if quality == "perplexity" else "linear",
+    }
+    curves = budget_curves(rows, quality)
+    record = make_record(experiment, checkpoint, model, budget_metrics(rows, quality), curves, axes, rows=rows, **details)
+    write_record(out_dir, record)
+    plot_curves(curves, Path(out_dir) / f"{experiment}.png", title, axes)
+    return record

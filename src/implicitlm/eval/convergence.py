@@ -1,0 +1,108 @@
+"""Per-token convergence in sequential (RNN) mode: how many iterations each token needs.
+
+The paper's claim: only a small subset of tokens needs the full budget. In sequential mode
+every token has its own fixed point, so its iteration count is its own, and tokens can be
+split by a mask (for A5 x M words: tokens whose group part is not the identity are hard).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .plots import plot_histograms
+from .records import make_record, write_record
+
+
+@torch.no_grad()
+def token_iterations(
+    model,
+    inputs: np.ndarray,
+    max_iter: int | None = None,
+    tol: float | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """Iterations and relative residual of every token of ``inputs`` (N, L), solved in
+    sequential mode; also the budget and tolerance that applied."""
+    if not model.config.implicit:
+        raise ValueError("convergence statistics need an implicit model; this one is explicit")
+    model.eval()
+    options = model.solver.options
+    max_iter = options.eval_f_max_iter if max_iter is None else max_iter
+    tol = options.eval_f_tol if tol is None else tol
+    iterations, residuals = [], []
+    for start in tqdm(range(0, len(inputs), batch_size), desc="sequential", disable=not progress):
+        batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)
+        stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol).fixed_point
+        iterations.append(stats.iterations.cpu().numpy())
+        residuals.append(stats.rel_residual.float().cpu().numpy())
+    return np.concatenate(iterations), np.concatenate(residuals), max_iter, tol
+
+
+def convergence_summary(
+    iterations: np.ndarray, residuals: np.ndarray, max_iter: int, tol: float, hard: np.ndarray | None = None
+) -> dict[str, Any]:
+    """Histogram and shares over all tokens, and over the ``hard`` / easy tokens if a mask is given."""
+    summary = {"max_iter": max_iter, "tol": tol, "all": _describe(iterations, residuals, max_iter, tol)}
+    if hard is not None:
+        if hard.shape != iterations.shape:
+            raise ValueError(f"hard-token mask of shape {hard.shape} for tokens of shape {iterations.shape}")
+        summary["hard_share"] = float(hard.mean())
+        summary["hard"] = _describe(iterations[hard], residuals[hard], max_iter, tol)
+        summary["easy"] = _describe(iterations[~hard], residuals[~hard], max_iter, tol)
+    return summary
+
+
+def _describe(iterations: np.ndarray, residuals: np.ndarray, max_iter: int, tol: float) -> dict[str, Any]:
+    if iterations.size == 0:
+        return {"tokens": 0}
+    counts = np.bincount(iterations.ravel(), minlength=max_iter + 1)[1:]
+    return {
+        "tokens": int(iterations.size),
+        "iterations_mean": float(iterations.mean()),
+        "iterations_median": float(np.median(iterations)),
+        "iterations_p90": float(np.percentile(iterations, 90)),
+        # Tokens that used every iteration allowed: they stopped at the budget, not the tolerance.
+        "share_full_budget": float((iterations >= max_iter).mean()),
+        "share_unconverged": float((residuals >= tol).mean()),
+        "histogram": {"iterations": list(range(1, max_iter + 1)), "tokens": counts.tolist()},
+    }
+
+
+def convergence_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    metrics = {}
+    for group in ("all", "hard", "easy"):
+        if group in summary and summary[group]["tokens"]:
+            for name in ("iterations_mean", "iterations_median", "share_full_budget", "share_unconverged"):
+                metrics[f"{group} {name}"] = summary[group][name]
+    if "hard_share" in summary:
+        metrics["hard token share"] = summary["hard_share"]
+    return metrics
+
+
+def convergence_curves(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The iteration histograms as shares of each group's tokens."""
+    curves = []
+    for group in ("all", "hard", "easy"):
+        if group in summary and summary[group]["tokens"]:
+            histogram = summary[group]["histogram"]
+            total = summary[group]["tokens"]
+            curves.append({"label": f"{group} tokens", "x": histogram["iterations"], "y": [c / total for c in histogram["tokens"]]})
+    return curves
+
+
+def convergence_record(
+    model, checkpoint: str | Path, summary: dict[str, Any], out_dir: str | Path, title: str, **details: Any
+) -> dict[str, Any]:
+    """Write ``convergence.json`` and the iteration histogram ``convergence.png``."""
+    axes = {"x": "iterations to reach the tolerance", "y": "share of tokens", "yscale": "log"}
+    curves = convergence_curves(summary)
+    record = make_record("convergence", checkpoint, model, convergence_metrics(summary), curves, axes, summary=summary, **details)
+    write_record(out_dir, record)
+    plot_histograms(curves, Path(out_dir) / "convergence.png", title, axes)
+    return record

@@ -1,0 +1,188 @@
+"""Zero-shot downstream tasks through lm-evaluation-harness, reported as the paper's table.
+
+The paper's table of downstream performance has LAMBADA perplexity and accuracy, the
+accuracy of HellaSwag, PIQA, ARC-e, ARC-c, WinoGrande and OpenBookQA, and the average of
+those seven accuracies (plain ``acc``, LAMBADA's included: e.g. implicit Llama (32+4) 1.3B,
+0.5892). Length-normalised ``acc_norm`` is shown beside ``acc`` where a task has it; the
+average does not use it. The authors ran lighteval, so lm-eval's numbers may differ slightly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from .plots import plot_metric_bars
+from .records import make_record, write_record
+
+PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "openbookqa")
+# (column, task, metric), in the paper's order.
+PAPER_COLUMNS = (
+    ("LAMBADA ppl", "lambada_openai", "perplexity"),
+    ("LAMBADA acc", "lambada_openai", "acc"),
+    ("HellaSwag acc", "hellaswag", "acc"),
+    ("PIQA acc", "piqa", "acc"),
+    ("Arc-E acc", "arc_easy", "acc"),
+    ("Arc-C acc", "arc_challenge", "acc"),
+    ("WinoGrande acc", "winogrande", "acc"),
+    ("OpenbookQA acc", "openbookqa", "acc"),
+)
+AVERAGE_COLUMN = "Average acc"
+BAR_METRICS = ("acc", "acc_norm", "exact_match")  # the scores in [0, 1] the figure shows
+
+
+def run_tasks(
+    model,
+    tasks: Sequence[str] = PAPER_TASKS,
+    limit: int | float | None = None,
+    include_path: str | Path | None = None,
+    num_fewshot: int | None = None,
+    bootstrap_iters: int = 1000,
+    seed: int = 0,
+    **model_args: Any,
+) -> dict[str, Any]:
+    """lm-eval's result dict for ``tasks`` on ``model`` (a checkpoint folder or a loaded
+    model); ``model_args`` go to ``ImplicitLMHarness`` (tokenizer, mode, max_iter, tol,
+    batch_size, ...). ``include_path``: a folder of further task definitions (YAML).
+    ``limit``: documents per task (a fraction if below 1), for quick checks only.
+    ``bootstrap_iters``: draws for the standard errors that need them (0: none)."""
+    from lm_eval import simple_evaluate
+
+    from .harness import ImplicitLMHarness
+
+    lm = ImplicitLMHarness(model, **model_args)  # before the task index, which takes a while
+    return simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        task_manager=_task_manager(tasks, include_path),
+        limit=limit,
+        num_fewshot=num_fewshot,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
+
+
+def _task_manager(tasks: Sequence[str], include_path: str | Path | None):
+    """lm-eval's task index; its built-in tasks (some seconds to index) only when a task is
+    not among ``include_path``'s."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
+        if not Path(include_path).is_dir():
+            raise FileNotFoundError(f"{include_path}: no such task folder")
+        local = TaskManager(include_path=str(include_path), include_defaults=False)
+        if all(task in local.all_tasks for task in tasks):
+            return local
+    manager = TaskManager(include_path=None if include_path is None else str(include_path))
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise ValueError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: lm-eval ls tasks)")
+    return manager
+
+
+def task_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """Every number lm-eval reports per task, as ``task/metric`` (``task/metric,filter`` for
+    a filter other than none), standard errors left out; plus the paper's average."""
+    metrics = {}
+    for task, values in _scores(results).items():
+        for key, value in values.items():
+            name, _, kind = key.partition(",")  # keys without a filter (alias, sample_len) are no metrics
+            if kind and isinstance(value, (int, float)) and not isinstance(value, bool) and not name.endswith("_stderr"):
+                metrics[f"{task}/{name}" if kind == "none" else f"{task}/{key}"] = float(value)
+    rows, _ = paper_table(results)
+    average = rows[-1]["value"]
+    if average is not None:
+        metrics["average_acc"] = average
+    return metrics
+
+
+def paper_table(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The paper's columns from lm-eval's ``results`` (the whole output or its "results").
+
+    Returns rows ``{"column", "task", "metric", "value", "acc_norm"}``, one per column and
+    the average last (``value`` None where the task did not run), and a Markdown table:
+    the scores, then acc_norm where there is one.
+    """
+    scores = _scores(results)
+    rows = []
+    for column, task, metric in PAPER_COLUMNS:
+        ran = task in scores
+        rows.append({
+            "column": column, "task": task, "metric": metric,
+            "value": _metric(scores[task], metric) if ran else None,
+            "acc_norm": _metric(scores[task], "acc_norm") if ran and metric == "acc" else None,
+        })
+    accuracies = [row["value"] for row in rows if row["metric"] == "acc" and row["value"] is not None]
+    average = sum(accuracies) / len(accuracies) if accuracies else None
+    rows.append({"column": AVERAGE_COLUMN, "task": None, "metric": "acc", "value": average, "acc_norm": None})
+    return rows, _markdown(rows, len(accuracies))
+
+
+def _markdown(rows: list[dict[str, Any]], averaged: int) -> str:
+    lines = [
+        "| | " + " | ".join(row["column"] for row in rows) + " |",
+        "|---" + "|---:" * len(rows) + "|",
+        "| score | " + " | ".join(_format(row["value"], row["metric"]) for row in rows) + " |",
+    ]
+    if any(row["acc_norm"] is not None for row in rows):
+        lines.append("| acc_norm | " + " | ".join(_format(row["acc_norm"], "acc") for row in rows) + " |")
+    if averaged:
+        lines.append(
+            f"\n{AVERAGE_COLUMN}: mean of the {averaged} acc column(s) above (plain acc, LAMBADA's "
+            f"included, as in the paper; of 7 in the paper's table)."
+        )
+    return "\n".join(lines)
+
+
+def _format(value: float | None, metric: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if metric == "perplexity" else f"{value:.4f}"
+
+
+def downstream_record(
+    model, checkpoint: str | Path, results: dict[str, Any], out_dir: str | Path, **settings: Any
+) -> dict[str, Any]:
+    """Write ``downstream.json`` (the metrics, the paper table, lm-eval's own results under
+    ``lm_eval``) and ``downstream.png`` (the accuracies by task) into ``out_dir``."""
+    rows, _ = paper_table(results)
+    record = make_record(
+        "downstream", checkpoint, model, task_metrics(results),
+        paper_table=rows, settings=settings, lm_eval=_serialisable(results),
+    )
+    write_record(out_dir, record)
+    bars = {metric: _per_task(results, metric) for metric in BAR_METRICS}
+    if rows[-1]["value"] is not None:
+        bars["acc"]["average (paper)"] = rows[-1]["value"]
+    plot_metric_bars({m: v for m, v in bars.items() if v}, Path(out_dir) / "downstream.png", "zero-shot downstream tasks")
+    return record
+
+
+def _per_task(results: dict[str, Any], metric: str) -> dict[str, float]:
+    return {task: value for task, values in _scores(results).items() if (value := _metric(values, metric)) is not None}
+
+
+def _scores(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return results.get("results", results)
+
+
+def _metric(values: dict[str, Any], metric: str) -> float | None:
+    """A task's ``metric`` under the "none" filter, else under its first filter."""
+    keys = [f"{metric},none"] + [key for key in values if key.startswith(f"{metric},")]
+    for key in keys:
+        if isinstance(values.get(key), (int, float)):
+            return float(values[key])
+    return None
+
+
+def _serialisable(results: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's result dict as plain JSON: numpy numbers as numbers, anything else
+    (functions in the task configs) as text, as lm-eval's own writer does."""
+    from lm_eval.utils import handle_non_serializable
+
+    return json.loads(json.dumps(results, default=handle_non_serializable))

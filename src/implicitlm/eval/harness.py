@@ -1,0 +1,305 @@
+"""lm-evaluation-harness adapter: an implicitlm checkpoint as the lm-eval model "implicitlm".
+
+Importing this module registers the model with lm-eval (``import implicitlm`` alone does
+not import lm-eval, which is heavy). ``python -m implicitlm.eval.harness ARGS`` (or the
+``implicitlm-lm-eval`` command) is lm-eval's own command line with the model registered::
+
+    python -m implicitlm.eval.harness --model implicitlm \
+        --model_args pretrained=CHECKPOINT,max_iter=96,mode=simultaneous --tasks hellaswag
+
+Model arguments: ``pretrained`` (checkpoint folder, or a loaded model), ``tokenizer``
+(folder or hub name; default: the one saved in the checkpoint folder), ``mode``
+("simultaneous": the whole text as one fixed point; "sequential": token by token, as an
+RNN), ``max_iter`` / ``tol`` (the fixed-point budget; default: the model's evaluation
+budget), ``batch_size``, ``max_length`` (context window, default 2048: texts are cut from
+the left), ``max_gen_toks``, ``device``, ``dtype``.
+
+Simultaneous batches are left-padded under an attention mask; sequential mode takes no
+padding, so its batches hold texts of one length. Generation is ``model.generate``: the
+prompt in ``mode`` (a parallel prefill by default), then one sequential step per token.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import model_registry
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
+
+from ..data.tokenizer import load_tokenizer
+from ..models import ImplicitCausalLM, load_model
+from ..models.implicit_lm import MODES
+
+MODEL_NAME = "implicitlm"
+DEFAULT_MAX_LENGTH = 2048  # the paper's training context
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class ImplicitLMHarness(TemplateLM):
+    """lm-eval's three request types on an implicit (or explicit) implicitlm model.
+
+    ``loglikelihood``: (context, continuation) -> (sum of the continuation's token
+    log-probabilities, whether greedy decoding would produce it); ``loglikelihood_rolling``:
+    a whole text's log-probability in disjoint windows of ``max_length`` tokens;
+    ``generate_until``: greedy (or sampled) text up to a stop string.
+    """
+
+    def __init__(
+        self,
+        pretrained: str | Path | ImplicitCausalLM,
+        tokenizer: Any = None,
+        mode: str = "simultaneous",
+        max_iter: int | None = None,
+        tol: float | None = None,
+        batch_size: int | str = 1,
+        max_length: int | None = None,
+        max_gen_toks: int = 256,
+        device: str | None = "cpu",
+        dtype: str | None = None,
+        progress: bool = True,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """``max_batch_size`` is accepted because lm-eval passes it; batch sizes here are fixed."""
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        self.model = load_model(pretrained) if isinstance(pretrained, (str, Path)) else pretrained
+        self.model.to(device=_device(device), dtype=_torch_dtype(dtype)).eval()
+        self.tokenizer = _tokenizer(tokenizer, self.model)
+        self.mode, self.max_iter, self.tol = mode, max_iter, tol
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.max_length = _positive_int("max_length", max_length or DEFAULT_MAX_LENGTH)
+        self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
+        self.progress = progress
+        self._device = self.model.device
+
+    def get_model_info(self) -> dict[str, Any]:
+        """The settings lm-eval records in its results' "config" (the budget as used)."""
+        budget = self.model.solver.options
+        return {
+            "model_name": self.model.name_or_path, "implicit": bool(self.model.config.implicit), "mode": self.mode,
+            "max_iter": budget.eval_f_max_iter if self.max_iter is None else self.max_iter,
+            "tol": budget.eval_f_tol if self.tol is None else self.tol, "max_length": self.max_length,
+        }
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer.name_or_path.replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
+
+    def tok_decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """``requests``: (cache key, context tokens, continuation tokens). The model reads the
+        last ``max_length`` tokens before the continuation's end and scores the continuation."""
+        rows = []
+        for _, context, continuation in requests:
+            if len(continuation) > self.max_length:
+                raise ValueError(f"a continuation of {len(continuation)} tokens exceeds max_length {self.max_length}")
+            rows.append(((context + continuation)[-(self.max_length + 1):-1], continuation))
+        results: list[tuple[float, bool] | None] = [None] * len(rows)
+        with tqdm(total=len(rows), desc="loglikelihood", disable=disable_tqdm or not self.progress) as bar:
+            for batch in self._batches(rows, lambda row: len(row[0])):
+                for i, result in zip(batch, self._score([rows[i] for i in batch])):
+                    results[i] = result
+                    if requests[i][0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], result)
+                bar.update(len(batch))
+        return results
+
+    @torch.no_grad()
+    def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        input_ids, attention_mask = self._left_padded([inputs for inputs, _ in rows])
+        output = self.model(
+            input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol
+        )
+        # At least float32: half-precision log-probabilities summed over a text drift.
+        logits = output.logits.to(torch.promote_types(output.logits.dtype, torch.float32))
+        logprobs = F.log_softmax(logits, dim=-1)
+        scored = []
+        for row, (_, continuation) in enumerate(rows):
+            if not continuation:
+                scored.append((0.0, True))  # nothing to predict: probability one
+                continue
+            # Left padding puts every row's last real token at the end.
+            predicted = logprobs[row, -len(continuation):]
+            target = torch.tensor(continuation, device=predicted.device)
+            logprob = predicted.gather(-1, target[:, None]).sum()
+            scored.append((float(logprob), bool((predicted.argmax(-1) == target).all())))
+        return scored
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each text's log-probability after the eos token, every token predicted once."""
+        windows, owners = [], []
+        for owner, (text,) in enumerate(request.args for request in requests):
+            rolling = get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1,
+            )
+            for context, continuation in map(make_disjoint_window, rolling):
+                windows.append((None, context, continuation))
+                owners.append(owner)
+        totals = [0.0] * len(requests)
+        for owner, (logprob, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm)):
+            totals[owner] += logprob
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Batches share their generation settings; the text is cut at the first stop string."""
+        prompts = []
+        for context, settings in (request.args for request in requests):
+            settings = dict(settings)
+            max_new = _positive_int("max_gen_toks", settings.pop("max_gen_toks", self.max_gen_toks))
+            until = settings.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            if not settings.get("do_sample", False) or settings.get("temperature") == 0.0:
+                # lm-eval's temperature 0 means greedy; transformers would reject it.
+                settings = {k: v for k, v in settings.items() if k not in ("do_sample", "temperature")}
+            keep = max(1, self.max_length - max_new)
+            tokens = (self.tok_encode(context) or [self.prefix_token_id])[-keep:]
+            prompts.append((tokens, max_new, until, settings))
+        outputs: list[str | None] = [None] * len(prompts)
+        with tqdm(total=len(prompts), desc="generate_until", disable=disable_tqdm or not self.progress) as bar:
+            for batch in self._batches(prompts, lambda prompt: len(prompt[0]), key=lambda p: repr(p[1:])):
+                for i, text in zip(batch, self._generate([prompts[i] for i in batch])):
+                    outputs[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                bar.update(len(batch))
+        return outputs
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[tuple[list[int], int, list[str], dict]]) -> list[str]:
+        _, max_new, until, settings = prompts[0]
+        input_ids, attention_mask = self._left_padded([tokens for tokens, *_ in prompts])
+        generated = self.model.generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=max_new, mode=self.mode,
+            max_iter=self.max_iter, tol=self.tol, eos_token_id=self.eot_token_id, pad_token_id=self.eot_token_id,
+            stop_strings=until or None, tokenizer=self.tokenizer if until else None, **settings,
+        )
+        texts = []
+        for row in generated[:, input_ids.shape[1]:].tolist():
+            if self.eot_token_id in row:
+                row = row[: row.index(self.eot_token_id)]
+            texts.append(_cut_at_first(self.tok_decode(row), until))
+        return texts
+
+    def _left_padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask) with the rows right-aligned. The mask is given even when it
+        is all ones: ``generate`` would otherwise guess one from the pad token, which is the
+        eos token, and mask every eos inside a text."""
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _batches(
+        self, items: list, length: Callable[[Any], int], key: Callable[[Any], str] = lambda item: ""
+    ) -> Iterator[list[int]]:
+        """Indices of ``items`` in batches of ``batch_size``, longest first (a batch too large
+        for memory fails at once, not at the end); a batch shares ``key``, and in sequential
+        mode also its length, since that mode takes no padding."""
+        order = sorted(range(len(items)), key=lambda i: (key(items[i]), -length(items[i])))
+        batch: list[int] = []
+        for i in order:
+            first = items[batch[0]] if batch else None
+            if batch and (
+                len(batch) == self.batch_size
+                or key(items[i]) != key(first)
+                or (self.mode == "sequential" and length(items[i]) != length(first))
+            ):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+
+def _tokenizer(tokenizer: Any, model: ImplicitCausalLM):
+    """``tokenizer`` loaded if it is a name or folder; by default the one saved in the folder
+    the model was loaded from (its ``name_or_path``), as the LM trainer's checkpoints have it."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+        return tokenizer
+    if tokenizer is None:
+        folder = model.name_or_path
+        if not folder or not (Path(folder) / "tokenizer_config.json").is_file():
+            raise ValueError(f"{folder or 'the model'}: no tokenizer saved with the model; pass tokenizer=FOLDER_OR_HUB_NAME")
+        tokenizer = folder
+    return load_tokenizer(tokenizer)
+
+
+def _cut_at_first(text: str, stops: list[str]) -> str:
+    for stop in stops:
+        text = text.split(stop, 1)[0]
+    return text
+
+
+def _device(name: str | None) -> torch.device:
+    """``name``; the CPU for a CUDA device where there is none, since lm-eval's command line
+    asks for cuda:0 unless told otherwise (as its own Hugging Face model does)."""
+    device = torch.device(name or "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        logging.getLogger(__name__).warning("device %s: no CUDA device here, running on the CPU", name)
+        return torch.device("cpu")
+    return device
+
+
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+    return getattr(torch, name)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return value
+
+
+def main() -> None:
+    """lm-eval's command line (``sys.argv``), with "implicitlm" registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+def _register() -> None:
+    # lm-eval imports its built-in models only into an empty registry: imported after ours,
+    # they would be missing.
+    importlib.import_module("lm_eval.models")
+    # By import path rather than by class: run as ``python -m``, this file is loaded twice
+    # (as __main__ and under its own name), and two classes under one name would collide.
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME, target=f"implicitlm.eval.harness:{ImplicitLMHarness.__name__}")
+
+
+_register()
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Comparison report: the records of several runs as Markdown tables and overlaid figures.
+
+Each experiment command writes ``<experiment>.json`` records (see ``records``); a report
+finds them under the given run folders, makes one table per experiment (a row per run,
+a column per metric) and one figure per experiment that has curves, every run's curves
+on the same axes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..atomic_io import atomic_write
+from .plots import plot_curves, plot_metric_bars
+from .records import read_record
+
+
+@dataclass
+class Entry:
+    label: str
+    path: Path
+    record: dict[str, Any]
+
+
+def find_records(run_dirs: Iterable[str | Path]) -> list[Entry]:
+    """Every record under each run folder (or the record file given), labelled by its run."""
+    entries = []
+    for run in map(Path, run_dirs):
+        if not run.exists():
+            raise FileNotFoundError(f"{run}: no such run folder")
+        files = [run] if run.is_file() else sorted(run.rglob("*.json"))
+        found = [(path, record) for path in files if (record := read_record(path)) is not None]
+        if not found:
+            raise ValueError(f"{run}: no experiment results (JSON records) found")
+        for path, record in found:
+            entries.append(Entry(_label(run, path, found), path, record))
+    return entries
+
+
+def _label(run: Path, path: Path, found: list[tuple[Path, dict]]) -> str:
+    """The run as named on the command line; a record's sub-folder too where the run holds
+    several records of one experiment."""
+    experiment = dict(found)[path]["experiment"]
+    if run.is_file() or sum(r["experiment"] == experiment for _, r in found) == 1:
+        return str(run)
+    return str(path.parent)
+
+
+def markdown_tables(entries: list[Entry]) -> str:
+    sections = []
+    for experiment, group in _by_experiment(entries).items():
+        metrics = list(dict.fromkeys(name for entry in group for name in entry.record["metrics"]))
+        header = ["run", "model", "params (M)", *metrics]
+        lines = [_row(header), _row(["---"] * len(header))]
+        for entry in group:
+            model = entry.record["model"]
+            kind = f"{'implicit' if model['implicit'] else 'explicit'} {model['architecture']}"
+            values = [_format(entry.record["metrics"].get(name)) for name in metrics]
+            lines.append(_row([entry.label, kind, f"{model['parameters'] / 1e6:.2f}", *values]))
+        sections.append(f"## {experiment}\n\n" + "\n".join(lines))
+    return "\n\n".join(sections) + "\n"
+
+
+def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[Path, list[Path]]:
+    """``report.md`` and one ``<experiment>.png`` per experiment in ``out_dir``."""
+    entries = find_records(run_dirs)
+    out_dir = Path(out_dir)
+    figures = [_figure(experiment, group, out_dir) for experiment, group in _by_experiment(entries).items()]
+    links = "\n".join(f"![{path.stem}]({path.name})" for path in figures)
+    text = "# Comparison report\n\n" + markdown_tables(entries) + "\n" + links + "\n"
+    report = out_dir / "report.md"
+    atomic_write(report, lambda temporary: temporary.write_text(text))
+    return report, figures
+
+
+def _figure(experiment: str, group: list[Entry], out_dir: Path) -> Path:
+    path = out_dir / f"{experiment}.png"
+    if any("curves" in entry.record for entry in group):
+        curves = [
+            {**curve, "label": f"{entry.label}: {curve['label']}"}
+            for entry in group
+            for curve in entry.record.get("curves", [])
+        ]
+        axes = next(entry.record["axes"] for entry in group if "curves" in entry.record)
+        return plot_curves(curves, path, experiment, axes)
+    return plot_metric_bars({entry.label: entry.record["metrics"] for entry in group}, path, experiment)
+
+
+def _by_experiment(entries: list[Entry]) -> dict[str, list[Entry]]:
+    groups: dict[str, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.record["experiment"], []).append(entry)
+    return groups
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _format(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4g}"
