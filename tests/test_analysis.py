@@ -156,6 +156,9 @@ def test_report_tables_and_figures(tmp_path):
     assert "| run | model | params (M) | accuracy@8 | accuracy@16 |" in tables
     assert f"| {tmp_path / 'exp'} | explicit mamba2 |" in tables and "| 0.5 | 0.25 |" in tables
     assert "## jacobian" in tables and "| 0.4 |" in tables
+    # The curves as a table too: a row per run and curve, a column per x value.
+    assert "| run | model | params (M) | 8 | 16 |" in tables
+    assert f"| {tmp_path / 'imp'}: simultaneous mode | implicit mamba2 |" in tables
     report, figures = write_report([tmp_path / "imp", tmp_path / "exp"], tmp_path / "report")
     assert report.read_text().startswith("# Comparison report")
     assert sorted(f.name for f in figures) == ["jacobian.png", "word_length.png"]

@@ -17,6 +17,11 @@ from .plots import plot_curves, plot_metric_bars
 from .records import read_record
 
 
+# Wider tables do not read: longer curves (histograms) and longer metric lists are left to
+# the figures and the JSON records.
+MAX_COLUMNS = 12
+
+
 @dataclass
 class Entry:
     label: str
@@ -49,18 +54,48 @@ def _label(run: Path, path: Path, found: list[tuple[Path, dict]]) -> str:
 
 
 def markdown_tables(entries: list[Entry]) -> str:
+    """Per experiment: its curves as a table (a row per curve, a column per x value) where
+    they are few points long, and its metrics (a column each) where they are few or there
+    is no curve table."""
     sections = []
     for experiment, group in _by_experiment(entries).items():
-        metrics = list(dict.fromkeys(name for entry in group for name in entry.record["metrics"]))
-        header = ["run", "model", "params (M)", *metrics]
-        lines = [_row(header), _row(["---"] * len(header))]
-        for entry in group:
-            model = entry.record["model"]
-            kind = f"{'implicit' if model['implicit'] else 'explicit'} {model['architecture']}"
-            values = [_format(entry.record["metrics"].get(name)) for name in metrics]
-            lines.append(_row([entry.label, kind, f"{model['parameters'] / 1e6:.2f}", *values]))
-        sections.append(f"## {experiment}\n\n" + "\n".join(lines))
+        xs = sorted({x for entry in group for curve in entry.record.get("curves", []) for x in curve["x"]})
+        tables = []
+        if xs and len(xs) <= MAX_COLUMNS:
+            tables.append(_curve_table(group, xs))
+        if not tables or len({name for entry in group for name in entry.record["metrics"]}) <= MAX_COLUMNS:
+            tables.append(_metric_table(group))
+        sections.append(f"## {experiment}\n\n" + "\n\n".join(tables))
     return "\n\n".join(sections) + "\n"
+
+
+def _metric_table(group: list[Entry]) -> str:
+    metrics = list(dict.fromkeys(name for entry in group for name in entry.record["metrics"]))
+    rows = [[*_run_cells(entry), *(_format(entry.record["metrics"].get(name)) for name in metrics)] for entry in group]
+    return _table(["run", "model", "params (M)", *metrics], rows)
+
+
+def _curve_table(group: list[Entry], xs: list[float]) -> str:
+    axes = next(entry.record["axes"] for entry in group if "curves" in entry.record)
+    rows = []
+    for entry in group:
+        for curve in entry.record.get("curves", []):
+            values = dict(zip(curve["x"], curve["y"]))
+            run, model, params = _run_cells(entry)
+            rows.append([f"{run}: {curve['label']}", model, params, *(_format(values.get(x)) for x in xs)])
+    caption = f"{axes.get('y', 'value')} by {axes.get('x', 'x')}\n\n"
+    return caption + _table(["run", "model", "params (M)", *(f"{x:g}" for x in xs)], rows)
+
+
+def _run_cells(entry: Entry) -> list[str]:
+    model = entry.record["model"]
+    kind = f"{'implicit' if model['implicit'] else 'explicit'} {model['architecture']}"
+    return [entry.label, kind, f"{model['parameters'] / 1e6:.2f}"]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [_row(header), _row(["---"] * len(header)), *map(_row, rows)]
+    return "\n".join(lines)
 
 
 def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[Path, list[Path]]:
