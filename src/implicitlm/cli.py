@@ -252,8 +252,7 @@ def _run_words_budget(args) -> None:
 def _add_words_convergence(commands) -> None:
     p = commands.add_parser("convergence", help="iterations each token needs in sequential mode; hard vs easy tokens")
     _add_word_test_options(p)
-    _add_budget_options(p)
-    p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
+    _add_convergence_options(p)
     p.set_defaults(run=_run_words_convergence, count=64)
 
 
@@ -276,6 +275,11 @@ def _run_words_convergence(args) -> None:
         np.concatenate(iterations), np.concatenate(residuals), max_iter, tol, np.concatenate(hard) if product else None
     )
     _report_convergence(args, model, summary, f"{group}: iterations per token (sequential mode)", group=group)
+
+
+def _add_convergence_options(p) -> None:
+    _add_budget_options(p)
+    p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
 
 
 def _report_convergence(args, model, summary: dict[str, Any], title: str, **details) -> None:
@@ -505,8 +509,7 @@ def _run_lm_budget(args) -> None:
 def _add_lm_convergence(commands) -> None:
     p = commands.add_parser("convergence", help="iterations each token needs in sequential mode, on held-out text")
     _add_lm_test_options(p)
-    _add_budget_options(p)
-    p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
+    _add_convergence_options(p)
     p.set_defaults(run=_run_lm_convergence, max_tokens=4096)
 
 

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from implicitlm.atomic_io import atomic_write, write_json
-from implicitlm.data.errors import DataError
+from implicitlm.data.errors import DataError, check_header
 from implicitlm.data.groups import smallest_uint_dtype
 
 FORMAT_VERSION = 1
@@ -604,13 +604,7 @@ def _read_index(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"{path}: no shard index; write the shards with write_shards first")
     index = _read_json(path)
-    missing = sorted(INDEX_KEYS - set(index))
-    if missing:
-        raise DataError(f"{path}: expected keys {missing} in a shard index")
-    if index["format_version"] != FORMAT_VERSION:
-        raise DataError(
-            f"{path}: expected format_version {FORMAT_VERSION}, got {index['format_version']!r}"
-        )
+    check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index")
     return index
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from implicitlm.atomic_io import atomic_write
-from implicitlm.data.errors import DataError
+from implicitlm.data.errors import DataError, check_header
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
 
 FORMAT_VERSION = 1
@@ -315,13 +315,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: metadata file {sidecar} is missing") from error
     except json.JSONDecodeError as error:
         raise DataError(f"{sidecar}:{error.lineno}: expected JSON metadata: {error.msg}") from error
-    missing = {"group", "count", "length", "format_version"} - set(meta)
-    if missing:
-        raise DataError(f"{sidecar}: expected metadata keys {sorted(missing)}")
-    if meta["format_version"] != FORMAT_VERSION:
-        raise DataError(
-            f"{sidecar}: expected format_version {FORMAT_VERSION}, got {meta['format_version']!r}"
-        )
+    check_header(meta, ("group", "count", "length", "format_version"), FORMAT_VERSION, sidecar, "word metadata")
     return meta
 
 

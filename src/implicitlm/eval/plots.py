@@ -55,14 +55,8 @@ def plot_curves(
     _set_scale(axis, "y", axes.get("yscale", "linear"), [])
     if ylim:
         axis.set_ylim(*ylim)
-    axis.set_xlabel(axes.get("x", ""))
-    axis.set_ylabel(axes.get("y", ""))
-    axis.set_title(title)
     axis.grid(alpha=0.3, which="both")
-    if curves:
-        axis.legend(fontsize="small")
-    figure.tight_layout()
-    return save_figure(figure, path)
+    return _finish(figure, axis, path, title, axes, legend=bool(curves))
 
 
 def _set_scale(axis, which: str, scale: str, ticks: list[float]) -> None:
@@ -121,11 +115,16 @@ def plot_histograms(curves: list[dict[str, Any]], path: str | Path, title: str, 
         positions = [x + (i - (len(curves) - 1) / 2) * width for x in curve["x"]]
         axis.bar(positions, curve["y"], width=width, label=curve["label"])
     axis.set_yscale("log")
+    axis.grid(alpha=0.3, axis="y")
+    return _finish(figure, axis, path, title, axes, legend=bool(curves))
+
+
+def _finish(figure, axis, path: str | Path, title: str, axes: dict[str, str], legend: bool) -> Path:
+    """Axis labels, title and legend, then the figure written (``save_figure``)."""
     axis.set_xlabel(axes.get("x", ""))
     axis.set_ylabel(axes.get("y", ""))
     axis.set_title(title)
-    axis.grid(alpha=0.3, axis="y")
-    if curves:
+    if legend:
         axis.legend(fontsize="small")
     figure.tight_layout()
     return save_figure(figure, path)

@@ -8,6 +8,7 @@ on the same axes.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -39,18 +40,13 @@ def find_records(run_dirs: Iterable[str | Path]) -> list[Entry]:
         found = [(path, record) for path in files if (record := read_record(path)) is not None]
         if not found:
             raise ValueError(f"{run}: no experiment results (JSON records) found")
+        per_experiment = collections.Counter(record["experiment"] for _, record in found)
         for path, record in found:
-            entries.append(Entry(_label(run, path, found), path, record))
+            # The run as named on the command line; the record's own folder where the run
+            # holds several records of one experiment.
+            label = path.parent if per_experiment[record["experiment"]] > 1 else run
+            entries.append(Entry(str(label), path, record))
     return entries
-
-
-def _label(run: Path, path: Path, found: list[tuple[Path, dict]]) -> str:
-    """The run as named on the command line; a record's sub-folder too where the run holds
-    several records of one experiment."""
-    experiment = dict(found)[path]["experiment"]
-    if run.is_file() or sum(r["experiment"] == experiment for _, r in found) == 1:
-        return str(run)
-    return str(path.parent)
 
 
 def markdown_tables(entries: list[Entry]) -> str:
