@@ -196,7 +196,7 @@ def solve_with_fast_sample(slower_gains, tol):
     return z, stats, f
 
 
-def test_adding_slower_samples_only_refines_a_fast_sample():
+def test_adding_slower_samples_leaves_a_fast_sample_frozen_where_it_converged():
     tol = 1e-6
     z_alone, stats_alone, _ = solve_with_fast_sample([], tol)
     z_batch, stats_batch, f = solve_with_fast_sample([0.9, 0.8], tol)
@@ -204,11 +204,11 @@ def test_adding_slower_samples_only_refines_a_fast_sample():
     assert stats_batch.evaluations > stats_alone.evaluations  # the others really are slower
     with torch.no_grad():
         _, rel_res = residuals(f, z_batch)
-    assert rel_res[0] < tol  # still meets the tolerance ...
-    assert stats_batch.rel_residual[0] <= stats_alone.rel_residual[0]  # ... and only got better
-    # Both lie near the fixed point: for a contraction with factor c <= 0.3,
-    # |z - z*| <= |f(z) - z| / (1 - c) < tol |f(z)| / 0.7, and |f(z)| < sqrt(DIM) under tanh.
-    assert (z_batch[0] - z_alone[0]).norm() < 2 * tol * DIM**0.5 / 0.7
+    assert rel_res[0] < tol  # meets the tolerance ...
+    # ... and is frozen at the iterate where it did, as it is alone: the extra steps the
+    # batch takes for its slower samples do not touch it.
+    torch.testing.assert_close(z_batch[0], z_alone[0], rtol=1e-14, atol=1e-14)
+    assert stats_batch.rel_residual[0] == stats_alone.rel_residual[0]
 
 
 def test_adding_faster_samples_leaves_a_slow_sample_unchanged():

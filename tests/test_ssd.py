@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from implicitlm.layers import ssd_chunked, ssd_reference, ssd_step
+from implicitlm.layers import ssd as ssd_module
+from implicitlm.layers import ssd_chunked, ssd_kernel, ssd_reference, ssd_scan, ssd_step
+from implicitlm.layers.ssd import chunk_size_for
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -108,3 +110,74 @@ def test_gradients_match_recurrence(length, chunk):
     for name, g, g_ref in zip(["x", "dt", "A", "B", "C", "state"], chunked, reference):
         assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("length", [5, 128, 200])
+def test_scan_matches_recurrence_whatever_chunk_it_picks(length):
+    x, dt, A, B, C, state = random_inputs(1, length, 2, 3, 1, 4, seed=8)
+    y, final = ssd_scan(x, dt, A, B, C, chunk_size=256, initial_state=state)
+    y_ref, final_ref = ssd_reference(x, dt, A, B, C, initial_state=state)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final, final_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_chunk_size_never_exceeds_the_configured_one():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert chunk_size_for(100, 256, cpu) == 100  # one chunk for short sequences
+    assert chunk_size_for(4096, 256, cpu) == 64
+    assert chunk_size_for(4096, 32, cpu) == 32
+    assert chunk_size_for(100, 16, cpu) == 16
+    assert chunk_size_for(4096, 256, cuda) == 256  # the fused kernel's own chunking
+
+
+def test_missing_kernel_falls_back_with_one_notice(monkeypatch):
+    monkeypatch.setattr(ssd_module, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(ssd_module, "fused_ssd_kernel", lambda: None)
+    monkeypatch.setattr(ssd_kernel, "_notified", False)
+    x, dt, A, B, C, state = random_inputs(1, 9, 2, 3, 1, 4, seed=9)
+    with pytest.warns(UserWarning, match="pure-PyTorch") as notices:
+        first = ssd_scan(x, dt, A, B, C, chunk_size=4, initial_state=state)
+        second = ssd_scan(x, dt, A, B, C, chunk_size=4, initial_state=state)
+    assert len(notices) == 1
+    expected = ssd_chunked(x, dt, A, B, C, 4, initial_state=state)
+    for got in (first, second):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_kernel_is_called_with_its_own_conventions(monkeypatch):
+    # A stand-in with mamba_ssm's signature: dt is passed already softplus'd, the final
+    # state is asked for, and the result is returned as (y, final state).
+    calls = []
+
+    def kernel(x, dt, A, B, C, chunk_size, initial_states=None, return_final_states=False, dt_softplus=False):
+        calls.append((chunk_size, return_final_states, dt_softplus, A.dtype))
+        return ssd_reference(x, dt, A.to(x.dtype), B, C, initial_state=initial_states)
+
+    monkeypatch.setattr(ssd_module, "KERNEL_DEVICES", ("cpu",))
+    monkeypatch.setattr(ssd_module, "fused_ssd_kernel", lambda: kernel)
+    x, dt, A, B, C, state = random_inputs(1, 9, 2, 3, 1, 4, seed=10)
+    y, final = ssd_scan(x, dt, A, B, C, chunk_size=256, initial_state=state)
+    assert calls == [(256, True, False, torch.float32)]
+    y_ref, final_ref = ssd_reference(x, dt, A, B, C, initial_state=state)
+    torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(final, final_ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or ssd_kernel.fused_ssd_kernel() is None, reason="needs CUDA and mamba_ssm"
+)
+def test_fused_kernel_matches_pure_path_on_cuda():
+    inputs = [t.float().cuda() for t in random_inputs(2, 300, 4, 64, 1, 16, seed=11)]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    x, dt, A, B, C, state = leaves
+    y, final = ssd_scan(x, dt, A, B, C, chunk_size=64, initial_state=state)
+    (y.square().sum() + final.sum()).backward()
+    fused_grads = [t.grad for t in leaves]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    x, dt, A, B, C, state = leaves
+    y_ref, final_ref = ssd_chunked(x, dt, A, B, C, 64, initial_state=state)
+    (y_ref.square().sum() + final_ref.sum()).backward()
+    torch.testing.assert_close(y, y_ref, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(final, final_ref, rtol=1e-3, atol=1e-3)
+    for name, g, g_ref in zip(["x", "dt", "A", "B", "C", "state"], fused_grads, [t.grad for t in leaves]):
+        torch.testing.assert_close(g, g_ref, rtol=1e-2, atol=1e-2, msg=lambda m, name=name: f"{name}: {m}")

@@ -96,6 +96,10 @@ def _add_words_generate(commands) -> None:
     p.add_argument("--hard-prob", type=float, default=None, help="identity probability of the group part (A5xM)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help=".csv for CSV; any other suffix: memory-mapped .npy")
+    p.add_argument(
+        "--targets", choices=("stored", "derived"), default="stored",
+        help="derived: store only the inputs (half the size, .npy only); labels are computed when read",
+    )
     p.set_defaults(run=_run_words_generate)
 
 
@@ -103,10 +107,14 @@ def _run_words_generate(args) -> None:
     from .data.words import generate_words, save_words, write_generated_words
 
     if args.out.suffix == ".csv":
+        if args.targets == "derived":
+            raise ValueError(f"{args.out}: --targets derived needs .npy storage; CSV files store their targets")
         inputs, targets = generate_words(args.group, args.length, args.count, args.seed, args.hard_prob)
         save_words(args.out, inputs, targets, {"group": args.group, "seed": args.seed, "hard_prob": args.hard_prob})
     else:
-        write_generated_words(args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True)
+        write_generated_words(
+            args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True, targets=args.targets
+        )
     print(f"wrote {args.count} words of length {args.length} over {args.group} to {args.out}")
 
 
@@ -267,7 +275,9 @@ def _run_words_convergence(args) -> None:
     _require_implicit(model, "convergence statistics")
     iterations, residuals, hard = [], [], []
     for inputs, _ in test_sets:
-        its, res, max_iter, tol = token_iterations(model, inputs, args.max_iter, args.tol, args.batch_size, not args.no_progress)
+        its, res, max_iter, tol = token_iterations(
+            model, inputs, args.max_iter, args.tol, args.batch_size, not args.no_progress, args.solver
+        )
         iterations.append(its.ravel()), residuals.append(res.ravel()), hard.append(hard_token_mask(group, inputs).ravel())
     # Hard vs easy only where the group is a product, whose first factor the mask reads.
     product = len(get_group(group).factor_orders) > 1
@@ -279,6 +289,10 @@ def _run_words_convergence(args) -> None:
 
 def _add_convergence_options(p) -> None:
     _add_budget_options(p)
+    p.add_argument(
+        "--solver", default=None,
+        help="fixed-point solver: fixed_point_iter, anderson, broyden, safeguarded_anderson (default: the model's)",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
 
 
@@ -524,7 +538,7 @@ def _run_lm_convergence(args) -> None:
     # The split's leading windows, as many as --max-tokens fill.
     windows = next(evaluation_windows(shards, lengths[0], max(1, args.max_tokens // lengths[0])))
     iterations, residuals, max_iter, tol = token_iterations(
-        model, windows[:, :-1].numpy(), args.max_iter, args.tol, args.batch_size, not args.no_progress
+        model, windows[:, :-1].numpy(), args.max_iter, args.tol, args.batch_size, not args.no_progress, args.solver
     )
     summary = convergence_summary(iterations.ravel(), residuals.ravel(), max_iter, tol)
     _report_convergence(args, model, summary, "iterations per token (sequential mode)")

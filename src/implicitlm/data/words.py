@@ -3,12 +3,15 @@
 Labels are aligned with the inputs: ``targets[:, t] = inputs[:, 0] * ... * inputs[:, t]``
 (label t includes token t; there is no shift).
 
-Storage: any path not ending in ``.csv`` holds one ``.npy`` array of shape
-``(2, count, length)`` (inputs, targets), read back memory-mapped, with its metadata in a
-JSON sidecar ``path + '.json'``. A ``.csv`` path uses the format of "The Illusion of
-State" (Merrill et al., 2024): header ``seed,input,target``, one word per row, elements
-space-separated. Every write goes to a temporary file that replaces the target only once
-complete.
+Storage: any path not ending in ``.csv`` holds one ``.npy`` array, read back
+memory-mapped, with its metadata in a JSON sidecar ``path + '.json'``. With stored
+targets (the default) the array has shape ``(2, count, length)`` (inputs, targets); with
+derived targets (sidecar ``"targets": "derived"``) it holds only the inputs,
+``(count, length)``, half the size, and the targets are computed from the rows read. A
+sidecar without the key means stored targets. A ``.csv`` path uses the format of "The
+Illusion of State" (Merrill et al., 2024): header ``seed,input,target``, one word per
+row, elements space-separated. Every write goes to a temporary file that replaces the
+target only once complete.
 """
 
 from __future__ import annotations
@@ -29,17 +32,57 @@ from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_d
 
 FORMAT_VERSION = 1
 CSV_HEADER = ("seed", "input", "target")
+TARGET_STORAGE = ("stored", "derived")
 # Words are generated and checked in row blocks of about this many tokens, so temporary
 # memory stays bounded however many words are requested.
 BLOCK_TOKENS = 2**22
 
 
+class DerivedTargets:
+    """Read-only prefix products of ``inputs``, computed for the words indexed.
+
+    Indexes like the inputs (``t[i]``, ``t[a:b]``, ``t[rows]``, ``t[rows, :k]``) and
+    returns a fresh array. The first index picks whole words, because a word's products
+    need all of its tokens. ``np.asarray(t)`` computes every word: for small files.
+    """
+
+    ndim = 2
+
+    def __init__(self, group: str | FiniteAlgebra, inputs: np.ndarray) -> None:
+        self.algebra = resolve_group(group)
+        self.inputs = inputs
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.inputs.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.inputs.dtype
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        words, columns = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        tokens = np.asarray(self.inputs[words])
+        products = prefix_products(self.algebra, tokens.reshape(-1, self.shape[1]))
+        return products.reshape(tokens.shape)[(..., *columns)]
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        if copy is False:
+            raise ValueError("derived targets are computed: they cannot be read without a copy")
+        products = self[:]
+        return products if dtype is None else products.astype(dtype, copy=False)
+
+
 @dataclass
 class WordData:
-    """Inputs and aligned prefix-product targets, shape (count, length); maybe memmaps."""
+    """Inputs and aligned prefix-product targets, shape (count, length); maybe memmaps,
+    and ``targets`` a ``DerivedTargets`` for a file that does not store them."""
 
     inputs: np.ndarray
-    targets: np.ndarray
+    targets: np.ndarray | DerivedTargets
     group: str
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -77,19 +120,31 @@ def write_generated_words(
     seed: int = 0,
     hard_prob: float | None = None,
     progress: bool = False,
+    targets: str = "stored",
 ) -> WordData:
-    """Same data as ``generate_words``, generated straight into a memory-mapped file."""
+    """Same data as ``generate_words``, generated straight into a memory-mapped file.
+
+    ``targets="derived"`` stores only the inputs (half the size, and no products to
+    compute here); reading derives the targets. The words are the same either way.
+    """
     path = Path(path)
     if path.suffix == ".csv":
         raise ValueError(f"{path}: generate to .npy storage; export CSV with save_words")
+    if targets not in TARGET_STORAGE:
+        raise ValueError(f"targets must be one of {', '.join(TARGET_STORAGE)}, got {targets!r}")
     algebra = resolve_group(group)
     _check_generation_args(algebra, length, count, seed, hard_prob)
     meta = _full_meta(algebra, count, length, seed, hard_prob)
+    derived = targets == "derived"
+    if derived:
+        meta["targets"] = "derived"
 
-    def fill(stacked: np.ndarray) -> None:
-        _fill_words(algebra, stacked[0], stacked[1], seed, hard_prob, progress)
+    def fill(array: np.ndarray) -> None:
+        inputs, products = (array, None) if derived else (array[0], array[1])
+        _fill_words(algebra, inputs, products, seed, hard_prob, progress)
 
-    _write_npy(path, (count, length), smallest_uint_dtype(algebra.order), fill, meta)
+    shape = (count, length) if derived else (2, count, length)
+    _write_npy(path, shape, smallest_uint_dtype(algebra.order), fill, meta)
     return load_words(path)
 
 
@@ -142,10 +197,12 @@ def save_words(
     if "group" not in meta:
         raise ValueError(f"{path}: meta must name the 'group' of the words")
     algebra = resolve_group(meta["group"])
+    # What is saved here has stored targets, even if it was read from a derived file.
+    targets = np.asarray(targets)
     _check_storable(path, algebra, inputs, targets)
     count, length = inputs.shape
     full_meta = {
-        **meta,
+        **{key: value for key, value in meta.items() if key != "targets"},
         **_full_meta(algebra, count, length, meta.get("seed"), meta.get("hard_prob")),
     }
     if path.suffix == ".csv":
@@ -156,7 +213,7 @@ def save_words(
         stacked[0] = inputs
         stacked[1] = targets
 
-    _write_npy(path, (count, length), smallest_uint_dtype(algebra.order), fill, full_meta)
+    _write_npy(path, (2, count, length), smallest_uint_dtype(algebra.order), fill, full_meta)
 
 
 def load_words(path: str | os.PathLike, group: str | FiniteAlgebra | None = None) -> WordData:
@@ -197,7 +254,7 @@ def _check_generation_args(
 def _fill_words(
     algebra: FiniteAlgebra,
     inputs: np.ndarray,
-    targets: np.ndarray,
+    targets: np.ndarray | None,
     seed: int,
     hard_prob: float | None,
     progress: bool = False,
@@ -208,7 +265,8 @@ def _fill_words(
     for rows in tqdm(blocks, desc="generate", unit="block", disable=not progress or len(blocks) < 2):
         tokens = _sample_tokens(algebra, rng, (rows.stop - rows.start, length), hard_prob)
         inputs[rows] = tokens
-        targets[rows] = prefix_products(algebra, tokens)
+        if targets is not None:
+            targets[rows] = prefix_products(algebra, tokens)
 
 
 def _row_blocks(count: int, length: int) -> Iterator[slice]:
@@ -230,10 +288,15 @@ def _sample_tokens(
     rest_order = algebra.order // first_order
     # Strictly greater, as in the reference generator: hard_prob = 1 never frees a token.
     free = rng.random(shape, dtype=np.float32) > hard_prob
-    first = np.where(free, rng.integers(0, first_order, size=shape, dtype=dtype), 0)
+    first = rng.integers(0, first_order, size=shape, dtype=dtype)
+    first *= free
     rest = rng.integers(0, rest_order, size=shape, dtype=dtype)
-    # int64 because rest_order itself may not fit the token dtype (e.g. Z1xZ256).
-    return (first.astype(np.int64) * rest_order + rest).astype(dtype)
+    if first_order == 1:
+        return rest  # rest_order == order might not fit the token dtype (e.g. Z1xZ256)
+    # In place and in the token dtype, which holds first * rest_order + rest < order.
+    first *= dtype.type(rest_order)
+    first += rest
+    return first
 
 
 def _full_meta(
@@ -270,16 +333,16 @@ def _check_storable(
 
 def _write_npy(
     path: Path,
-    shape: tuple[int, int],
+    shape: tuple[int, ...],
     dtype: np.dtype,
     fill: Callable[[np.ndarray], None],
     meta: dict[str, Any],
 ) -> None:
     def write_array(temporary: Path) -> None:
-        stacked = np.lib.format.open_memmap(temporary, mode="w+", dtype=dtype, shape=(2, *shape))
-        fill(stacked)
-        stacked.flush()
-        del stacked
+        array = np.lib.format.open_memmap(temporary, mode="w+", dtype=dtype, shape=shape)
+        fill(array)
+        array.flush()
+        del array
 
     # Data first: a reader that finds new metadata therefore always finds the new data.
     atomic_write(path, write_array)
@@ -291,20 +354,23 @@ def _write_npy(
 def _load_npy(path: Path, group: FiniteAlgebra | None) -> WordData:
     meta = _read_meta(path)
     try:
-        stacked = np.load(path, mmap_mode="r")
+        array = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as error:
         raise DataError(
             f"{path}: cannot read as a .npy file: {str(error).splitlines()[0]}"
         ) from error
-    expected = (2, meta["count"], meta["length"])
-    if stacked.shape != expected or not np.issubdtype(stacked.dtype, np.unsignedinteger):
+    derived = meta.get("targets", "stored") == "derived"
+    expected = (meta["count"], meta["length"]) if derived else (2, meta["count"], meta["length"])
+    if array.shape != expected or not np.issubdtype(array.dtype, np.unsignedinteger):
         raise DataError(
             f"{path}: expected an unsigned array of shape {expected} as its metadata says, "
-            f"got {stacked.dtype} {stacked.shape}"
+            f"got {array.dtype} {array.shape}"
         )
     if group is not None and group.name != resolve_group(meta["group"]).name:
         raise DataError(f"{path}: holds words over {meta['group']}, not {group.name}")
-    return WordData(stacked[0], stacked[1], meta["group"], meta)
+    if derived:
+        return WordData(array, DerivedTargets(meta["group"], array), meta["group"], meta)
+    return WordData(array[0], array[1], meta["group"], meta)
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -316,6 +382,11 @@ def _read_meta(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise DataError(f"{sidecar}:{error.lineno}: expected JSON metadata: {error.msg}") from error
     check_header(meta, ("group", "count", "length", "format_version"), FORMAT_VERSION, sidecar, "word metadata")
+    if meta.get("targets", "stored") not in TARGET_STORAGE:
+        raise DataError(
+            f"{sidecar}: expected 'targets' to be one of {', '.join(TARGET_STORAGE)}, "
+            f"got {meta['targets']!r}"
+        )
     return meta
 
 

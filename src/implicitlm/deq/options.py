@@ -13,7 +13,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-SOLVERS = ("fixed_point_iter", "anderson", "broyden")
+# torchdeq's three, and our safeguarded Anderson (deq/anderson.py).
+SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson")
 STOP_MODES = ("rel", "abs")
 
 

@@ -1,24 +1,47 @@
 """Fixed-point solve and phantom gradient, on torchdeq's solvers and gradient functors.
 
-The solve runs without autograd from a given start (z = 0 for a fresh sequence); each
-sample is judged by its own residual, flattened over all its dimensions, and the batch
-stops when its worst sample is under the tolerance. Each sample keeps its
-lowest-residual iterate, so a sample that converged early is not degraded by the steps
-the rest of the batch still needs.
+A solver only proposes iterates; ``_RowTracker``, the ``f`` it is given, decides per
+sample. A sample whose residual is under the tolerance is frozen at that evaluation's
+image f(z) and never evaluated again: from then on its rows of ``f`` are the identity
+(the solver sees it as solved and its later iterates are dropped) while the others
+continue, and the tracker ends the solve when the last sample is frozen or the budget
+is spent. The solvers' own stop tests are switched off (tol 0): they are batch-wide
+(torchdeq's Broyden also gives up on the whole batch when it stalls), so they would make
+a sample's answer depend on its batch. Every solver here treats each sample alone
+otherwise (per-sample norms, batched small solves), so a sample's iterates, its answer
+and its iteration count are the same in any batch. A sample that never gets under the
+tolerance returns its lowest-residual image.
+
+Frozen rows cost nothing when the caller can restrict ``f`` to a subset of rows
+(``restrict``, as sequential mode does); otherwise ``f`` runs on the whole batch and the
+frozen rows' outputs are dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
 from torchdeq.grad import backward_factory
 from torchdeq.solver import get_solver
 
-from .options import FixedPointOptions
+from .anderson import safeguarded_anderson
+from .options import SOLVERS, FixedPointOptions
 from .stats import FixedPointStats
 
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
+# rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
+RestrictFn = Callable[[torch.Tensor], FixedPointFn]
+
+_OWN_SOLVERS = {"safeguarded_anderson": safeguarded_anderson}
+
+
+def solver_function(name: str) -> Callable:
+    """The iterate generator behind a solver name of ``SOLVERS``: torchdeq's, or our own."""
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver {name!r}; known: {', '.join(SOLVERS)}")
+    return _OWN_SOLVERS.get(name) or get_solver(name)
 
 
 class FixedPointSolver:
@@ -30,7 +53,7 @@ class FixedPointSolver:
 
     def __init__(self, options: FixedPointOptions) -> None:
         self.options = options
-        self._solver = get_solver(options.f_solver)
+        self._solver = solver_function(options.f_solver)
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.
         self._phantom = backward_factory(grad_type=options.phantom_steps, tau=options.tau)
 
@@ -52,23 +75,27 @@ class FixedPointSolver:
         return z, stats
 
     def solve(
-        self, f: FixedPointFn, z0: torch.Tensor, max_iter: int, tol: float
+        self, f: FixedPointFn, z0: torch.Tensor, max_iter: int, tol: float, restrict: RestrictFn | None = None
     ) -> tuple[torch.Tensor, FixedPointStats]:
-        """No-grad solve from ``z0``: at most ``max_iter`` evaluations of ``f``."""
+        """No-grad solve from ``z0``: at most ``max_iter`` evaluations of ``f``.
+
+        ``restrict(rows)``: ``f`` on those batch rows only; given, frozen samples are no
+        longer evaluated (it is called each time the set of running samples shrinks)."""
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
-        tracker = _ConvergenceTracker(f, tol, self.options.f_stop_mode)
-        with torch.no_grad():
-            z_star, _, info = self._solver(
-                tracker, x0=z0, max_iter=max_iter, tol=tol, stop_mode=self.options.f_stop_mode
-            )
-        return z_star, FixedPointStats(
+        stop_mode = self.options.f_stop_mode
+        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode)
+        with torch.no_grad(), contextlib.suppress(_SolveDone):
+            self._solver(tracker, x0=z0, max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
+        return tracker.best, FixedPointStats(
             iterations=tracker.iterations(),
-            abs_residual=info["abs_lowest"],
-            rel_residual=info["rel_lowest"],
+            abs_residual=tracker.best_abs,
+            rel_residual=tracker.best_rel,
             evaluations=tracker.calls,
+            row_evaluations=tracker.row_evaluations,
             tol=tol,
-            stop_mode=self.options.f_stop_mode,
+            stop_mode=stop_mode,
+            solver=self.options.f_solver,
         )
 
     def unroll(self, f: FixedPointFn, z0: torch.Tensor, steps: int) -> tuple[torch.Tensor, FixedPointStats]:
@@ -84,8 +111,10 @@ class FixedPointSolver:
             abs_residual=abs_residual,
             rel_residual=rel_residual,
             evaluations=steps,
+            row_evaluations=steps * z0.shape[0],
             tol=self.options.f_tol,
             stop_mode=self.options.f_stop_mode,
+            solver="unroll",
         )
 
     def _stats_without_solve(self, z0: torch.Tensor) -> FixedPointStats:
@@ -95,8 +124,10 @@ class FixedPointSolver:
             abs_residual=nan,
             rel_residual=nan,
             evaluations=0,
+            row_evaluations=0,
             tol=self.options.f_tol,
             stop_mode=self.options.f_stop_mode,
+            solver=self.options.f_solver,
         )
 
 
@@ -107,34 +138,85 @@ def _damped(f: FixedPointFn) -> Callable[..., torch.Tensor]:
     return damped
 
 
-class _ConvergenceTracker:
-    """Wraps ``f`` to count its calls and note when each sample first had a residual under ``tol``.
+class _SolveDone(Exception):
+    """Raised by the tracker to end the solver's loop: every sample is frozen or the budget spent."""
 
-    Read off the evaluations themselves rather than a solver's trace, whose layout
-    differs between solvers; the residual of an evaluated point z is ``||f(z) - z||``
-    (divided by ``||f(z)||`` in rel mode), as the solvers define it.
+
+class _RowTracker:
+    """``f`` as the solver sees it: evaluated on the running samples only, each judged by
+    its own residual, frozen once under ``tol``, all of them retired when the budget is spent.
+
+    The residual of an evaluated point z is ``||f(z) - z||`` (divided by ``||f(z)||`` in
+    rel mode), as the solvers define it.
     """
 
-    def __init__(self, f: FixedPointFn, tol: float, stop_mode: str) -> None:
-        self.f, self.tol, self.relative = f, tol, stop_mode == "rel"
+    def __init__(self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str) -> None:
+        self.f, self.restrict = f, restrict
+        self.max_iter, self.tol, self.relative = max_iter, tol, stop_mode == "rel"
         self.calls = 0
-        self.first_converged: torch.Tensor | None = None
+        self.row_evaluations = 0
+        self.active: torch.Tensor | None = None  # indices of the samples still running
+        self._f_active = f  # f on exactly the active rows (when restricted)
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        fz = self.f(z)
+        if self.active is None:
+            self._start(z)
+        rows = self.active
+        z_rows, fz_rows = self._evaluate(z, rows)
         self.calls += 1
-        residual = (fz - z).flatten(1).norm(dim=1)
-        if self.relative:
-            residual = residual / (fz.flatten(1).norm(dim=1) + 1e-9)
-        if self.first_converged is None:
-            self.first_converged = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
-        newly = (self.first_converged == 0) & (residual < self.tol)
-        self.first_converged[newly] = self.calls
-        return fz
+        abs_res = (fz_rows - z_rows).flatten(1).norm(dim=1)
+        rel_res = abs_res / (fz_rows.flatten(1).norm(dim=1) + 1e-9)
+        residual = rel_res if self.relative else abs_res
+        self._keep_best(rows, fz_rows, abs_res, rel_res, residual)
+        converged = residual < self.tol
+        self.first_converged[rows[converged]] = self.calls
+        self._retire(rows, converged if self.calls < self.max_iter else torch.ones_like(converged))
+        if self.active.numel() == 0:
+            raise _SolveDone
+        # Samples frozen at earlier calls: the identity, so they stay where the solver put them.
+        return fz_rows if rows.numel() == z.shape[0] else z.index_copy(0, rows, fz_rows)
 
     def iterations(self) -> torch.Tensor:
         """Evaluations each sample needed (all of them for a sample that never converged)."""
         return torch.where(self.first_converged > 0, self.first_converged, self.calls)
+
+    def _start(self, z: torch.Tensor) -> None:
+        batch = z.shape[0]
+        self.active = torch.arange(batch, device=z.device)
+        self.first_converged = torch.zeros(batch, dtype=torch.long, device=z.device)
+        self.best = z.clone()  # what a sample whose every residual is NaN gets back
+        dtype = torch.promote_types(z.dtype, torch.float32)
+        self.best_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
+        self.best_rel = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
+
+    def _evaluate(self, z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z, f(z)) on ``rows``, counting the rows actually computed."""
+        if rows.numel() == z.shape[0]:
+            self.row_evaluations += rows.numel()
+            return z, self._f_active(z)
+        z_rows = z.index_select(0, rows)
+        if self.restrict is not None:
+            self.row_evaluations += rows.numel()
+            return z_rows, self._f_active(z_rows)
+        self.row_evaluations += z.shape[0]
+        return z_rows, self.f(z).index_select(0, rows)
+
+    def _keep_best(self, rows, fz_rows, abs_res, rel_res, residual) -> None:
+        best_residual = (self.best_rel if self.relative else self.best_abs)[rows]
+        better = residual < best_residual
+        if better.all() and rows.numel() == self.best.shape[0]:
+            self.best.copy_(fz_rows)
+        else:
+            self.best.index_copy_(0, rows[better], fz_rows[better])
+        self.best_abs[rows[better]] = abs_res[better]
+        self.best_rel[rows[better]] = rel_res[better]
+
+    def _retire(self, rows: torch.Tensor, done: torch.Tensor) -> None:
+        if not bool(done.any()):
+            return
+        self.active = rows[~done]
+        if self.restrict is not None and self.active.numel() > 0:
+            self._f_active = self.restrict(self.active)
 
 
 def _or(value, default):

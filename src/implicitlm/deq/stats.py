@@ -11,27 +11,34 @@ import torch
 class FixedPointStats:
     """Per-sample outcome of one fixed-point solve.
 
-    ``iterations``: solver steps each sample needed to get under the tolerance (the budget
-    where it never did). ``abs_residual`` / ``rel_residual``: ``||f(z) - z||`` and
-    ``||f(z) - z|| / ||f(z)||`` at the returned iterate. ``evaluations``: calls of ``f``
-    the solve made for the whole batch (the batch runs until its slowest sample is done).
+    ``iterations``: evaluations each sample needed to get under the tolerance (the budget
+    where it never did); a sample is frozen from then on. ``abs_residual`` /
+    ``rel_residual``: ``||f(z) - z||`` and ``||f(z) - z|| / ||f(z)||`` at the iterate z
+    whose image f(z) is returned. ``evaluations``: calls of ``f``, each on the samples
+    still running (the batch runs until its slowest sample is done); ``row_evaluations``:
+    samples computed over all those calls, the honest cost where frozen samples are left
+    out of the calls (sequential mode), the batch size times ``evaluations`` where they
+    are computed and dropped. ``solver``: the name of the solver that produced them.
     """
 
     iterations: torch.Tensor
     abs_residual: torch.Tensor
     rel_residual: torch.Tensor
     evaluations: int
+    row_evaluations: int
     tol: float
     stop_mode: str
+    solver: str
 
     @property
     def converged(self) -> torch.Tensor:
         residual = self.rel_residual if self.stop_mode == "rel" else self.abs_residual
         return residual < self.tol
 
-    def summary(self) -> dict[str, float]:
-        """Batch means and extremes, for logs."""
+    def summary(self) -> dict[str, float | str]:
+        """Batch means and extremes, and the solver's name, for logs."""
         return {
+            "fp_solver": self.solver,
             "fp_iterations_mean": self.iterations.float().mean().item(),
             "fp_iterations_max": self.iterations.max().item(),
             "fp_rel_residual_mean": self.rel_residual.mean().item(),
@@ -39,4 +46,5 @@ class FixedPointStats:
             "fp_abs_residual_mean": self.abs_residual.mean().item(),
             "fp_converged_share": self.converged.float().mean().item(),
             "fp_evaluations": float(self.evaluations),
+            "fp_row_evaluations": float(self.row_evaluations),
         }

@@ -7,7 +7,7 @@ from .mlp import SwiGLUMLP, swiglu_hidden_size
 from .norms import GatedRMSNorm, RMSNorm
 from .rotary import apply_rotary, rotary_cos_sin, rotary_cos_sin_at
 from .selective_scan import selective_scan_chunked, selective_scan_reference, selective_scan_step
-from .ssd import ssd_chunked, ssd_reference, ssd_step
+from .ssd import ssd_chunked, ssd_reference, ssd_scan, ssd_step
 
 __all__ = [
     "AttentionDims",
@@ -30,6 +30,7 @@ __all__ = [
     "selective_scan_step",
     "ssd_chunked",
     "ssd_reference",
+    "ssd_scan",
     "ssd_step",
     "swiglu_hidden_size",
 ]

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .causal_conv import causal_conv, causal_conv_step
 from .selective_scan import selective_scan_chunked, selective_scan_step
 from .ssm_parameters import decay_rates, initial_dt_bias
 
@@ -96,23 +97,21 @@ class Mamba1Mixer(nn.Module):
             # A padding token feeds zeros to the conv (as before the first token) and has
             # dt = 0 (no decay, no input): left padding leaves the state as it found it.
             x = x * real
-        # Causal conv: the previous d_conv - 1 inputs (zeros at the start) are prepended and
-        # the conv runs unpadded, so output t sees inputs t-3..t only and the length is kept.
-        conv_input = torch.cat([state.conv[:, :, 1:], x.transpose(1, 2)], dim=2)
-        x = F.silu(F.conv1d(conv_input, self.conv1d.weight, self.conv1d.bias, groups=d.d_inner)).transpose(1, 2)
+        x, conv = causal_conv(x, state.conv, self.conv1d.weight, self.conv1d.bias)
+        x = F.silu(x)
         dt, B, C = self._select(x)
         if real is not None:
             dt = dt * real
         y, ssm = selective_scan_chunked(x, dt, decay_rates(self.A_log), B, C, d.chunk_size, state.ssm)
-        return self._output(y, x, gate), Mamba1State(conv=conv_input[:, :, -d.d_conv :], ssm=ssm)
+        return self._output(y, x, gate), Mamba1State(conv=conv, ssm=ssm)
 
     def step(
         self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba1State
     ) -> tuple[torch.Tensor, Mamba1State]:
         """One token: hidden (b, d_model), injection (b, d_in_proj) or None. Returns (out, next state)."""
         x, gate = self._project(hidden, injection)
-        conv = torch.cat([state.conv[:, :, 1:], x.unsqueeze(-1)], dim=-1)
-        x = F.silu((conv * self.conv1d.weight[:, 0, :]).sum(-1) + self.conv1d.bias)
+        x, conv = causal_conv_step(x, state.conv, self.conv1d.weight, self.conv1d.bias)
+        x = F.silu(x)
         dt, B, C = self._select(x)
         y, ssm = selective_scan_step(state.ssm, x, dt, decay_rates(self.A_log), B, C)
         return self._output(y, x, gate), Mamba1State(conv=conv, ssm=ssm)

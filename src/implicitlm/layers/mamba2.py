@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .causal_conv import causal_conv, causal_conv_step
 from .norms import GatedRMSNorm
-from .ssd import ssd_chunked, ssd_step
+from .ssd import ssd_scan, ssd_step
 from .ssm_parameters import decay_rates, initial_dt_bias
 
 
@@ -109,13 +110,11 @@ class Mamba2Mixer(nn.Module):
             # dt = 0 (no decay, no input): left padding leaves the state as it found it.
             real = padding.to(xbc.dtype).unsqueeze(-1)
             xbc, dt = xbc * real, dt * real
-        # Causal conv: the previous d_conv - 1 inputs (zeros at the start) are prepended and
-        # the conv runs unpadded, so output t sees inputs t-3..t only and the length is kept.
-        conv_input = torch.cat([state.conv[:, :, 1:], xbc.transpose(1, 2)], dim=2)
-        xbc = F.silu(F.conv1d(conv_input, self.conv1d.weight, self.conv1d.bias, groups=d.conv_dim)).transpose(1, 2)
+        xbc, conv = causal_conv(xbc, state.conv, self.conv1d.weight, self.conv1d.bias)
+        xbc = F.silu(xbc)
         x, B, C = torch.split(xbc, [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
         x = x.reshape(batch, length, d.nheads, d.headdim)
-        y, ssm = ssd_chunked(
+        y, ssm = ssd_scan(
             x,
             dt,
             decay_rates(self.A_log),
@@ -126,7 +125,7 @@ class Mamba2Mixer(nn.Module):
         )
         y = y + x * self.D[:, None]
         out = self.out_proj(self.norm(y.reshape(batch, length, d.d_inner), gate))
-        return out, Mamba2State(conv=conv_input[:, :, -d.d_conv :], ssm=ssm)
+        return out, Mamba2State(conv=conv, ssm=ssm)
 
     def step(
         self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State
@@ -135,8 +134,8 @@ class Mamba2Mixer(nn.Module):
         d = self.dims
         batch = hidden.shape[0]
         gate, xbc, dt = self._project(hidden, injection)
-        conv = torch.cat([state.conv[:, :, 1:], xbc.unsqueeze(-1)], dim=-1)
-        xbc = F.silu((conv * self.conv1d.weight[:, 0, :]).sum(-1) + self.conv1d.bias)
+        xbc, conv = causal_conv_step(xbc, state.conv, self.conv1d.weight, self.conv1d.bias)
+        xbc = F.silu(xbc)
         x, B, C = torch.split(xbc, [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
         x = x.reshape(batch, d.nheads, d.headdim)
         y, ssm = ssd_step(

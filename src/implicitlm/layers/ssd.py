@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .ssd_kernel import fused_ssd_kernel, notify_fallback_once, run_fused_ssd
+
 
 def segment_sum(x: torch.Tensor) -> torch.Tensor:
     """(..., T) -> (..., T, T) with out[i, j] = sum_{j < k <= i} x[k], and -inf above the diagonal.
@@ -28,6 +30,27 @@ def segment_sum(x: torch.Tensor) -> torch.Tensor:
     return sums.masked_fill(~lower, float("-inf"))
 
 
+# On a CPU the work inside a chunk grows with the chunk's length while the scan across
+# chunks costs little, so shorter chunks than a GPU's 256 are faster there: measured
+# fastest at 64 to 128 tokens for lengths 512 to 2048 (benchmarks/mixer.py).
+CPU_CHUNK_SIZE = 64
+CPU_SINGLE_CHUNK_LENGTH = 128
+# Devices the fused kernel runs on (a seam for tests, which have no GPU).
+KERNEL_DEVICES = ("cuda",)
+
+
+def chunk_size_for(length: int, configured: int, device: torch.device) -> int:
+    """The chunk length to run a sequence of ``length`` tokens with; never above ``configured``.
+
+    The result does not change the output beyond float rounding, only the cost.
+    """
+    if device.type != "cpu":
+        return configured
+    if length <= CPU_SINGLE_CHUNK_LENGTH:
+        return min(configured, length)
+    return min(configured, CPU_CHUNK_SIZE)
+
+
 def ssd_chunked(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -42,10 +65,15 @@ def ssd_chunked(
     x: (b, l, h, p); dt: (b, l, h), already softplus'd; A: (h,), negative;
     B, C: (b, l, g, n) with h divisible by g; initial_state: (b, h, p, n) or None.
     Returns y: (b, l, h, p) and the state after the last token: (b, h, p, n).
+
+    Heads of one group share B and C, so every product with B or C runs once per group
+    with that group's heads side by side (never repeated per head): C B^T costs a
+    heads-per-group factor less, and the state products run as one matrix product per
+    group and chunk.
     """
-    batch, length, heads, _ = x.shape
-    B = B.repeat_interleave(heads // B.shape[2], dim=2)
-    C = C.repeat_interleave(heads // C.shape[2], dim=2)
+    batch, length, heads, headdim = x.shape
+    groups, d_state = B.shape[2], B.shape[3]
+    per_group = heads // groups
     # Padding with dt = 0 adds tokens that neither decay nor feed the state, so the
     # final state is exact and the padded outputs are simply dropped.
     chunk_size = min(chunk_size, length)
@@ -54,36 +82,104 @@ def ssd_chunked(
         x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
         dt = F.pad(dt, (0, 0, 0, pad))
     chunks = (length + pad) // chunk_size
+    shape = (batch, chunks, chunk_size)
 
-    def split(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(batch, chunks, chunk_size, *t.shape[2:])
+    xdt = (x * dt.unsqueeze(-1)).view(*shape, heads, headdim)                 # b c l h p
+    B = B.view(*shape, groups, d_state).transpose(2, 3)                       # b c g l n
+    C = C.view(*shape, groups, d_state).transpose(2, 3)                       # b c g l n
+    # Decays in at least float32 whatever the input precision: they are exponentiated.
+    cum_decay = (dt * A).to(torch.promote_types(x.dtype, torch.float32)).view(*shape, heads).cumsum(2)  # b c l h
 
-    xdt = split(x * dt.unsqueeze(-1))                       # b c l h p
-    B, C = split(B), split(C)                               # b c l h n
-    log_decay = split(dt * A).permute(0, 3, 1, 2)           # b h c l
-    cum_decay = torch.cumsum(log_decay, dim=-1)
+    # Within a chunk: y_i = sum_{j<=i} (C_i . B_j) exp(cum_i - cum_j) xdt_j. The decay is a
+    # difference of in-chunk cumulative sums, as in the fused kernels: the sums stay
+    # small within one chunk, so the cancellation costs little precision.
+    cum_by_head = cum_decay.transpose(2, 3)                                   # b c h l
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril()
+    # Added to the negated sums rather than subtracted: the backward pass then negates the
+    # small (.., l) vector instead of the (.., l, l) gradient.
+    log_decay_matrix = (cum_by_head.unsqueeze(-1) + (-cum_by_head).unsqueeze(-2)).masked_fill(~causal, float("-inf"))
+    decay_matrix = torch.exp(log_decay_matrix).to(x.dtype).view(*shape[:2], groups, per_group, chunk_size, chunk_size)
+    scores = (decay_matrix * (C @ B.transpose(-1, -2)).unsqueeze(3)).flatten(2, 3)  # b c h l s
+    y_within = scores @ xdt.transpose(2, 3)                                   # b c h l p
 
-    # Within a chunk: y_i = sum_{j<=i} (C_i . B_j) exp(sum_{j<k<=i} a_k) xdt_j
-    decay_matrix = torch.exp(segment_sum(log_decay))        # b h c l s
-    scores = torch.einsum("bclhn,bcshn->bhcls", C, B) * decay_matrix
-    y_within = torch.einsum("bhcls,bcshp->bclhp", scores, xdt)
+    # State each chunk contributes on its own, at the chunk's end, in the scan's layout
+    # (b, c, g, n, r p): heads of a group side by side.
+    decay_to_end = torch.exp(cum_decay[:, :, -1:] - cum_decay).to(x.dtype)    # b c l h
+    weighted = (xdt * decay_to_end.unsqueeze(-1)).view(*shape, groups, per_group * headdim).transpose(2, 3)
+    chunk_states = B.transpose(-1, -2) @ weighted                             # b c g n (r p)
 
-    # State contributed by each chunk on its own, taken to the chunk's end.
-    decay_to_end = torch.exp(cum_decay[..., -1:] - cum_decay)                # b h c l
-    chunk_states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_to_end, xdt)
+    # Scan across chunks: the state entering each chunk, one short step per chunk.
     if initial_state is None:
-        initial_state = x.new_zeros(batch, heads, x.shape[-1], B.shape[-1])
-    chunk_states = torch.cat([initial_state.unsqueeze(1), chunk_states], dim=1)
+        initial_state = x.new_zeros(batch, heads, headdim, d_state)
+    # Contiguous, so every state of the scan is, and each copy into the output is a block copy.
+    initial = initial_state.view(batch, groups, per_group, headdim, d_state).permute(0, 1, 4, 2, 3).contiguous()
+    chunk_decay = torch.exp(cum_decay[:, :, -1]).to(x.dtype).view(batch, chunks, groups, 1, per_group, 1)
+    entering, final = _ChunkStatePassing.apply(chunk_states.unflatten(-1, (per_group, headdim)), chunk_decay, initial)
 
-    # Scan across chunks: the state entering chunk c collects all earlier chunks.
-    chunk_decay = torch.exp(segment_sum(F.pad(cum_decay[..., -1], (1, 0))))  # b h c+1 c+1
-    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, chunk_states)
-    entering, final_state = states[:, :-1], states[:, -1]
+    # Between chunks: the entering state read out by C, decayed to each position.
+    y_across = (C @ entering.flatten(-2)).view(*shape[:2], groups, chunk_size, per_group, headdim)
+    decay_from_start = torch.exp(cum_decay).to(x.dtype).view(*shape, groups, per_group).transpose(2, 3)  # b c g l r
+    y_across = y_across * decay_from_start.unsqueeze(-1)
+    y_within = y_within.view(*shape[:2], groups, per_group, chunk_size, headdim).transpose(3, 4)
+    y = (y_across + y_within).permute(0, 1, 3, 2, 4, 5).reshape(batch, chunks * chunk_size, heads, headdim)
+    final = final.permute(0, 1, 3, 4, 2).reshape(batch, heads, headdim, d_state)  # b g n r p -> b h p n
+    return y[:, :length], final
 
-    # Between chunks: the entering state, decayed to each position, read out by C.
-    y_across = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, entering, torch.exp(cum_decay))
-    y = (y_within + y_across).reshape(batch, chunks * chunk_size, heads, -1)
-    return y[:, :length], final_state
+
+class _ChunkStatePassing(torch.autograd.Function):
+    """state_{c+1} = decay_c * state_c + contribution_c over the chunks, with a hand-written
+    backward: one in-place step per chunk either way, where autograd would record and
+    replay a graph node per chunk and stack their gradients.
+
+    contributions: (b, c, g, n, r, p); decays: (b, c, g, 1, r, 1); initial: (b, g, n, r, p).
+    Returns the state entering every chunk (b, c, g, n, r, p) and the final state.
+    """
+
+    @staticmethod
+    def forward(contributions: torch.Tensor, decays: torch.Tensor, initial: torch.Tensor):
+        entering = torch.empty_like(contributions)
+        state = initial
+        for c in range(contributions.shape[1]):
+            entering[:, c] = state
+            state = torch.addcmul(contributions[:, c], state, decays[:, c])
+        return entering, state
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, decays, _ = inputs
+        ctx.save_for_backward(decays, output[0])
+
+    @staticmethod
+    def backward(ctx, grad_entering: torch.Tensor, grad_final: torch.Tensor):
+        decays, entering = ctx.saved_tensors
+        grad_contributions = torch.empty_like(entering)
+        grad_decays = torch.empty_like(decays)
+        grad_state = grad_final  # gradient with respect to the state leaving chunk c
+        for c in reversed(range(entering.shape[1])):
+            grad_contributions[:, c] = grad_state
+            grad_decays[:, c] = (grad_state * entering[:, c]).sum(dim=(2, 4), keepdim=True)
+            grad_state = torch.addcmul(grad_entering[:, c], grad_state, decays[:, c])
+        return grad_contributions, grad_decays, grad_state
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ssd_chunked``'s contract on the fastest path at hand: mamba_ssm's fused kernel on
+    CUDA when it imports (one notice when it does not), else the pure-PyTorch scan with a
+    chunk length chosen for the device and ``chunk_size`` as its upper bound."""
+    if x.device.type in KERNEL_DEVICES:
+        kernel = fused_ssd_kernel()
+        if kernel is not None:
+            return run_fused_ssd(kernel, x, dt, A, B, C, chunk_size, initial_state)
+        notify_fallback_once("mamba_ssm's fused SSD kernel is not importable")
+    return ssd_chunked(x, dt, A, B, C, chunk_size_for(x.shape[1], chunk_size, x.device), initial_state)
 
 
 def ssd_step(

@@ -174,6 +174,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             self.config.hidden_size,
             max_iter=options.eval_f_max_iter if max_iter is None else max_iter,
             tol=options.eval_f_tol if tol is None else tol,
+            select_rows=self.stack.select_state,
         )
         return z, stats, state
 

@@ -43,8 +43,8 @@ from .checkpoint import (
 from .curriculum import Curriculum, Phase
 from .run_log import RunLog
 from .schedule import warmup_constant_sqrt_decay
+from .speed import check_precision, compile_stack, resolve_precision
 
-PRECISIONS = ("auto", "no", "bf16")
 DISTRIBUTED = ("ddp", "fsdp")
 CHECKPOINTS = "checkpoints"
 
@@ -81,8 +81,7 @@ class LMTrainConfig:
     keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise OptionError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        check_precision(self.precision)
         if self.distributed not in DISTRIBUTED:
             raise OptionError(f"distributed must be one of {DISTRIBUTED}, got {self.distributed!r}")
         if not 0.0 <= self.bounded_fraction <= 1.0 or not 0.0 <= self.decay_fraction <= 1.0:
@@ -154,8 +153,7 @@ def train_lm(
     if config.activation_checkpointing:
         model.activation_checkpointing_enable()
     if config.compile:
-        # The stack is what the solver calls over and over; the loop around it stays eager.
-        model.stack.compile()
+        compile_stack(model)
     model = accelerator.prepare(model)
     core = accelerator.unwrap_model(model)
     optimizer = accelerator.prepare(
@@ -217,9 +215,6 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
 
 
 def _accelerator(config: LMTrainConfig, model) -> Accelerator:
-    precision = config.precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() else "no"
     plugin = None
     if config.distributed == "fsdp":
         from accelerate import FullyShardedDataParallelPlugin
@@ -231,7 +226,7 @@ def _accelerator(config: LMTrainConfig, model) -> Accelerator:
             state_dict_type="FULL_STATE_DICT",
         )
     # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
-    return Accelerator(mixed_precision=precision, fsdp_plugin=plugin, cpu=not torch.cuda.is_available())
+    return Accelerator(mixed_precision=resolve_precision(config.precision), fsdp_plugin=plugin, cpu=not torch.cuda.is_available())
 
 
 def _check_vocabulary(model, shards: TokenShards) -> None:

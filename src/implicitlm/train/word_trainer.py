@@ -23,6 +23,7 @@ from .checkpoint import save_checkpoint
 from .curriculum import Curriculum, Phase
 from .run_log import RunLog
 from .schedule import warmup_constant
+from .speed import check_precision, compile_stack, resolve_precision
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class WordTrainConfig:
     free_tol: float = 0.05
     log_every: int = 25
     checkpoint_every: int = 0
+    # "auto": bf16 autocast on CUDA, full precision elsewhere.
+    precision: str = "auto"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "WordTrainConfig":
@@ -80,7 +87,9 @@ def train_words(
     ``out_dir/checkpoint``, logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``."""
     out_dir = Path(out_dir)
     torch.manual_seed(config.seed)
-    accelerator = Accelerator()
+    accelerator = Accelerator(mixed_precision=resolve_precision(config.precision))
+    if config.compile:
+        compile_stack(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_constant(config.warmup_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)

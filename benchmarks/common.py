@@ -1,0 +1,52 @@
+"""Timing and table helpers shared by the benchmark sections.
+
+Every section measures its baseline in the same run as the thing it compares, and
+reports medians of repeated runs, so the ratios hold on whatever machine runs them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class Table:
+    """One section's result: a title, column names, rows and notes printed under it."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *cells: object) -> None:
+        self.rows.append([str(cell) for cell in cells])
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |"]
+        lines.append("|" + "---|" * len(self.columns))
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        lines += [""] + [f"- {note}" for note in self.notes]
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def median_seconds(run: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``run()`` over ``repeats`` calls, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def ratio(value: float, baseline: float) -> str:
+    return f"{value / baseline:.2f}x"
+
+
+def verdict(passed: bool) -> str:
+    return "met" if passed else "NOT met"

@@ -1,0 +1,75 @@
+"""Implicit (4+1) training step against an explicit one, compared with the FLOP ratio.
+
+The bounded phase runs 4 solver iterations without autograd and 1 phantom-gradient step
+with it: 4 forward passes plus 1 forward + backward, about 4 + 3 = 7 forward-pass units
+against the explicit model's 3, a FLOP ratio of 7/3. The solver's tolerance is set out of
+reach so all 4 iterations run. A step here is forward + loss + backward (the optimiser
+update is the same for both and left out so it does not dilute the ratio); the
+vocabulary is small so the backbone dominates, as it does in the paper's models.
+"""
+
+from __future__ import annotations
+
+import torch
+from common import Table, median_seconds, verdict
+
+from implicitlm.models import build_model, config_from_options
+
+FLOP_RATIO = 7 / 3
+TARGET = 1.15
+
+
+def model_options(quick: bool, device: str) -> dict:
+    if device == "cuda":  # the 130M model's backbone
+        return dict(hidden_size=768, num_hidden_layers=24, state_size=128, head_dim=64)
+    if quick:
+        return dict(hidden_size=256, num_hidden_layers=4, state_size=64, head_dim=32)
+    return dict(hidden_size=768, num_hidden_layers=4, state_size=128, head_dim=64)
+
+
+def build(implicit: bool, options: dict, device: str):
+    torch.manual_seed(0)
+    fixed_point = dict(f_max_iter=4, phantom_steps=1, tau=0.8, f_tol=1e-12)
+    config = config_from_options(
+        dict(architecture="mamba2", vocab_size=256, expand=2, implicit=implicit, fixed_point=fixed_point, **options)
+    )
+    return build_model(config).to(device).train()
+
+
+def training_step(model, input_ids: torch.Tensor) -> None:
+    model.zero_grad(set_to_none=True)
+    model(input_ids, labels=input_ids).loss.backward()
+    if input_ids.is_cuda:
+        torch.cuda.synchronize()
+
+
+def peak_memory(model, input_ids: torch.Tensor) -> float:
+    torch.cuda.reset_peak_memory_stats()
+    training_step(model, input_ids)
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def run(quick: bool, device: str = "cpu") -> Table:
+    options = model_options(quick, device)
+    batch, length = (8, 1024) if device == "cuda" else ((2, 256) if quick else (1, 512))
+    repeats = 3 if quick else 7
+    input_ids = torch.randint(0, 256, (batch, length), device=device)
+    columns = ["model", "step s", "ratio to explicit", "FLOP ratio", "measured / FLOP ratio"]
+    if device == "cuda":
+        columns.append("peak memory GiB")
+    table = Table(f"Training step (forward + backward), Mamba2 {options}, batch {batch} x {length}, {device}", columns)
+    explicit, implicit = build(False, options, device), build(True, options, device)
+    explicit_s = median_seconds(lambda: training_step(explicit, input_ids), repeats)
+    implicit_s = median_seconds(lambda: training_step(implicit, input_ids), repeats)
+    measured = implicit_s / explicit_s
+    explicit_row = ["explicit", f"{explicit_s:.3f}", "1.00x", "1", "-"]
+    implicit_row = ["implicit (4+1)", f"{implicit_s:.3f}", f"{measured:.2f}x", f"{FLOP_RATIO:.2f}", f"{measured / FLOP_RATIO:.2f}"]
+    if device == "cuda":
+        explicit_row.append(f"{peak_memory(explicit, input_ids):.2f}")
+        implicit_row.append(f"{peak_memory(implicit, input_ids):.2f}")
+    table.add(*explicit_row)
+    table.add(*implicit_row)
+    table.notes.append(
+        f"target measured <= {TARGET} x FLOP ratio: {verdict(measured / FLOP_RATIO <= TARGET)}; medians of {repeats} runs"
+    )
+    return table

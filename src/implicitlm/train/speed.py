@@ -1,0 +1,27 @@
+"""Speed options shared by the trainers: mixed precision and torch.compile."""
+
+from __future__ import annotations
+
+import torch
+
+from ..deq.options import OptionError
+
+PRECISIONS = ("auto", "no", "bf16")
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise OptionError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def resolve_precision(precision: str) -> str:
+    """accelerate's ``mixed_precision``: "auto" is bf16 autocast on CUDA, full precision elsewhere."""
+    if precision == "auto":
+        return "bf16" if torch.cuda.is_available() else "no"
+    return precision
+
+
+def compile_stack(model, backend: str = "inductor") -> None:
+    """Compile the stack in place (parameter names unchanged, so checkpoints are too): it is
+    what the solver calls over and over; the loop around it stays eager."""
+    model.stack.compile(backend=backend)
