@@ -44,6 +44,23 @@ def median_seconds(run: Callable[[], object], repeats: int, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+def paired_median_seconds(
+    baseline: Callable[[], object], candidate: Callable[[], object], repeats: int, warmup: int = 1
+) -> tuple[float, float]:
+    """Median wall times of two runs timed in alternation, so a burst of load from elsewhere
+    on the machine falls on both rather than on whichever happened to run during it."""
+    for _ in range(warmup):
+        baseline()
+        candidate()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for run, spent in zip((baseline, candidate), times):
+            start = time.perf_counter()
+            run()
+            spent.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def ratio(value: float, baseline: float) -> str:
     return f"{value / baseline:.2f}x"
 

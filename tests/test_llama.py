@@ -302,3 +302,21 @@ def test_options_pick_the_architecture():
         config_from_options({"num_attention_heads": 2})  # a Mamba2 option set by default
     with pytest.raises(ValueError, match="architecture must be one of"):
         config_from_options({"architecture": "gpt"})
+
+
+def test_unpadded_parallel_attention_takes_the_flash_eligible_call(monkeypatch):
+    # On CUDA, sdpa's flash kernel takes is_causal without an explicit mask; a mask would
+    # send the call to a slower kernel. Training and prefill from an empty cache must ask
+    # for exactly that call.
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    attention = make_attention(2, seed=0)
+    hidden, injection = inputs(attention, True, seed=1)
+    attention(hidden, injection)
+    assert calls == [(None, True)]
