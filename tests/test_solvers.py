@@ -242,6 +242,30 @@ def test_sequential_model_steps_only_the_rows_still_running():
     assert min(rows_per_call) < 4  # some calls ran on the unconverged rows only
 
 
+def test_simultaneous_model_passes_only_the_samples_still_running():
+    model = contractive_model(tol=1e-6)
+    # Different lengths of left padding make the samples converge at different iterations.
+    ids = token_ids(4, 6, seed=3)
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[1, :2] = mask[2, :4] = 0
+    forward, rows_per_call = model.stack.forward, []
+
+    def counting_forward(z, injection, states=None, padding=None):
+        rows_per_call.append(z.shape[0])
+        return forward(z, injection, states, padding)
+
+    model.stack.forward = counting_forward
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask)
+        model.stack.forward = forward
+        for i in range(4):
+            alone = model(ids[i : i + 1], attention_mask=mask[i : i + 1])
+            torch.testing.assert_close(batch.logits[i : i + 1], alone.logits, rtol=0, atol=1e-10)
+    stats = batch.fixed_point
+    assert sum(rows_per_call) == stats.row_evaluations == stats.iterations.sum().item()
+    assert min(rows_per_call) < 4 and stats.row_evaluations < 4 * stats.evaluations
+
+
 # ---------------------------------------------------------------- the solver in the metrics
 
 

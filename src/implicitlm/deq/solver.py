@@ -13,8 +13,8 @@ and its iteration count are the same in any batch. A sample that never gets unde
 tolerance returns its lowest-residual image.
 
 Frozen rows cost nothing when the caller can restrict ``f`` to a subset of rows
-(``restrict``, as sequential mode does); otherwise ``f`` runs on the whole batch and the
-frozen rows' outputs are dropped.
+(``restrict``, as both modes of the models do); otherwise ``f`` runs on the whole batch
+and the frozen rows' outputs are dropped.
 """
 
 from __future__ import annotations
@@ -64,13 +64,15 @@ class FixedPointSolver:
         training: bool,
         max_iter: int | None = None,
         tol: float | None = None,
+        restrict: RestrictFn | None = None,
     ) -> tuple[torch.Tensor, FixedPointStats]:
+        """``restrict``: as for ``solve``; the phantom-gradient steps run on the whole batch."""
         opts = self.options
         if not training:
-            return self.solve(f, z0, _or(max_iter, opts.eval_f_max_iter), _or(tol, opts.eval_f_tol))
+            return self.solve(f, z0, _or(max_iter, opts.eval_f_max_iter), _or(tol, opts.eval_f_tol), restrict)
         if opts.unroll_steps > 0:
             return self.unroll(f, z0, opts.unroll_steps)
-        z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol))
+        z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol), restrict)
         z = self._phantom(None, _damped(f), z_star.detach())[-1]
         return z, stats
 

@@ -133,7 +133,28 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
         injection = self.injection(self.injection_norm(embedded))
-        keep = None if padding is None else padding.unsqueeze(-1).to(embedded.dtype)
+        z, stats = self.solver(
+            self._stack_map(injection, state, padding),
+            torch.zeros_like(embedded),
+            training=self.training,
+            max_iter=max_iter,
+            tol=tol,
+            # Samples already converged are left out of the remaining iterations.
+            restrict=lambda rows: self._stack_map(
+                injection.index_select(0, rows),
+                None if state is None else self.stack.select_state(state, rows),
+                None if padding is None else padding.index_select(0, rows),
+            ),
+        )
+        if use_cache:
+            # The state the sequence leaves behind is the one read off its fixed point: one
+            # more pass at z*, as the sequential mode commits each token's state.
+            state = self.stack(z, injection, state, padding)[1]
+        return z, stats, state if use_cache else None
+
+    def _stack_map(self, injection: torch.Tensor, state, padding):
+        """z -> f(z, u): one pass of the stack over the sequence."""
+        keep = None if padding is None else padding.unsqueeze(-1).to(injection.dtype)
 
         def f(z: torch.Tensor) -> torch.Tensor:
             z = self.stack(z, injection, state, padding)[0]
@@ -141,18 +162,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             # sample's residual nor delay its convergence.
             return z if keep is None else z * keep
 
-        z, stats = self.solver(
-            f,
-            torch.zeros_like(embedded),
-            training=self.training,
-            max_iter=max_iter,
-            tol=tol,
-        )
-        if use_cache:
-            # The state the sequence leaves behind is the one read off its fixed point: one
-            # more pass at z*, as the sequential mode commits each token's state.
-            state = self.stack(z, injection, state, padding)[1]
-        return z, stats, state if use_cache else None
+        return f
 
     def _sequential(self, embedded: torch.Tensor, state, max_iter: int | None, tol: float | None):
         batch, length, _ = embedded.shape
