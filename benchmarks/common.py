@@ -44,11 +44,21 @@ def median_seconds(run: Callable[[], object], repeats: int, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+@dataclass
+class Paired:
+    """Two runs timed in alternation: their median times and the median of the per-pair
+    ratios candidate / baseline, which a slow drift of the machine's speed cancels out of."""
+
+    baseline: float
+    candidate: float
+    ratio: float
+
+
 def paired_median_seconds(
     baseline: Callable[[], object], candidate: Callable[[], object], repeats: int, warmup: int = 1
-) -> tuple[float, float]:
-    """Median wall times of two runs timed in alternation, so a burst of load from elsewhere
-    on the machine falls on both rather than on whichever happened to run during it."""
+) -> Paired:
+    """Time two runs in alternation, so a burst of load from elsewhere on the machine falls
+    on both rather than on whichever happened to run during it."""
     for _ in range(warmup):
         baseline()
         candidate()
@@ -58,7 +68,8 @@ def paired_median_seconds(
             start = time.perf_counter()
             run()
             spent.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    ratios = [b / a for a, b in zip(*times)]
+    return Paired(statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios))
 
 
 def ratio(value: float, baseline: float) -> str:
