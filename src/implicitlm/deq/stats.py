@@ -16,9 +16,9 @@ class FixedPointStats:
     ``rel_residual``: ``||f(z) - z||`` and ``||f(z) - z|| / ||f(z)||`` at the iterate z
     whose image f(z) is returned. ``evaluations``: calls of ``f``, each on the samples
     still running (the batch runs until its slowest sample is done); ``row_evaluations``:
-    samples computed over all those calls, the honest cost where frozen samples are left
-    out of the calls (sequential mode), the batch size times ``evaluations`` where they
-    are computed and dropped. ``solver``: the name of the solver that produced them.
+    samples computed over all those calls: the honest cost where frozen samples are left
+    out of the calls (as both modes of the models do), the batch size times
+    ``evaluations`` where they are computed and dropped. ``solver``: the name of the solver that produced them.
     """
 
     iterations: torch.Tensor
