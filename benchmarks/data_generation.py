@@ -21,7 +21,7 @@ from implicitlm.configs import load_preset
 from implicitlm.data.groups import get_group
 from implicitlm.data.words import load_words, sidecar_path, write_generated_words
 from implicitlm.train.word_setup import word_model, word_train_config
-from implicitlm.train.word_trainer import _file_batches
+from implicitlm.train.word_trainer import file_batches
 
 GROUP, LENGTH, BATCH = "S5", 256, 128
 AUTHORS_WORDS = 512 * 16384
@@ -83,7 +83,7 @@ def _generation(path: Path, words: int, storage: str, repeats: int) -> tuple[flo
 
 def _loader_tokens_per_s(path: Path, device: str, repeats: int) -> float:
     """Tokens/s of the trainer's own file batches (copies to ``device`` included)."""
-    batches = _file_batches(load_words(path), BATCH, seed=0, device=torch.device(device))
+    batches = file_batches(load_words(path), BATCH, seed=0, device=torch.device(device))
 
     def next_batch() -> None:
         next(batches)

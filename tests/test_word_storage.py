@@ -23,7 +23,7 @@ from implicitlm.data.words import (
 )
 from implicitlm.eval.words import word_accuracy
 from implicitlm.models import build_model, config_from_options
-from implicitlm.train.word_trainer import _file_batches
+from implicitlm.train.word_trainer import file_batches
 
 
 def write_pair(tmp_path, group="S5", length=12, count=30, seed=3, hard_prob=None):
@@ -99,8 +99,8 @@ def test_unknown_target_storage_is_refused(tmp_path):
 def test_trainer_batches_and_dataset_items_match(tmp_path):
     stored, derived = write_pair(tmp_path, count=20)
     device = torch.device("cpu")
-    stored_batches = _file_batches(stored, 8, seed=5, device=device)
-    derived_batches = _file_batches(derived, 8, seed=5, device=device)
+    stored_batches = file_batches(stored, 8, seed=5, device=device)
+    derived_batches = file_batches(derived, 8, seed=5, device=device)
     for _ in range(5):  # past the end of the first epoch
         (x, y), (dx, dy) = next(stored_batches), next(derived_batches)
         assert dy.dtype == torch.int64

@@ -154,7 +154,7 @@ def _batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (input_ids, labels) batches: shuffled epochs over ``data``, or fresh words."""
     if data is not None:
-        yield from _file_batches(data, config.batch_size, config.seed, device)
+        yield from file_batches(data, config.batch_size, config.seed, device)
         return
     group = get_group(config.group)
     step = 0
@@ -171,7 +171,9 @@ def _step_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
-def _file_batches(data: WordData, batch_size: int, seed: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def file_batches(data: WordData, batch_size: int, seed: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (input_ids, labels) batches from a word file: a seeded shuffle per epoch, rows
+    of a batch read in sorted order; labels derived here when the file does not store them."""
     count = data.inputs.shape[0]
     if count < batch_size:
         raise ValueError(f"training file has {count} sequences, fewer than the batch size {batch_size}")
