@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 
 @dataclass
 class Table:
@@ -30,6 +32,12 @@ class Table:
         lines += ["| " + " | ".join(row) + " |" for row in self.rows]
         lines += [""] + [f"- {note}" for note in self.notes]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the GPU's queued work, so that a timer measures it; nothing to wait for on a CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def median_seconds(run: Callable[[], object], repeats: int, warmup: int = 1) -> float:

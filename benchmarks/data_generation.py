@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common import Table, median_seconds, ratio, verdict
+from common import Table, median_seconds, ratio, synchronize, verdict
 from implicitlm.configs import load_preset
 from implicitlm.data.groups import get_group
 from implicitlm.data.words import load_words, sidecar_path, write_generated_words
@@ -87,7 +87,7 @@ def _loader_tokens_per_s(path: Path, device: str, repeats: int) -> float:
 
     def next_batch() -> None:
         next(batches)
-        _synchronize(device)
+        synchronize(device)
 
     return BATCH * LENGTH / median_seconds(next_batch, repeats, warmup=3)
 
@@ -131,14 +131,9 @@ def _training_tokens_per_s(quick: bool, device: str) -> tuple[float, int]:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _synchronize(device)
+        synchronize(device)
 
     return batch * LENGTH / median_seconds(step, 2 if quick else 3), batch
-
-
-def _synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _file_bytes(path: Path) -> int:

@@ -10,7 +10,7 @@ should not grow with the position; a Llama KV cache grows, shown for comparison.
 from __future__ import annotations
 
 import torch
-from common import Table, median_seconds, verdict
+from common import Table, median_seconds, synchronize, verdict
 
 from implicitlm.models import build_model, config_from_options
 
@@ -41,8 +41,7 @@ def decode_latency(model, position: int, tokens: int, repeats: int, device: str)
         state = prefilled
         for t in range(tokens):
             state = model(new_tokens[:, t : t + 1], state=state, mode="sequential", max_iter=ITERATIONS, tol=1e-12).state
-        if device == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
 
     return median_seconds(decode, repeats) / tokens
 

@@ -10,7 +10,7 @@ timed with the kernel switched off (its pure-PyTorch path).
 from __future__ import annotations
 
 import torch
-from common import Table, median_seconds, paired_median_seconds, ratio, verdict
+from common import Table, median_seconds, paired_median_seconds, ratio, synchronize, verdict
 from transformers import Mamba2Config
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer as TransformersMixer
 from transformers.utils import logging as transformers_logging
@@ -45,8 +45,7 @@ def forward_backward(mixer: torch.nn.Module, hidden: torch.Tensor) -> None:
     output = mixer(hidden)
     output = output[0] if isinstance(output, tuple) else output
     output.sum().backward()
-    if hidden.is_cuda:
-        torch.cuda.synchronize()
+    synchronize(hidden.device)
 
 
 def pure_pytorch(run):

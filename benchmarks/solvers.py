@@ -2,7 +2,7 @@
 
 Each solver solves the same batch to a relative residual of 1e-4, in simultaneous mode
 (one fixed point per sequence) and in sequential mode (one per token); plain iteration
-(torchdeq's ``fixed_point_iter``) is the baseline. The model: the checkpoint named by
+(``fixed_point_iter``) is the baseline. The model: the checkpoint named by
 ``IMPLICITLM_BENCH_CHECKPOINT`` (e.g. ``implicit/checkpoint`` of ``scripts/demo.sh``),
 else a random implicit Mamba2 of the ``demo`` preset made to contract slowly (see the
 note in the table), since training one here would take minutes.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 import torch
-from common import Table, median_seconds, ratio, verdict
+from common import Table, median_seconds, ratio, synchronize, verdict
 
 from implicitlm.configs import load_preset
 from implicitlm.deq.options import SOLVERS
@@ -57,8 +57,7 @@ def measure(model, ids: torch.Tensor, solver: str, mode: str, repeats: int, devi
 
     def solve() -> None:
         outputs.append(model(ids, mode=mode, max_iter=BUDGET, tol=TOL).fixed_point)
-        if device == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
 
     seconds = median_seconds(solve, repeats)
     return outputs[-1], seconds

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import torch
-from common import Table, paired_median_seconds, verdict
+from common import Table, paired_median_seconds, synchronize, verdict
 
 from implicitlm.models import build_model, config_from_options
 from implicitlm.train.speed import compile_stack
@@ -42,8 +42,7 @@ def build(implicit: bool, options: dict, device: str):
 def training_step(model, input_ids: torch.Tensor) -> None:
     model.zero_grad(set_to_none=True)
     model(input_ids, labels=input_ids).loss.backward()
-    if input_ids.is_cuda:
-        torch.cuda.synchronize()
+    synchronize(input_ids.device)
 
 
 def peak_memory(model, input_ids: torch.Tensor) -> float:

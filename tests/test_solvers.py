@@ -272,7 +272,8 @@ def test_simultaneous_model_passes_only_the_samples_still_running():
 def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path):
     model = contractive_model(tol=1e-4)
     inputs, _ = generate_words("S3", 6, 3, seed=1)
-    iterations, residuals, max_iter, tol = token_iterations(model, inputs, solver="safeguarded_anderson")
+    model.set_fixed_point_options(f_solver="safeguarded_anderson")
+    iterations, residuals, max_iter, tol = token_iterations(model, inputs)
     assert model.solver.options.f_solver == "safeguarded_anderson" and (residuals < tol).all()
     summary = model(torch.as_tensor(inputs.astype("int64")), mode="sequential").fixed_point.summary()
     assert summary["fp_solver"] == "safeguarded_anderson" and summary["fp_row_evaluations"] > 0

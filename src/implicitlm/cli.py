@@ -272,12 +272,10 @@ def _run_words_convergence(args) -> None:
     from .eval.convergence import convergence_summary, token_iterations
 
     model, group, _, test_sets = _word_test_sets(args)
-    _require_implicit(model, "convergence statistics")
+    _prepare_convergence(model, args)
     iterations, residuals, hard = [], [], []
     for inputs, _ in test_sets:
-        its, res, max_iter, tol = token_iterations(
-            model, inputs, args.max_iter, args.tol, args.batch_size, not args.no_progress, args.solver
-        )
+        its, res, max_iter, tol = token_iterations(model, inputs, args.max_iter, args.tol, args.batch_size, not args.no_progress)
         iterations.append(its.ravel()), residuals.append(res.ravel()), hard.append(hard_token_mask(group, inputs).ravel())
     # Hard vs easy only where the group is a product, whose first factor the mask reads.
     product = len(get_group(group).factor_orders) > 1
@@ -288,12 +286,18 @@ def _run_words_convergence(args) -> None:
 
 
 def _add_convergence_options(p) -> None:
+    from .deq.options import SOLVERS
+
     _add_budget_options(p)
-    p.add_argument(
-        "--solver", default=None,
-        help="fixed-point solver: fixed_point_iter, anderson, broyden, safeguarded_anderson (default: the model's)",
-    )
+    p.add_argument("--solver", default=None, help=f"fixed-point solver: {', '.join(SOLVERS)} (default: the model's)")
     p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
+
+
+def _prepare_convergence(model, args) -> None:
+    """An implicit model, running the solver ``--solver`` names (else its own)."""
+    _require_implicit(model, "convergence statistics")
+    if args.solver is not None:
+        model.set_fixed_point_options(f_solver=args.solver)
 
 
 def _report_convergence(args, model, summary: dict[str, Any], title: str, **details) -> None:
@@ -532,13 +536,13 @@ def _run_lm_convergence(args) -> None:
     from .eval.convergence import convergence_summary, token_iterations
 
     model, _, shards, lengths = _lm_test_setup(args)
-    _require_implicit(model, "convergence statistics")
+    _prepare_convergence(model, args)
     if len(lengths) != 1:
         raise ValueError("convergence statistics take one context length")
     # The split's leading windows, as many as --max-tokens fill.
     windows = next(evaluation_windows(shards, lengths[0], max(1, args.max_tokens // lengths[0])))
     iterations, residuals, max_iter, tol = token_iterations(
-        model, windows[:, :-1].numpy(), args.max_iter, args.tol, args.batch_size, not args.no_progress, args.solver
+        model, windows[:, :-1].numpy(), args.max_iter, args.tol, args.batch_size, not args.no_progress
     )
     summary = convergence_summary(iterations.ravel(), residuals.ravel(), max_iter, tol)
     _report_convergence(args, model, summary, "iterations per token (sequential mode)")

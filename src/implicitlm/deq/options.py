@@ -13,7 +13,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-# torchdeq's three, and our safeguarded Anderson (deq/anderson.py).
+# Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, and our
+# safeguarded Anderson (deq/anderson.py).
 SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson")
 STOP_MODES = ("rel", "abs")
 

@@ -34,7 +34,21 @@ FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
 # rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
 RestrictFn = Callable[[torch.Tensor], FixedPointFn]
 
-_OWN_SOLVERS = {"safeguarded_anderson": safeguarded_anderson}
+
+
+def plain_iteration(f: FixedPointFn, x0: torch.Tensor, max_iter: int, **unused) -> torch.Tensor:
+    """z <- f(z), ``max_iter`` times or until ``f`` (the tracker) ends the loop.
+
+    The same iterates as torchdeq's ``fixed_point_iter``, without its own residual norms
+    and lowest-iterate copies at every step: the tracker already keeps both, per sample.
+    """
+    z = x0
+    for _ in range(max_iter):
+        z = f(z)
+    return z
+
+
+_OWN_SOLVERS = {"fixed_point_iter": plain_iteration, "safeguarded_anderson": safeguarded_anderson}
 
 
 def solver_function(name: str) -> Callable:

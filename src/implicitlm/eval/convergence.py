@@ -26,15 +26,11 @@ def token_iterations(
     tol: float | None = None,
     batch_size: int = 64,
     progress: bool = False,
-    solver: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """Iterations and relative residual of every token of ``inputs`` (N, L), solved in
-    sequential mode; also the budget and tolerance that applied. ``solver``: a solver
-    name of ``FixedPointOptions`` to set on the model first (else the model's own)."""
+    sequential mode with the model's solver; also the budget and tolerance that applied."""
     if not model.config.implicit:
         raise ValueError("convergence statistics need an implicit model; this one is explicit")
-    if solver is not None:
-        model.set_fixed_point_options(f_solver=solver)
     model.eval()
     options = model.solver.options
     max_iter = options.eval_f_max_iter if max_iter is None else max_iter
@@ -107,9 +103,9 @@ def convergence_record(
     record names the solver that produced the counts."""
     axes = {"x": "iterations to reach the tolerance", "y": "share of tokens", "yscale": "log"}
     curves = convergence_curves(summary)
-    metrics = convergence_metrics(summary)
     record = make_record(
-        "convergence", checkpoint, model, metrics, curves, axes, summary=summary, solver=model.solver.options.f_solver, **details
+        "convergence", checkpoint, model, convergence_metrics(summary), curves, axes,
+        summary=summary, solver=model.solver.options.f_solver, **details,
     )
     write_record(out_dir, record)
     plot_histograms(curves, Path(out_dir) / "convergence.png", title, axes)
