@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import settings
 
 from implicitlm.configs import load_preset
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
 from implicitlm.train.word_trainer import WordTrainConfig, train_words
+
+# Property tests draw the same examples on every run: CI is reproducible, and the
+# fuzzing run (tests/test_fuzz_parsers.py) is where fresh inputs come from.
+settings.register_profile("implicitlm", derandomize=True, database=None)
+settings.load_profile("implicitlm")
 
 # Test models are tiny: one thread avoids synchronisation overhead that dominates their cost.
 torch.set_num_threads(1)

@@ -233,3 +233,24 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     assert main(["lm", "convergence", str(checkpoint), *data, "--max-iter", "5", "--out", str(tmp_path / "conv")]) == 0
     summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]
     assert summary["all"]["tokens"] == 2 * SEQUENCE and summary["max_iter"] == 5
+
+
+def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards, tmp_path):
+    from implicitlm.train.guard import TrainingInterrupted
+
+    config = train_config(total_steps=6, checkpoint_every=4, keep_checkpoints=4)
+    train_lm(tiny_model(), config, shards, tmp_path / "whole", progress=False)
+    model, calls = tiny_model(), []
+
+    def sigterm_on_third_forward(module, inputs, output):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    model.get_input_embeddings().register_forward_hook(sigterm_on_third_forward)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM after step 3") as stopped:
+        train_lm(model, config, shards, tmp_path / "stopped", progress=False)
+    assert stopped.value.checkpoint.name == "step_0000003" and stopped.value.checkpoint.is_dir()
+    train_lm(tiny_model(), config, shards, tmp_path / "stopped", resume=True, progress=False)
+    assert logged(tmp_path / "stopped", "step") == list(range(6))
+    assert logged(tmp_path / "stopped", "loss") == logged(tmp_path / "whole", "loss")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,17 +21,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _quiet_libraries()
+    from .faults import NumericalFault
+    from .train.guard import TrainingInterrupted
+
+    out = getattr(args, "out", None)
+    new_out = out is not None and not out.exists()
     try:
         args.run(args)
     except USER_ERRORS as error:
-        # Bad input is reported in one line, never as a traceback.
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        print(f"implicitlm: error: {message}", file=sys.stderr)
-        return 2
+        # Bad input is reported in one line, never as a traceback, and leaves no partial output.
+        if new_out:
+            _remove_partial_output(out)
+        return _fail(error, 2)
+    except (NumericalFault, OSError) as error:
+        # Valid input, but the run cannot go on: NaN/Inf, a fatal non-convergence, a full disk.
+        return _fail(error, 1)
+    except TrainingInterrupted as stopped:
+        hint = "; continue with --resume" if hasattr(args, "resume") else ""
+        print(f"implicitlm: {stopped}{hint}", file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         print("implicitlm: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _remove_partial_output(out: Path) -> None:
+    """Remove the --out folder a command created before it met bad input, unless it already
+    holds a checkpoint: finished training steps are work, not partial output."""
+    if out.is_dir() and not any(out.glob("checkpoint*")):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _fail(error: BaseException, code: int) -> int:
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    print(f"implicitlm: error: {message}", file=sys.stderr)
+    return code
 
 
 def _quiet_libraries() -> None:
@@ -39,8 +66,16 @@ def _quiet_libraries() -> None:
     transformers_logging.disable_progress_bar()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse reporting a bad option in one line, as every other input error is (its
+    default prints the whole usage first). Subcommands inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="implicitlm", description="Implicit language models.")
+    parser = _Parser(prog="implicitlm", description="Implicit language models.")
     commands = parser.add_subparsers(title="commands")
     _add_demo(commands)
     words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")
@@ -91,10 +126,10 @@ def _run_demo(args) -> None:
 def _add_words_generate(commands) -> None:
     p = commands.add_parser("generate", help="generate word-problem data")
     p.add_argument("--group", required=True, help="e.g. S5, A5, Z6, S3xZ2, A5xM")
-    p.add_argument("--length", type=int, required=True)
-    p.add_argument("--count", type=int, required=True)
-    p.add_argument("--hard-prob", type=float, default=None, help="identity probability of the group part (A5xM)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length", type=_positive_int, required=True)
+    p.add_argument("--count", type=_positive_int, required=True)
+    p.add_argument("--hard-prob", type=_fraction, default=None, help="identity probability of the group part (A5xM)")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument("--out", type=Path, required=True, help=".csv for CSV; any other suffix: memory-mapped .npy")
     p.add_argument(
         "--targets", choices=("stored", "derived"), default="stored",
@@ -126,6 +161,7 @@ def _add_words_train(commands) -> None:
     p.add_argument("--data", type=Path, default=None, help="training words (.npy or .csv); default: fresh words")
     p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.add_argument("--train", action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_words_train)
 
@@ -134,17 +170,26 @@ def _run_words_train(args) -> None:
     from .configs import load_preset
     from .data.groups import get_group
     from .data.words import load_words
+    from .models import load_model
     from .train.word_setup import word_model, word_train_config
-    from .train.word_trainer import train_words
+    from .train.word_trainer import CHECKPOINT, resume_settings, train_words
 
+    if args.resume and (args.preset or args.model or args.explicit):
+        raise ValueError("--resume continues the run with its own model; only --train options may change")
     preset = load_preset(args.preset) if args.preset else {}
     kind = "explicit" if args.explicit else "implicit"
-    train = word_train_config(preset, kind, _key_values(args.train))
+    if args.resume:
+        train = resume_settings(args.out, _key_values(args.train))
+    else:
+        train = word_train_config(preset, kind, _key_values(args.train))
     data = load_words(args.data, group=train.group) if args.data else None
     if data is not None and data.group != get_group(train.group).name:
         raise ValueError(f"{args.data}: words over {data.group}, but the training group is {train.group}")
-    model = word_model(preset, kind, train, _key_values(args.model))
-    metrics = train_words(model, train, args.out, data=data, progress=not args.no_progress)
+    if args.resume:
+        model = load_model(args.out / CHECKPOINT)
+    else:
+        model = word_model(preset, kind, train, _key_values(args.model))
+    metrics = train_words(model, train, args.out, data=data, progress=not args.no_progress, resume=args.resume)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
     print(f"checkpoint: {args.out / 'checkpoint'}")
 
@@ -162,19 +207,27 @@ def _add_word_test_options(p) -> None:
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--group", default=None, help="group of generated test words (default: from the checkpoint)")
     lengths = p.add_mutually_exclusive_group()
-    lengths.add_argument("--lengths", default=None, help="comma-separated test lengths of generated words")
-    lengths.add_argument("--multiples", default=None, help="test lengths as multiples of the training length, e.g. 1,2,4,8")
+    lengths.add_argument("--lengths", type=_int_list, default=None, help="comma-separated test lengths of generated words")
+    lengths.add_argument("--multiples", type=_int_list, default=None, help="test lengths as multiples of the training length, e.g. 1,2,4,8")
     p.add_argument("--data", type=Path, action="append", default=[], help="test words file(s) instead")
-    p.add_argument("--count", type=int, default=512, help="generated words per length")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hard-prob", type=float, default=None, help="identity probability of the group part (A5xM)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--count", type=_positive_int, default=512, help="generated words per length")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument("--hard-prob", type=_fraction, default=None, help="identity probability of the group part (A5xM)")
+    p.add_argument("--batch-size", type=_positive_int, default=256)
     p.add_argument("--no-progress", action="store_true")
 
 
-def _add_budget_options(p) -> None:
-    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
-    p.add_argument("--tol", type=float, default=None, help="fixed-point tolerance (default: the model's)")
+def _add_budget_options(p, nonconvergence_flag: bool = True) -> None:
+    p.add_argument("--max-iter", type=_positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--tol", type=_positive_float, default=None, help="fixed-point tolerance (default: the model's)")
+    if nonconvergence_flag:
+        p.add_argument("--fail-on-nonconvergence", action="store_true",
+                       help="stop with exit code 1 if any sample or token misses the tolerance (default: count them)")
+
+
+def _apply_nonconvergence_flag(model, args) -> None:
+    if args.fail_on_nonconvergence:
+        model.set_fixed_point_options(eval_nonconvergence="error")
 
 
 def _word_test_sets(args) -> tuple:
@@ -194,9 +247,9 @@ def _word_test_sets(args) -> tuple:
     if args.multiples:
         if not train_length:
             raise ValueError("--multiples needs the training length, which the checkpoint does not record; give --lengths")
-        lengths = [train_length * m for m in _int_list(args.multiples)]
+        lengths = [train_length * m for m in args.multiples]
     elif args.lengths:
-        lengths = _int_list(args.lengths)
+        lengths = args.lengths
     else:
         raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
     hard_prob = args.hard_prob if args.hard_prob is not None else train.get("hard_prob")
@@ -208,6 +261,7 @@ def _run_words_eval(args) -> None:
     from .eval.words import word_accuracy, word_length_record
 
     model, group, train_length, test_sets = _word_test_sets(args)
+    _apply_nonconvergence_flag(model, args)
     budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size}
     rows = [word_accuracy(model, inputs, targets, **budget) for inputs, targets in _progress(test_sets, args)]
     print(f"{'length':>8}{'accuracy':>10}{'last10':>9}{'fp iters':>10}")
@@ -227,8 +281,8 @@ def _add_words_budget(commands) -> None:
 
 
 def _add_sweep_options(p, experiment: str) -> None:
-    p.add_argument("--budgets", default="1,2,4,8,16,32,64", help="comma-separated max_iter values")
-    p.add_argument("--tols", default=None, help="comma-separated tolerances (default: the model's)")
+    p.add_argument("--budgets", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64], help="comma-separated max_iter values")
+    p.add_argument("--tols", type=_float_list, default=None, help="comma-separated tolerances (default: the model's)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     p.add_argument("--out", type=Path, required=True, help=f"folder for {experiment}.json and {experiment}.png")
 
@@ -237,7 +291,7 @@ def _run_sweep(args, model, evaluate, experiment: str, quality: str, title: str,
     """The budget sweep of a ``budget`` command: table, record and figure."""
     from .eval.budget import budget_record, budget_sweep
 
-    rows = budget_sweep(evaluate, _int_list(args.budgets), _float_list(args.tols), progress=not args.no_progress)
+    rows = budget_sweep(evaluate, args.budgets, args.tols or [None], progress=not args.no_progress)
     _print_budget_table(rows, quality)
     title = f"{title} ({args.mode} mode)"
     budget_record(experiment, model, args.checkpoint, rows, quality, args.out, title, mode=args.mode, **details)
@@ -296,6 +350,7 @@ def _add_convergence_options(p) -> None:
 def _prepare_convergence(model, args) -> None:
     """An implicit model, running the solver ``--solver`` names (else its own)."""
     _require_implicit(model, "convergence statistics")
+    _apply_nonconvergence_flag(model, args)
     if args.solver is not None:
         model.set_fixed_point_options(f_solver=args.solver)
 
@@ -359,7 +414,7 @@ def _add_tokenizer_train(commands) -> None:
     p = commands.add_parser("train", help="train a byte-level BPE tokenizer on local text (offline)")
     p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders")
     p.add_argument("--out", type=Path, required=True, help="tokenizer folder (Hugging Face format)")
-    p.add_argument("--vocab-size", type=int, default=32768)
+    p.add_argument("--vocab-size", type=_positive_int, default=32768)
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
     p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
     p.set_defaults(run=_run_tokenizer_train)
@@ -379,10 +434,10 @@ def _add_corpus_build(commands) -> None:
     p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders, or a hub dataset name")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
     p.add_argument("--out", type=Path, required=True, help="shard folder")
-    p.add_argument("--test-fraction", type=float, default=0.001, help="share of documents held out (default 0.1%%)")
-    p.add_argument("--shard-tokens", type=int, default=2**24, help="tokens per shard file")
-    p.add_argument("--workers", type=int, default=1, help="tokenizer processes")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    p.add_argument("--test-fraction", type=_fraction, default=0.001, help="share of documents held out (default 0.1%%)")
+    p.add_argument("--shard-tokens", type=_positive_int, default=2**24, help="tokens per shard file")
+    p.add_argument("--workers", type=_positive_int, default=1, help="tokenizer processes")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the train/test split")
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
     p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.txt')")
     p.add_argument("--split", default="train", help="split of a hub dataset")
@@ -467,10 +522,10 @@ def _add_lm_test_options(p) -> None:
     p.add_argument("--data", type=Path, required=True, help="shard folder")
     p.add_argument("--split", default="test")
     lengths = p.add_mutually_exclusive_group()
-    lengths.add_argument("--lengths", default=None, help="comma-separated context lengths (default: the training context)")
-    lengths.add_argument("--multiples", default=None, help="context lengths as multiples of the training context, e.g. 1,2,4,8")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=None, help="tokens scored per length (default: the whole split)")
+    lengths.add_argument("--lengths", type=_int_list, default=None, help="comma-separated context lengths (default: the training context)")
+    lengths.add_argument("--multiples", type=_int_list, default=None, help="context lengths as multiples of the training context, e.g. 1,2,4,8")
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--max-tokens", type=_positive_int, default=None, help="tokens scored per length (default: the whole split)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -482,11 +537,11 @@ def _lm_test_setup(args) -> tuple:
     model = load_model(args.checkpoint)
     train_length = _training_settings(args.checkpoint).get("sequence_length")
     if args.lengths:
-        lengths = _int_list(args.lengths)
+        lengths = args.lengths
     elif train_length is None:
         raise ValueError("the checkpoint does not record its training context; give --lengths")
     else:
-        lengths = [train_length * m for m in _int_list(args.multiples or "1")]
+        lengths = [train_length * m for m in args.multiples or [1]]
     return model, train_length, TokenShards(args.data, args.split), lengths
 
 
@@ -494,6 +549,7 @@ def _run_lm_eval(args) -> None:
     from .eval.perplexity import lm_length_record, perplexity_by_length
 
     model, train_length, shards, lengths = _lm_test_setup(args)
+    _apply_nonconvergence_flag(model, args)
     budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol}
     rows = perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, not args.no_progress, **budget)
     print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}")
@@ -586,8 +642,8 @@ def _add_catbabi(commands) -> None:
     p = catbabi.add_parser("build", help="bAbI v1.2 task files (en-valid or en-valid-10k) -> a folder for `train --data`")
     p.add_argument("babi_dir", type=Path, help="folder of qaN_train.txt, qaN_valid.txt, qaN_test.txt")
     p.add_argument("--out", type=Path, required=True, help="catbAbI folder: token shards, tokenizer, answer positions")
-    p.add_argument("--tasks", default=None, help="comma-separated task ids (default: all 20)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the story order")
+    p.add_argument("--tasks", type=_int_list, default=None, help="comma-separated task ids (default: all 20)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the story order")
     p.add_argument("--overwrite", action="store_true", help="replace a built folder")
     p.set_defaults(run=_run_catbabi_build)
     p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
@@ -597,13 +653,13 @@ def _add_catbabi(commands) -> None:
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--data", type=Path, required=True, help="catbAbI folder (implicitlm catbabi build)")
     p.add_argument("--split", choices=["train", "valid", "test"], default="test", help="bAbI split (default: test)")
-    p.add_argument("--sequence-length", type=int, default=256, help="window length")
-    p.add_argument("--stride", type=int, default=None, help="window step; every answer sees at least "
+    p.add_argument("--sequence-length", type=_positive_int, default=256, help="window length")
+    p.add_argument("--stride", type=_positive_int, default=None, help="window step; every answer sees at least "
                    "sequence-length - stride tokens before it (default: half the window)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
-    p.add_argument("--max-iter", type=int, default=None, help="fixed-point budget (default: the model's eval budget)")
-    p.add_argument("--tol", type=float, default=None, help="fixed-point tolerance (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-iter", type=_positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--tol", type=_positive_float, default=None, help="fixed-point tolerance (default: the model's)")
+    p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--out", type=Path, required=True, help="folder for catbabi.json and catbabi.png")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_catbabi_eval)
@@ -612,7 +668,7 @@ def _add_catbabi(commands) -> None:
 def _run_catbabi_build(args) -> None:
     from .data.catbabi import build_catbabi
 
-    tasks = _int_list(args.tasks) if args.tasks else None
+    tasks = args.tasks
     summary = build_catbabi(args.babi_dir, args.out, tasks=tasks, seed=args.seed, overwrite=args.overwrite)
     for split, counts in summary["splits"].items():
         print(f"{split}: {counts['stories']:,} stories, {counts['answers']:,} answers")
@@ -646,12 +702,12 @@ def _add_lm_downstream(commands) -> None:
     p.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks (default: the paper's: lambada_openai,"
                    "hellaswag,piqa,arc_easy,arc_challenge,winogrande,openbookqa)")
     p.add_argument("--include-path", type=Path, default=None, help="folder of further task definitions (YAML)")
-    p.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if below 1): quick checks only")
-    p.add_argument("--num-fewshot", type=int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
+    p.add_argument("--limit", type=_positive_float, default=None, help="documents per task (a fraction if below 1): quick checks only")
+    p.add_argument("--num-fewshot", type=_non_negative_int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     _add_budget_options(p)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-length", type=int, default=None, help="context window in tokens (default: 2048)")
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--max-length", type=_positive_int, default=None, help="context window in tokens (default: 2048)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: as saved)")
@@ -670,6 +726,7 @@ def _run_lm_downstream(args) -> None:
     from .models import load_model
 
     model = load_model(args.checkpoint)
+    _apply_nonconvergence_flag(model, args)
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()] if args.tasks else list(PAPER_TASKS)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     settings = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size,
@@ -698,16 +755,17 @@ def _add_jacobian(commands) -> None:
                    help="checkpoint folder, preset:NAME (random weights; implicitlm models list) or JSON model options "
                         "(random weights)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument("--layer", type=int, default=0, help="layer whose SSM state is analysed (default 0)")
-    p.add_argument("--coordinates", type=int, default=64, help="state coordinates analysed, a seeded random choice")
-    p.add_argument("--positions", default=None, help="comma-separated token positions (default: 4 spread, the last included)")
-    p.add_argument("--length", type=int, default=32, help="tokens per sequence")
-    p.add_argument("--count", type=int, default=4, help="sequences")
+    p.add_argument("--layer", type=_non_negative_int, default=0, help="layer whose SSM state is analysed (default 0)")
+    p.add_argument("--coordinates", type=_positive_int, default=64, help="state coordinates analysed, a seeded random choice")
+    p.add_argument("--positions", type=_position_list, default=None, help="comma-separated token positions (default: 4 spread, the last included)")
+    p.add_argument("--length", type=_positive_int, default=32, help="tokens per sequence")
+    p.add_argument("--count", type=_positive_int, default=4, help="sequences")
     p.add_argument("--words", default=None, metavar="GROUP", help="word-problem tokens over GROUP instead of random tokens")
     p.add_argument("--method", choices=["ift", "unroll"], default="ift",
                    help="implicit-function theorem at the fixed point, or autograd through the iterations")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, tokens and coordinates")
-    _add_budget_options(p)
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random weights, tokens and coordinates")
+    # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
+    _add_budget_options(p, nonconvergence_flag=False)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_jacobian)
 
@@ -717,7 +775,7 @@ def _run_jacobian(args) -> None:
 
     records = run_jacobian(
         args.models, args.out, layer=args.layer, coordinates=args.coordinates,
-        positions=_int_list(args.positions) if args.positions else None, length=args.length, count=args.count,
+        positions=args.positions, length=args.length, count=args.count,
         words=args.words, method=args.method, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
         progress=not args.no_progress,
     )
@@ -744,27 +802,59 @@ def _key_values(items: list[str]) -> dict[str, Any]:
     return out
 
 
+# Option types: argparse reports their errors as "argument --x: <message>", one line.
+
+
+def _number(text: str, convert, minimum, strict: bool, expected: str):
+    """``convert(text)``, at least ``minimum`` (above it when ``strict``), finite."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum and not (strict and value == minimum)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    return _number(text, int, 0, True, "a positive integer")
+
+
+def _non_negative_int(text: str) -> int:
+    return _number(text, int, 0, False, "an integer >= 0")
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, float, 0.0, True, "a positive number")
+
+
+def _fraction(text: str) -> float:
+    value = _number(text, float, 0.0, False, "a number in [0, 1]")
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def _list_of(text: str, item, expected: str) -> list:
+    try:
+        values = [item(v) for v in text.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {expected}, got {text!r}")
+    return values
+
+
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"expected positive lengths, got {text!r}")
-    return values
+    return _list_of(text, _positive_int, "positive integers")
 
 
-def _float_list(text: str | None) -> list[float | None]:
-    """Comma-separated numbers; None (the model's own setting) when not given."""
-    if text is None:
-        return [None]
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise ValueError(f"expected positive numbers, got {text!r}")
-    return values
+def _position_list(text: str) -> list[int]:
+    return _list_of(text, _non_negative_int, "integers >= 0")
+
+
+def _float_list(text: str) -> list[float]:
+    return _list_of(text, _positive_float, "positive numbers")
 
 
 def _training_settings(checkpoint: Path) -> dict[str, Any]:
@@ -795,13 +885,16 @@ def _print_budget_table(rows: list[dict[str, Any]], quality: str) -> None:
 
 def _print_convergence(summary: dict[str, Any]) -> None:
     print(f"budget {summary['max_iter']}, tolerance {summary['tol']:g}")
-    print(f"{'tokens':<8}{'count':>9}{'mean':>8}{'median':>8}{'p90':>7}{'full budget':>13}{'unconverged':>13}")
+    # unconverged / diverged: token counts short of the tolerance, after the whole budget / given up before it.
+    print(f"{'tokens':<8}{'count':>9}{'mean':>8}{'median':>8}{'p90':>7}{'full budget':>13}{'unconverged':>13}"
+          f"{'diverged':>10}")
     for group in ("all", "hard", "easy"):
         stats = summary.get(group)
         if stats and stats["tokens"]:
             print(
                 f"{group:<8}{stats['tokens']:>9,}{stats['iterations_mean']:>8.2f}{stats['iterations_median']:>8.1f}"
-                f"{stats['iterations_p90']:>7.1f}{stats['share_full_budget']:>13.1%}{stats['share_unconverged']:>13.1%}"
+                f"{stats['iterations_p90']:>7.1f}{stats['share_full_budget']:>13.1%}{stats['unconverged']:>13,}"
+                f"{stats['diverged']:>10,}"
             )
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from .atomic_io import write_json
 from .data.groups import get_group
-from .deq.options import check_known_keys, field_names
 from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length, word_length_record
+from .schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
 from .train.word_setup import KINDS, word_model, word_train_config
 from .train.word_trainer import train_words
 
@@ -30,10 +30,19 @@ class DemoEval:
     max_iter: int | None = None
     tol: float | None = None
 
+    # The ranges of the fields above; their types are the annotations.
+    FIELD_RULES = {
+        "length_multiples": Rule("each >= 1 (at least one)", lambda multiples: len(multiples) and min(multiples) >= 1),
+        "count": at_least(1), "sequential_count": at_least(1), "max_iter": at_least(1), "tol": POSITIVE,
+    }
+
+    def __post_init__(self) -> None:
+        check_dataclass(self, "demo eval option")
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "DemoEval":
         check_known_keys(values, field_names(cls), "demo eval option")
-        return cls(**{**values, "length_multiples": tuple(values.get("length_multiples", cls.length_multiples))})
+        return cls(**values)
 
 
 def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from .atomic_io import write_json
 from .data.corpus import read_documents
 from .data.shards import TokenShards, evaluation_windows, write_shards
 from .data.tokenizer import train_tokenizer
-from .deq.options import check_known_keys
+from .schema import check_known_keys
 from .eval.perplexity import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from implicitlm.data.json_file import read_json_object
+from implicitlm.schema import option_error
+
+# A preset section holds a dict of options; its name ends with one of these ("implicit_model").
+SECTIONS = ("model", "train", "eval", "corpus")
 
 
 def preset_names() -> list[str]:
@@ -13,7 +18,11 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
-    """A preset by name (see ``preset_names``) or a JSON file path."""
+    """A preset by name (see ``preset_names``) or a JSON file path, as a dict.
+
+    A file that cannot be read, is not JSON or holds no JSON object raises a one-line
+    ``DataError`` (a ValueError) naming it; a section that holds no object, an OptionError.
+    """
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         source = path
@@ -21,9 +30,8 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         source = resources.files(__name__) / f"{name_or_path}.json"
     else:
         raise ValueError(f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file)")
-    try:
-        return json.loads(source.read_text())
-    except OSError as error:
-        raise ValueError(f"{source}: cannot read ({error.strerror})") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{source}: invalid JSON ({error.msg} at line {error.lineno})") from None
+    preset = read_json_object(source, "a preset")
+    for name, section in preset.items():
+        if name.endswith(SECTIONS) and not isinstance(section, dict):
+            raise option_error(f"{source}: preset section", name, "a dict", section)
+    return preset

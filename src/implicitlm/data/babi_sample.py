@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from implicitlm.atomic_io import atomic_write
+from implicitlm.data.errors import DataError
 
 SAMPLE_TASKS = (1, 6, 8, 15, 19)
 
@@ -128,6 +129,8 @@ SAMPLE_FILES: dict[tuple[int, str], str] = {
 def write_babi_sample(out_dir: str | os.PathLike) -> Path:
     """Write the sample's task files into ``out_dir``; returns it."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"{out_dir}: expected a folder for the sample's task files, got a file")
     for (task, split), text in SAMPLE_FILES.items():
         atomic_write(out_dir / f"qa{task}_{split}.txt", lambda path, text=text: path.write_text(text))
     return out_dir

@@ -20,8 +20,10 @@ The folder ``build_catbabi`` writes, which ``implicitlm train --data`` accepts::
     tokenizer/                         the word-level tokenizer (Hugging Face format)
     answers.npz                        per bAbI split: ``{split}_positions``, where in the
                                        shard split each answer token is, and ``{split}_tasks``
-    catbabi.json                       source, tasks, seed and counts; written last, so a
-                                       folder with it is complete
+    catbabi.json                       source, tasks, seed and counts
+
+The folder is built under a temporary name beside ``out_dir`` and renamed into place once
+complete, so a failed build leaves no half-written folder and a replaced one intact.
 
 The vocabulary is closed: every token of every split (the requested tasks), sorted, after
 the eos and unk tokens.
@@ -40,8 +42,10 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.atomic_io import atomic_write, write_json
-from implicitlm.data.errors import DataError
-from implicitlm.data.shards import INDEX_FILE, write_token_streams
+from implicitlm.data.errors import DataError, first_line, quoted
+from implicitlm.data.json_file import read_utf8
+from implicitlm.data.shards import INDEX_FILE, PROGRESS_FILE, TokenShards, write_token_streams
+from implicitlm.data.staging import staged_directory
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer
 
 TASKS = tuple(range(1, 21))
@@ -54,6 +58,12 @@ UNK_TOKEN = "<unk>"
 TOKENIZER_DIR = "tokenizer"
 ANSWERS_FILE = "answers.npz"
 SUMMARY_FILE = "catbabi.json"
+# What a built folder holds: only such a folder may be replaced by a new build.
+BUILT_ENTRIES = {
+    INDEX_FILE, PROGRESS_FILE, TOKENIZER_DIR, ANSWERS_FILE, SUMMARY_FILE, *SHARD_SPLITS.values()
+}
+# Line ids of more digits are refused: no story is that long, and int() refuses thousands.
+MAX_ID_DIGITS = 9
 
 
 @dataclass(frozen=True)
@@ -172,10 +182,7 @@ def read_task_file(path: str | os.PathLike, task: int) -> list[Story]:
     stories: list[Story] = []
     lines: list[Fact | Question] = []
     start = previous_id = 0
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    text = read_utf8(path, "a bAbI task file")
     for number, raw in enumerate(text.split("\n"), 1):
         raw = raw.rstrip("\r")
         if not raw.strip():
@@ -200,8 +207,8 @@ def read_task_file(path: str | os.PathLike, task: int) -> list[Story]:
 def parse_line(raw: str, where: str) -> tuple[int, Fact | Question]:
     """One line of a task file: its id, and the fact or question it holds."""
     line_id, space, text = raw.partition(" ")
-    if not line_id.isdigit() or int(line_id) < 1 or not space:
-        raise DataError(f"{where}: expected 'ID text' with a positive integer ID, got {raw[:60]!r}")
+    if not _is_line_id(line_id) or not space:
+        raise DataError(f"{where}: expected 'ID text' with a positive integer ID, got {quoted(raw)}")
     fields = [field.strip() for field in text.lower().split("\t")]
     if len(fields) == 1:
         return int(line_id), Fact(_sentence_words(fields[0], ".", where))
@@ -212,17 +219,22 @@ def parse_line(raw: str, where: str) -> tuple[int, Fact | Question]:
         )
     question, answer, supporting = fields
     if not answer or len(answer.split()) != 1:
-        raise DataError(f"{where}: expected the answer as one word (a list as 'a,b'), got {answer!r}")
-    if not all(part.isdigit() for part in supporting.split()):
-        raise DataError(f"{where}: expected supporting line ids as integers, got {supporting!r}")
+        raise DataError(f"{where}: expected the answer as one word (a list as 'a,b'), got {quoted(answer)}")
+    if not all(_is_line_id(part) for part in supporting.split()):
+        raise DataError(f"{where}: expected supporting line ids as integers, got {quoted(supporting)}")
     words = _sentence_words(question, "?", where)
     return int(line_id), Question(words, answer, tuple(int(part) for part in supporting.split()))
+
+
+def _is_line_id(text: str) -> bool:
+    # str.isdigit alone accepts other scripts' digits, which int() may refuse.
+    return text.isascii() and text.isdigit() and len(text) <= MAX_ID_DIGITS and int(text) >= 1
 
 
 def _sentence_words(sentence: str, end: str, where: str) -> tuple[str, ...]:
     if not sentence.endswith(end) or not sentence[:-1].split():
         kind = "fact" if end == "." else "question"
-        raise DataError(f"{where}: expected a {kind} ending in {end!r}, got {sentence[:60]!r}")
+        raise DataError(f"{where}: expected a {kind} ending in {end!r}, got {quoted(sentence)}")
     return tuple(sentence[:-1].split())
 
 
@@ -281,13 +293,45 @@ def build_catbabi(
     """Read bAbI from ``babi_dir`` and write the catbAbI folder ``out_dir`` (see the module
     docstring); returns its summary (what catbabi.json holds)."""
     out_dir = Path(out_dir)
-    # Refused before anything is written, so that a finished folder is left whole.
+    _check_replaceable(out_dir, overwrite)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    stories = read_babi(babi_dir, tasks)
+    with staged_directory(out_dir) as staging:
+        summary = _write_catbabi(stories, babi_dir, staging, out_dir, tasks, seed)
+    return summary
+
+
+def _check_replaceable(out_dir: Path, overwrite: bool) -> None:
+    """Refuse, before anything is written, an ``out_dir`` that a build may not replace."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"{out_dir}: expected a folder to build in, got a file")
     if (out_dir / INDEX_FILE).exists() and not overwrite:
         raise DataError(f"{out_dir}: holds built shards; pass overwrite=True (--overwrite) to replace them")
-    stories = read_babi(babi_dir, tasks)
-    (out_dir / SUMMARY_FILE).unlink(missing_ok=True)  # the folder is incomplete until the end
+    if not out_dir.is_dir():
+        return
+    # A build replaces the whole folder, which must therefore hold nothing else.
+    others = sorted(entry.name for entry in out_dir.iterdir() if entry.name not in BUILT_ENTRIES)
+    if others:
+        raise DataError(
+            f"{out_dir}: holds files that are no part of a catbAbI build ({', '.join(others[:5])}); "
+            f"build into a new or empty folder"
+        )
+
+
+def _write_catbabi(
+    stories: dict[str, list[Story]],
+    babi_dir: str | os.PathLike,
+    out_dir: Path,
+    final_dir: Path,
+    tasks: Sequence[int] | None,
+    seed: int,
+) -> dict[str, Any]:
+    """Write the folder into ``out_dir``, which becomes ``final_dir`` once complete."""
     save_tokenizer(word_tokenizer(vocabulary(stories)), out_dir / TOKENIZER_DIR)
     tokenizer = load_tokenizer(out_dir / TOKENIZER_DIR)
+    # The shard index records where the tokenizer is: where it will be, not where it is built.
+    tokenizer.name_or_path = str(final_dir / TOKENIZER_DIR)
     documents, answers = {}, {}
     for split, split_stories in stories.items():
         stream = shuffled_stories(split_stories, seed, split)
@@ -336,8 +380,35 @@ def read_answers(data_dir: str | os.PathLike, split: str) -> Answers:
         raise ValueError(f"unknown bAbI split {split!r}; the splits are {list(SPLITS)}")
     if not (data_dir / SUMMARY_FILE).is_file():
         raise DataError(f"{data_dir}: no {SUMMARY_FILE}; build the folder with `implicitlm catbabi build`")
+    path = data_dir / ANSWERS_FILE
     try:
-        with np.load(data_dir / ANSWERS_FILE, allow_pickle=False) as arrays:
-            return Answers(arrays[f"{split}_positions"], arrays[f"{split}_tasks"])
-    except (OSError, KeyError, ValueError) as error:
-        raise DataError(f"{data_dir / ANSWERS_FILE}: unreadable ({error}); build the folder again") from None
+        with np.load(path, allow_pickle=False) as arrays:
+            answers = Answers(arrays[f"{split}_positions"], arrays[f"{split}_tasks"])
+    # numpy and zipfile report a damaged archive in many ways, depending on the fault.
+    except Exception as error:
+        raise DataError(f"{path}: unreadable ({first_line(error)}); build the folder again") from None
+    _check_answers(path, split, answers, len(TokenShards(data_dir, SHARD_SPLITS[split])))
+    return answers
+
+
+def _check_answers(path: Path, split: str, answers: Answers, stream_length: int) -> None:
+    positions, tasks = answers.positions, answers.tasks
+    if (
+        positions.ndim != 1
+        or positions.shape != tasks.shape
+        or positions.dtype.kind not in "iu"
+        or tasks.dtype.kind not in "iu"
+    ):
+        raise DataError(
+            f"{path}: expected {split} answer positions and tasks as integer vectors of one length, "
+            f"got {positions.dtype} {positions.shape} and {tasks.dtype} {tasks.shape}"
+        )
+    if positions.size and (
+        positions.min() < 1 or positions.max() >= stream_length or np.any(np.diff(positions) <= 0)
+    ):
+        raise DataError(
+            f"{path}: expected increasing {split} answer positions in [1, {stream_length}), "
+            f"the length of its shard split"
+        )
+    if tasks.size and not np.isin(tasks, TASKS).all():
+        raise DataError(f"{path}: expected {split} answer tasks among the bAbI tasks 1-20")

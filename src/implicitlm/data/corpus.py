@@ -4,13 +4,15 @@ A source is one of:
 
 - a ``.jsonl`` file: one document per non-blank line, a JSON object with the text in ``text_field``;
 - a ``.parquet`` file: one document per row of the column ``text_field``, read in record batches;
-- any other file: the whole file is one document (UTF-8; undecodable bytes become U+FFFD);
+- any other file: the whole file is one document, its line endings kept (UTF-8; undecodable
+  bytes become U+FFFD, as they do in JSONL);
 - a directory: the files below it whose names match ``pattern``, recursively, in sorted path
   order; hidden files and directories (names starting with ".") are skipped;
 - a name that is not a local path, such as ``"allenai/c4"``: the Hugging Face dataset of that
   name, streamed (``datasets.load_dataset(name, split=split, streaming=True)``).
 
 The order of documents depends only on the sources, so every reading gives the same sequence.
+A malformed file raises a one-line ``DataError`` naming it (and the line or row).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from implicitlm.data.errors import DataError
+from implicitlm.data.errors import DataError, first_line
 
 Source = str | os.PathLike
 # Suffixes that mark a source as a file path, so that a missing one is reported as missing
@@ -51,12 +53,6 @@ def read_documents(
         sources = [sources]
     parts = [_source_documents(source, text_field, split, pattern) for source in sources]
     return itertools.chain.from_iterable(parts)
-
-
-def first_line(error: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _source_documents(source: Source, text_field: str, split: str, pattern: str) -> Iterator[str]:
@@ -94,15 +90,17 @@ def _files_under(directory: Path, pattern: str) -> list[Path]:
 
 def _file_documents(path: Path, text_field: str) -> Iterator[str]:
     suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return _jsonl_documents(path, text_field)
-    if suffix == ".parquet":
-        return _parquet_documents(path, text_field)
-    return _whole_file(path)
-
-
-def _whole_file(path: Path) -> Iterator[str]:
-    yield path.read_text(encoding="utf-8", errors="replace")
+    try:
+        if suffix == ".jsonl":
+            yield from _jsonl_documents(path, text_field)
+        elif suffix == ".parquet":
+            yield from _parquet_documents(path, text_field)
+        else:
+            # Bytes decoded as they are: read_text would also turn "\r\n" into "\n".
+            yield path.read_bytes().decode("utf-8", errors="replace")
+    # Read lazily, so a file can vanish or lose its permissions after the sources were checked.
+    except OSError as error:
+        raise DataError(f"{path}: cannot read ({error.strerror or first_line(error)})") from None
 
 
 def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
@@ -110,13 +108,17 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
         for line_number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
+            where = f"{path}:{line_number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataError(
-                    f"{path}:{line_number}: expected a JSON object: {error.msg}"
-                ) from None
-            yield _text_of(record, text_field, f"{path}:{line_number}")
+                raise DataError(f"{where}: expected a JSON object: {error.msg}") from None
+            except RecursionError:
+                raise DataError(f"{where}: expected a JSON object, got nesting too deep to read") from None
+            # An integer of more digits than Python converts.
+            except ValueError as error:
+                raise DataError(f"{where}: expected a JSON object: {first_line(error)}") from None
+            yield _text_of(record, text_field, where)
 
 
 def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
@@ -134,8 +136,9 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
                     f"got {type(text).__name__}"
                 )
             yield text
-    except pa.ArrowException as error:
-        raise DataError(f"{path}: cannot read as Parquet: {first_line(error)}") from error
+    # pyarrow reports a damaged file with its own errors and with OSError.
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"{path}: cannot read as Parquet: {first_line(error)}") from None
 
 
 def _hub_documents(name: str, text_field: str, split: str) -> Iterator[str]:

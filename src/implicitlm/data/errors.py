@@ -1,8 +1,11 @@
-"""Errors raised by the data modules, and the header check their file formats share."""
+"""Errors raised by the data modules, and the checks their file formats share."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable
+
+# Values quoted in a message are cut to this many characters, so a message stays short.
+QUOTED_CHARS = 60
 
 
 class DataError(ValueError):
@@ -14,5 +17,30 @@ def check_header(header: dict[str, Any], keys: Iterable[str], version: int, sour
     missing = sorted(set(keys) - set(header))
     if missing:
         raise DataError(f"{source}: expected keys {missing} in {what}")
-    if header["format_version"] != version:
-        raise DataError(f"{source}: expected format_version {version}, got {header['format_version']!r}")
+    found = header["format_version"]
+    if isinstance(found, bool) or found != version:
+        raise DataError(f"{source}: expected format_version {version}, got {quoted(found)}")
+
+
+def check_int(value: Any, source: object, field: str, minimum: int = 0) -> int:
+    """``value`` (field ``field`` of ``source``) as an integer of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DataError(f"{source}: expected {field!r} to be an integer >= {minimum}, got {quoted(value)}")
+    return value
+
+
+def quoted(value: Any) -> str:
+    """``repr(value)``, cut short: repr escapes line breaks, so the result is one line."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_CHARS else f"{text[:QUOTED_CHARS]}..."
+
+
+def not_utf8(error: UnicodeDecodeError) -> str:
+    """Where decoding failed, for a message."""
+    return f"got byte {error.object[error.start]:#04x} at offset {error.start}, which is not UTF-8"
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

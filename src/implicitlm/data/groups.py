@@ -7,7 +7,8 @@ running product of a word ``label_t = label_{t-1}[g_t]``. A direct product ``G x
 numbers the pair ``(i, j)`` as ``i * |H| + j`` (lexicographic order of pairs).
 
 Accepted names: ``S<n>``, ``A<n>`` (1 <= n <= 8), ``Z<n>`` (1 <= n <= 1000), ``M``, and
-direct products of these joined by ``x`` or ``×``, e.g. ``A5xM`` or ``S3xZ2``.
+direct products of at most 16 of these joined by ``x`` or ``×``, e.g. ``A5xM`` or
+``S3xZ2``. Any other name raises a one-line ``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from implicitlm.data.errors import quoted
+
 # S8 (40320 elements) would need a 1.6e9-entry table; anything this large is refused.
 MAX_TABLE_ENTRIES = 200_000_000
 MAX_PERMUTATION_DEGREE = 8
 MAX_CYCLIC_ORDER = 1000
+# More factors than this could only add trivial ones (the table limit allows at most 13 of
+# order 2 or more); the cap keeps a long name from building thousands of products.
+MAX_FACTORS = 16
 
 _FACTOR_PATTERN = re.compile(r"(?P<kind>[SAZ])(?P<n>[1-9][0-9]*)|M")
 _ACCEPTED_FORMS = (
     "S<n> or A<n> (1 <= n <= 8), Z<n> (1 <= n <= 1000), M, "
-    "or a direct product of these joined by 'x' or '×', e.g. 'A5xM'"
+    f"or a direct product of up to {MAX_FACTORS} of these joined by 'x' or '×', e.g. 'A5xM'"
 )
 
 # The 4-element aperiodic monoid M of Schöne et al. (2025), elements E, A, B, X in that
@@ -95,7 +101,7 @@ def get_group(name: str) -> FiniteAlgebra:
     order = math.prod(_factor_order(factor) for factor in factors)
     if order * order > MAX_TABLE_ENTRIES:
         raise ValueError(
-            f"group {name!r} has {order} elements: its table would hold {order * order:.3g} "
+            f"group {quoted(name)} has {order} elements: its table would hold {order * order:.3g} "
             f"entries, more than the limit of {MAX_TABLE_ENTRIES:.0e}"
         )
     return _build_product(tuple(factors))
@@ -107,10 +113,10 @@ def resolve_group(group: str | FiniteAlgebra) -> FiniteAlgebra:
 
 def _parse_factors(name: str) -> list[str]:
     if not isinstance(name, str):
-        raise ValueError(f"group name must be a string, got {name!r}; expected {_ACCEPTED_FORMS}")
+        raise ValueError(f"group name must be a string, got {quoted(name)}; expected {_ACCEPTED_FORMS}")
     factors = re.split("[x×]", name)
-    if not all(_is_valid_factor(factor) for factor in factors):
-        raise ValueError(f"unknown group name {name!r}; expected {_ACCEPTED_FORMS}")
+    if len(factors) > MAX_FACTORS or not all(_is_valid_factor(factor) for factor in factors):
+        raise ValueError(f"unknown group name {quoted(name)}; expected {_ACCEPTED_FORMS}")
     return factors
 
 
@@ -121,7 +127,8 @@ def _is_valid_factor(factor: str) -> bool:
     if factor == "M":
         return True
     limit = MAX_CYCLIC_ORDER if match["kind"] == "Z" else MAX_PERMUTATION_DEGREE
-    return int(match["n"]) <= limit
+    # Compared as text first: int() refuses numbers of thousands of digits.
+    return len(match["n"]) <= len(str(limit)) and int(match["n"]) <= limit
 
 
 def _factor_order(factor: str) -> int:

@@ -22,6 +22,10 @@ Data that comes with its own splits (any names) is written by ``write_token_stre
 documents given as token ids, each followed by eos as above; ``TokenShards`` reads any split
 the index lists.
 
+Reading checks the index (every field's type and range, shard files inside the directory
+and of the size the index gives) and raises a one-line ``DataError`` naming the file; a
+token id outside the vocabulary is reported when it is read.
+
 Resuming: after each shard, ``progress.json`` records per split the shards written and where
 the next shard starts (a document index and a token offset into that document). A resumed run
 reads the documents again from the start but tokenizes only those at or past their split's
@@ -34,9 +38,9 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
-import json
 import multiprocessing
 import os
+import re
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -47,14 +51,18 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from implicitlm.atomic_io import atomic_write, write_json
-from implicitlm.data.errors import DataError, check_header
+from implicitlm.data.errors import DataError, check_header, check_int, quoted
 from implicitlm.data.groups import smallest_uint_dtype
+from implicitlm.data.json_file import read_json_object
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")
 INDEX_FILE = "index.json"
 PROGRESS_FILE = "progress.json"
 INDEX_KEYS = {"format_version", "dtype", "vocab_size", "eos_token_id", "tokenizer", "splits"}
+TOKEN_DTYPES = ("uint16", "uint32")
+# Where a shard of split "name" lies: "name/shard_00000.bin", inside the directory.
+SHARD_FILE = re.compile(r"(?P<split>[^/\\]+)/shard_[0-9]{5,}\.bin")
 # atomic_write's temporary files, which a killed run can leave behind.
 TEMPORARY_PATTERNS = (f".{PROGRESS_FILE}.*.tmp", *(f"{split}/.shard_*.tmp" for split in SPLITS))
 OUTPUT_PATTERNS = (
@@ -166,16 +174,16 @@ class TokenShards:
         index_path = self.path / INDEX_FILE
         index = _read_index(index_path)
         if split not in index["splits"]:
-            raise DataError(f"{index_path}: no split {split!r}; it has {sorted(index['splits'])}")
+            raise DataError(f"{index_path}: no split {quoted(split)}; it has {sorted(index['splits'])}")
         self.dtype = np.dtype(index["dtype"]).newbyteorder("<")
-        self.vocab_size = int(index["vocab_size"])
-        self.eos_token_id = int(index["eos_token_id"])
+        self.vocab_size = index["vocab_size"]
+        self.eos_token_id = index["eos_token_id"]
         self.tokenizer = index["tokenizer"]
         self._shards = [
             _open_shard(index_path, record, self.dtype, verify)
             for record in index["splits"][split]["shards"]
         ]
-        self._starts = np.cumsum([0, *map(len, self._shards)])
+        self._starts = np.cumsum([0, *map(len, self._shards)], dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -196,6 +204,13 @@ class TokenShards:
             tokens[done : done + count] = self._shards[shard][offset : offset + count]
             done += count
             shard += 1
+        # Checked here rather than at opening, which would read every shard: an id past the
+        # vocabulary would index past an embedding table.
+        if length and int(tokens.max()) >= self.vocab_size:
+            raise DataError(
+                f"{self.path} ({self.split}): token id {int(tokens.max())} at or after token {start} "
+                f"is not below the vocabulary size {self.vocab_size}: a shard is corrupt"
+            )
         return tokens
 
 
@@ -371,8 +386,9 @@ def _saved_progress(
                 f"{out_dir}: holds an unfinished run; pass resume=True to continue it "
                 f"or overwrite=True to start again"
             )
-        saved = _read_json(progress_path)
+        saved = read_json_object(progress_path, "shard writing progress")
         _check_settings(progress_path, saved, settings)
+        _check_progress(progress_path, saved, settings)
         _remove(out_dir, TEMPORARY_PATTERNS)
         return saved
     # Shards of an earlier, longer run would otherwise outlive it under their old names.
@@ -409,6 +425,8 @@ def _check_settings(path: Path, saved: dict[str, Any], settings: dict[str, Any])
 def _remove(out_dir: Path, patterns: Iterable[str]) -> None:
     for pattern in patterns:
         for path in out_dir.glob(pattern):
+            if path.is_dir():  # not a file this module wrote: left for its owner to look at
+                raise DataError(f"{path}: expected a shard file, got a directory")
             path.unlink()
 
 
@@ -588,40 +606,89 @@ class _SplitWriter:
         )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except json.JSONDecodeError as error:
-        raise DataError(f"{path}:{error.lineno}: expected JSON: {error.msg}") from None
-    if not isinstance(value, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
-
-
 def _read_index(path: Path) -> dict[str, Any]:
+    """The index at ``path``, every field checked."""
     if not path.is_file():
         raise DataError(f"{path}: no shard index; write the shards with write_shards first")
-    index = _read_json(path)
+    index = read_json_object(path, "a shard index")
     check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index")
+    dtype = index["dtype"]
+    if dtype not in TOKEN_DTYPES:
+        raise DataError(f"{path}: expected 'dtype' to be one of {', '.join(TOKEN_DTYPES)}, got {quoted(dtype)}")
+    vocab_size = check_int(index["vocab_size"], path, "vocab_size", minimum=1)
+    if vocab_size - 1 > np.iinfo(dtype).max:
+        raise DataError(f"{path}: expected a vocab_size that {dtype} holds, got {vocab_size}")
+    eos = check_int(index["eos_token_id"], path, "eos_token_id")
+    if eos >= vocab_size:
+        raise DataError(f"{path}: expected 'eos_token_id' below vocab_size {vocab_size}, got {eos}")
+    if not isinstance(index["tokenizer"], str):
+        raise DataError(f"{path}: expected 'tokenizer' to be a string, got {quoted(index['tokenizer'])}")
+    splits = index["splits"]
+    if not isinstance(splits, dict):
+        raise DataError(f"{path}: expected 'splits' to be an object, got {quoted(splits)}")
+    for name, split in splits.items():
+        if not isinstance(split, dict) or not isinstance(split.get("shards"), list):
+            raise DataError(f"{path}: expected split {quoted(name)} to be an object with a list of 'shards'")
+        _check_shard_records(path, name, split["shards"])
     return index
 
 
-def _open_shard(
-    index_path: Path, record: dict[str, Any], dtype: np.dtype, verify: bool
-) -> np.memmap:
+def _check_progress(path: Path, saved: dict[str, Any], settings: dict[str, Any]) -> None:
+    """A progress record to resume from: per split, written shards that are all there, whole."""
+    splits = saved.get("splits")
+    if not isinstance(splits, dict) or not all(isinstance(splits.get(split), dict) for split in SPLITS):
+        raise DataError(f"{path}: expected 'splits' to hold an object for each of {list(SPLITS)}")
+    dtype = np.dtype(settings["dtype"])
+    for name in SPLITS:
+        state = splits[name]
+        shards = state.get("shards")
+        if not isinstance(shards, list):
+            raise DataError(f"{path}: expected split {name!r} to hold a list of 'shards'")
+        _check_shard_records(path, name, shards)
+        check_int(state.get("next_document"), path, f"splits.{name}.next_document")
+        check_int(state.get("next_token"), path, f"splits.{name}.next_token")
+        # The finished index will vouch for these shards' checksums: check them now.
+        for record in shards:
+            _open_shard(path, record, dtype, verify=True)
+
+
+def _check_shard_records(path: Path, split: str, records: list[Any]) -> None:
+    for number, record in enumerate(records):
+        where = f"split {quoted(split)} shard {number}"
+        if not isinstance(record, dict) or not {"file", "tokens", "sha256"} <= set(record):
+            raise DataError(f"{path}: expected {where} to be an object with file, tokens and sha256")
+        match = SHARD_FILE.fullmatch(record["file"]) if isinstance(record["file"], str) else None
+        # The file must lie inside the directory: an index is no way to read any other file.
+        if match is None or match["split"] in (".", ".."):
+            raise DataError(
+                f"{path}: expected the file of {where} to be '<split>/shard_NNNNN.bin', "
+                f"got {quoted(record['file'])}"
+            )
+        check_int(record["tokens"], path, f"tokens of {where}", minimum=1)
+        if not isinstance(record["sha256"], str):
+            raise DataError(f"{path}: expected the sha256 of {where} to be a string")
+
+
+def _shard_size(index_path: Path, record: dict[str, Any], dtype: np.dtype) -> Path:
+    """The shard file ``record`` names, which must hold exactly its tokens."""
     path = index_path.parent / record["file"]
     expected = record["tokens"] * dtype.itemsize
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing, though {index_path} lists it") from None
+    if not path.is_file():
+        found = "a directory" if path.is_dir() else "missing"
+        raise DataError(f"{path}: {found}, though {index_path} lists it as a shard")
+    size = path.stat().st_size
     if size != expected:
         raise DataError(
             f"{path}: expected {expected} bytes ({record['tokens']} tokens) as {index_path} "
             f"says, got {size}: the shard is truncated or from another run"
         )
+    return path
+
+
+def _open_shard(
+    index_path: Path, record: dict[str, Any], dtype: np.dtype, verify: bool
+) -> np.memmap:
+    path = _shard_size(index_path, record, dtype)
     tokens = np.memmap(path, dtype=dtype, mode="r")
     if verify and hashlib.sha256(tokens).hexdigest() != record["sha256"]:
         raise DataError(f"{path}: sha256 checksum differs from {index_path}: the shard is corrupt")

@@ -7,7 +7,6 @@ documents there.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterable
@@ -16,8 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.atomic_io import atomic_write
-from implicitlm.data.corpus import first_line
-from implicitlm.data.errors import DataError
+from implicitlm.data.errors import DataError, first_line
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -31,7 +29,7 @@ def train_tokenizer(
     returns it as loaded from there. Any text round-trips: ``decode(encode(text)) == text``.
     """
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet) + 1:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < len(alphabet) + 1:
         raise ValueError(
             f"vocab_size must be at least {len(alphabet) + 1} (every byte and the eos token), "
             f"got {vocab_size}"
@@ -58,7 +56,8 @@ def train_tokenizer(
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A tokenizer from a local directory or the Hugging Face hub; it must have an eos token."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(name_or_path))
+        # Never the code a tokenizer folder may name in its auto_map, not even on a yes at a prompt.
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(name_or_path), trust_remote_code=False)
     # Loading fails in many ways (no such directory or repository, network, a malformed
     # file), with exception types that differ between library versions.
     except Exception as error:
@@ -68,17 +67,29 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
             f"{name_or_path}: the tokenizer has no eos token, which the shards need "
             f"to separate documents"
         )
+    # The shards' dtype and every embedding table are sized by the length.
+    largest = max(tokenizer.get_vocab().values(), default=0)
+    if largest >= len(tokenizer):
+        raise DataError(
+            f"{name_or_path}: expected token ids below the tokenizer's length {len(tokenizer)}, "
+            f"got {largest}"
+        )
     return tokenizer
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
-    """``save_pretrained`` into ``out_dir``, each file written atomically."""
+    """``save_pretrained`` into ``out_dir``: all files are written before any replaces its
+    target, so a failure while writing leaves an earlier tokenizer there as it was."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"{out_dir}: expected a folder for the tokenizer, got a file")
     out_dir.mkdir(parents=True, exist_ok=True)
-    # save_pretrained writes in place; staging its files makes each appear whole or not at all.
-    with tempfile.TemporaryDirectory(dir=out_dir) as staging:
+    # save_pretrained writes in place, so its files are staged first; then each is moved
+    # into place by rename, which, unlike writing, has nothing to fail on.
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging.") as staging:
         tokenizer.save_pretrained(staging)
-        for staged in sorted(Path(staging).iterdir()):
+        for staged in sorted(path for path in Path(staging).iterdir() if path.is_file()):
             atomic_write(
                 out_dir / staged.name,
-                lambda temporary, staged=staged: shutil.copyfile(staged, temporary),
+                lambda temporary, staged=staged: os.replace(staged, temporary),
             )

@@ -11,7 +11,12 @@ derived targets (sidecar ``"targets": "derived"``) it holds only the inputs,
 sidecar without the key means stored targets. A ``.csv`` path uses the format of "The
 Illusion of State" (Merrill et al., 2024): header ``seed,input,target``, one word per
 row, elements space-separated. Every write goes to a temporary file that replaces the
-target only once complete.
+target only once complete; the two files of ``.npy`` storage are both written whole
+before either replaces its target.
+
+Reading checks everything a file could get wrong (the metadata's fields and types, the
+array's dtype and shape, every element index) and raises a one-line ``DataError`` naming
+the file, and the line for CSV.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,8 +34,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from implicitlm.atomic_io import atomic_write
-from implicitlm.data.errors import DataError, check_header
+from implicitlm.data.errors import DataError, check_header, check_int, first_line, not_utf8, quoted
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
+from implicitlm.data.json_file import read_json_object
 
 FORMAT_VERSION = 1
 CSV_HEADER = ("seed", "input", "target")
@@ -36,6 +44,9 @@ TARGET_STORAGE = ("stored", "derived")
 # Words are generated and checked in row blocks of about this many tokens, so temporary
 # memory stays bounded however many words are requested.
 BLOCK_TOKENS = 2**22
+NPY_MAGIC = b"\x93NUMPY"
+# A CSV seed of more digits is refused: int() would refuse thousands of them anyway.
+MAX_CSV_DIGITS = 30
 
 
 class DerivedTargets:
@@ -106,8 +117,14 @@ def generate_words(
     algebra = resolve_group(group)
     _check_generation_args(algebra, length, count, seed, hard_prob)
     dtype = smallest_uint_dtype(algebra.order)
-    inputs = np.empty((count, length), dtype=dtype)
-    targets = np.empty((count, length), dtype=dtype)
+    try:
+        inputs = np.empty((count, length), dtype=dtype)
+        targets = np.empty((count, length), dtype=dtype)
+    except (MemoryError, ValueError):
+        raise ValueError(
+            f"{count} words of length {length} are too many to hold in memory; "
+            f"generate them to a .npy file instead"
+        ) from None
     _fill_words(algebra, inputs, targets, seed, hard_prob)
     return inputs, targets
 
@@ -128,6 +145,7 @@ def write_generated_words(
     compute here); reading derives the targets. The words are the same either way.
     """
     path = Path(path)
+    _check_file_target(path)
     if path.suffix == ".csv":
         raise ValueError(f"{path}: generate to .npy storage; export CSV with save_words")
     if targets not in TARGET_STORAGE:
@@ -144,13 +162,17 @@ def write_generated_words(
         _fill_words(algebra, inputs, products, seed, hard_prob, progress)
 
     shape = (count, length) if derived else (2, count, length)
-    _write_npy(path, shape, smallest_uint_dtype(algebra.order), fill, meta)
+    dtype = smallest_uint_dtype(algebra.order)
+    _check_free_space(path, int(np.prod(shape, dtype=object)) * dtype.itemsize)
+    _write_npy(path, shape, dtype, fill, meta)
     return load_words(path)
 
 
 def prefix_products(group: str | FiniteAlgebra, inputs: np.ndarray) -> np.ndarray:
-    """Running products of each row of ``inputs`` (shape (count, length))."""
+    """Running products of each row of ``inputs`` (shape (count, length)), whose entries
+    must be element indices of ``group``."""
     algebra = resolve_group(group)
+    _check_element_array(algebra, inputs)
     targets = np.empty(inputs.shape, dtype=smallest_uint_dtype(algebra.order))
     if inputs.shape[1] == 0:
         return targets
@@ -168,7 +190,7 @@ def verify_targets(group: str | FiniteAlgebra, inputs: np.ndarray, targets: np.n
         return False
     for rows in _row_blocks(inputs.shape[0], inputs.shape[1]):
         block = np.asarray(inputs[rows])
-        if block.size and int(block.max()) >= algebra.order:
+        if not _are_elements(algebra, block):
             return False
         if not np.array_equal(prefix_products(algebra, block), targets[rows]):
             return False
@@ -194,17 +216,24 @@ def save_words(
     Length, count and format version are filled in from the arrays.
     """
     path = Path(path)
-    if "group" not in meta:
-        raise ValueError(f"{path}: meta must name the 'group' of the words")
+    _check_file_target(path)
+    if not isinstance(meta, dict) or "group" not in meta:
+        raise ValueError(f"{path}: meta must be a dict naming the 'group' of the words")
     algebra = resolve_group(meta["group"])
     # What is saved here has stored targets, even if it was read from a derived file.
-    targets = np.asarray(targets)
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
     _check_storable(path, algebra, inputs, targets)
+    seed, hard_prob = meta.get("seed"), meta.get("hard_prob")
+    _check_seed_and_hard_prob(path, seed, hard_prob, ValueError)
     count, length = inputs.shape
     full_meta = {
         **{key: value for key, value in meta.items() if key != "targets"},
-        **_full_meta(algebra, count, length, meta.get("seed"), meta.get("hard_prob")),
+        **_full_meta(algebra, count, length, seed, hard_prob),
     }
+    try:
+        json.dumps(full_meta)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: meta must hold only JSON values: {error}") from None
     if path.suffix == ".csv":
         _save_csv(path, inputs, targets, full_meta)
         return
@@ -219,6 +248,8 @@ def save_words(
 def load_words(path: str | os.PathLike, group: str | FiniteAlgebra | None = None) -> WordData:
     """Read words written by ``save_words``; a CSV file needs its ``group`` given."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: expected a word file, got a directory")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix == ".csv":
@@ -247,8 +278,62 @@ def _check_generation_args(
             f"hard_prob needs a direct product such as 'A5xM', "
             f"got the single factor {algebra.name!r}"
         )
-    if not 0.0 <= hard_prob <= 1.0:
+    if not _is_probability(hard_prob):
         raise ValueError(f"hard_prob must lie in [0, 1], got {hard_prob!r}")
+
+
+def _is_probability(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and 0.0 <= value <= 1.0
+    )
+
+
+def _check_seed_and_hard_prob(source: object, seed: Any, hard_prob: Any, error: type[ValueError]) -> None:
+    """Metadata fields: a non-negative integer seed and a probability, each or None."""
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
+    ):
+        raise error(f"{source}: expected 'seed' to be a non-negative integer or null, got {quoted(seed)}")
+    if hard_prob is not None and not _is_probability(hard_prob):
+        raise error(f"{source}: expected 'hard_prob' to be a number in [0, 1] or null, got {quoted(hard_prob)}")
+
+
+def _check_file_target(path: Path) -> None:
+    targets = [path] if path.suffix == ".csv" else [path, sidecar_path(path)]
+    for target in targets:
+        if target.is_dir():
+            raise ValueError(f"{target}: is a directory; expected a path for a word file")
+
+
+def _check_free_space(path: Path, size: int) -> None:
+    """Refuse at once a file the disk cannot hold, rather than failing once it is full."""
+    folder = path.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if size > free:
+        raise ValueError(f"{path}: the words need {size:,} bytes, but only {free:,} are free there")
+
+
+def _are_elements(algebra: FiniteAlgebra, block: np.ndarray) -> bool:
+    """Whether every entry of ``block`` is an element index of ``algebra``."""
+    if block.dtype.kind not in "ui":
+        return False
+    if not block.size or (block.dtype.kind == "u" and np.iinfo(block.dtype).max < algebra.order):
+        return True  # every value of the dtype is an element
+    return int(block.min()) >= 0 and int(block.max()) < algebra.order
+
+
+def _check_element_array(algebra: FiniteAlgebra, inputs: np.ndarray) -> None:
+    if not isinstance(inputs, np.ndarray) or inputs.ndim != 2 or inputs.dtype.kind not in "ui":
+        raise ValueError(
+            f"expected a 2-D integer array of words, got {type(inputs).__name__} "
+            f"{getattr(inputs, 'dtype', '')} {getattr(inputs, 'shape', '')}".rstrip()
+        )
+    if not _are_elements(algebra, inputs):
+        raise ValueError(f"expected element indices in [0, {algebra.order}) for {algebra.name}")
 
 
 def _fill_words(
@@ -321,11 +406,7 @@ def _check_storable(
             f"got {inputs.shape} and {targets.shape}"
         )
     for name, array in (("inputs", inputs), ("targets", targets)):
-        if (
-            not np.issubdtype(array.dtype, np.integer)
-            or array.min() < 0
-            or array.max() >= algebra.order
-        ):
+        if not np.issubdtype(array.dtype, np.integer) or not _are_elements(algebra, array):
             raise ValueError(
                 f"{path}: {name} must be integers in [0, {algebra.order}) for {algebra.name}"
             )
@@ -344,21 +425,27 @@ def _write_npy(
         array.flush()
         del array
 
-    # Data first: a reader that finds new metadata therefore always finds the new data.
-    atomic_write(path, write_array)
-    atomic_write(
-        sidecar_path(path), lambda temporary: temporary.write_text(json.dumps(meta, indent=2))
-    )
+    # Both files are staged whole before either replaces its target, so that a failure
+    # while writing leaves the old pair as it was. Data first: a reader that finds new
+    # metadata therefore finds the new data.
+    staged_array, staged_meta = _staged(path), _staged(sidecar_path(path))
+    try:
+        atomic_write(staged_array, write_array)
+        atomic_write(staged_meta, lambda temporary: temporary.write_text(json.dumps(meta, indent=2)))
+        os.replace(staged_array, path)
+        os.replace(staged_meta, sidecar_path(path))
+    finally:
+        staged_array.unlink(missing_ok=True)
+        staged_meta.unlink(missing_ok=True)
+
+
+def _staged(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.staged")
 
 
 def _load_npy(path: Path, group: FiniteAlgebra | None) -> WordData:
-    meta = _read_meta(path)
-    try:
-        array = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as error:
-        raise DataError(
-            f"{path}: cannot read as a .npy file: {str(error).splitlines()[0]}"
-        ) from error
+    meta, algebra = _read_meta(path)
+    array = _open_npy(path)
     derived = meta.get("targets", "stored") == "derived"
     expected = (meta["count"], meta["length"]) if derived else (2, meta["count"], meta["length"])
     if array.shape != expected or not np.issubdtype(array.dtype, np.unsignedinteger):
@@ -366,28 +453,68 @@ def _load_npy(path: Path, group: FiniteAlgebra | None) -> WordData:
             f"{path}: expected an unsigned array of shape {expected} as its metadata says, "
             f"got {array.dtype} {array.shape}"
         )
-    if group is not None and group.name != resolve_group(meta["group"]).name:
-        raise DataError(f"{path}: holds words over {meta['group']}, not {group.name}")
+    if group is not None and group.name != algebra.name:
+        raise DataError(f"{path}: holds words over {algebra.name}, not {group.name}")
+    _check_stored_elements(path, algebra, array)
     if derived:
-        return WordData(array, DerivedTargets(meta["group"], array), meta["group"], meta)
-    return WordData(array[0], array[1], meta["group"], meta)
+        return WordData(array, DerivedTargets(algebra, array), algebra.name, meta)
+    return WordData(array[0], array[1], algebra.name, meta)
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    sidecar = sidecar_path(path)
+def _open_npy(path: Path) -> np.ndarray:
+    # Checked first: np.load would take a zip file for an .npz archive, and other files
+    # for pickles, which are never read.
     try:
-        meta = json.loads(sidecar.read_text())
-    except FileNotFoundError as error:
-        raise DataError(f"{path}: metadata file {sidecar} is missing") from error
-    except json.JSONDecodeError as error:
-        raise DataError(f"{sidecar}:{error.lineno}: expected JSON metadata: {error.msg}") from error
+        with open(path, "rb") as handle:
+            magic = handle.read(len(NPY_MAGIC))
+    except OSError as error:
+        raise DataError(f"{path}: cannot read ({error.strerror or type(error).__name__})") from None
+    if magic != NPY_MAGIC:
+        raise DataError(f"{path}: expected a .npy file, which begins {NPY_MAGIC!r}, got {magic!r}")
+    try:
+        with warnings.catch_warnings():
+            # A damaged header can hold escapes that Python's parser warns about.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+    # numpy parses the header with Python's tokenizer and ast, and reports a malformed header
+    # or size with whatever those raise (ValueError, SyntaxError, TokenError, EOFError...).
+    except Exception as error:
+        raise DataError(f"{path}: cannot read as a .npy file: {first_line(error)}") from None
+
+
+def _check_stored_elements(path: Path, algebra: FiniteAlgebra, array: np.ndarray) -> None:
+    """Every entry of a stored array is an element index: one pass over the file."""
+    count, length = array.shape[-2:]
+    for rows in _row_blocks(count, length):
+        block = np.asarray(array[..., rows, :])
+        if not _are_elements(algebra, block):
+            raise DataError(
+                f"{path}: expected element indices below {algebra.order} for {algebra.name}, "
+                f"got {int(block.max())} in words {rows.start}-{rows.stop - 1}"
+            )
+
+
+def _read_meta(path: Path) -> tuple[dict[str, Any], FiniteAlgebra]:
+    """The sidecar's metadata, each field checked, and the algebra it names."""
+    sidecar = sidecar_path(path)
+    if not sidecar.exists():
+        raise DataError(f"{path}: metadata file {sidecar} is missing")
+    meta = read_json_object(sidecar, "word metadata")
     check_header(meta, ("group", "count", "length", "format_version"), FORMAT_VERSION, sidecar, "word metadata")
+    try:
+        algebra = resolve_group(meta["group"])
+    except ValueError as error:
+        raise DataError(f"{sidecar}: 'group': {error}") from None
+    check_int(meta["count"], sidecar, "count", minimum=1)
+    check_int(meta["length"], sidecar, "length", minimum=1)
+    _check_seed_and_hard_prob(sidecar, meta.get("seed"), meta.get("hard_prob"), DataError)
     if meta.get("targets", "stored") not in TARGET_STORAGE:
         raise DataError(
             f"{sidecar}: expected 'targets' to be one of {', '.join(TARGET_STORAGE)}, "
-            f"got {meta['targets']!r}"
+            f"got {quoted(meta['targets'])}"
         )
-    return meta
+    return meta, algebra
 
 
 def _save_csv(path: Path, inputs: np.ndarray, targets: np.ndarray, meta: dict[str, Any]) -> None:
@@ -413,22 +540,25 @@ def _load_csv(path: Path, algebra: FiniteAlgebra) -> WordData:
     seeds: list[int] = []
     inputs: list[np.ndarray] = []
     targets: list[np.ndarray] = []
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header != list(CSV_HEADER):
-            found = "an empty file" if header is None else repr(",".join(header))
-            raise DataError(f"{path}:1: expected header 'seed,input,target', got {found}")
-        for row in reader:
-            seed, word, labels = _parse_csv_row(path, reader.line_num, row, algebra)
-            if inputs and word.size != inputs[0].size:
-                raise DataError(
-                    f"{path}:{reader.line_num}: expected {inputs[0].size} elements per word "
-                    f"like the first row, got {word.size}"
-                )
-            seeds.append(seed)
-            inputs.append(word)
-            targets.append(labels)
+    with open(path, "rb") as handle:
+        reader = csv.reader(_utf8_lines(path, handle))
+        try:
+            header = next(reader, None)
+            if header != list(CSV_HEADER):
+                found = "an empty file" if header is None else quoted(",".join(header))
+                raise DataError(f"{path}:1: expected header 'seed,input,target', got {found}")
+            for row in reader:
+                seed, word, labels = _parse_csv_row(path, reader.line_num, row, algebra)
+                if inputs and word.size != inputs[0].size:
+                    raise DataError(
+                        f"{path}:{reader.line_num}: expected {inputs[0].size} elements per word "
+                        f"like the first row, got {word.size}"
+                    )
+                seeds.append(seed)
+                inputs.append(word)
+                targets.append(labels)
+        except csv.Error as error:
+            raise DataError(f"{path}:{reader.line_num}: expected CSV: {error}") from None
     if not inputs:
         raise DataError(f"{path}:2: expected at least one row after the header, got none")
     dtype = smallest_uint_dtype(algebra.order)
@@ -440,15 +570,26 @@ def _load_csv(path: Path, algebra: FiniteAlgebra) -> WordData:
     )
 
 
+def _utf8_lines(path: Path, handle: Any) -> Iterator[str]:
+    """The lines of a binary file as text, so that a decoding fault names its line."""
+    for number, raw in enumerate(handle, 1):
+        try:
+            # A spreadsheet's byte-order mark before the header is no part of it.
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"{path}:{number}: expected UTF-8 text: {not_utf8(error)}") from None
+
+
 def _parse_csv_row(
     path: Path, line: int, row: list[str], algebra: FiniteAlgebra
 ) -> tuple[int, np.ndarray, np.ndarray]:
     if len(row) != len(CSV_HEADER):
         raise DataError(f"{path}:{line}: expected 3 columns seed,input,target, got {len(row)}")
-    try:
-        seed = int(row[0])
-    except ValueError:
-        raise DataError(f"{path}:{line}: expected an integer seed, got {row[0]!r}") from None
+    # int() alone would also take signs, underscores, spaces and other scripts' digits.
+    seed_text = row[0]
+    if not (seed_text.isascii() and seed_text.isdigit() and len(seed_text) <= MAX_CSV_DIGITS):
+        raise DataError(f"{path}:{line}: expected a non-negative integer seed, got {quoted(seed_text)}")
+    seed = int(seed_text)
     word = _parse_elements(path, line, "input", row[1], algebra)
     labels = _parse_elements(path, line, "target", row[2], algebra)
     if word.size != labels.size:
@@ -465,16 +606,19 @@ def _parse_elements(
     tokens = text.split()
     if not tokens:
         raise DataError(f"{path}:{line}: expected at least one element index in {column}, got none")
+    values = []
     for token in tokens:
         # str.isdigit alone accepts non-ASCII digits such as superscripts.
         if not (token.isascii() and token.isdigit()):
             raise DataError(
-                f"{path}:{line}: expected non-negative integers in {column}, got {token!r}"
+                f"{path}:{line}: expected non-negative integers in {column}, got {quoted(token)}"
             )
-    values = np.array([int(token) for token in tokens], dtype=np.int64)
-    if values.max() >= algebra.order:
-        raise DataError(
-            f"{path}:{line}: expected {column} indices below {algebra.order} for {algebra.name}, "
-            f"got {int(values.max())}"
-        )
-    return values
+        # Compared as text first: int() refuses numbers of thousands of digits.
+        digits = token.lstrip("0") or "0"
+        if len(digits) > len(str(algebra.order)) or int(digits) >= algebra.order:
+            raise DataError(
+                f"{path}:{line}: expected {column} indices below {algebra.order} for "
+                f"{algebra.name}, got {quoted(token)}"
+            )
+        values.append(int(digits))
+    return np.array(values, dtype=np.int64)

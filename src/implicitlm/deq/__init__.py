@@ -1,6 +1,7 @@
 """Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
 
-from .options import FixedPointOptions, OptionError
+from ..schema import OptionError
+from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
 from .stats import FixedPointStats

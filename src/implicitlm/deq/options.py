@@ -9,18 +9,15 @@ names the closest known one.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
+
+from ..schema import OptionError, check_known_keys, field_names
 
 # Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, and our
 # safeguarded Anderson (deq/anderson.py).
 SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson")
 STOP_MODES = ("rel", "abs")
-
-
-class OptionError(ValueError):
-    """An invalid fixed-point option; the message is one line naming the option."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +28,12 @@ class FixedPointOptions:
     damped steps ``z <- tau f(z) + (1 - tau) z`` with autograd (phantom gradient), unless
     ``unroll_steps > 0``, which replaces both by a fully differentiable weight-tied unroll
     (the warm-up phase). Evaluation has its own budget, the test-time-compute knob.
+
+    ``divergence_patience``: a sample whose absolute residual has grown at that many
+    evaluations in a row, doubling over them, is given up as diverged (0: never).
+    ``eval_nonconvergence``: "report" (count the samples short of the tolerance in the
+    stats) or "error" (raise NumericalFault); evaluation only, since training phases
+    spend tiny budgets on purpose.
     """
 
     f_solver: str = "fixed_point_iter"
@@ -42,6 +45,8 @@ class FixedPointOptions:
     unroll_steps: int = 0
     eval_f_max_iter: int = 16
     eval_f_tol: float = 1e-3
+    divergence_patience: int = 8
+    eval_nonconvergence: str = "report"
 
     def __post_init__(self) -> None:
         _check_choice("f_solver", self.f_solver, SOLVERS)
@@ -50,6 +55,8 @@ class FixedPointOptions:
         _check_int("eval_f_max_iter", self.eval_f_max_iter, minimum=1)
         _check_int("phantom_steps", self.phantom_steps, minimum=1)
         _check_int("unroll_steps", self.unroll_steps, minimum=0)
+        _check_int("divergence_patience", self.divergence_patience, minimum=0)
+        _check_choice("eval_nonconvergence", self.eval_nonconvergence, ("report", "error"))
         _check_positive("f_tol", self.f_tol)
         _check_positive("eval_f_tol", self.eval_f_tol)
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0.0 < self.tau <= 1.0:
@@ -66,19 +73,6 @@ class FixedPointOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def field_names(schema: type) -> list[str]:
-    return [field.name for field in dataclasses.fields(schema)]
-
-
-def check_known_keys(values: Mapping[str, Any], known: Sequence[str], what: str) -> None:
-    """Raise OptionError for the first key of ``values`` not in ``known``, naming the closest one."""
-    for key in values:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
-            raise OptionError(f"unknown {what} '{key}'{hint}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

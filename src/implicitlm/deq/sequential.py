@@ -6,6 +6,11 @@ returns a candidate next state that is thrown away; once z_t has converged, one 
 per sample, so a sample's answer never depends on what else is in the batch. With
 ``select_rows``, a sample frozen for token t is also left out of token t's further
 steps: they run on the rows still iterating, with their slices of u_t and the state.
+
+Every token's solve is an evaluation solve: with ``eval_nonconvergence="error"``, the
+sequence raises ``NumericalFault`` once all its tokens are solved, counting the tokens
+short of the tolerance. A token whose commit step gives a non-finite output raises at
+once: the state committed with it is what every later token reads.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..faults import NumericalFault
 from .solver import FixedPointFn, FixedPointSolver, RestrictFn
 from .stats import FixedPointStats
 
@@ -38,7 +44,7 @@ def solve_sequence(
     residuals of every token's solve; its evaluations include each token's commit step.
     """
     batch, length = injection.shape[:2]
-    outputs, iterations, abs_res, rel_res = [], [], [], []
+    outputs, iterations, abs_res, rel_res, diverged = [], [], [], [], []
     evaluations = row_evaluations = 0
     z0 = injection.new_zeros(batch, hidden_size)  # read-only for the solvers: one for all tokens
     for t in range(length):
@@ -46,22 +52,34 @@ def solve_sequence(
         restrict = None if select_rows is None else _restricted(step, u_t, state, select_rows)
         z_t, stats = solver.solve(_token_map(step, u_t, state), z0, max_iter, tol, restrict)
         z_t, state = step(z_t, u_t, state)
+        _require_finite(z_t, t)
         outputs.append(z_t)
         iterations.append(stats.iterations)
         abs_res.append(stats.abs_residual)
         rel_res.append(stats.rel_residual)
+        diverged.append(stats.diverged)
         evaluations += stats.evaluations + 1
         row_evaluations += stats.row_evaluations + batch
-    return torch.stack(outputs, dim=1), state, FixedPointStats(
+    stats = FixedPointStats(
         iterations=torch.stack(iterations, dim=1),
         abs_residual=torch.stack(abs_res, dim=1),
         rel_residual=torch.stack(rel_res, dim=1),
+        diverged=torch.stack(diverged, dim=1),
         evaluations=evaluations,
         row_evaluations=row_evaluations,
         tol=tol,
         stop_mode=solver.options.f_stop_mode,
         solver=solver.options.f_solver,
     )
+    solver.require_convergence(stats, max_iter, "tokens")
+    return torch.stack(outputs, dim=1), state, stats
+
+
+def _require_finite(z_t: torch.Tensor, t: int) -> None:
+    bad = ~torch.isfinite(z_t.flatten(1)).all(dim=1)
+    if bool(bad.any()):
+        raise NumericalFault(f"sequential solve: the output committed at token {t} is NaN or infinite for "
+                             f"{int(bad.sum())} of {bad.numel()} samples")
 
 
 def _token_map(step: StepFn, u_t: torch.Tensor, state: Any) -> FixedPointFn:

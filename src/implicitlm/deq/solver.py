@@ -12,6 +12,17 @@ otherwise (per-sample norms, batched small solves), so a sample's iterates, its 
 and its iteration count are the same in any batch. A sample that never gets under the
 tolerance returns its lowest-residual image.
 
+A sample may also be given up before the budget is spent, counted as diverged and
+frozen at its lowest-residual image: when its absolute residual (its step length) has
+grown at ``divergence_patience`` evaluations in a row, doubling over them (one rise is
+no sign: safeguarded Anderson and Broyden rise and fall on their way, and can creep up
+a little for long), or at once when its image f(z) is not finite. A non-finite image
+is never returned nor handed back to the solver, whose per-sample linear algebra would
+otherwise carry one sample's NaN into a batch-wide error; a sample that never had a
+finite image has nothing to return, and the solve raises ``NumericalFault``. In
+evaluation, ``eval_nonconvergence="error"`` makes any sample short of the tolerance a
+``NumericalFault`` as well.
+
 Frozen rows cost nothing when the caller can restrict ``f`` to a subset of rows
 (``restrict``, as both modes of the models do); otherwise ``f`` runs on the whole batch
 and the frozen rows' outputs are dropped.
@@ -26,9 +37,15 @@ import torch
 from torchdeq.grad import backward_factory
 from torchdeq.solver import get_solver
 
+from ..faults import NumericalFault
 from .anderson import safeguarded_anderson
 from .options import SOLVERS, FixedPointOptions
 from .stats import FixedPointStats
+
+# A run of rises must also multiply the residual by this much: safeguarded Anderson can
+# creep up slowly for dozens of plain steps (seen: x1.46 over 77 rises) and then converge,
+# while a truly diverging iteration grows geometrically.
+DIVERGENCE_GROWTH = 2.0
 
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
 # rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
@@ -83,7 +100,10 @@ class FixedPointSolver:
         """``restrict``: as for ``solve``; the phantom-gradient steps run on the whole batch."""
         opts = self.options
         if not training:
-            return self.solve(f, z0, _or(max_iter, opts.eval_f_max_iter), _or(tol, opts.eval_f_tol), restrict)
+            max_iter = _or(max_iter, opts.eval_f_max_iter)
+            z_star, stats = self.solve(f, z0, max_iter, _or(tol, opts.eval_f_tol), restrict)
+            self.require_convergence(stats, max_iter, "samples")
+            return z_star, stats
         if opts.unroll_steps > 0:
             return self.unroll(f, z0, opts.unroll_steps)
         z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol), restrict)
@@ -100,18 +120,38 @@ class FixedPointSolver:
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
         stop_mode = self.options.f_stop_mode
-        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode)
+        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode, self.options.divergence_patience)
         with torch.no_grad(), contextlib.suppress(_SolveDone):
             self._solver(tracker, x0=z0, max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
+        never_finite = ~torch.isfinite(tracker.best_abs)
+        if bool(never_finite.any()):
+            raise NumericalFault(
+                f"fixed-point solve: f(z) was NaN or infinite at every evaluation for {int(never_finite.sum())} "
+                f"of {never_finite.numel()} samples; there is no finite iterate to return"
+            )
         return tracker.best, FixedPointStats(
             iterations=tracker.iterations(),
             abs_residual=tracker.best_abs,
             rel_residual=tracker.best_rel,
+            diverged=tracker.diverged,
             evaluations=tracker.calls,
             row_evaluations=tracker.row_evaluations,
             tol=tol,
             stop_mode=stop_mode,
             solver=self.options.f_solver,
+        )
+
+    def require_convergence(self, stats: FixedPointStats, max_iter: int, unit: str) -> None:
+        """With ``eval_nonconvergence="error"``: raise NumericalFault, in one line, if any of
+        the ``unit`` (samples, tokens) that ``stats`` describe missed the tolerance."""
+        missed = ~stats.converged
+        if self.options.eval_nonconvergence != "error" or not bool(missed.any()):
+            return
+        raise NumericalFault(
+            f"fixed point not reached for {int(missed.sum())} of {missed.numel()} {unit}: "
+            f"{int(stats.unconverged.sum())} hit the budget of {max_iter} evaluations, "
+            f"{int(stats.diverged.sum())} diverged; worst {stats.stop_mode} residual "
+            f"{stats.residual[missed].max().item():.3g} vs tolerance {stats.tol:g}"
         )
 
     def unroll(self, f: FixedPointFn, z0: torch.Tensor, steps: int) -> tuple[torch.Tensor, FixedPointStats]:
@@ -126,6 +166,7 @@ class FixedPointSolver:
             iterations=torch.full((z0.shape[0],), steps, device=z0.device),
             abs_residual=abs_residual,
             rel_residual=rel_residual,
+            diverged=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
             evaluations=steps,
             row_evaluations=steps * z0.shape[0],
             tol=self.options.f_tol,
@@ -139,6 +180,7 @@ class FixedPointSolver:
             iterations=torch.zeros(z0.shape[0], dtype=torch.long, device=z0.device),
             abs_residual=nan,
             rel_residual=nan,
+            diverged=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
             evaluations=0,
             row_evaluations=0,
             tol=self.options.f_tol,
@@ -160,15 +202,21 @@ class _SolveDone(Exception):
 
 class _RowTracker:
     """``f`` as the solver sees it: evaluated on the running samples only, each judged by
-    its own residual, frozen once under ``tol``, all of them retired when the budget is spent.
+    its own residual, frozen once under ``tol`` or given up (diverged), all of them
+    retired when the budget is spent.
 
     The residual of an evaluated point z is ``||f(z) - z||`` (divided by ``||f(z)||`` in
-    rel mode), as the solvers define it.
+    rel mode), as the solvers define it. Diverged: before the budget's last evaluation,
+    a non-finite residual, or an absolute residual that has grown at ``patience``
+    evaluations in a row (0: never) and by ``DIVERGENCE_GROWTH`` over them; at the last
+    evaluation every sample still running has simply hit the budget.
     """
 
-    def __init__(self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str) -> None:
+    def __init__(
+        self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str, patience: int
+    ) -> None:
         self.f, self.restrict = f, restrict
-        self.max_iter, self.tol, self.relative = max_iter, tol, stop_mode == "rel"
+        self.max_iter, self.tol, self.relative, self.patience = max_iter, tol, stop_mode == "rel", patience
         self.calls = 0
         self.row_evaluations = 0
         self.active: torch.Tensor | None = None  # indices of the samples still running
@@ -184,26 +232,38 @@ class _RowTracker:
         rel_res = abs_res / (fz_rows.flatten(1).norm(dim=1) + 1e-9)
         residual = rel_res if self.relative else abs_res
         self._keep_best(rows, fz_rows, abs_res, rel_res, residual)
-        converged = residual < self.tol
-        self.first_converged[rows[converged]] = self.calls
-        self._retire(rows, converged if self.calls < self.max_iter else torch.ones_like(converged))
+        finite = torch.isfinite(residual)
+        converged = residual < self.tol  # False for NaN: a non-finite residual never converges
+        # At the budget's last evaluation, a sample still running has hit the budget, whatever its residual.
+        budget_left = self.calls < self.max_iter
+        diverged = ~converged & (~finite | self._grew_too_long(rows, abs_res)) & budget_left
+        self.diverged[rows[diverged]] = True
+        self.stopped_at[rows[converged | diverged]] = self.calls
+        fz_rows = self._finite(rows, fz_rows, finite)
+        self._retire(rows, converged | diverged | (not budget_left))
         if self.active.numel() == 0:
             raise _SolveDone
         # Samples frozen at earlier calls: the identity, so they stay where the solver put them.
         return fz_rows if rows.numel() == z.shape[0] else z.index_copy(0, rows, fz_rows)
 
     def iterations(self) -> torch.Tensor:
-        """Evaluations each sample needed (all of them for a sample that never converged)."""
-        return torch.where(self.first_converged > 0, self.first_converged, self.calls)
+        """Evaluations each sample had: until it converged or diverged, else all of them."""
+        return torch.where(self.stopped_at > 0, self.stopped_at, self.calls)
 
     def _start(self, z: torch.Tensor) -> None:
         batch = z.shape[0]
         self.active = torch.arange(batch, device=z.device)
-        self.first_converged = torch.zeros(batch, dtype=torch.long, device=z.device)
+        self.stopped_at = torch.zeros(batch, dtype=torch.long, device=z.device)
+        self.diverged = torch.zeros(batch, dtype=torch.bool, device=z.device)
         self.best = z.clone()  # what a sample whose every residual is NaN gets back
         dtype = torch.promote_types(z.dtype, torch.float32)
         self.best_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
         self.best_rel = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
+        # Divergence watch, on the absolute residual: its last value, its consecutive rises
+        # and its value before them.
+        self.last_residual = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
+        self.rises = torch.zeros(batch, dtype=torch.long, device=z.device)
+        self.run_start = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
 
     def _evaluate(self, z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(z, f(z)) on ``rows``, counting the rows actually computed."""
@@ -219,13 +279,34 @@ class _RowTracker:
 
     def _keep_best(self, rows, fz_rows, abs_res, rel_res, residual) -> None:
         best_residual = (self.best_rel if self.relative else self.best_abs)[rows]
-        better = residual < best_residual
+        better = residual < best_residual  # never a NaN residual: the best image stays finite
         if better.all() and rows.numel() == self.best.shape[0]:
             self.best.copy_(fz_rows)
         else:
             self.best.index_copy_(0, rows[better], fz_rows[better])
         self.best_abs[rows[better]] = abs_res[better]
         self.best_rel[rows[better]] = rel_res[better]
+
+    def _grew_too_long(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Whether each row's absolute residual (its step length) has now grown at
+        ``patience`` evaluations in a row, and by ``DIVERGENCE_GROWTH`` over that run. Not
+        the relative residual, whatever the stop mode: it stays bounded (|a - 1| / |a| for
+        z -> a z + b) while the iterate runs off."""
+        if self.patience == 0:
+            return torch.zeros_like(residual, dtype=torch.bool)
+        grew = residual > self.last_residual[rows]
+        rises = torch.where(grew, self.rises[rows] + 1, 0)
+        run_start = torch.where(grew, self.run_start[rows], residual)
+        self.rises[rows], self.run_start[rows], self.last_residual[rows] = rises, run_start, residual
+        return (rises >= self.patience) & (residual >= DIVERGENCE_GROWTH * run_start)
+
+    def _finite(self, rows: torch.Tensor, fz_rows: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+        """``fz_rows`` with each non-finite image replaced by that sample's best one: the
+        solver never sees a NaN, whose batched solves would spread it to other samples."""
+        if bool(finite.all()):
+            return fz_rows
+        bad = (~finite).nonzero().squeeze(1)
+        return fz_rows.index_copy(0, bad, self.best.index_select(0, rows[bad]))
 
     def _retire(self, rows: torch.Tensor, done: torch.Tensor) -> None:
         if not bool(done.any()):

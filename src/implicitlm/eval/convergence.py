@@ -3,6 +3,10 @@
 The paper's claim: only a small subset of tokens needs the full budget. In sequential mode
 every token has its own fixed point, so its iteration count is its own, and tokens can be
 split by a mask (for A5 x M words: tokens whose group part is not the identity are hard).
+
+A token short of the tolerance either spent the whole budget (unconverged) or was given
+up earlier by the solve (diverged: its residual kept growing, or was not finite); its
+iteration count tells which.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ def token_iterations(
     batch_size: int = 64,
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """Iterations and relative residual of every token of ``inputs`` (N, L), solved in
-    sequential mode with the model's solver; also the budget and tolerance that applied."""
+    """Iterations and residual (the stop mode's, which the tolerance applies to) of every
+    token of ``inputs`` (N, L), solved in sequential mode with the model's solver; also
+    the budget and tolerance that applied."""
     if not model.config.implicit:
         raise ValueError("convergence statistics need an implicit model; this one is explicit")
     model.eval()
@@ -40,7 +45,8 @@ def token_iterations(
         batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)
         stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol).fixed_point
         iterations.append(stats.iterations.cpu().numpy())
-        residuals.append(stats.rel_residual.float().cpu().numpy())
+        # float64 holds every dtype's residual exactly: no rounding across the tolerance.
+        residuals.append(stats.residual.double().cpu().numpy())
     return np.concatenate(iterations), np.concatenate(residuals), max_iter, tol
 
 
@@ -62,6 +68,7 @@ def _describe(iterations: np.ndarray, residuals: np.ndarray, max_iter: int, tol:
     if iterations.size == 0:
         return {"tokens": 0}
     counts = np.bincount(iterations.ravel(), minlength=max_iter + 1)[1:]
+    missed = ~(residuals < tol)  # NaN included
     return {
         "tokens": int(iterations.size),
         "iterations_mean": float(iterations.mean()),
@@ -69,7 +76,10 @@ def _describe(iterations: np.ndarray, residuals: np.ndarray, max_iter: int, tol:
         "iterations_p90": float(np.percentile(iterations, 90)),
         # Tokens that used every iteration allowed: they stopped at the budget, not the tolerance.
         "share_full_budget": float((iterations >= max_iter).mean()),
-        "share_unconverged": float((residuals >= tol).mean()),
+        # Tokens short of the tolerance: after the whole budget, or given up before it.
+        "share_unconverged": float(missed.mean()),
+        "unconverged": int((missed & (iterations >= max_iter)).sum()),
+        "diverged": int((missed & (iterations < max_iter)).sum()),
         "histogram": {"iterations": list(range(1, max_iter + 1)), "tokens": counts.tolist()},
     }
 
@@ -80,6 +90,8 @@ def convergence_metrics(summary: dict[str, Any]) -> dict[str, float]:
         if group in summary and summary[group]["tokens"]:
             for name in ("iterations_mean", "iterations_median", "share_full_budget", "share_unconverged"):
                 metrics[f"{group} {name}"] = summary[group][name]
+            for name in ("unconverged", "diverged"):
+                metrics[f"{group} {name}"] = float(summary[group][name])
     if "hard_share" in summary:
         metrics["hard token share"] = summary["hard_share"]
     return metrics

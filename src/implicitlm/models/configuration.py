@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
 from transformers import PretrainedConfig
 
 from ..deq.options import FixedPointOptions
 from ..layers.mlp import swiglu_hidden_size
+from ..schema import NON_NEGATIVE, POSITIVE, Rule, at_least, check_fields, one_of, option_error
 
 LABEL_ALIGNMENTS = ("shifted", "aligned")
+WHAT = "model option"
 
 
 class ImplicitLMConfig(PretrainedConfig):
@@ -23,7 +26,19 @@ class ImplicitLMConfig(PretrainedConfig):
     product including token t). ``fixed_point``: a dict of ``FixedPointOptions`` fields.
     ``tie_word_embeddings=False`` gives the model a head of its own (``lm_head``) instead of
     reading logits off the embedding matrix.
+
+    Each class checks its own ``__init__`` arguments against their annotations and its
+    ``FIELD_RULES`` before using them, whether they come from options or a config.json.
+    ``check_consistency`` checks the fields that constrain one another (head sizes): a
+    config with some defaults left may not pass it (``ImplicitLlamaConfig(hidden_size=1024)``
+    keeps 12 heads), so ``config_from_options`` and ``load_model`` call it, not ``__init__``.
     """
+
+    FIELD_RULES = {
+        "vocab_size": at_least(1), "hidden_size": at_least(1), "num_hidden_layers": at_least(1),
+        "pad_vocab_size_multiple": at_least(1), "layer_norm_epsilon": POSITIVE, "initializer_range": NON_NEGATIVE,
+        "label_alignment": one_of(*LABEL_ALIGNMENTS),
+    }
 
     def __init__(
         self,
@@ -40,8 +55,7 @@ class ImplicitLMConfig(PretrainedConfig):
         tie_word_embeddings: bool = True,
         **kwargs: Any,
     ) -> None:
-        if label_alignment not in LABEL_ALIGNMENTS:
-            raise ValueError(f"label_alignment must be one of {LABEL_ALIGNMENTS}, got {label_alignment!r}")
+        _check_arguments(ImplicitLMConfig, locals())
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -53,6 +67,9 @@ class ImplicitLMConfig(PretrainedConfig):
         self.label_alignment = label_alignment
         self.fixed_point = FixedPointOptions.from_dict(fixed_point or {}).to_dict()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def check_consistency(self) -> None:
+        """Raise OptionError for fields that do not fit together (none in the shared ones)."""
 
     @property
     def padded_vocab_size(self) -> int:
@@ -68,6 +85,11 @@ class ImplicitMamba2Config(ImplicitLMConfig):
     """Mamba2 blocks (no MLP); field names follow ``transformers.Mamba2Config``."""
 
     model_type = "implicit_mamba2"
+    FIELD_RULES = {
+        "state_size": at_least(1), "conv_kernel": at_least(1), "expand": at_least(1), "head_dim": at_least(1),
+        "n_groups": at_least(1), "chunk_size": at_least(1), "time_step_min": POSITIVE, "time_step_max": POSITIVE,
+        "a_init_range": Rule("with 0 < low <= high", lambda bounds: 0 < bounds[0] <= bounds[1]),
+    }
 
     def __init__(
         self,
@@ -82,6 +104,7 @@ class ImplicitMamba2Config(ImplicitLMConfig):
         a_init_range: tuple[float, float] = (1.0, 16.0),
         **kwargs: Any,
     ) -> None:
+        _check_arguments(ImplicitMamba2Config, locals())
         self.state_size = state_size
         self.conv_kernel = conv_kernel
         self.expand = expand
@@ -93,6 +116,15 @@ class ImplicitMamba2Config(ImplicitLMConfig):
         self.a_init_range = tuple(a_init_range)
         super().__init__(**kwargs)
 
+    def check_consistency(self) -> None:
+        _check_time_steps(self)
+        inner = self.expand * self.hidden_size
+        if inner % self.head_dim:
+            raise option_error(WHAT, "head_dim", f"a divisor of expand * hidden_size = {inner}", self.head_dim)
+        if (inner // self.head_dim) % self.n_groups:
+            heads = f"expand * hidden_size / head_dim = {inner // self.head_dim}"
+            raise option_error(WHAT, "n_groups", f"a divisor of the number of heads {heads}", self.n_groups)
+
 
 class ImplicitLlamaConfig(ImplicitLMConfig):
     """Llama blocks (attention with RoPE + SwiGLU MLP); field names follow ``transformers.LlamaConfig``.
@@ -103,6 +135,10 @@ class ImplicitLlamaConfig(ImplicitLMConfig):
     """
 
     model_type = "implicit_llama"
+    FIELD_RULES = {
+        "num_attention_heads": at_least(1), "num_key_value_heads": at_least(1), "intermediate_size": at_least(1),
+        "rope_theta": POSITIVE,
+    }
 
     def __init__(
         self,
@@ -113,6 +149,7 @@ class ImplicitLlamaConfig(ImplicitLMConfig):
         rope_theta: float = 5e5,
         **kwargs: Any,
     ) -> None:
+        _check_arguments(ImplicitLlamaConfig, locals())
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
         self.rope_theta = rope_theta
@@ -121,6 +158,15 @@ class ImplicitLlamaConfig(ImplicitLMConfig):
         if intermediate_size is None:
             intermediate_size = swiglu_hidden_size(self.hidden_size)
         self.intermediate_size = intermediate_size
+
+    def check_consistency(self) -> None:
+        heads, kv_heads, size = self.num_attention_heads, self.num_key_value_heads, self.hidden_size
+        if size % heads or (size // heads) % 2:
+            # RoPE rotates pairs of dimensions: a head's size must be even.
+            expected = f"a divisor of hidden_size = {size} into heads of even size"
+            raise option_error(WHAT, "num_attention_heads", expected, heads)
+        if heads % kv_heads:
+            raise option_error(WHAT, "num_key_value_heads", f"a divisor of num_attention_heads = {heads}", kv_heads)
 
 
 class ImplicitMambaConfig(ImplicitLMConfig):
@@ -132,6 +178,15 @@ class ImplicitMambaConfig(ImplicitLMConfig):
     """
 
     model_type = "implicit_mamba"
+    FIELD_RULES = {
+        "state_size": at_least(1), "conv_kernel": at_least(1), "expand": at_least(1), "chunk_size": at_least(1),
+        "time_step_min": POSITIVE, "time_step_max": POSITIVE,
+        "time_step_rank": Rule(
+            "an integer >= 1 or 'auto'",
+            lambda rank: rank == "auto" or isinstance(rank, int) and rank >= 1,
+            replaces_type=True,
+        ),
+    }
 
     def __init__(
         self,
@@ -144,6 +199,7 @@ class ImplicitMambaConfig(ImplicitLMConfig):
         chunk_size: int = 4,
         **kwargs: Any,
     ) -> None:
+        _check_arguments(ImplicitMambaConfig, locals())
         self.state_size = state_size
         self.conv_kernel = conv_kernel
         self.expand = expand
@@ -155,3 +211,17 @@ class ImplicitMambaConfig(ImplicitLMConfig):
         if time_step_rank == "auto":
             time_step_rank = math.ceil(self.hidden_size / 16)
         self.time_step_rank = time_step_rank
+
+    def check_consistency(self) -> None:
+        _check_time_steps(self)
+
+
+def _check_arguments(cls: type[ImplicitLMConfig], arguments: dict[str, Any]) -> None:
+    """Check the arguments of ``cls.__init__`` (``locals()`` on entry) that ``cls`` declares,
+    before anything is computed from them."""
+    check_fields(arguments, typing.get_type_hints(cls.__init__), cls.FIELD_RULES, WHAT)
+
+
+def _check_time_steps(config: ImplicitMamba2Config | ImplicitMambaConfig) -> None:
+    if config.time_step_min > config.time_step_max:
+        raise option_error(WHAT, "time_step_min", f"<= time_step_max = {config.time_step_max}", config.time_step_min)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-
-from ..deq.options import OptionError, check_known_keys
+from ..data.errors import DataError, first_line, quoted
+from ..data.json_file import read_json_object
+from ..schema import OptionError, check_known_keys
 from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
@@ -26,6 +25,12 @@ MODEL_CLASSES: dict[str, type[ImplicitCausalLM]] = {
     ImplicitMamba2Config.model_type: ImplicitMamba2ForCausalLM,
     ImplicitLlamaConfig.model_type: ImplicitLlamaForCausalLM,
     ImplicitMambaConfig.model_type: ImplicitMambaForCausalLM,
+}
+
+# transformers initialises missing weights at random and drops unused ones, with a warning only.
+WEIGHT_PROBLEMS = {
+    "missing_keys": "lacks weights the config needs",
+    "unexpected_keys": "holds weights the config has no place for",
 }
 
 
@@ -49,7 +54,9 @@ def config_from_options(options: dict[str, Any]) -> ImplicitLMConfig:
     would keep them silently)."""
     architecture = options.get("architecture", "mamba2")
     check_known_keys(options, model_option_names(architecture), "model option")
-    return _config_class(architecture)(**{k: v for k, v in options.items() if k != "architecture"})
+    config = _config_class(architecture)(**{k: v for k, v in options.items() if k != "architecture"})
+    config.check_consistency()
+    return config
 
 
 def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
@@ -58,26 +65,52 @@ def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
 
 
 def load_model(path: str | Path) -> ImplicitCausalLM:
-    """Load a saved model (config.json + model.safetensors); weights come from safetensors only."""
+    """Load a saved model (config.json + model.safetensors); weights come from safetensors only.
+
+    Nothing in the directory is executed or unpickled: the model class is ours, chosen by
+    ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
+    """
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")
-    try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except json.JSONDecodeError as error:
-        raise ModelLoadError(f"{config_file}: invalid JSON ({error.msg}, line {error.lineno})") from None
-    if model_type not in MODEL_CLASSES:
-        raise ModelLoadError(f"{config_file}: model_type {model_type!r} is not one of {sorted(MODEL_CLASSES)}")
+    config = _read_config(config_file)
     if not (path / "model.safetensors").is_file():
         raise ModelLoadError(f"{path}: no model.safetensors")
     try:
-        return MODEL_CLASSES[model_type].from_pretrained(path, use_safetensors=True)
-    except (OSError, RuntimeError, ValueError, SafetensorError) as error:
-        raise ModelLoadError(f"{path}: cannot load weights ({str(error).splitlines()[0]})") from None
+        model, report = MODEL_CLASSES[config.model_type].from_pretrained(
+            path, config=config, use_safetensors=True, output_loading_info=True
+        )
+    # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
+    except Exception as error:
+        raise ModelLoadError(f"{path}: cannot load weights ({first_line(error)})") from None
+    for kind, problem in WEIGHT_PROBLEMS.items():
+        if report[kind]:
+            raise ModelLoadError(f"{path / 'model.safetensors'}: {problem}: {quoted(sorted(report[kind]))}")
+    return model
+
+
+def _read_config(config_file: Path) -> ImplicitLMConfig:
+    """The config in ``config_file``, every field checked as the options of a new model are."""
+    try:
+        values = read_json_object(config_file, "a model config")
+    except DataError as error:
+        raise ModelLoadError(str(error)) from None
+    model_type = values.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
+        raise ModelLoadError(f"{config_file}: model_type {quoted(model_type)} is not one of {sorted(MODEL_CLASSES)}")
+    try:
+        config = MODEL_CLASSES[model_type].config_class.from_dict(values)
+        config.check_consistency()
+        return config
+    except OptionError as error:
+        raise ModelLoadError(f"{config_file}: {error}") from None
+    # transformers checks its own fields (dtype, id2label, ...) and fails with various types.
+    except Exception as error:
+        raise ModelLoadError(f"{config_file}: invalid config ({first_line(error)})") from None
 
 
 def _config_class(architecture: str) -> type[ImplicitLMConfig]:
-    if architecture not in CONFIG_CLASSES:
+    if not isinstance(architecture, str) or architecture not in CONFIG_CLASSES:
         raise OptionError(f"architecture must be one of {', '.join(CONFIG_CLASSES)}; got {architecture!r}")
     return CONFIG_CLASSES[architecture]

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..models import load_model
+
 TRAINING_STATE = "training_state.pt"
 TRAINER_META = "trainer.json"
 
@@ -84,6 +86,35 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{file}: unreadable training state ({type(error).__name__})") from None
 
 
+def restore_weights(model, checkpoint: Path) -> tuple[int, dict[str, Any]]:
+    """Load ``checkpoint``'s weights into ``model``; returns its step and training state.
+
+    The checkpoint must hold the same architecture; the solver options, which the
+    curriculum changes from phase to phase, may differ."""
+    recover_replaced(checkpoint)
+    saved = load_model(checkpoint)
+    if _architecture(saved.config) != _architecture(model.config):
+        raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
+    model.load_state_dict(saved.state_dict())
+    return read_meta(checkpoint)["step"], load_training_state(checkpoint)
+
+
+# What saving adds to a config (and the solver options) do not make another architecture.
+_NOT_ARCHITECTURE = ("fixed_point", "transformers_version", "architectures", "dtype")
+
+
+def _architecture(config) -> dict[str, Any]:
+    return {k: v for k, v in config.to_diff_dict().items() if k not in _NOT_ARCHITECTURE}
+
+
+def recover_replaced(path: Path) -> None:
+    """Finish a replacement of ``path`` that a killed process left half done: between its
+    two renames only the retired copy exists, and it is the last complete checkpoint."""
+    retired = _retired(path)
+    if not path.exists() and retired.is_dir():
+        os.replace(retired, path)
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     file = Path(path) / TRAINER_META
     try:
@@ -98,8 +129,12 @@ def _replace_directory(staging: Path, final: Path) -> None:
         return
     # Directories cannot be swapped atomically: move the old one aside first, so at every
     # moment one complete checkpoint exists under a known name.
-    retired = final.with_name(f".{final.name}.old")
+    retired = _retired(final)
     shutil.rmtree(retired, ignore_errors=True)
     os.replace(final, retired)
     os.replace(staging, final)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def _retired(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")

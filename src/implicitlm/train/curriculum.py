@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..deq.options import FixedPointOptions, OptionError
+from ..deq.options import FixedPointOptions
+from ..schema import OptionError
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class Curriculum:
             if step < end:
                 return phase
         return self.phases[-1]
+
+    def enter(self, step: int, current: Phase | None, model) -> Phase:
+        """The phase of ``step``; when it is not ``current``, its solver options are set on
+        ``model`` (an implicit one; an explicit model has none)."""
+        phase = self.phase_at(step)
+        if phase is not current and model.config.implicit:
+            model.set_fixed_point_options(**phase.fixed_point)
+        return phase
 
     def boundaries(self) -> list[tuple[int, str]]:
         """(first step, phase name) of every non-empty phase."""

@@ -28,19 +28,22 @@ from tqdm.auto import tqdm
 
 from ..data.shards import TokenSampler, TokenShards, evaluation_windows
 from ..data.tokenizer import load_tokenizer
-from ..deq.options import OptionError, check_known_keys, field_names
 from ..eval.perplexity import perplexity
 from ..models.loss import token_cross_entropy
-from ..models import load_model
+from ..schema import (
+    NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_dataclass, check_known_keys,
+    field_names, one_of,
+)
 from .checkpoint import (
     CheckpointError,
     latest_checkpoint,
-    load_training_state,
     prune_checkpoints,
     read_meta,
+    restore_weights,
     save_checkpoint,
 )
 from .curriculum import Curriculum, Phase
+from .guard import StopSignals, TrainingInterrupted, check_finite, stop_on_numerical_fault, stop_requested
 from .run_log import RunLog
 from .schedule import warmup_constant_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
@@ -80,21 +83,26 @@ class LMTrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
 
+    # The ranges of the fields above; their types are the annotations.
+    FIELD_RULES = {
+        "sequence_length": at_least(1), "batch_tokens": at_least(1), "micro_batch_size": at_least(1),
+        "total_steps": at_least(1), "lr": POSITIVE, "min_lr": NON_NEGATIVE,
+        "betas": Rule("in [0, 1)", lambda betas: all(0 <= beta < 1 for beta in betas)),
+        "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "decay_fraction": UNIT_INTERVAL,
+        "grad_clip": POSITIVE, "bounded_fraction": UNIT_INTERVAL, "bounded_iters": NON_NEGATIVE,
+        "bounded_phantom_steps": at_least(1), "free_iters": NON_NEGATIVE, "free_phantom_steps": at_least(1),
+        "free_tol": POSITIVE, "distributed": one_of(*DISTRIBUTED), "seed": SEED, "log_every": at_least(1),
+        "eval_every": NON_NEGATIVE, "eval_batches": at_least(1), "checkpoint_every": at_least(1),
+        "keep_checkpoints": at_least(1),
+    }
+
     def __post_init__(self) -> None:
+        check_dataclass(self, "training option")
         check_precision(self.precision)
-        if self.distributed not in DISTRIBUTED:
-            raise OptionError(f"distributed must be one of {DISTRIBUTED}, got {self.distributed!r}")
-        if not 0.0 <= self.bounded_fraction <= 1.0 or not 0.0 <= self.decay_fraction <= 1.0:
-            raise OptionError("bounded_fraction and decay_fraction must lie in [0, 1]")
-        for name in ("sequence_length", "batch_tokens", "micro_batch_size", "total_steps", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise OptionError(f"{name} must be positive, got {getattr(self, name)}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "LMTrainConfig":
         check_known_keys(values, field_names(cls), "training option")
-        if "betas" in values:
-            values = {**values, "betas": tuple(values["betas"])}
         return cls(**values)
 
     def accumulation_steps(self, world_size: int) -> int:
@@ -149,7 +157,7 @@ def train_lm(
     )
     start_step, state = 0, None
     if resume:
-        start_step, state = _restore_weights(model, out_dir)
+        start_step, state = restore_weights(model, _latest(out_dir))
     if config.activation_checkpointing:
         model.activation_checkpointing_enable()
     if config.compile:
@@ -165,7 +173,6 @@ def train_lm(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     if state is not None:
         _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
-    log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
     curriculum = config.curriculum(core.config.implicit)
     test = TokenShards(data_dir, "test") if config.eval_every else None
     batches = iter(sampler)
@@ -175,29 +182,35 @@ def train_lm(
         range(start_step, config.total_steps), initial=start_step, total=config.total_steps, desc="train",
         disable=not progress or not accelerator.is_main_process,
     )
+    last_checkpoint = latest_checkpoint(out_dir / CHECKPOINTS) if resume else None
     model.train()
-    for step in bar:
-        if curriculum.phase_at(step) is not phase:
-            phase = curriculum.phase_at(step)
-            if core.config.implicit:
-                core.set_fixed_point_options(**phase.fixed_point)
-        loss, output = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.grad_clip))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens += config.batch_tokens
-        if step % config.log_every == 0 or step == config.total_steps - 1:
-            metrics = _step_metrics(loss, output, grad_norm, scheduler, phase, tokens, started)
-            if core.config.implicit:
-                metrics["fp_budget"] = core.solver.options.f_max_iter
-            log.write(step, metrics)
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", phase=phase.name)
-        if test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1):
-            log.write(step, _held_out(core, test, config))
-        if (step + 1) % config.checkpoint_every == 0 or step == config.total_steps - 1:
-            _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step + 1, config, tokenizer)
-    log.close()
+    log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
+    with log, StopSignals() as stop:
+        for step in bar:
+            phase = curriculum.enter(step, phase, core)
+            with stop_on_numerical_fault(step, last_checkpoint):
+                loss, output = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
+                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.grad_clip))
+                check_finite(loss, grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += config.batch_tokens
+            if step % config.log_every == 0 or step == config.total_steps - 1:
+                metrics = _step_metrics(loss, output, grad_norm, scheduler, phase, tokens, started)
+                if core.config.implicit:
+                    metrics["fp_budget"] = core.solver.options.f_max_iter
+                log.write(step, metrics)
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", phase=phase.name)
+            if test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1):
+                log.write(step, _held_out(core, test, config))
+            signal_number = stop_requested(stop, accelerator)
+            if signal_number or (step + 1) % config.checkpoint_every == 0 or step == config.total_steps - 1:
+                last_checkpoint = _checkpoint(
+                    accelerator, model, optimizer, scheduler, sampler, out_dir, step + 1, config, tokenizer
+                )
+            if signal_number:
+                raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
     return metrics
 
 
@@ -281,7 +294,8 @@ def _local_tokenizer(shards: TokenShards):
     return load_tokenizer(shards.tokenizer) if Path(shards.tokenizer).is_dir() else None
 
 
-def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path, step: int, config, tokenizer) -> None:
+def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path, step: int, config, tokenizer) -> Path:
+    path = out_dir / CHECKPOINTS / f"step_{step:07d}"
     weights = accelerator.get_state_dict(model)  # gathered to the main process under FSDP
     optimizer_state = _optimizer_state(accelerator, model, optimizer, config)
     if accelerator.is_main_process:
@@ -293,12 +307,10 @@ def _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir: Path
         }
         meta = {"step": step, "train": asdict(config), "processes": accelerator.num_processes}
         core = accelerator.unwrap_model(model)
-        save_checkpoint(
-            out_dir / CHECKPOINTS / f"step_{step:07d}", core, training_state=training_state, meta=meta, weights=weights,
-            tokenizer=tokenizer,
-        )
+        save_checkpoint(path, core, training_state=training_state, meta=meta, weights=weights, tokenizer=tokenizer)
         prune_checkpoints(out_dir / CHECKPOINTS, config.keep_checkpoints)
     accelerator.wait_for_everyone()
+    return path
 
 
 def _optimizer_state(accelerator, model, optimizer, config: LMTrainConfig) -> dict[str, Any]:
@@ -310,21 +322,11 @@ def _optimizer_state(accelerator, model, optimizer, config: LMTrainConfig) -> di
     return optimizer.state_dict()
 
 
-def _restore_weights(model, out_dir: Path) -> tuple[int, dict[str, Any]]:
-    """Load the latest checkpoint's weights into ``model``; returns its step and training state."""
+def _latest(out_dir: Path) -> Path:
     checkpoint = latest_checkpoint(out_dir / CHECKPOINTS)
     if checkpoint is None:
         raise CheckpointError(f"{out_dir}: nothing to resume (no checkpoint in {out_dir / CHECKPOINTS})")
-    saved = load_model(checkpoint)
-    if _architecture(saved.config) != _architecture(model.config):
-        raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
-    model.load_state_dict(saved.state_dict())
-    return read_meta(checkpoint)["step"], load_training_state(checkpoint)
-
-
-def _architecture(config) -> dict[str, Any]:
-    # The solver options change with the curriculum phase; the rest must match.
-    return {k: v for k, v in config.to_diff_dict().items() if k not in ("fixed_point", "transformers_version")}
+    return checkpoint
 
 
 def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer, scheduler, sampler, config) -> None:
@@ -343,7 +345,4 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> LMTrainConfig:
     """The training settings of the run in ``out_dir``, with ``overrides`` (e.g. more steps,
     a later switch to the free phase) applied."""
-    checkpoint = latest_checkpoint(Path(out_dir) / CHECKPOINTS)
-    if checkpoint is None:
-        raise CheckpointError(f"{out_dir}: nothing to resume (no checkpoint in {Path(out_dir) / CHECKPOINTS})")
-    return LMTrainConfig.from_dict({**read_meta(checkpoint)["train"], **overrides})
+    return LMTrainConfig.from_dict({**read_meta(_latest(Path(out_dir)))["train"], **overrides})

@@ -40,6 +40,12 @@ class RunLog:
             self._jsonl.close()
             self._tensorboard.close()
 
+    def __enter__(self) -> "RunLog":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
 
 def _truncate(path: Path, keep_before_step: int) -> None:
     if not path.is_file():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..deq.options import OptionError
+from ..schema import OptionError
 
 PRECISIONS = ("auto", "no", "bf16")
 

@@ -6,6 +6,7 @@ and the step number, so a run is reproducible and a resumed run sees the same ba
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,12 +19,17 @@ from tqdm.auto import tqdm
 
 from ..data.groups import get_group
 from ..data.words import WordData, generate_words
-from ..deq.options import check_known_keys, field_names
-from .checkpoint import save_checkpoint
+from ..schema import (
+    NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, at_least, check_dataclass, check_known_keys, field_names,
+)
+from .checkpoint import CheckpointError, read_meta, recover_replaced, restore_weights, save_checkpoint
 from .curriculum import Curriculum, Phase
+from .guard import StopSignals, TrainingInterrupted, check_finite, stop_on_numerical_fault, stop_requested
 from .run_log import RunLog
 from .schedule import warmup_constant
 from .speed import check_precision, compile_stack, resolve_precision
+
+CHECKPOINT = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,18 @@ class WordTrainConfig:
     precision: str = "auto"
     compile: bool = False
 
+    # The ranges of the fields above; their types are the annotations.
+    FIELD_RULES = {
+        "train_length": at_least(1), "batch_size": at_least(1), "hard_prob": UNIT_INTERVAL, "lr": POSITIVE,
+        "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "grad_clip": POSITIVE, "seed": SEED,
+        "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1), "bounded_steps": NON_NEGATIVE,
+        "bounded_iters": NON_NEGATIVE, "bounded_phantom_steps": at_least(1), "free_steps": NON_NEGATIVE,
+        "free_iters": NON_NEGATIVE, "free_phantom_steps": at_least(1), "free_tol": POSITIVE,
+        "log_every": at_least(1), "checkpoint_every": NON_NEGATIVE,  # 0: only at the end
+    }
+
     def __post_init__(self) -> None:
+        check_dataclass(self, "training option")
         check_precision(self.precision)
 
     @classmethod
@@ -82,46 +99,66 @@ def train_words(
     data: WordData | None = None,
     progress: bool = True,
     description: str = "train",
+    resume: bool = False,
 ) -> dict[str, float]:
     """Train ``model`` in place; returns the last logged metrics. Checkpoints go to
-    ``out_dir/checkpoint``, logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``."""
+    ``out_dir/checkpoint``, logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``.
+
+    ``resume`` continues from ``out_dir/checkpoint`` (its weights replace the model's):
+    optimiser, scheduler, RNG and the batch position are restored, so the run goes on as
+    the uninterrupted one would have. A SIGTERM or SIGINT ends the run after the current
+    step with a checkpoint (``TrainingInterrupted``); a non-finite loss or gradient ends
+    it before the update (``NumericalFault``), leaving the last checkpoint as it was.
+    """
     out_dir = Path(out_dir)
+    checkpoint = out_dir / CHECKPOINT
     torch.manual_seed(config.seed)
+    start_step, state = restore_weights(model, checkpoint) if resume else (0, None)
     accelerator = Accelerator(mixed_precision=resolve_precision(config.precision))
     if config.compile:
         compile_stack(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_constant(config.warmup_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
     core = accelerator.unwrap_model(model)
     curriculum = config.curriculum(core.config.implicit)
-    log = RunLog(out_dir, enabled=accelerator.is_main_process)
-    batches = _batches(config, data, accelerator.device)
+    batches = _batches(config, data, accelerator.device, start_step)
     phase, metrics = None, {}
+    last_checkpoint = checkpoint if resume else None
     started, tokens = time.perf_counter(), 0
-    bar = tqdm(range(curriculum.total_steps), desc=description, disable=not progress or not accelerator.is_main_process)
+    bar = tqdm(
+        range(start_step, curriculum.total_steps), initial=start_step, total=curriculum.total_steps,
+        desc=description, disable=not progress or not accelerator.is_main_process,
+    )
     model.train()
-    for step in bar:
-        if curriculum.phase_at(step) is not phase:
-            phase = curriculum.phase_at(step)
-            if core.config.implicit:
-                core.set_fixed_point_options(**phase.fixed_point)
-        input_ids, labels = next(batches)
-        output = model(input_ids, labels=labels)
-        accelerator.backward(output.loss)
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens += input_ids.numel()
-        if step % config.log_every == 0 or step == curriculum.total_steps - 1:
-            metrics = _step_metrics(output, labels, grad_norm, scheduler, phase, tokens, started)
-            log.write(step, metrics)
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}", phase=phase.name)
-        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step + 1, config)
+    log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
+    with log, StopSignals() as stop:
+        for step in bar:
+            phase = curriculum.enter(step, phase, core)
+            input_ids, labels = next(batches)
+            with stop_on_numerical_fault(step, last_checkpoint):
+                output = model(input_ids, labels=labels)
+                accelerator.backward(output.loss)
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+                check_finite(output.loss.item(), float(grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += input_ids.numel()
+            if step % config.log_every == 0 or step == curriculum.total_steps - 1:
+                metrics = _step_metrics(output, labels, grad_norm, scheduler, phase, tokens, started)
+                log.write(step, metrics)
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}", phase=phase.name)
+            signal_number = stop_requested(stop, accelerator)
+            if signal_number or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
+                last_checkpoint = _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step + 1, config)
+            if signal_number:
+                raise TrainingInterrupted(signal_number, step + 1, checkpoint)
     _checkpoint(accelerator, core, optimizer, scheduler, out_dir, curriculum.total_steps, config)
-    log.close()
     return metrics
 
 
@@ -141,29 +178,42 @@ def _step_metrics(output, labels, grad_norm, scheduler, phase: Phase, tokens: in
     return metrics
 
 
-def _checkpoint(accelerator, core, optimizer, scheduler, out_dir: Path, step: int, config: WordTrainConfig) -> None:
+def _checkpoint(accelerator, core, optimizer, scheduler, out_dir: Path, step: int, config: WordTrainConfig) -> Path:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        training_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        training_state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
         meta = {"step": step, "train": asdict(config)}
-        save_checkpoint(out_dir / "checkpoint", core, training_state=training_state, meta=meta)
+        save_checkpoint(out_dir / CHECKPOINT, core, training_state=training_state, meta=meta)
+    return out_dir / CHECKPOINT
+
+
+def resume_settings(out_dir: str | Path, overrides: dict[str, Any]) -> WordTrainConfig:
+    """The training settings of the run in ``out_dir``, with ``overrides`` (e.g. more steps) applied."""
+    checkpoint = Path(out_dir) / CHECKPOINT
+    recover_replaced(checkpoint)
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"{out_dir}: nothing to resume (no {CHECKPOINT} folder)")
+    return WordTrainConfig.from_dict({**read_meta(checkpoint)["train"], **overrides})
 
 
 def _batches(
-    config: WordTrainConfig, data: WordData | None, device: torch.device
+    config: WordTrainConfig, data: WordData | None, device: torch.device, start_step: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless (input_ids, labels) batches: shuffled epochs over ``data``, or fresh words."""
+    """Endless (input_ids, labels) batches from step ``start_step`` on: shuffled epochs over
+    ``data``, or fresh words."""
     if data is not None:
-        yield from file_batches(data, config.batch_size, config.seed, device)
+        yield from file_batches(data, config.batch_size, config.seed, device, start_step)
         return
     group = get_group(config.group)
-    step = 0
-    while True:
+    for step in itertools.count(start_step):
         # Each step's words come from their own seed: the same step always sees the same batch.
         inputs, targets = generate_words(
             group, config.train_length, config.batch_size, seed=_step_seed(config.seed, step), hard_prob=config.hard_prob
         )
-        step += 1
         yield _to_tensors(inputs, targets, device)
 
 
@@ -171,19 +221,23 @@ def _step_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
-def file_batches(data: WordData, batch_size: int, seed: int, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless (input_ids, labels) batches from a word file: a seeded shuffle per epoch, rows
-    of a batch read in sorted order; labels derived here when the file does not store them."""
+def file_batches(
+    data: WordData, batch_size: int, seed: int, device, start: int = 0
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (input_ids, labels) batches from a word file, from batch ``start`` on: a seeded
+    shuffle per epoch, rows of a batch read in sorted order; labels derived here when the
+    file does not store them."""
     count = data.inputs.shape[0]
     if count < batch_size:
         raise ValueError(f"training file has {count} sequences, fewer than the batch size {batch_size}")
-    epoch = 0
+    per_epoch = count // batch_size
+    epoch, skip = divmod(start, per_epoch)
     while True:
         order = np.random.default_rng([seed, epoch]).permutation(count)
-        for start in range(0, count - batch_size + 1, batch_size):
-            rows = np.sort(order[start : start + batch_size])  # sorted rows read a memory map faster
+        for start_row in range(skip * batch_size, per_epoch * batch_size, batch_size):
+            rows = np.sort(order[start_row : start_row + batch_size])  # sorted rows read a memory map faster
             yield _to_tensors(data.inputs[rows], data.targets[rows], device)
-        epoch += 1
+        epoch, skip = epoch + 1, 0
 
 
 def _to_tensors(inputs: np.ndarray, targets: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,94 @@
+"""What stops a training loop without losing work: a stop signal, and numbers gone wrong.
+
+A SIGTERM (a scheduler pre-empting the job) or SIGINT (Ctrl-C) does not kill the run in
+the middle of a step: the loop finishes the step, writes a checkpoint and ends with
+``TrainingInterrupted``. A second signal of the same kind acts as it would without us
+(SIGTERM kills, SIGINT raises KeyboardInterrupt), for a run stuck inside a step.
+
+A non-finite loss, gradient norm or fixed-point iterate stops the run before the optimiser
+applies the step, so the weights in memory and every checkpoint written so far are the
+last good ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+from pathlib import Path
+
+import torch
+
+from ..faults import NumericalFault
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingInterrupted(Exception):
+    """A stop signal ended the run after ``step`` steps, with a checkpoint written."""
+
+    def __init__(self, signal_number: int, step: int, checkpoint: Path) -> None:
+        self.signal_number = signal_number
+        self.step = step
+        self.checkpoint = checkpoint
+        name = signal.Signals(signal_number).name
+        super().__init__(f"stopped by {name} after step {step}; checkpoint written to {checkpoint}")
+
+    @property
+    def exit_code(self) -> int:
+        # The shell's convention for a process ended by a signal.
+        return 128 + self.signal_number
+
+
+class StopSignals:
+    """Within ``with StopSignals() as stop:``, SIGTERM and SIGINT are recorded in
+    ``stop.received`` (the signal number, or None) instead of ending the process."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        # Python delivers signals to the main thread only; elsewhere nothing is installed.
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self._record) for number in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+    def _record(self, number: int, frame) -> None:
+        self.received = number
+        signal.signal(number, self._previous[number])
+
+
+def stop_requested(stop: StopSignals, accelerator) -> int | None:
+    """The stop signal any process received, or None. Every process gets the same answer:
+    the checkpoint that follows is collective, so all must stop at the same step."""
+    if accelerator.num_processes == 1:
+        return stop.received
+    received = torch.tensor(float(stop.received or 0), device=accelerator.device)
+    number = int(accelerator.reduce(received, reduction="max").item())
+    return number or None
+
+
+@contextlib.contextmanager
+def stop_on_numerical_fault(step: int, last_checkpoint: Path | None):
+    """Around one step's forward and backward: a NumericalFault inside (a non-finite loss or
+    gradient, or a fixed-point solve with no finite iterate) ends training, naming the step
+    and the checkpoint to go back to."""
+    try:
+        yield
+    except NumericalFault as fault:
+        kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint had been written"
+        raise NumericalFault(f"step {step}: {fault}; training stopped before its update; {kept}") from None
+
+
+def check_finite(loss: float, grad_norm: float) -> None:
+    """Raise NumericalFault when the loss or the gradient norm is NaN or infinite."""
+    for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+        if not math.isfinite(value):
+            raise NumericalFault(f"{name} is {value}")

@@ -1,0 +1,73 @@
+"""Command-line options take any text: a value of the right kind, or one line naming the option and exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from implicitlm.cli import build_parser
+
+# (command words, required arguments, option, what a valid value satisfies)
+POSITIVE_INT = lambda v: isinstance(v, int) and v > 0  # noqa: E731
+NON_NEGATIVE_INT = lambda v: isinstance(v, int) and v >= 0  # noqa: E731
+POSITIVE_FLOAT = lambda v: math.isfinite(v) and v > 0  # noqa: E731
+FRACTION = lambda v: 0 <= v <= 1  # noqa: E731
+POSITIVE_INTS = lambda v: bool(v) and all(POSITIVE_INT(x) for x in v)  # noqa: E731
+POSITIVE_FLOATS = lambda v: bool(v) and all(POSITIVE_FLOAT(x) for x in v)  # noqa: E731
+
+GENERATE = (["words", "generate"], ["--group", "S3", "--length", "4", "--count", "2", "--out", "x.npy"])
+EVAL = (["words", "eval"], ["ckpt"])
+BUDGET = (["words", "budget"], ["ckpt", "--out", "o"])
+CORPUS = (["corpus", "build"], ["src", "--tokenizer", "t", "--out", "o"])
+CATBABI = (["catbabi", "eval"], ["ckpt", "--data", "d", "--out", "o"])
+JACOBIAN = (["jacobian"], ["m", "--out", "o"])
+OPTIONS = [
+    (*GENERATE, "--length", POSITIVE_INT),
+    (*GENERATE, "--count", POSITIVE_INT),
+    (*GENERATE, "--hard-prob", FRACTION),
+    (*GENERATE, "--seed", NON_NEGATIVE_INT),
+    (*EVAL, "--lengths", POSITIVE_INTS),
+    (*EVAL, "--batch-size", POSITIVE_INT),
+    (*EVAL, "--max-iter", POSITIVE_INT),
+    (*EVAL, "--tol", POSITIVE_FLOAT),
+    (*BUDGET, "--budgets", POSITIVE_INTS),
+    (*BUDGET, "--tols", POSITIVE_FLOATS),
+    (*CORPUS, "--test-fraction", FRACTION),
+    (*CORPUS, "--shard-tokens", POSITIVE_INT),
+    (*CATBABI, "--sequence-length", POSITIVE_INT),
+    (*JACOBIAN, "--positions", lambda v: bool(v) and all(NON_NEGATIVE_INT(x) for x in v)),
+]
+
+PARSER = build_parser()
+
+# Text a user might type by mistake, and anything else.
+TEXT = st.one_of(
+    st.sampled_from(["0", "-1", "1.5", "nan", "inf", "-inf", "1e400", "", ",", "1,,2", "0x10", " 3", "1_000", "٣"]),
+    st.integers(-10**30, 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.lists(st.integers(-5, 5), min_size=1, max_size=4).map(lambda xs: ",".join(map(str, xs))),
+    st.text(max_size=12),
+)
+
+
+@pytest.mark.parametrize(("command", "required", "option", "valid"), OPTIONS, ids=[f"{o[0][-1]} {o[2]}" for o in OPTIONS])
+@settings(max_examples=60, deadline=None)
+@given(text=TEXT)
+def test_an_option_value_parses_to_a_valid_value_or_is_one_line_naming_the_option(command, required, option, valid, text):
+    argv = [*command, *required, f"{option}={text}"]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = PARSER.parse_args(argv)
+    except SystemExit as exit:
+        err = stderr.getvalue().strip().splitlines()
+        assert exit.code == 2
+        assert len(err) == 1 and f"argument {option}" in err[0], err
+        return
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    assert valid(value), (text, value)

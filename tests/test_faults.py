@@ -1,0 +1,245 @@
+"""Fault injection in training: stop signals, SIGKILL, NaN, a full disk, a half-done checkpoint swap.
+
+Each test injects one fault into a real run and asserts what the user is promised: a
+clean exit with a checkpoint, no lost work beyond the last checkpoint, an exact resume,
+and a previous checkpoint left intact.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.faults import NumericalFault
+from implicitlm.models import load_model
+from implicitlm.train import checkpoint as checkpoint_module
+from implicitlm.train.checkpoint import read_meta
+from implicitlm.train.guard import TrainingInterrupted
+from implicitlm.train.word_trainer import WordTrainConfig, train_words
+
+MODEL = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
+SETTINGS = ["group=S3", "train_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
+            "bounded_steps=4", "free_steps=4", "free_iters=6", "free_phantom_steps=2"]
+
+
+def train_command(out: Path, *settings: str) -> list[str]:
+    options = [arg for option in MODEL for arg in ("--model", option)]
+    train = [arg for setting in (*SETTINGS, *settings) for arg in ("--train", setting)]
+    return ["words", "train", "--out", str(out), "--no-progress", *options, *train]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_model(run / "checkpoint").state_dict()
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def logged_losses(run: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(row["step"], row["loss"]) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("whole")
+    assert main(train_command(out)) == 0
+    return out
+
+
+def start_training(out: Path, *settings: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "implicitlm", *train_command(out, *settings)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
+    meta = out / "checkpoint" / "trainer.json"
+    deadline = time.monotonic() + 120
+    while not meta.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "the run ended before the fault could be injected"
+
+
+# ---------------------------------------------------------------- process faults
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    process = start_training(out, "checkpoint_every=2")
+    wait_for_checkpoint(process, out)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1].startswith("implicitlm: stopped by SIGTERM after step")
+    assert "Traceback" not in err
+    stopped_at = read_meta(out / "checkpoint")["step"]
+    assert 2 <= stopped_at < 8, "the run finished before the signal arrived"
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert read_meta(out / "checkpoint")["step"] == 8
+    assert logged_losses(out) == logged_losses(uninterrupted)
+    assert_same_weights(weights(out), weights(uninterrupted))
+
+
+def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    process = start_training(out, "checkpoint_every=2")
+    wait_for_checkpoint(process, out)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    saved = read_meta(out / "checkpoint")["step"]
+    assert saved % 2 == 0 and saved < 8
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert logged_losses(out) == logged_losses(uninterrupted)
+    assert_same_weights(weights(out), weights(uninterrupted))
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_number):
+    from implicitlm.models import build_model, config_from_options
+
+    torch.manual_seed(0)
+    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
+    model = build_model(config_from_options(options))
+    calls = []
+
+    def signal_on_third_forward(module, inputs, output):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal_number)
+
+    model.get_input_embeddings().register_forward_hook(signal_on_third_forward)
+    config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=6, log_every=1)
+    previous = signal.getsignal(signal_number)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train_words(model, config, tmp_path, progress=False)
+    assert stopped.value.step == 3 and stopped.value.exit_code == 128 + signal_number
+    assert read_meta(tmp_path / "checkpoint")["step"] == 3
+    assert_same_weights(weights(tmp_path), model.state_dict())
+    assert signal.getsignal(signal_number) is previous  # the handlers are the caller's again
+
+
+def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    # What a kill between "move the old checkpoint aside" and "move the new one in" leaves.
+    os.replace(out / "checkpoint", out / ".checkpoint.old")
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "free_steps=4",
+                 "--train", "bounded_steps=4"]) == 0
+    assert read_meta(out / "checkpoint")["step"] == 8
+
+
+# ---------------------------------------------------------------- numerical faults
+
+
+def nan_at_fifth_forward(model, where: str) -> None:
+    """Makes the 5th forward pass (step 4) non-finite: in its loss, or in every iterate."""
+    calls = []
+
+    def hook(module, inputs, output):
+        calls.append(1)
+        if len(calls) != 5:
+            return output
+        if where == "loss":
+            output.loss = output.loss * float("nan")
+            return output
+        return output * float("nan")
+
+    module = model if where == "loss" else model.get_input_embeddings()
+    module.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize(("where", "message"), [("loss", "loss is nan"), ("iterates", "NaN or infinite")])
+def test_nan_stops_training_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path, where, message):
+    from implicitlm.models import build_model, config_from_options
+
+    torch.manual_seed(0)
+    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
+    model = build_model(config_from_options(options))
+    nan_at_fifth_forward(model, where)
+    config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=8, log_every=1, checkpoint_every=2)
+    with pytest.raises(NumericalFault, match=rf"step 4: .*{message}.*; last good checkpoint: .*checkpoint"):
+        train_words(model, config, tmp_path, progress=False)
+    assert read_meta(tmp_path / "checkpoint")["step"] == 4
+    saved = weights(tmp_path)
+    assert all(torch.isfinite(value).all() for value in saved.values())
+    # The faulty step's update was never applied: memory still holds the checkpointed weights.
+    assert_same_weights(saved, model.state_dict())
+
+
+def test_an_overflowing_run_exits_1_with_one_line(tmp_path, capsys):
+    code = main(train_command(tmp_path / "run", "lr=1e30", "warmup_steps=0", "checkpoint_every=1"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith("implicitlm: error: ") and "step " in err[0]
+    saved = weights(tmp_path / "run")
+    assert all(torch.isfinite(value).all() for value in saved.values())
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    before = weights(out)
+    real_save = torch.save
+
+    def disk_full(state, path):
+        real_save(state, path)
+        with open(path, "r+b") as handle:
+            handle.truncate(100)  # what a write cut by ENOSPC leaves
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+    code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "No space left on device" in err[0]
+    assert read_meta(out / "checkpoint")["step"] == 2
+    assert_same_weights(weights(out), before)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no staging left
+
+
+# ---------------------------------------------------------------- bad input found late
+
+
+def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    from implicitlm.data.errors import DataError
+    from implicitlm.train import word_trainer
+
+    def unreadable(*args, **kwargs):
+        raise DataError("words.npy: row 7 holds token 9, outside the group's 6 elements")
+
+    monkeypatch.setattr(word_trainer, "generate_words", unreadable)
+    out = tmp_path / "run"
+    assert main(train_command(out)) == 2
+    assert "row 7" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, capsys, monkeypatch):
+    from implicitlm.data.errors import DataError
+    from implicitlm.train import word_trainer
+
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+
+    def unreadable(*args, **kwargs):
+        raise DataError("words.npy: truncated")
+
+    monkeypatch.setattr(word_trainer, "generate_words", unreadable)
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 2
+    assert read_meta(out / "checkpoint")["step"] == 2

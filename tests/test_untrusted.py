@@ -1,0 +1,245 @@
+"""Checkpoint directories from anywhere: nothing in them is unpickled or executed, and a bad
+one is refused with one line naming the file and the problem."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pickle
+import runpy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+import implicitlm
+from implicitlm.data.errors import DataError
+from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
+from implicitlm.models import ImplicitMamba2ForCausalLM, build_model, config_from_options, load_model
+from implicitlm.models.loading import ModelLoadError
+from implicitlm.train.checkpoint import TRAINING_STATE, CheckpointError, load_training_state, save_checkpoint
+
+OPTIONS = dict(vocab_size=8, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
+
+
+class CreatesFile:
+    """Unpickling this object creates ``path``: what a malicious checkpoint file would run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def evil_module(marker: Path) -> str:
+    """Python source that creates ``marker`` when imported, with the classes an auto_map names."""
+    return (
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM\n"
+        "class EvilConfig(ImplicitMamba2Config):\n    pass\n"
+        "class EvilModel(ImplicitMamba2ForCausalLM):\n    pass\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """A saved model: config.json + model.safetensors."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("saved") / "model"
+    build_model(config_from_options(OPTIONS)).save_pretrained(path)
+    return path
+
+
+def copy_of(saved: Path, tmp_path: Path, config: dict | list | None = None) -> Path:
+    path = tmp_path / "checkpoint"
+    shutil.copytree(saved, path)
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def saved_config(saved: Path) -> dict:
+    return json.loads((saved / "config.json").read_text())
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------- weights: safetensors only
+
+
+def test_a_saved_model_loads_back(saved):
+    model = load_model(saved)
+    assert isinstance(model, ImplicitMamba2ForCausalLM) and model.config.hidden_size == 16
+    stored = load_file(saved / "model.safetensors")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in stored.items())
+
+
+def test_pickled_weights_are_never_read(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    marker = tmp_path / "unpickled"
+    (path / "model.safetensors").unlink()
+    torch.save({"payload": CreatesFile(marker)}, path / "pytorch_model.bin")
+    assert refusal(path) == f"{path}: no model.safetensors"
+    assert not marker.exists()
+
+
+def test_weights_that_do_not_fit_the_config_are_refused(saved, tmp_path):
+    # transformers would initialise the missing head at random and only warn.
+    path = copy_of(saved, tmp_path, {**saved_config(saved), "tie_word_embeddings": False})
+    assert refusal(path) == f"{path}/model.safetensors: lacks weights the config needs: ['lm_head.weight']"
+    shutil.rmtree(path)
+    path = copy_of(saved, tmp_path)
+    save_file({**load_file(path / "model.safetensors"), "extra": torch.zeros(2)}, path / "model.safetensors",
+              metadata={"format": "pt"})
+    assert refusal(path) == f"{path}/model.safetensors: holds weights the config has no place for: ['extra']"
+    shutil.rmtree(path)
+    path = copy_of(saved, tmp_path, {**saved_config(saved), "state_size": 16})
+    assert refusal(path).startswith(f"{path}: cannot load weights (")
+
+
+def test_a_damaged_safetensors_file_is_refused(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert refusal(path).startswith(f"{path}: cannot load weights (")
+
+
+# ---------------------------------------------------------------- training state: no unpickling of objects
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
+def test_a_malicious_training_state_is_refused_unexecuted(saved, tmp_path, writer):
+    checkpoint = save_checkpoint(tmp_path / "step", load_model(saved), training_state={"step": torch.tensor(3)})
+    assert load_training_state(checkpoint)["step"].item() == 3
+    marker = tmp_path / "unpickled"
+    payload = {"step": torch.tensor(3), "optimizer": CreatesFile(marker)}
+    with open(checkpoint / TRAINING_STATE, "wb") as handle:
+        if writer == "torch.save":
+            torch.save(payload, handle)
+        else:
+            pickle.dump(payload, handle)
+    with pytest.raises(CheckpointError, match=f"{TRAINING_STATE}: unreadable training state"):
+        load_training_state(checkpoint)
+    assert not marker.exists()
+    # The payload is live: plain unpickling runs it.
+    pickle.loads(pickle.dumps(CreatesFile(marker)))
+    assert marker.exists()
+
+
+# ---------------------------------------------------------------- code in a checkpoint directory is never run
+
+
+def test_auto_map_code_in_a_checkpoint_is_never_run(saved, tmp_path):
+    marker = tmp_path / "imported"
+    auto_map = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    path = copy_of(saved, tmp_path, {**saved_config(saved), "auto_map": auto_map})
+    (path / "evil.py").write_text(evil_module(marker))
+    assert type(load_model(path)) is ImplicitMamba2ForCausalLM
+    # transformers' Auto classes, as the README shows: the registered model_type wins.
+    assert type(AutoModelForCausalLM.from_pretrained(path)) is ImplicitMamba2ForCausalLM
+    assert not marker.exists()
+    runpy.run_path(str(path / "evil.py"))  # the module is live: importing it creates the marker
+    assert marker.exists()
+
+
+def test_auto_map_code_beside_a_tokenizer_is_never_run(tmp_path):
+    marker = tmp_path / "imported"
+    folder = tmp_path / "tokenizer"
+    train_tokenizer(["one two three four " * 20], 300, folder)
+    settings_file = folder / "tokenizer_config.json"
+    tokenizer_config = json.loads(settings_file.read_text())
+    tokenizer_config.pop("tokenizer_class", None)  # else the local class is used without a question
+    auto_map = {"AutoTokenizer": [None, "evil.EvilTokenizer"]}
+    settings_file.write_text(json.dumps({**tokenizer_config, "auto_map": auto_map}))
+    (folder / "evil.py").write_text(evil_module(marker))
+    with pytest.raises(DataError, match="cannot load a tokenizer"):
+        load_tokenizer(folder)
+    assert not marker.exists()
+
+
+def test_the_package_unpickles_nothing():
+    """Every torch.load passes weights_only=True; no pickle, no np.load(allow_pickle=True), no remote code."""
+    for file in Path(implicitlm.__file__).parent.rglob("*.py"):
+        tree = ast.parse(file.read_text(), filename=str(file))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
+                assert not {"pickle", "dill", "joblib", "cloudpickle"} & set(modules), f"{file}:{node.lineno}"
+            if not isinstance(node, ast.Call):
+                continue
+            keywords = {k.arg: k.value for k in node.keywords}
+            name = ast.unparse(node.func)
+            if name == "torch.load":
+                flag = keywords.get("weights_only")
+                assert isinstance(flag, ast.Constant) and flag.value is True, f"{file}:{node.lineno}"
+            for unsafe in ("allow_pickle", "trust_remote_code"):
+                flag = keywords.get(unsafe)
+                assert flag is None or isinstance(flag, ast.Constant) and flag.value is False, f"{file}:{node.lineno}"
+
+
+# ---------------------------------------------------------------- config.json: every field checked
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"hidden_size": -1}, "model option 'hidden_size' must be an integer >= 1, got -1"),
+        ({"num_hidden_layers": "2"}, "model option 'num_hidden_layers' must be an integer >= 1, got '2'"),
+        ({"head_dim": 3}, "model option 'head_dim' must be a divisor of expand * hidden_size = 32, got 3"),
+        ({"fixed_point": 3}, "model option 'fixed_point' must be a dict or null, got 3"),
+        ({"fixed_point": {"zz": 1}}, "unknown fixed-point option 'zz'"),
+        ({"a_init_range": "1,16"}, "model option 'a_init_range' must be a list of 2 numbers with 0 < low <= high"),
+        ({"model_type": ["implicit_mamba2"]}, "model_type ['implicit_mamba2'] is not one of"),
+        ({"model_type": "llama"}, "model_type 'llama' is not one of"),
+        ({"dtype": "nonsense"}, "invalid config (AttributeError: "),
+    ],
+)
+def test_an_invalid_config_json_is_refused_naming_the_field(saved, tmp_path, change, problem):
+    path = copy_of(saved, tmp_path, {**saved_config(saved), **change})
+    assert refusal(path).startswith(f"{path}/config.json: {problem}")
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [(b"[1, 2]", "expected a JSON object"), (b'{"model_type": ', "expected JSON"), (b"\xff\xfe{}", "expected UTF-8")],
+)
+def test_a_config_json_that_is_no_object_is_refused(saved, tmp_path, content, problem):
+    path = copy_of(saved, tmp_path)
+    (path / "config.json").write_bytes(content)
+    assert problem in refusal(path)
+
+
+# Bounded numbers: a config.json of huge but valid sizes would build a huge model first.
+config_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 40) | st.floats(-1, 40) | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=2),
+    max_leaves=5,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_any_json_in_a_config_field_loads_or_is_refused(saved, tmp_path_factory, data):
+    config = saved_config(saved)
+    names = sorted(config) + ["id2label", "pad_token_id", "eos_token_id", "num_labels", "auto_map", "unknown"]
+    changes = data.draw(st.dictionaries(st.sampled_from(names), config_values, min_size=1, max_size=2))
+    path = copy_of(saved, tmp_path_factory.mktemp("any"), {**config, **changes})
+    try:
+        model = load_model(path)
+    except ModelLoadError as error:
+        assert "\n" not in str(error) and str(error).startswith(str(path))
+        return
+    assert model.config.hidden_size == config["hidden_size"]
