@@ -294,3 +294,26 @@ def test_words_train_reports_a_bad_option_in_one_line_and_writes_nothing(tmp_pat
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("implicitlm: error: ") and fragment in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "preset", "section", "change", "field"),
+    [
+        ("demo", "demo", "explicit_train", {"lr": "fast"}, "lr"),
+        ("demo", "demo", "explicit_model", {"head_dim": 0}, "head_dim"),
+        ("lm demo", "lm_demo", "corpus", {"max_bytes": -1}, "max_bytes"),
+        ("lm demo", "lm_demo", "explicit_train", {"total_steps": 0}, "total_steps"),
+    ],
+)
+def test_a_demo_preset_is_checked_whole_before_anything_runs(tmp_path, capsys, command, preset, section, change, field):
+    from implicitlm.cli import main
+    from implicitlm.configs import load_preset
+
+    values = load_preset(preset)
+    values[section] = {**values.get(section, {}), **change}
+    (tmp_path / "preset.json").write_text(json.dumps(values))
+    out = tmp_path / "out"
+    code = main([*command.split(), "--preset", str(tmp_path / "preset.json"), "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"'{field}'" in err[0], err
+    assert not out.exists()

@@ -243,3 +243,15 @@ def test_any_json_in_a_config_field_loads_or_is_refused(saved, tmp_path_factory,
         assert "\n" not in str(error) and str(error).startswith(str(path))
         return
     assert model.config.hidden_size == config["hidden_size"]
+
+
+@pytest.mark.parametrize("config", [{"model_type": "mamba2", "hidden_size": "abc"}, [1, 2], {"model_type": 3}])
+def test_import_of_a_foreign_checkpoint_with_a_bad_config_is_one_line(tmp_path, capsys, config):
+    from implicitlm.cli import main
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    code = main(["models", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(tmp_path / "hf") in err[0]
+    assert not (tmp_path / "out").exists()

@@ -50,9 +50,12 @@ def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True)
     evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
     results: dict[str, Any] = {"models": {}}
+    # Both kinds' settings and models first: a bad explicit section is reported before
+    # minutes of implicit training, not after.
+    trains = {kind: word_train_config(preset, kind) for kind in KINDS}
+    models = {kind: word_model(preset, kind, trains[kind]) for kind in KINDS}
     for kind in KINDS:
-        train = word_train_config(preset, kind)
-        model = word_model(preset, kind, train)
+        train, model = trains[kind], models[kind]
         train_words(model, train, out_dir / kind, progress=progress, description=f"train {kind}")
         lengths = [train.train_length * m for m in evaluation.length_multiples]
         budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sysconfig
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,31 @@ from .atomic_io import write_json
 from .data.corpus import read_documents
 from .data.shards import TokenShards, evaluation_windows, write_shards
 from .data.tokenizer import train_tokenizer
-from .schema import check_known_keys
 from .eval.perplexity import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
+from .schema import at_least, between, check_dataclass, check_known_keys, field_names
 from .train.lm_trainer import LMTrainConfig, train_lm
+
+@dataclass(frozen=True)
+class DemoCorpus:
+    """How much of the standard library to read, and the tokenizer trained on it."""
+
+    max_bytes: int = 3_000_000
+    vocab_size: int = 2048
+    test_fraction: float = 0.02
+
+    # The ranges of the fields above; their types are the annotations.
+    FIELD_RULES = {"max_bytes": at_least(1), "vocab_size": at_least(1), "test_fraction": between(0, 1)}
+
+    def __post_init__(self) -> None:
+        check_dataclass(self, "lm demo corpus option")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "DemoCorpus":
+        check_known_keys(values, field_names(cls), "lm demo corpus option")
+        return cls(**values)
+
 
 PRESET_SECTIONS = ("corpus", "model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train")
 KINDS = ("explicit", "implicit")
@@ -44,13 +65,13 @@ def stdlib_sources(max_bytes: int) -> list[Path]:
     return chosen
 
 
-def prepare_corpus(corpus: dict[str, Any], out_dir: Path, progress: bool) -> Path:
+def prepare_corpus(corpus: DemoCorpus, out_dir: Path, progress: bool) -> Path:
     """Tokenizer and shards under ``out_dir``; returns the shard directory."""
-    sources = stdlib_sources(corpus["max_bytes"])
-    tokenizer = train_tokenizer(read_documents(sources), corpus["vocab_size"], out_dir / "tokenizer")
+    sources = stdlib_sources(corpus.max_bytes)
+    tokenizer = train_tokenizer(read_documents(sources), corpus.vocab_size, out_dir / "tokenizer")
     data_dir = out_dir / "data"
     write_shards(
-        read_documents(sources), tokenizer, data_dir, test_fraction=corpus["test_fraction"], seed=0,
+        read_documents(sources), tokenizer, data_dir, test_fraction=corpus.test_fraction, seed=0,
         progress=progress, overwrite=True,
     )
     return data_dir
@@ -58,21 +79,25 @@ def prepare_corpus(corpus: dict[str, Any], out_dir: Path, progress: bool) -> Pat
 
 def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
+    corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
+    # Every section is checked before the corpus is built and the first model trains.
+    trains = {
+        kind: LMTrainConfig.from_dict({**preset.get("train", {}), **preset.get(f"{kind}_train", {})}) for kind in KINDS
+    }
+    for kind in KINDS:
+        config_from_options(_model_options(preset, kind, corpus.vocab_size))
     out_dir = Path(out_dir)
-    data_dir = prepare_corpus(preset["corpus"], out_dir, progress)
+    data_dir = prepare_corpus(corpus, out_dir, progress)
     train_shards, test_shards = TokenShards(data_dir, "train"), TokenShards(data_dir, "test")
     results: dict[str, Any] = {
-        "corpus": {"train_tokens": len(train_shards), "test_tokens": len(test_shards), **preset["corpus"]},
+        "corpus": {"train_tokens": len(train_shards), "test_tokens": len(test_shards), **asdict(corpus)},
         "models": {},
     }
     curves = {}
     for kind in KINDS:
-        train = LMTrainConfig.from_dict({**preset.get("train", {}), **preset.get(f"{kind}_train", {})})
-        options = {
-            **preset.get("model", {}), **preset.get(f"{kind}_model", {}),
-            "implicit": kind == "implicit", "vocab_size": train_shards.vocab_size,
-        }
-        model = build_model(config_from_options(options))
+        train = trains[kind]
+        # The trained tokenizer may hold fewer tokens than asked for.
+        model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
         train_lm(model, train, data_dir, out_dir / kind, progress=progress)
         held_out = perplexity(model, evaluation_windows(test_shards, train.sequence_length, train.micro_batch_size))
         results["models"][kind] = {
@@ -88,6 +113,13 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
         xlabel="training tokens", ylabel="held-out perplexity",
     )
     return results
+
+
+def _model_options(preset: dict[str, Any], kind: str, vocab_size: int) -> dict[str, Any]:
+    return {
+        **preset.get("model", {}), **preset.get(f"{kind}_model", {}),
+        "implicit": kind == "implicit", "vocab_size": vocab_size,
+    }
 
 
 def _held_out_curve(metrics_file: Path, batch_tokens: int) -> list[tuple[float, float]]:

@@ -136,8 +136,9 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
                     f"got {type(text).__name__}"
                 )
             yield text
-    # pyarrow reports a damaged file with its own errors and with OSError.
-    except (pa.ArrowException, OSError) as error:
+    # pyarrow reports a damaged file with its own errors and with OSError, and damaged
+    # string data as a UnicodeDecodeError when it becomes Python text.
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: cannot read as Parquet: {first_line(error)}") from None
 
 

@@ -35,7 +35,6 @@ is within 0.33-0.39 of them; 1.39-1.49 for Mamba2).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +52,8 @@ from transformers import (
     PreTrainedModel,
 )
 
+from ..data.errors import DataError, first_line
+from ..data.json_file import read_json_object
 from .implicit_lm import ImplicitCausalLM
 from .loading import ModelLoadError, build_model, config_from_options
 
@@ -284,8 +285,11 @@ def _hf_model(source: HFSource, cls: type[PreTrainedModel]) -> PreTrainedModel:
         raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {cls.config_class.model_type!r}")
     try:
         return cls.from_pretrained(path, use_safetensors=True)
-    except OSError as error:
-        raise ModelLoadError(f"{path}: cannot load safetensors weights ({str(error).splitlines()[0]})") from None
+    # A foreign checkpoint fails in many ways (missing or damaged weights, config fields of
+    # the wrong type checked by transformers or huggingface_hub), with types that differ
+    # between library versions.
+    except Exception as error:
+        raise ModelLoadError(f"{path}: cannot load the checkpoint ({first_line(error)})") from None
 
 
 def _model_type(path: Path) -> str | None:
@@ -293,9 +297,9 @@ def _model_type(path: Path) -> str | None:
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a checkpoint directory (no config.json)")
     try:
-        return json.loads(config_file.read_text()).get("model_type")
-    except json.JSONDecodeError as error:
-        raise ModelLoadError(f"{config_file}: invalid JSON ({error.msg}, line {error.lineno})") from None
+        return read_json_object(config_file, "a model config").get("model_type")
+    except DataError as error:
+        raise ModelLoadError(str(error)) from None
 
 
 def _refuse(condition: bool, setting: str) -> None:
