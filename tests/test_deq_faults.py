@@ -123,7 +123,8 @@ def test_a_nan_image_freezes_its_sample_at_the_last_finite_one(name):
     torch.testing.assert_close(z[[0, 2]], torch.full((2, 3, 2), 1.5))
     good_z, good = solve(nan_after(3, []), 4, f_solver=name)
     assert torch.equal(z[[1, 3]], good_z[[1, 3]]) and torch.equal(stats.iterations[[1, 3]], good.iterations[[1, 3]])
-    assert stats.summary()["fp_diverged"] == 2.0
+    assert stats.summary()["fp_diverged"] == 2.0 and stats.non_finite.tolist() == [True, False, True, False]
+    assert good.summary()["fp_non_finite"] == 0.0
 
 
 def test_a_sample_without_any_finite_image_is_a_numerical_fault():
@@ -139,7 +140,8 @@ def test_non_finite_residuals_never_count_as_converged():
     for stop_mode in ("rel", "abs"):
         stats = FixedPointStats(
             iterations=torch.ones(3, dtype=torch.long), abs_residual=residual, rel_residual=residual,
-            diverged=torch.zeros(3, dtype=torch.bool), evaluations=1, row_evaluations=3, tol=1e-3,
+            diverged=torch.zeros(3, dtype=torch.bool), non_finite=torch.zeros(3, dtype=torch.bool), evaluations=1,
+            row_evaluations=3, tol=1e-3,
             stop_mode=stop_mode, solver="fixed_point_iter",
         )
         assert stats.converged.tolist() == [False, False, True]

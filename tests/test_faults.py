@@ -21,7 +21,7 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.faults import NumericalFault
-from implicitlm.models import load_model
+from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train import checkpoint as checkpoint_module
 from implicitlm.train.checkpoint import read_meta
 from implicitlm.train.guard import TrainingInterrupted
@@ -30,6 +30,12 @@ from implicitlm.train.word_trainer import WordTrainConfig, train_words
 MODEL = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
 SETTINGS = ["group=S3", "train_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
             "bounded_steps=4", "free_steps=4", "free_iters=6", "free_phantom_steps=2"]
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
+    return build_model(config_from_options(options))
 
 
 def train_command(out: Path, *settings: str) -> list[str]:
@@ -109,11 +115,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninte
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_number):
-    from implicitlm.models import build_model, config_from_options
-
-    torch.manual_seed(0)
-    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
-    model = build_model(config_from_options(options))
+    model = tiny_model()
     calls = []
 
     def signal_on_third_forward(module, inputs, output):
@@ -132,7 +134,7 @@ def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_num
     assert signal.getsignal(signal_number) is previous  # the handlers are the caller's again
 
 
-def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path, uninterrupted):
+def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path):
     out = tmp_path / "run"
     assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
     # What a kill between "move the old checkpoint aside" and "move the new one in" leaves.
@@ -164,11 +166,7 @@ def nan_at_fifth_forward(model, where: str) -> None:
 
 @pytest.mark.parametrize(("where", "message"), [("loss", "loss is nan"), ("iterates", "NaN or infinite")])
 def test_nan_stops_training_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path, where, message):
-    from implicitlm.models import build_model, config_from_options
-
-    torch.manual_seed(0)
-    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
-    model = build_model(config_from_options(options))
+    model = tiny_model()
     nan_at_fifth_forward(model, where)
     config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=8, log_every=1, checkpoint_every=2)
     with pytest.raises(NumericalFault, match=rf"step 4: .*{message}.*; last good checkpoint: .*checkpoint"):
@@ -243,3 +241,45 @@ def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, c
     monkeypatch.setattr(word_trainer, "generate_words", unreadable)
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 2
     assert read_meta(out / "checkpoint")["step"] == 2
+
+
+@pytest.mark.parametrize(
+    ("from_evaluation", "message"),
+    [(1, "NaN or infinite at every evaluation"), (3, r"NaN or infinite for \d+ sample\(s\) in the fixed-point solve")],
+)
+def test_nan_in_one_samples_iterates_stops_training(tmp_path, from_evaluation, message):
+    """The first row the map is evaluated on is NaN from evaluation 1 (no finite image at
+    all) or 3 (the solve returns the sample's best finite image, and the loss stays
+    finite) to the last of step 2's four-evaluation solve; the phantom step after it is
+    left finite."""
+    model = tiny_model()
+    steps, evaluations = [], []
+
+    def count_steps(module, inputs, output):
+        steps.append(1)
+        evaluations.clear()
+
+    def nan_in_first_row(module, inputs, output):
+        evaluations.append(1)
+        if len(steps) == 3 and from_evaluation <= len(evaluations) <= 4:
+            z = output[0].clone()
+            z[0] = float("nan")
+            return z, output[1]
+        return output
+
+    model.get_input_embeddings().register_forward_hook(count_steps)
+    model.stack.register_forward_hook(nan_in_first_row)
+    config = WordTrainConfig(
+        group="S3", train_length=6, batch_size=8, bounded_steps=6, bounded_iters=4, log_every=1, checkpoint_every=1
+    )
+    with pytest.raises(NumericalFault, match=rf"step 2: .*{message}"):
+        train_words(model, config, tmp_path, progress=False)
+    assert read_meta(tmp_path / "checkpoint")["step"] == 2
+    assert_same_weights(weights(tmp_path), model.state_dict())
+
+
+def test_an_out_path_that_is_a_file_is_bad_input(tmp_path, capsys):
+    (tmp_path / "taken").write_text("notes")
+    assert main(train_command(tmp_path / "taken")) == 2
+    assert capsys.readouterr().err.strip() == f"implicitlm: error: {tmp_path / 'taken'}: File exists"
+    assert (tmp_path / "taken").read_text() == "notes"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +54,10 @@ def _remove_partial_output(out: Path) -> None:
 
 
 def _fail(error: BaseException, code: int) -> int:
-    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        message = f"{error.filename}: {error.strerror}"  # not "[Errno 17] File exists: 'x'"
+    else:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
     print(f"implicitlm: error: {message}", file=sys.stderr)
     return code
 

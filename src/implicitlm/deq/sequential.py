@@ -44,7 +44,7 @@ def solve_sequence(
     residuals of every token's solve; its evaluations include each token's commit step.
     """
     batch, length = injection.shape[:2]
-    outputs, iterations, abs_res, rel_res, diverged = [], [], [], [], []
+    outputs, iterations, abs_res, rel_res, diverged, non_finite = [], [], [], [], [], []
     evaluations = row_evaluations = 0
     z0 = injection.new_zeros(batch, hidden_size)  # read-only for the solvers: one for all tokens
     for t in range(length):
@@ -58,6 +58,7 @@ def solve_sequence(
         abs_res.append(stats.abs_residual)
         rel_res.append(stats.rel_residual)
         diverged.append(stats.diverged)
+        non_finite.append(stats.non_finite)
         evaluations += stats.evaluations + 1
         row_evaluations += stats.row_evaluations + batch
     stats = FixedPointStats(
@@ -65,6 +66,7 @@ def solve_sequence(
         abs_residual=torch.stack(abs_res, dim=1),
         rel_residual=torch.stack(rel_res, dim=1),
         diverged=torch.stack(diverged, dim=1),
+        non_finite=torch.stack(non_finite, dim=1),
         evaluations=evaluations,
         row_evaluations=row_evaluations,
         tol=tol,

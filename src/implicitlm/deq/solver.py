@@ -134,6 +134,7 @@ class FixedPointSolver:
             abs_residual=tracker.best_abs,
             rel_residual=tracker.best_rel,
             diverged=tracker.diverged,
+            non_finite=tracker.non_finite,
             evaluations=tracker.calls,
             row_evaluations=tracker.row_evaluations,
             tol=tol,
@@ -167,6 +168,7 @@ class FixedPointSolver:
             abs_residual=abs_residual,
             rel_residual=rel_residual,
             diverged=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
+            non_finite=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
             evaluations=steps,
             row_evaluations=steps * z0.shape[0],
             tol=self.options.f_tol,
@@ -181,6 +183,7 @@ class FixedPointSolver:
             abs_residual=nan,
             rel_residual=nan,
             diverged=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
+            non_finite=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
             evaluations=0,
             row_evaluations=0,
             tol=self.options.f_tol,
@@ -238,6 +241,7 @@ class _RowTracker:
         budget_left = self.calls < self.max_iter
         diverged = ~converged & (~finite | self._grew_too_long(rows, abs_res)) & budget_left
         self.diverged[rows[diverged]] = True
+        self.non_finite[rows[~finite]] = True
         self.stopped_at[rows[converged | diverged]] = self.calls
         fz_rows = self._finite(rows, fz_rows, finite)
         self._retire(rows, converged | diverged | (not budget_left))
@@ -255,6 +259,7 @@ class _RowTracker:
         self.active = torch.arange(batch, device=z.device)
         self.stopped_at = torch.zeros(batch, dtype=torch.long, device=z.device)
         self.diverged = torch.zeros(batch, dtype=torch.bool, device=z.device)
+        self.non_finite = torch.zeros(batch, dtype=torch.bool, device=z.device)
         self.best = z.clone()  # what a sample whose every residual is NaN gets back
         dtype = torch.promote_types(z.dtype, torch.float32)
         self.best_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)

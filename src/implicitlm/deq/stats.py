@@ -17,7 +17,8 @@ class FixedPointStats:
     ``||f(z) - z|| / ||f(z)||`` at the iterate z whose image f(z) is returned.
     ``diverged``: given up before the budget was spent (residual growing at every
     evaluation for a while, or not finite); such a sample returns its lowest-residual
-    finite image. Every sample is exactly one of ``converged``, ``diverged`` and
+    finite image; ``non_finite``: those of them whose image f(z) was NaN or infinite at some
+    evaluation. Every sample is exactly one of ``converged``, ``diverged`` and
     ``unconverged`` (the budget spent, the tolerance not reached). ``evaluations``: calls
     of ``f``, each on the samples still running (the batch runs until its slowest sample
     is done); ``row_evaluations``: samples computed over all those calls: the honest cost
@@ -30,6 +31,7 @@ class FixedPointStats:
     abs_residual: torch.Tensor
     rel_residual: torch.Tensor
     diverged: torch.Tensor
+    non_finite: torch.Tensor
     evaluations: int
     row_evaluations: int
     tol: float
@@ -63,6 +65,7 @@ class FixedPointStats:
             "fp_converged_share": self.converged.float().mean().item(),
             "fp_unconverged": float(self.unconverged.sum().item()),
             "fp_diverged": float(self.diverged.sum().item()),
+            "fp_non_finite": float(self.non_finite.sum().item()),
             "fp_evaluations": float(self.evaluations),
             "fp_row_evaluations": float(self.row_evaluations),
         }

@@ -87,8 +87,26 @@ def stop_on_numerical_fault(step: int, last_checkpoint: Path | None):
         raise NumericalFault(f"step {step}: {fault}; training stopped before its update; {kept}") from None
 
 
-def check_finite(loss: float, grad_norm: float) -> None:
-    """Raise NumericalFault when the loss or the gradient norm is NaN or infinite."""
+def check_finite(loss: float, grad_norm: float, non_finite_iterates: int = 0) -> None:
+    """Raise NumericalFault when the loss or the gradient norm is NaN or infinite, or when
+    some sample's fixed-point map gave a non-finite image (the solve returned its best
+    finite one, but the weights already make the map blow up)."""
     for name, value in (("loss", loss), ("gradient norm", grad_norm)):
         if not math.isfinite(value):
             raise NumericalFault(f"{name} is {value}")
+    if non_finite_iterates:
+        raise NumericalFault(f"f(z) was NaN or infinite for {non_finite_iterates} sample(s) in the fixed-point solve")
+
+
+def non_finite_images(output) -> torch.Tensor:
+    """Samples of one forward whose fixed-point map gave a non-finite image (0: explicit model)."""
+    stats = output.fixed_point
+    return stats.non_finite.sum() if stats is not None else torch.zeros((), dtype=torch.long)
+
+
+def agreed_count(count: torch.Tensor, accelerator) -> int:
+    """``count`` summed over all processes: each must take the same decision on it, since
+    the next step is collective."""
+    if accelerator.num_processes == 1:
+        return int(count)
+    return int(accelerator.reduce(count.to(accelerator.device), reduction="sum").item())

@@ -43,7 +43,15 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .curriculum import Curriculum, Phase
-from .guard import StopSignals, TrainingInterrupted, check_finite, stop_on_numerical_fault, stop_requested
+from .guard import (
+    StopSignals,
+    TrainingInterrupted,
+    agreed_count,
+    check_finite,
+    non_finite_images,
+    stop_on_numerical_fault,
+    stop_requested,
+)
 from .run_log import RunLog
 from .schedule import warmup_constant_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
@@ -189,9 +197,9 @@ def train_lm(
         for step in bar:
             phase = curriculum.enter(step, phase, core)
             with stop_on_numerical_fault(step, last_checkpoint):
-                loss, output = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
+                loss, output, non_finite = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
                 grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.grad_clip))
-                check_finite(loss, grad_norm)
+                check_finite(loss, grad_norm, agreed_count(non_finite, accelerator))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -252,9 +260,10 @@ def _check_vocabulary(model, shards: TokenShards) -> None:
 
 def _optimiser_step(accelerator, model, optimizer, batches, accumulation: int):
     """Forward and backward over ``accumulation`` micro-batches; gradients are synchronised
-    between processes on the last one only. Returns the step's mean loss over all processes."""
+    between processes on the last one only. Returns the step's mean loss over all processes,
+    the last micro-batch's output and this process's count of non-finite fixed-point images."""
     total = torch.zeros((), device=accelerator.device)
-    output = None
+    output, non_finite = None, torch.zeros((), dtype=torch.long, device=accelerator.device)
     for micro_step in range(accumulation):
         window = next(batches).to(accelerator.device)
         last = micro_step == accumulation - 1
@@ -265,7 +274,8 @@ def _optimiser_step(accelerator, model, optimizer, batches, accumulation: int):
             loss = token_cross_entropy(output.logits, window[:, 1:], "aligned") / accumulation
             accelerator.backward(loss)
         total += loss.detach()
-    return accelerator.reduce(total, reduction="mean").item(), output
+        non_finite += non_finite_images(output)
+    return accelerator.reduce(total, reduction="mean").item(), output, non_finite
 
 
 def _step_metrics(loss: float, output, grad_norm: float, scheduler, phase: Phase, tokens: int, started: float):

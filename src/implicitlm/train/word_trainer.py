@@ -24,7 +24,15 @@ from ..schema import (
 )
 from .checkpoint import CheckpointError, read_meta, recover_replaced, restore_weights, save_checkpoint
 from .curriculum import Curriculum, Phase
-from .guard import StopSignals, TrainingInterrupted, check_finite, stop_on_numerical_fault, stop_requested
+from .guard import (
+    StopSignals,
+    TrainingInterrupted,
+    agreed_count,
+    check_finite,
+    non_finite_images,
+    stop_on_numerical_fault,
+    stop_requested,
+)
 from .run_log import RunLog
 from .schedule import warmup_constant
 from .speed import check_precision, compile_stack, resolve_precision
@@ -144,7 +152,7 @@ def train_words(
                 output = model(input_ids, labels=labels)
                 accelerator.backward(output.loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
-                check_finite(output.loss.item(), float(grad_norm))
+                check_finite(output.loss.item(), float(grad_norm), agreed_count(non_finite_images(output), accelerator))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
