@@ -254,3 +254,22 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
     train_lm(tiny_model(), config, shards, tmp_path / "stopped", resume=True, progress=False)
     assert logged(tmp_path / "stopped", "step") == list(range(6))
     assert logged(tmp_path / "stopped", "loss") == logged(tmp_path / "whole", "loss")
+
+
+def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoint(shards, tmp_path):
+    settings = ["total_steps=200", "checkpoint_every=1000", "micro_batch_size=2", f"batch_tokens={4 * SEQUENCE}"]
+    two = cli_command(shards, tmp_path, *settings)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm", *two]
+    process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while (not log.exists() or len(log.read_text().splitlines()) < 3) and process.poll() is None:
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
+    _, err = process.communicate(timeout=120)
+    assert err.count("implicitlm: stopped by SIGTERM after step") == 2, err[-3000:]
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    steps = {line.split("after step ")[1].split(";")[0] for line in err.splitlines() if "after step" in line}
+    assert len(saved) == 1 and steps == {str(int(saved[0][len("step_"):]))}, (saved, steps)
+    assert 3 <= int(saved[0][len("step_"):]) < 200
