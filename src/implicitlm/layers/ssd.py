@@ -137,12 +137,13 @@ class _ChunkStatePassing(torch.autograd.Function):
 
     @staticmethod
     def forward(contributions: torch.Tensor, decays: torch.Tensor, initial: torch.Tensor):
+        # Each state is computed straight into its slot of ``entering``: no copies.
         entering = torch.empty_like(contributions)
-        state = initial
-        for c in range(contributions.shape[1]):
-            entering[:, c] = state
-            state = torch.addcmul(contributions[:, c], state, decays[:, c])
-        return entering, state
+        entering[:, 0] = initial
+        last = contributions.shape[1] - 1
+        for c in range(last):
+            torch.addcmul(contributions[:, c], entering[:, c], decays[:, c], out=entering[:, c + 1])
+        return entering, torch.addcmul(contributions[:, last], entering[:, last], decays[:, last])
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -152,14 +153,19 @@ class _ChunkStatePassing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_entering: torch.Tensor, grad_final: torch.Tensor):
         decays, entering = ctx.saved_tensors
+        # The gradient with respect to the state leaving chunk c is that of chunk c's
+        # contribution: computed straight into grad_contributions[:, c].
         grad_contributions = torch.empty_like(entering)
         grad_decays = torch.empty_like(decays)
-        grad_state = grad_final  # gradient with respect to the state leaving chunk c
-        for c in reversed(range(entering.shape[1])):
-            grad_contributions[:, c] = grad_state
-            grad_decays[:, c] = (grad_state * entering[:, c]).sum(dim=(2, 4), keepdim=True)
-            grad_state = torch.addcmul(grad_entering[:, c], grad_state, decays[:, c])
-        return grad_contributions, grad_decays, grad_state
+        last = entering.shape[1] - 1
+        grad_contributions[:, last] = grad_final
+        for c in range(last, 0, -1):
+            grad_leaving = grad_contributions[:, c]
+            torch.sum(grad_leaving * entering[:, c], dim=(2, 4), keepdim=True, out=grad_decays[:, c])
+            torch.addcmul(grad_entering[:, c], grad_leaving, decays[:, c], out=grad_contributions[:, c - 1])
+        grad_leaving = grad_contributions[:, 0]
+        torch.sum(grad_leaving * entering[:, 0], dim=(2, 4), keepdim=True, out=grad_decays[:, 0])
+        return grad_contributions, grad_decays, torch.addcmul(grad_entering[:, 0], grad_leaving, decays[:, 0])
 
 
 def ssd_scan(
