@@ -283,3 +283,19 @@ def test_an_out_path_that_is_a_file_is_bad_input(tmp_path, capsys):
     assert main(train_command(tmp_path / "taken")) == 2
     assert capsys.readouterr().err.strip() == f"implicitlm: error: {tmp_path / 'taken'}: File exists"
     assert (tmp_path / "taken").read_text() == "notes"
+
+
+def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_words(tmp_path, capsys):
+    words = tmp_path / "words.npy"
+    assert main(["words", "generate", "--group", "S3", "--length", "6", "--count", "20", "--out", str(words)]) == 0
+    on_file = ["--data", str(words)]
+    # 20 words in batches of 8: 2 batches an epoch, so 7 steps cross three epoch boundaries.
+    assert main([*train_command(tmp_path / "whole", "bounded_steps=7", "free_steps=0"), *on_file]) == 0
+    assert main([*train_command(tmp_path / "run", "bounded_steps=3", "free_steps=0"), *on_file]) == 0
+    resume = ["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress", "--train", "bounded_steps=7"]
+    capsys.readouterr()
+    assert main(resume) == 2
+    assert "trained on a word file" in capsys.readouterr().err
+    assert main([*resume, *on_file]) == 0
+    assert logged_losses(tmp_path / "run") == logged_losses(tmp_path / "whole")
+    assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "whole"))

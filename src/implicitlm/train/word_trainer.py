@@ -122,6 +122,8 @@ def train_words(
     checkpoint = out_dir / CHECKPOINT
     torch.manual_seed(config.seed)
     start_step, state = restore_weights(model, checkpoint) if resume else (0, None)
+    if resume:
+        _check_same_data(checkpoint, data)
     accelerator = Accelerator(mixed_precision=resolve_precision(config.precision))
     if config.compile:
         compile_stack(model)
@@ -163,10 +165,10 @@ def train_words(
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}", phase=phase.name)
             signal_number = stop_requested(stop, accelerator)
             if signal_number or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
-                last_checkpoint = _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step + 1, config)
+                last_checkpoint = _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step + 1, config, data)
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, checkpoint)
-    _checkpoint(accelerator, core, optimizer, scheduler, out_dir, curriculum.total_steps, config)
+    _checkpoint(accelerator, core, optimizer, scheduler, out_dir, curriculum.total_steps, config, data)
     return metrics
 
 
@@ -186,7 +188,9 @@ def _step_metrics(output, labels, grad_norm, scheduler, phase: Phase, tokens: in
     return metrics
 
 
-def _checkpoint(accelerator, core, optimizer, scheduler, out_dir: Path, step: int, config: WordTrainConfig) -> Path:
+def _checkpoint(
+    accelerator, core, optimizer, scheduler, out_dir: Path, step: int, config: WordTrainConfig, data: WordData | None
+) -> Path:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         training_state = {
@@ -194,9 +198,25 @@ def _checkpoint(accelerator, core, optimizer, scheduler, out_dir: Path, step: in
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
-        meta = {"step": step, "train": asdict(config)}
+        meta = {"step": step, "train": asdict(config), "data": _data_description(data)}
         save_checkpoint(out_dir / CHECKPOINT, core, training_state=training_state, meta=meta)
     return out_dir / CHECKPOINT
+
+
+def _data_description(data: WordData | None) -> dict[str, Any] | None:
+    """What identifies the training words: None for fresh words drawn from the seed."""
+    if data is None:
+        return None
+    return {"group": data.group, "count": int(data.inputs.shape[0]), "length": int(data.inputs.shape[1])}
+
+
+def _check_same_data(checkpoint: Path, data: WordData | None) -> None:
+    # Other words would silently change every batch after the resume.
+    saved, given = read_meta(checkpoint).get("data"), _data_description(data)
+    if saved != given:
+        trained = f"a word file ({saved})" if saved else "fresh words"
+        now = f"a word file ({given})" if given else "fresh words"
+        raise CheckpointError(f"{checkpoint}: the run trained on {trained}; resuming on {now} would change its batches")
 
 
 def resume_settings(out_dir: str | Path, overrides: dict[str, Any]) -> WordTrainConfig:
