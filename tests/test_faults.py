@@ -299,3 +299,26 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
     assert main([*resume, *on_file]) == 0
     assert logged_losses(tmp_path / "run") == logged_losses(tmp_path / "whole")
     assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "whole"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda run: torch.save({"optimizer": {}}, run / "checkpoint" / "training_state.pt"), "expected scheduler"),
+        (lambda run: torch.save({"optimizer": {}, "scheduler": {}, "torch_rng": torch.zeros(3)},
+                                run / "checkpoint" / "training_state.pt"), "does not fit this run"),
+        (lambda run: (run / "checkpoint" / "trainer.json").write_text(
+            json.dumps({**read_meta(run / "checkpoint"), "step": "ten"})), "expected the step count"),
+        (lambda run: (run / "checkpoint" / "trainer.json").write_text('{"step": 2}'), "expected the training settings"),
+        (lambda run: (run / "checkpoint" / "trainer.json").write_text("[1]"), "expected a JSON object"),
+    ],
+    ids=["missing-keys", "wrong-state", "step-not-a-number", "no-settings", "meta-not-an-object"],
+)
+def test_a_damaged_training_state_is_one_line_on_resume(tmp_path, capsys, damage, expected):
+    run = tmp_path / "run"
+    assert main(train_command(run, "bounded_steps=2", "free_steps=0")) == 0
+    damage(run)
+    capsys.readouterr()
+    assert main(["words", "train", "--out", str(run), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err

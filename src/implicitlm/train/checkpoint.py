@@ -8,6 +8,7 @@ checkpoint directory is unpickled into arbitrary objects or executed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -86,8 +87,20 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{file}: unreadable training state ({type(error).__name__})") from None
 
 
-def restore_weights(model, checkpoint: Path) -> tuple[int, dict[str, Any]]:
-    """Load ``checkpoint``'s weights into ``model``; returns its step and training state.
+@contextlib.contextmanager
+def applying_training_state(checkpoint: Path):
+    """Around handing a loaded training state to the optimiser, scheduler, sampler and RNG:
+    a state that unpickled safely but does not fit them is a damaged checkpoint."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(f"{checkpoint / TRAINING_STATE}: does not fit this run ({message})") from None
+
+
+def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+    """Load ``checkpoint``'s weights into ``model``; returns its step and training state,
+    which must hold ``state_keys``.
 
     The checkpoint must hold the same architecture; the solver options, which the
     curriculum changes from phase to phase, may differ."""
@@ -95,8 +108,15 @@ def restore_weights(model, checkpoint: Path) -> tuple[int, dict[str, Any]]:
     saved = load_model(checkpoint)
     if _architecture(saved.config) != _architecture(model.config):
         raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
+    step = read_meta(checkpoint).get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got {step!r}")
+    state = load_training_state(checkpoint)
+    missing = [key for key in state_keys if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointError(f"{checkpoint / TRAINING_STATE}: expected {', '.join(missing)} in the training state")
     model.load_state_dict(saved.state_dict())
-    return read_meta(checkpoint)["step"], load_training_state(checkpoint)
+    return step, state
 
 
 # What saving adds to a config (and the solver options) do not make another architecture.
@@ -118,9 +138,12 @@ def recover_replaced(path: Path) -> None:
 def read_meta(path: str | Path) -> dict[str, Any]:
     file = Path(path) / TRAINER_META
     try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
         raise CheckpointError(f"{file}: unreadable checkpoint metadata ({error})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{file}: expected a JSON object of checkpoint metadata, got {type(meta).__name__}")
+    return meta
 
 
 def _replace_directory(staging: Path, final: Path) -> None:
@@ -134,6 +157,14 @@ def _replace_directory(staging: Path, final: Path) -> None:
     os.replace(final, retired)
     os.replace(staging, final)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def saved_settings(checkpoint: Path) -> dict[str, Any]:
+    """The training settings a checkpoint records (its metadata's "train" section)."""
+    settings = read_meta(checkpoint).get("train")
+    if not isinstance(settings, dict):
+        raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")
+    return settings
 
 
 def _retired(path: Path) -> Path:

@@ -36,11 +36,12 @@ from ..schema import (
 )
 from .checkpoint import (
     CheckpointError,
+    applying_training_state,
     latest_checkpoint,
     prune_checkpoints,
-    read_meta,
     restore_weights,
     save_checkpoint,
+    saved_settings,
 )
 from .curriculum import Curriculum, Phase
 from .guard import (
@@ -58,6 +59,7 @@ from .speed import check_precision, compile_stack, resolve_precision
 
 DISTRIBUTED = ("ddp", "fsdp")
 CHECKPOINTS = "checkpoints"
+TRAINING_STATE_KEYS = ("optimizer", "scheduler", "sampler", "torch_rng")
 
 
 @dataclass(frozen=True)
@@ -163,9 +165,10 @@ def train_lm(
         shards, config.sequence_length, config.micro_batch_size, seed=config.seed,
         rank=accelerator.process_index, world_size=accelerator.num_processes,
     )
-    start_step, state = 0, None
+    start_step, state, checkpoint = 0, None, None
     if resume:
-        start_step, state = restore_weights(model, _latest(out_dir))
+        checkpoint = _latest(out_dir)
+        start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
     if config.activation_checkpointing:
         model.activation_checkpointing_enable()
     if config.compile:
@@ -180,7 +183,8 @@ def train_lm(
     # Not handed to accelerate, which would step it once per process.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     if state is not None:
-        _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
+        with applying_training_state(checkpoint):
+            _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
     curriculum = config.curriculum(core.config.implicit)
     test = TokenShards(data_dir, "test") if config.eval_every else None
     batches = iter(sampler)
@@ -355,4 +359,4 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> LMTrainConfig:
     """The training settings of the run in ``out_dir``, with ``overrides`` (e.g. more steps,
     a later switch to the free phase) applied."""
-    return LMTrainConfig.from_dict({**read_meta(_latest(Path(out_dir)))["train"], **overrides})
+    return LMTrainConfig.from_dict({**saved_settings(_latest(Path(out_dir))), **overrides})

@@ -22,7 +22,15 @@ from ..data.words import WordData, generate_words
 from ..schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, at_least, check_dataclass, check_known_keys, field_names,
 )
-from .checkpoint import CheckpointError, read_meta, recover_replaced, restore_weights, save_checkpoint
+from .checkpoint import (
+    CheckpointError,
+    applying_training_state,
+    read_meta,
+    recover_replaced,
+    restore_weights,
+    save_checkpoint,
+    saved_settings,
+)
 from .curriculum import Curriculum, Phase
 from .guard import (
     StopSignals,
@@ -38,6 +46,7 @@ from .schedule import warmup_constant
 from .speed import check_precision, compile_stack, resolve_precision
 
 CHECKPOINT = "checkpoint"
+TRAINING_STATE_KEYS = ("optimizer", "scheduler", "torch_rng")
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ def train_words(
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT
     torch.manual_seed(config.seed)
-    start_step, state = restore_weights(model, checkpoint) if resume else (0, None)
+    start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
     if resume:
         _check_same_data(checkpoint, data)
     accelerator = Accelerator(mixed_precision=resolve_precision(config.precision))
@@ -131,9 +140,10 @@ def train_words(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_constant(config.warmup_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
+        with applying_training_state(checkpoint):
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["torch_rng"])
     core = accelerator.unwrap_model(model)
     curriculum = config.curriculum(core.config.implicit)
     batches = _batches(config, data, accelerator.device, start_step)
@@ -225,7 +235,7 @@ def resume_settings(out_dir: str | Path, overrides: dict[str, Any]) -> WordTrain
     recover_replaced(checkpoint)
     if not checkpoint.is_dir():
         raise CheckpointError(f"{out_dir}: nothing to resume (no {CHECKPOINT} folder)")
-    return WordTrainConfig.from_dict({**read_meta(checkpoint)["train"], **overrides})
+    return WordTrainConfig.from_dict({**saved_settings(checkpoint), **overrides})
 
 
 def _batches(
