@@ -71,3 +71,19 @@ def test_an_option_value_parses_to_a_valid_value_or_is_one_line_naming_the_optio
         return
     value = getattr(args, option.lstrip("-").replace("-", "_"))
     assert valid(value), (text, value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.one_of(TEXT, st.sampled_from(["lr", "=3", "lr=", "lr=[1", "x=" + "[" * 5000, "seed=" + "9" * 5000]),
+                      st.tuples(st.text(max_size=6), TEXT).map("=".join)))
+def test_a_key_value_option_parses_to_a_pair_or_is_one_line_naming_the_option(text):
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = PARSER.parse_args(["words", "train", "--out", "o", f"--train={text}"])
+    except SystemExit as exit:
+        err = stderr.getvalue().strip().splitlines()
+        assert exit.code == 2 and len(err) == 1 and "argument --train" in err[0], err
+        return
+    [(key, _)] = args.train
+    assert key and text.startswith(f"{key}=")

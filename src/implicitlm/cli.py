@@ -162,8 +162,8 @@ def _add_words_train(commands) -> None:
     p.add_argument("--preset", default=None, help="preset name or JSON with 'model' and 'train' sections")
     p.add_argument("--explicit", action="store_true", help="train the explicit model (one pass, no fixed point)")
     p.add_argument("--data", type=Path, default=None, help="training words (.npy or .csv); default: fresh words")
-    p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
-    p.add_argument("--train", action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--train", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_words_train)
@@ -182,16 +182,16 @@ def _run_words_train(args) -> None:
     preset = load_preset(args.preset) if args.preset else {}
     kind = "explicit" if args.explicit else "implicit"
     if args.resume:
-        train = resume_settings(args.out, _key_values(args.train))
+        train = resume_settings(args.out, dict(args.train))
     else:
-        train = word_train_config(preset, kind, _key_values(args.train))
+        train = word_train_config(preset, kind, dict(args.train))
     data = load_words(args.data, group=train.group) if args.data else None
     if data is not None and data.group != get_group(train.group).name:
         raise ValueError(f"{args.data}: words over {data.group}, but the training group is {train.group}")
     if args.resume:
         model = load_model(args.out / CHECKPOINT)
     else:
-        model = word_model(preset, kind, train, _key_values(args.model))
+        model = word_model(preset, kind, train, dict(args.model))
     metrics = train_words(model, train, args.out, data=data, progress=not args.no_progress, resume=args.resume)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
     print(f"checkpoint: {args.out / 'checkpoint'}")
@@ -400,14 +400,14 @@ def _add_models_import(commands) -> None:
     p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
     p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
-    p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.set_defaults(run=_run_models_import)
 
 
 def _run_models_import(args) -> None:
     from .models.convert import from_hf
 
-    model = from_hf(args.source, implicit=args.implicit, **_key_values(args.model))
+    model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
     model.save_pretrained(args.out)
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
@@ -471,8 +471,8 @@ def _add_train(commands) -> None:
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
     p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
     p.add_argument("--config", default=None, help="training preset name or JSON with 'model' and 'train' sections")
-    p.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
-    p.add_argument("--train", action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--train", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_train)
@@ -491,17 +491,17 @@ def _run_train(args) -> None:
     preset = load_preset(args.config) if args.config else {}
     if args.resume:
         # The run's own settings, with any given on the command line on top.
-        train = resume_config(args.out, _key_values(args.train))
+        train = resume_config(args.out, dict(args.train))
         model = load_model(latest_checkpoint(args.out / CHECKPOINTS))
     else:
-        train = LMTrainConfig.from_dict({**preset.get("train", {}), **_key_values(args.train)})
+        train = LMTrainConfig.from_dict({**preset.get("train", {}), **dict(args.train)})
         options = {}
         if args.model_preset:
             from_file = args.model_preset.endswith(".json")
             options.update(load_preset(args.model_preset) if from_file else model_preset(args.model_preset))
         # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
         options["vocab_size"] = TokenShards(args.data, "train").vocab_size
-        options.update({**preset.get("model", {}), **_key_values(args.model)})
+        options.update({**preset.get("model", {}), **dict(args.model)})
         options.setdefault("label_alignment", "shifted")
         torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
         model = build_model(config_from_options(options))
@@ -791,18 +791,19 @@ def _run_jacobian(args) -> None:
     print(f"results: {args.out}, heatmaps: {args.out / 'jacobian.png'}")
 
 
-def _key_values(items: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs, values parsed as JSON where they are JSON (numbers, booleans, lists)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+def _key_value(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, the value parsed as JSON where it is JSON (numbers, booleans, lists,
+    objects), else kept as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+    # Nested too deep for the parser, or an integer of thousands of digits.
+    except (RecursionError, ValueError):
+        raise argparse.ArgumentTypeError(f"the value of {key!r} is too deeply nested or too long a number") from None
 
 
 # Option types: argparse reports their errors as "argument --x: <message>", one line.
