@@ -1,12 +1,21 @@
-"""Atomic file writes: a temporary file beside the target, renamed into place once complete."""
+"""Atomic writes: a file or a folder is built under a temporary name beside its target and
+renamed into place once complete.
+
+A folder cannot replace another atomically: the old one is first renamed aside to
+``.<name>.old``, then the new one moved in, then the old one deleted. A process killed
+between the two renames leaves only ``.<name>.old``, which is the last complete version:
+``recover_replaced`` puts it back.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
@@ -36,3 +45,47 @@ def _fsync(path: Path) -> None:
     # Without it a crash after the rename could leave a renamed but empty file.
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
+    """A fresh empty folder to build in; it becomes ``target`` when the block ends without
+    error, replacing an existing ``target`` (the caller has checked that it may). On any
+    failure the temporary folder is removed and ``target`` is left as it was."""
+    target = Path(target).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        os.chmod(staging, 0o755)  # mkdtemp's private 0700 would outlive the rename
+        yield staging
+        _move_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def recover_replaced(target: str | os.PathLike) -> None:
+    """Finish a replacement of ``target`` that a killed process left half done."""
+    target = Path(target)
+    retired = _retired(target)
+    if not target.exists() and retired.is_dir():
+        os.replace(retired, target)
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        os.replace(staging, target)  # rename(2) replaces an empty folder
+        return
+    retired = _retired(target)
+    shutil.rmtree(retired, ignore_errors=True)
+    os.replace(target, retired)
+    try:
+        os.replace(staging, target)
+    except BaseException:
+        os.replace(retired, target)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _retired(target: Path) -> Path:
+    return target.with_name(f".{target.name}.old")

@@ -41,11 +41,10 @@ import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from implicitlm.atomic_io import atomic_write, write_json
+from implicitlm.atomic_io import atomic_write, staged_directory, write_json
 from implicitlm.data.errors import DataError, first_line, quoted
 from implicitlm.data.json_file import read_utf8
 from implicitlm.data.shards import INDEX_FILE, PROGRESS_FILE, TokenShards, write_token_streams
-from implicitlm.data.staging import staged_directory
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer
 
 TASKS = tuple(range(1, 21))

@@ -236,15 +236,19 @@ class _RowTracker:
         residual = rel_res if self.relative else abs_res
         self._keep_best(rows, fz_rows, abs_res, rel_res, residual)
         finite = torch.isfinite(residual)
+        # Bookkeeping only where something happened: this runs at every evaluation.
+        if not bool(finite.all()):
+            self.non_finite[rows[~finite]] = True
+            fz_rows = self._best_for_non_finite(rows, fz_rows, finite)
         converged = residual < self.tol  # False for NaN: a non-finite residual never converges
         # At the budget's last evaluation, a sample still running has hit the budget, whatever its residual.
         budget_left = self.calls < self.max_iter
         diverged = ~converged & (~finite | self._grew_too_long(rows, abs_res)) & budget_left
-        self.diverged[rows[diverged]] = True
-        self.non_finite[rows[~finite]] = True
-        self.stopped_at[rows[converged | diverged]] = self.calls
-        fz_rows = self._finite(rows, fz_rows, finite)
-        self._retire(rows, converged | diverged | (not budget_left))
+        done = converged | diverged | (not budget_left)
+        if bool(done.any()):
+            self.diverged[rows[diverged]] = True
+            self.stopped_at[rows[converged | diverged]] = self.calls
+            self._retire(rows, done)
         if self.active.numel() == 0:
             raise _SolveDone
         # Samples frozen at earlier calls: the identity, so they stay where the solver put them.
@@ -305,17 +309,13 @@ class _RowTracker:
         self.rises[rows], self.run_start[rows], self.last_residual[rows] = rises, run_start, residual
         return (rises >= self.patience) & (residual >= DIVERGENCE_GROWTH * run_start)
 
-    def _finite(self, rows: torch.Tensor, fz_rows: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    def _best_for_non_finite(self, rows: torch.Tensor, fz_rows: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         """``fz_rows`` with each non-finite image replaced by that sample's best one: the
         solver never sees a NaN, whose batched solves would spread it to other samples."""
-        if bool(finite.all()):
-            return fz_rows
         bad = (~finite).nonzero().squeeze(1)
         return fz_rows.index_copy(0, bad, self.best.index_select(0, rows[bad]))
 
     def _retire(self, rows: torch.Tensor, done: torch.Tensor) -> None:
-        if not bool(done.any()):
-            return
         self.active = rows[~done]
         if self.restrict is not None and self.active.numel() > 0:
             self._f_active = self.restrict(self.active)

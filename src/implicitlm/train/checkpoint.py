@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic_io import recover_replaced, staged_directory
 from ..models import load_model
 
 TRAINING_STATE = "training_state.pt"
@@ -41,20 +40,13 @@ def save_checkpoint(
     when the model's own is not the full one (gathered from FSDP shards). ``tokenizer``:
     saved beside the model, so that the checkpoint alone can be evaluated on text."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    staging.chmod(0o755)  # mkdtemp's private 0700 would outlive the rename
-    try:
+    with staged_directory(path) as staging:
         model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if training_state is not None:
             torch.save(training_state, staging / TRAINING_STATE)
         (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))
-        _replace_directory(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return path
 
 
@@ -127,14 +119,6 @@ def _architecture(config) -> dict[str, Any]:
     return {k: v for k, v in config.to_diff_dict().items() if k not in _NOT_ARCHITECTURE}
 
 
-def recover_replaced(path: Path) -> None:
-    """Finish a replacement of ``path`` that a killed process left half done: between its
-    two renames only the retired copy exists, and it is the last complete checkpoint."""
-    retired = _retired(path)
-    if not path.exists() and retired.is_dir():
-        os.replace(retired, path)
-
-
 def read_meta(path: str | Path) -> dict[str, Any]:
     file = Path(path) / TRAINER_META
     try:
@@ -146,26 +130,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _replace_directory(staging: Path, final: Path) -> None:
-    if not final.exists():
-        os.replace(staging, final)
-        return
-    # Directories cannot be swapped atomically: move the old one aside first, so at every
-    # moment one complete checkpoint exists under a known name.
-    retired = _retired(final)
-    shutil.rmtree(retired, ignore_errors=True)
-    os.replace(final, retired)
-    os.replace(staging, final)
-    shutil.rmtree(retired, ignore_errors=True)
-
-
 def saved_settings(checkpoint: Path) -> dict[str, Any]:
     """The training settings a checkpoint records (its metadata's "train" section)."""
     settings = read_meta(checkpoint).get("train")
     if not isinstance(settings, dict):
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")
     return settings
-
-
-def _retired(path: Path) -> Path:
-    return path.with_name(f".{path.name}.old")

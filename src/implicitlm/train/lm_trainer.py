@@ -194,7 +194,7 @@ def train_lm(
         range(start_step, config.total_steps), initial=start_step, total=config.total_steps, desc="train",
         disable=not progress or not accelerator.is_main_process,
     )
-    last_checkpoint = latest_checkpoint(out_dir / CHECKPOINTS) if resume else None
+    last_checkpoint = checkpoint  # None for a fresh run
     model.train()
     log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
     with log, StopSignals() as stop:

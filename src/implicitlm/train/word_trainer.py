@@ -17,6 +17,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from ..atomic_io import recover_replaced
 from ..data.groups import get_group
 from ..data.words import WordData, generate_words
 from ..schema import (
@@ -26,7 +27,6 @@ from .checkpoint import (
     CheckpointError,
     applying_training_state,
     read_meta,
-    recover_replaced,
     restore_weights,
     save_checkpoint,
     saved_settings,
@@ -174,11 +174,11 @@ def train_words(
                 log.write(step, metrics)
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}", phase=phase.name)
             signal_number = stop_requested(stop, accelerator)
-            if signal_number or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
+            periodic = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
+            if signal_number or periodic or step == curriculum.total_steps - 1:
                 last_checkpoint = _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step + 1, config, data)
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, checkpoint)
-    _checkpoint(accelerator, core, optimizer, scheduler, out_dir, curriculum.total_steps, config, data)
     return metrics
 
 
