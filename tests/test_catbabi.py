@@ -29,6 +29,8 @@ from implicitlm.data.shards import TokenShards
 from implicitlm.data.tokenizer import load_tokenizer
 from implicitlm.eval.catbabi import answer_accuracy, window_starts
 
+from stubs import ExplicitStub
+
 # Answers per task in the sample's train split.
 TRAIN_ANSWERS = {1: 4, 6: 2, 8: 4, 15: 2, 19: 2}
 
@@ -201,7 +203,7 @@ def test_windows_score_each_answer_with_the_promised_context(length, stride):
     assert np.all(positions - starts >= np.minimum(positions, window - stride + 1))
 
 
-class OracleStub(torch.nn.Module):
+class OracleStub(ExplicitStub, torch.nn.Module):
     """Predicts the stream's next token where it is the answer of one of ``tasks`` and the
     window gives it ``min_context`` tokens (or all the stream before it); eos elsewhere."""
 
@@ -275,6 +277,6 @@ def test_sample_build_train_and_eval_commands_chain(tmp_path, capsys):
     record = json.loads((out / "catbabi.json").read_text())
     assert record["experiment"] == "catbabi" and record["split"] == "test" and record["answers"] == 6
     assert set(record["metrics"]) == {"accuracy", "task_01", "task_06", "task_08", "task_15", "task_19",
-                                      "fp_iterations_mean"}
+                                      "fp_iterations_mean", "fp_not_converged_share"}
     assert 0.0 <= record["metrics"]["accuracy"] <= 1.0 and record["stride"] == 8
     assert (out / "catbabi.png").stat().st_size > 1000

@@ -89,7 +89,16 @@ def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_
     assert record["experiment"] == "word_length" and record["train_length"] == 12
     assert [r["length"] for r in record["rows"]] == [12, 24]
     assert all(0.0 <= r["accuracy"] <= 1.0 and "accuracy_last10" in r for r in record["rows"])
-    assert record["metrics"] == {f"accuracy@{r['length']}": r["accuracy"] for r in record["rows"]}
+    assert record["metrics"] == {
+        **{f"accuracy_last10@{r['length']}": r["accuracy_last10"] for r in record["rows"]},
+        **{f"accuracy@{r['length']}": r["accuracy"] for r in record["rows"]},
+    }
+    # The convergence behind each figure: every fixed point counted, the misses by reason.
+    for row in record["rows"]:
+        assert row["fp_fixed_points"] == 32 and row["fp_max_iter"] >= row["length"]
+        reasons = row["fp_stopped_at_budget"] + row["fp_diverged"] + row["fp_non_finite"]
+        assert row["fp_not_converged"] == reasons and row["fp_not_converged_share"] == reasons / 32
+    assert "not converged" in stdout
     assert (out / "word_length.png").stat().st_size > 0
     assert "last10" in stdout
 

@@ -27,7 +27,14 @@ def test_demo_trains_both_models_and_reports_by_length(tmp_path, capsys):
         assert [r["length"] for r in rows] == [6, 12]
         record = json.loads((out / kind / "word_length.json").read_text())
         assert record["model"]["implicit"] == (kind == "implicit") and record["rows"] == rows
-    assert [r["sequences"] for r in results["models"]["implicit"]["sequential_by_length"]] == [2, 2]
+    implicit = results["models"]["implicit"]
+    assert [r["sequences"] for r in implicit["sequential_by_length"]] == [2, 2]
+    # The duality check on the RNN-mode words, and the convergence behind every figure.
+    assert [(r["length"], r["sequences"]) for r in implicit["mode_agreement"]] == [(6, 2), (12, 2)]
+    assert all(0.0 <= r["argmax_agreement"] <= 1.0 for r in implicit["mode_agreement"])
+    for row in implicit["by_length"] + implicit["sequential_by_length"]:
+        assert 0.0 <= row["fp_not_converged_share"] <= 1.0 and row["fp_fixed_points"] > 0
+    assert "fixed points above the tolerance:" in stdout
     assert (out / "accuracy_by_length.png").stat().st_size > 0
     assert main(["report", str(out / "implicit"), str(out / "explicit"), "--out", str(tmp_path / "report")]) == 0
     assert "accuracy@12" in (tmp_path / "report" / "report.md").read_text()

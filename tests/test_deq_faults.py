@@ -11,8 +11,9 @@ import torch
 
 from contractive import make_contractive
 from implicitlm.cli import main
-from implicitlm.deq import FixedPointOptions, FixedPointSolver, FixedPointStats, OptionError
+from implicitlm.deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, FixedPointStats, OptionError
 from implicitlm.eval.convergence import convergence_metrics, convergence_summary
+from implicitlm.eval.perplexity import perplexity
 from implicitlm.faults import NumericalFault
 from implicitlm.models import build_model, config_from_options
 
@@ -39,7 +40,7 @@ def solve(f, batch: int, training: bool = False, **options):
 
 @pytest.mark.parametrize("stop_mode", ["abs", "rel"])
 @pytest.mark.parametrize("restricted", [False, True])
-def test_diverging_rows_stop_after_patience_plus_one_and_the_others_converge_as_alone(restricted, stop_mode):
+def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_converge_as_alone(restricted, stop_mode):
     rows_seen = []
 
     def restrict(rows):
@@ -49,20 +50,22 @@ def test_diverging_rows_stop_after_patience_plus_one_and_the_others_converge_as_
     z, stats = solver(divergence_patience=8, f_stop_mode=stop_mode)(
         affine(SLOPES), torch.zeros(4, 3, 2), training=False, restrict=restrict if restricted else None
     )
-    assert stats.iterations[DIVERGING].tolist() == [9, 9]
+    # The step at evaluation n is 1.5^(n-1) per entry: above 100 times the first from n = 13
+    # (1.5^12 = 130), so the 8th evaluation in a row that far out is the 20th.
+    assert stats.iterations[DIVERGING].tolist() == [20, 20]
     assert stats.diverged.tolist() == [True, False, True, False]
     assert stats.converged.tolist() == [False, True, False, True] and not stats.unconverged.any()
-    # Divergence is read off the absolute residual (1, 1.5, 2.25, ... per entry) in both
-    # stop modes; the image kept is the stop mode's lowest: in abs mode the first, f(0) = 1;
-    # in rel mode, where |f(z) - z| / |f(z)| falls towards 1/3, the ninth, 2 (1.5^9 - 1).
-    kept = 1.0 if stop_mode == "abs" else 2 * (1.5**9 - 1)
+    # The image kept is the stop mode's lowest-residual one: in abs mode the first, f(0) = 1;
+    # in rel mode, where |f(z) - z| / |f(z)| falls towards 1/3, the 20th, 2 (1.5^20 - 1).
+    kept = 1.0 if stop_mode == "abs" else 2 * (1.5**20 - 1)
     torch.testing.assert_close(z[DIVERGING], torch.full((2, 3, 2), kept))
     alone_z, alone = solve(affine(SLOPES[[1, 3]]), 2, divergence_patience=8, f_stop_mode=stop_mode)
     assert torch.equal(z[[1, 3]], alone_z) and torch.equal(stats.iterations[[1, 3]], alone.iterations)
-    assert stats.evaluations == alone.evaluations > 9  # the contracting rows set the batch's length
+    assert stats.evaluations == max(20, alone.evaluations)
     if restricted:
-        # Each row computed exactly as often as it was evaluated: the diverging ones 9 times.
-        assert rows_seen[0] == [1, 3] and stats.row_evaluations == stats.iterations.sum() == 18 + alone.iterations.sum()
+        # Each row computed exactly as often as it was evaluated: the diverging ones 20 times.
+        assert rows_seen[-1] == [3]  # the slowest to converge (x0.8 to 1e-6) runs last, alone
+        assert stats.row_evaluations == stats.iterations.sum() == 40 + alone.iterations.sum()
     summary = stats.summary()
     assert summary["fp_diverged"] == 2.0 and summary["fp_unconverged"] == 0.0
 
@@ -75,21 +78,59 @@ def test_patience_zero_lets_diverging_rows_spend_the_budget():
     assert stats.summary()["fp_unconverged"] == 2.0 and stats.summary()["fp_diverged"] == 0.0
 
 
-def test_rises_that_do_not_double_the_residual_are_not_divergence():
+def test_growth_within_the_bound_is_not_divergence_and_the_bound_is_an_option():
     # The step length 1 + tanh(z / 10) / 2 rises at every step, but only from 1 towards 1.5.
-    _, stats = solve(lambda z: z + 1 + torch.tanh(z / 10) / 2, 1, divergence_patience=8, f_stop_mode="abs")
+    _, stats = solve(lambda z: z + 1 + torch.tanh(z / 10) / 2, 1, f_stop_mode="abs")
     assert not stats.diverged.any() and stats.iterations.tolist() == [100] and stats.unconverged.all()
-    # Slow but geometric: 5% per step doubles the step after 15 rises (1.05^14 = 1.98).
+    # Slow but geometric: 5% per step is 100 times the first step from evaluation 96
+    # (1.05^95 = 103), so patience 8 gives up at 103, past a budget of 100 but not of 200.
     _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8)
-    assert stats.diverged.all() and stats.iterations.tolist() == [16]
-    # Patience 12 on x1.5: 11 rises are not enough, 12 are.
-    _, stats = solve(affine(torch.tensor([1.5])), 1, divergence_patience=12)
-    assert stats.diverged.all() and stats.iterations.tolist() == [13]
+    assert not stats.diverged.any() and stats.unconverged.all()
+    _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8, eval_f_max_iter=200)
+    assert stats.diverged.all() and stats.iterations.tolist() == [103]
+    # A bound of 10: x1.5 is beyond it from evaluation 7 (1.5^6 = 11.4); patience 12 ends at 18.
+    _, stats = solve(affine(torch.tensor([1.5])), 1, divergence_patience=12, divergence_growth=10.0)
+    assert stats.diverged.all() and stats.iterations.tolist() == [18]
+
+
+def travelling_front(length: int, gain: float):
+    """A map shaped like simultaneous mode over a sequence: token t reads token t - 1 of the
+    last iterate, so information moves one token per evaluation. Its step length grows by
+    ``gain`` at each of the first ``length`` evaluations (the front carries more and more),
+    then falls to exactly 0: a converging sample whose residual rises first."""
+
+    def f(z):  # z: (batch, length, 1)
+        shifted = torch.cat([torch.zeros_like(z[:, :1]), z[:, :-1]], dim=1)
+        return gain * shifted + 1.0
+
+    return f
+
+
+def test_a_converging_sample_whose_step_grows_for_its_whole_length_is_not_given_up():
+    # Its step grows at 27 evaluations in a row, about 5-fold, before it falls to exactly 0:
+    # rises are how such a sample converges, not a sign that it diverges.
+    length = 32
+    f = travelling_front(length, 1.1)
+    z, stats = FixedPointSolver(FixedPointOptions(eval_f_max_iter=64, eval_f_tol=1e-6, f_stop_mode="abs"))(
+        f, torch.zeros(2, length, 1), training=False
+    )
+    assert stats.converged.all() and not stats.diverged.any() and stats.iterations.tolist() == [length + 1] * 2
+    expected = torch.tensor([sum(1.1**k for k in range(t + 1)) for t in range(length)]).view(1, length, 1)
+    torch.testing.assert_close(z, expected.expand(2, -1, -1))
+
+
+def test_the_divergence_options_are_validated():
+    with pytest.raises(OptionError, match="divergence_growth"):
+        FixedPointOptions(divergence_growth=1.0)
+    with pytest.raises(OptionError, match="divergence_growth"):
+        FixedPointOptions(divergence_growth=float("inf"))
+    with pytest.raises(OptionError, match="divergence_growth"):
+        FixedPointOptions.from_dict({"divergence_growth": "100"})
 
 
 def test_a_sample_diverging_at_the_last_evaluation_has_hit_the_budget():
-    _, stats = solve(affine(SLOPES), 4, divergence_patience=8, eval_f_max_iter=9)
-    assert stats.iterations.tolist() == [9, 9, 9, 9]
+    _, stats = solve(affine(SLOPES), 4, divergence_patience=8, eval_f_max_iter=20)
+    assert stats.iterations.tolist() == [20, 20, 20, 20]
     assert not stats.diverged.any() and stats.unconverged[DIVERGING].all()
 
 
@@ -158,7 +199,7 @@ def test_non_finite_residuals_never_count_as_converged():
 def test_fatal_nonconvergence_raises_in_evaluation_only():
     f = affine(torch.tensor([0.9, 0.01, 1.5, 0.1]))
     with pytest.raises(NumericalFault) as fault:
-        solve(f, 4, eval_nonconvergence="error", eval_f_max_iter=12, divergence_patience=4)
+        solve(f, 4, eval_nonconvergence="error", eval_f_max_iter=12, divergence_patience=4, divergence_growth=2.0)
     message = str(fault.value)
     assert "\n" not in message
     assert "2 of 4 samples" in message and "1 hit the budget of 12 evaluations" in message
@@ -170,7 +211,9 @@ def test_fatal_nonconvergence_raises_in_evaluation_only():
 
 
 def test_options_are_validated():
-    assert FixedPointOptions().divergence_patience == 8 and FixedPointOptions().eval_nonconvergence == "report"
+    defaults = FixedPointOptions()
+    assert defaults.divergence_patience == 16 and defaults.divergence_growth == 100.0
+    assert defaults.eval_nonconvergence == "report"
     with pytest.raises(OptionError, match="divergence_patience"):
         FixedPointOptions(divergence_patience=-1)
     with pytest.raises(OptionError, match="eval_nonconvergence"):
@@ -216,21 +259,20 @@ def test_sequential_mode_counts_per_token():
 
 
 @torch.no_grad()
-def test_a_diverging_model_gives_up_tokens_early_with_the_same_answer():
+def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such():
+    # Scaled up, some tokens' iterates wander without settling; the final norm bounds their
+    # steps, so nothing runs away: they are budget misses, not divergence.
     model = mamba2_model(scale=3.0)
-    out = model(TOKENS, mode="sequential")
-    stats = out.fixed_point
-    diverged = stats.diverged
-    assert diverged.any(), "the scaled model gives up no token"
-    assert (stats.iterations[diverged] < 60).all() and not stats.converged[diverged].any()
-    assert stats.summary()["fp_diverged"] == float(diverged.sum())
-    model.set_fixed_point_options(divergence_patience=0)
-    patient = model(TOKENS, mode="sequential")
-    # Both return the lowest-residual image: the tokens given up never got better later.
-    assert torch.equal(out.logits, patient.logits) and (patient.fixed_point.iterations[diverged] == 60).all()
-    assert stats.row_evaluations < patient.fixed_point.row_evaluations
-    model.set_fixed_point_options(divergence_patience=8, eval_nonconvergence="error")
-    expected = rf"of 15 tokens: \d+ hit the budget of 60 evaluations, {int(diverged.sum())} diverged"
+    with model.track_convergence() as tally:
+        stats = model(TOKENS, mode="sequential").fixed_point
+    missed = stats.unconverged
+    assert missed.any() and not stats.diverged.any() and (stats.iterations[missed] == 60).all()
+    assert tally.as_dict() == {
+        "fp_fixed_points": 15, "fp_not_converged": int(missed.sum()), "fp_not_converged_share": int(missed.sum()) / 15,
+        "fp_stopped_at_budget": int(missed.sum()), "fp_diverged": 0, "fp_non_finite": 0,
+    }
+    model.set_fixed_point_options(eval_nonconvergence="error")
+    expected = rf"{int(missed.sum())} of 15 tokens: {int(missed.sum())} hit the budget of 60 evaluations, 0 diverged"
     with pytest.raises(NumericalFault, match=expected):
         model(TOKENS, mode="sequential")
 
@@ -283,3 +325,49 @@ def test_the_convergence_command_fails_on_nonconvergence_only_when_asked(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "24 of 24 tokens" in err[0] and "budget of 1 evaluations" in err[0], err
     assert "Traceback" not in err[0]
+
+
+# ---------------------------------------------------------------- never silent
+
+
+def test_the_tally_counts_each_fixed_point_under_one_reason():
+    tally = ConvergenceTally()
+    stats = FixedPointStats(
+        iterations=torch.tensor([[3, 9], [9, 4]]), abs_residual=torch.tensor([[0.0, 1.0], [float("nan"), 2.0]]),
+        rel_residual=torch.tensor([[0.0, 1.0], [float("nan"), 2.0]]), diverged=torch.tensor([[False, False], [True, True]]),
+        non_finite=torch.tensor([[False, False], [True, False]]), evaluations=9, row_evaluations=18, tol=1e-3,
+        stop_mode="rel", solver="fixed_point_iter",
+    )
+    assert tally.warning("nothing yet") is None
+    tally.add(stats)
+    tally.add(stats)
+    assert tally.as_dict() == {"fp_fixed_points": 8, "fp_not_converged": 6, "fp_not_converged_share": 0.75,
+                               "fp_stopped_at_budget": 2, "fp_diverged": 2, "fp_non_finite": 2}
+    assert tally.warning("words") == ("words: 6 of 8 fixed points (75.00%) stopped above the tolerance: "
+                                      "2 at the iteration budget, 2 diverged, 2 non-finite")
+
+
+def test_generate_records_its_convergence_and_warns_in_one_line(caplog):
+    model = mamba2_model(contractive=True)
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        model.generate(TOKENS, max_new_tokens=3, max_iter=1)
+    # The prefill (one fixed point per sequence) and two decoded tokens per sequence.
+    assert model.generation_convergence["fp_fixed_points"] == 3 + 3 * 2
+    assert model.generation_convergence["fp_stopped_at_budget"] == 9
+    [line] = [record.getMessage() for record in caplog.records if record.name == "implicitlm"]
+    assert line.startswith("generate: 9 of 9 fixed points (100.00%)") and "\n" not in line
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        model.generate(TOKENS, max_new_tokens=3, max_iter=300)
+    assert model.generation_convergence["fp_not_converged"] == 0 and not caplog.records
+
+
+def test_perplexity_reports_the_share_short_of_the_tolerance(caplog):
+    model = mamba2_model(contractive=True)
+    windows = [torch.randint(0, 6, (2, 9), generator=torch.Generator().manual_seed(2))]
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        missed = perplexity(model, windows, mode="sequential", max_iter=1)
+        settled = perplexity(model, windows, max_iter=300)
+    assert missed["fp_fixed_points"] == 16 and missed["fp_not_converged_share"] == 1.0
+    assert settled["fp_fixed_points"] == 2 and settled["fp_not_converged"] == 0
+    assert [record.getMessage().split(":")[0] for record in caplog.records] == ["perplexity (sequential mode)"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -11,10 +14,14 @@ from implicitlm.eval.words import accuracy_by_length, word_accuracy
 from implicitlm.models.output import ImplicitLMOutput
 from implicitlm.train.word_trainer import WordTrainConfig, _batches
 
+from stubs import ExplicitStub
 
-class AnswerModel(nn.Module):
+
+class AnswerModel(ExplicitStub, nn.Module):
     """Answers with a fixed rule: the true running product up to position ``correct_until``,
     a wrong element after it."""
+
+    config = SimpleNamespace(implicit=False)
 
     def __init__(self, group: str, correct_until: int) -> None:
         super().__init__()
@@ -28,12 +35,27 @@ class AnswerModel(nn.Module):
         return ImplicitLMOutput(logits=nn.functional.one_hot(answer, 6).float())
 
 
-def test_accuracy_counts_all_tokens_and_the_last_ten():
+
+def test_accuracy_counts_the_last_ten_and_all_tokens_but_the_first():
     inputs, targets = generate_words("S3", 20, 10, seed=1)
     result = word_accuracy(AnswerModel("S3", correct_until=5), inputs, targets, batch_size=3)
-    assert result["accuracy"] == 5 / 20
+    assert result["accuracy"] == pytest.approx(4 / 19)  # tokens 2 to 5 of 2 to 20
     assert result["accuracy_last10"] == 0.0
     assert result["length"] == 20 and result["sequences"] == 10
+    late = word_accuracy(AnswerModel("S3", correct_until=15), inputs, targets)
+    assert late["accuracy_last10"] == 5 / 10 and late["accuracy"] == pytest.approx(14 / 19)
+    assert list(late)[2] == "accuracy_last10"  # the authors' metric leads the row
+
+
+def test_copying_the_first_token_scores_nothing():
+    # Token 1's label is its own input: a model that copies it and misses every later
+    # token would otherwise score 1 / length.
+    inputs, targets = generate_words("S3", 10, 20, seed=2)
+    assert (targets[:, 0] == inputs[:, 0]).all()
+    result = word_accuracy(AnswerModel("S3", correct_until=1), inputs, targets)
+    assert result["accuracy"] == 0.0 and result["accuracy_last10"] == 0.0
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        word_accuracy(AnswerModel("S3", correct_until=1), inputs[:, :1], targets[:, :1])
 
 
 def test_a_perfect_model_scores_one_at_every_length():

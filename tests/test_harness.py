@@ -205,6 +205,20 @@ def test_mode_and_budget_reach_the_model(tokenizer):
     assert all(int(out.fixed_point.iterations.max()) == 2 for _, out in seen)  # tol 1e-9 is out of reach in 2
 
 
+def test_fixed_points_short_of_the_tolerance_are_reported_and_warned_about(tokenizer, caplog):
+    model = make_model("llama", True, len(tokenizer))
+    lm = ImplicitLMHarness(model, tokenizer=tokenizer, mode="sequential", max_iter=2, tol=1e-9, progress=False)
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        lm.loglikelihood(requests("l", ("The sun", " rises")))
+        lm.generate_until(requests("g", ("The sun", {"max_gen_toks": 2, "until": []})))
+    # One line per request type, none from the generate() calls inside the adapter.
+    lines = [record.getMessage() for record in caplog.records if record.name == "implicitlm"]
+    assert len(lines) == 2 and lines[0].startswith("lm-eval loglikelihood requests (sequential mode): ")
+    assert lines[1].startswith("lm-eval generate_until requests") and "at the iteration budget" in lines[1]
+    info = lm.get_model_info()
+    assert info["fp_not_converged_share"] == 1.0 and info["fp_fixed_points"] == info["fp_stopped_at_budget"] > 0
+
+
 def test_registered_by_name_from_model_args_without_hiding_the_built_in_models(checkpoint):
     assert get_model("implicitlm") is ImplicitLMHarness and "hf" in model_registry and "dummy" in model_registry
     lm = get_model("implicitlm").create_from_arg_string(

@@ -236,8 +236,8 @@ def _apply_nonconvergence_flag(model, args) -> None:
 def _word_test_sets(args) -> tuple:
     """The checkpoint's model, its group and training length, and the test words: the
     ``--data`` files, or fresh words at each requested length."""
-    from .data.words import generate_words, load_words
-    from .eval.words import TEST_SEED_OFFSET
+    from .data.words import load_words
+    from .eval.words import held_out_words
     from .models import load_model
     model = load_model(args.checkpoint)
     train = _training_settings(args.checkpoint)
@@ -256,8 +256,7 @@ def _word_test_sets(args) -> tuple:
     else:
         raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
     hard_prob = args.hard_prob if args.hard_prob is not None else train.get("hard_prob")
-    seed = TEST_SEED_OFFSET + args.seed
-    return model, group, train_length, [generate_words(group, n, args.count, seed, hard_prob) for n in lengths]
+    return model, group, train_length, [held_out_words(group, n, args.count, args.seed, hard_prob) for n in lengths]
 
 
 def _run_words_eval(args) -> None:
@@ -267,10 +266,13 @@ def _run_words_eval(args) -> None:
     _apply_nonconvergence_flag(model, args)
     budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size}
     rows = [word_accuracy(model, inputs, targets, **budget) for inputs, targets in _progress(test_sets, args)]
-    print(f"{'length':>8}{'accuracy':>10}{'last10':>9}{'fp iters':>10}")
+    # Token 1 is left out of "all": its label is its input.
+    print(f"{'length':>8}{'last10':>9}{'all':>9}{'fp iters':>10}{'not converged':>15}")
     for row in rows:
-        iters = f"{row['fp_iterations_mean']:>10.1f}" if "fp_iterations_mean" in row else f"{'-':>10}"
-        print(f"{row['length']:>8}{row['accuracy']:>10.1%}{row['accuracy_last10']:>9.1%}{iters}")
+        implicit = "fp_iterations_mean" in row
+        iters = f"{row['fp_iterations_mean']:>10.1f}" if implicit else f"{'-':>10}"
+        missed = f"{row['fp_not_converged_share']:>15.2%}" if implicit else f"{'-':>15}"
+        print(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{iters}{missed}")
     if args.out:
         word_length_record(model, args.checkpoint, rows, args.out, group, args.mode, train_length)
         print(f"results: {args.out / 'word_length.json'}, plot: {args.out / 'word_length.png'}")
@@ -308,10 +310,11 @@ def _run_words_budget(args) -> None:
     _require_implicit(model, "a budget sweep")
 
     def evaluate(max_iter, tol):
-        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol, "batch_size": args.batch_size}
+        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol, "batch_size": args.batch_size, "warn": False}
         return [word_accuracy(model, inputs, targets, **budget) for inputs, targets in test_sets]
 
-    _run_sweep(args, model, evaluate, "word_budget", "accuracy", f"{group} word problem: test-time compute", group=group)
+    title = f"{group} word problem: test-time compute"
+    _run_sweep(args, model, evaluate, "word_budget", "accuracy_last10", title, group=group)
 
 
 def _add_words_convergence(commands) -> None:
@@ -555,9 +558,10 @@ def _run_lm_eval(args) -> None:
     _apply_nonconvergence_flag(model, args)
     budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol}
     rows = perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, not args.no_progress, **budget)
-    print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}")
+    print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}")
     for row in rows:
-        print(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}")
+        missed = f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"
+        print(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{missed}")
     if args.out:
         lm_length_record(model, args.checkpoint, rows, args.out, args.mode, train_length)
         print(f"results: {args.out / 'lm_length.json'}, plot: {args.out / 'lm_length.png'}")
@@ -577,7 +581,7 @@ def _run_lm_budget(args) -> None:
     _require_implicit(model, "a budget sweep")
 
     def evaluate(max_iter, tol):
-        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol}
+        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol, "warn": False}
         return perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, **budget)
 
     _run_sweep(args, model, evaluate, "lm_budget", "perplexity", "test-time compute")
@@ -880,11 +884,13 @@ def _progress(items: list, args) -> Any:
 
 
 def _print_budget_table(rows: list[dict[str, Any]], quality: str) -> None:
-    print(f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>12}{'iters used':>12}")
+    width = max(12, len(quality) + 2)
+    print(f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>{width}}{'iters used':>12}{'not converged':>15}")
     for row in rows:
         tol = "model" if row["tol"] is None else f"{row['tol']:g}"
         used = f"{row['fp_iterations_mean']:>12.2f}" if "fp_iterations_mean" in row else f"{'-':>12}"
-        print(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>12.4f}{used}")
+        missed = f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"
+        print(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}{missed}")
 
 
 def _print_convergence(summary: dict[str, Any]) -> None:

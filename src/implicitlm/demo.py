@@ -13,7 +13,7 @@ from typing import Any
 from .atomic_io import write_json
 from .data.groups import get_group
 from .eval.plots import plot_accuracy_by_length
-from .eval.words import accuracy_by_length, word_length_record
+from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
 from .schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
 from .train.word_setup import KINDS, word_model, word_train_config
 from .train.word_trainer import train_words
@@ -23,7 +23,7 @@ PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implic
 
 @dataclass(frozen=True)
 class DemoEval:
-    length_multiples: tuple[int, ...] = (1, 2, 4)
+    length_multiples: tuple[int, ...] = (1, 2, 4, 8)
     count: int = 512
     # Sequential (RNN) mode runs token by token, so it is checked on fewer words.
     sequential_count: int = 64
@@ -66,9 +66,12 @@ def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True)
             "by_length": accuracy_by_length(model, train.group, lengths, evaluation.count, train.seed, **budget),
         }
         if model.config.implicit:
-            entry["sequential_by_length"] = accuracy_by_length(
-                model, train.group, lengths, evaluation.sequential_count, train.seed, mode="sequential", **budget
-            )
+            # RNN mode on fewer words, which simultaneous mode solves too: the duality check.
+            both = agreement_by_length(model, train.group, lengths, evaluation.sequential_count, train.seed, **budget)
+            entry["sequential_by_length"] = [row["sequential"] for row in both]
+            entry["mode_agreement"] = [
+                {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both
+            ]
         results["models"][kind] = entry
         # Each model's result also as a record, for ``implicitlm report``.
         word_length_record(model, entry["checkpoint"], entry["by_length"], out_dir / kind, train.group, "simultaneous", train.train_length)
@@ -85,7 +88,8 @@ def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True)
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """Per-token accuracy (all tokens / last 10) by test length, one column pair per model and mode."""
+    """Per-token accuracy (last 10 tokens / all but the first) by test length, one column
+    pair per model and mode, and the share of fixed points that stopped above the tolerance."""
     columns = []
     for name, entry in results["models"].items():
         columns.append((f"{name}", entry["by_length"]))
@@ -96,12 +100,17 @@ def format_table(results: dict[str, Any]) -> str:
         f"{results['group']} word problem, trained at length {results['train_length']}; "
         + ", ".join(f"{n}: {e['parameters']:,} parameters" for n, e in results["models"].items()),
         f"{'':>12}" + "".join(f"{label:>{width}}" for label, _ in columns),
-        f"{'test length':>12}" + "".join(f"{'all / last10':>{width}}" for _ in columns),
+        f"{'test length':>12}" + "".join(f"{'last10 / all':>{width}}" for _ in columns),
     ]
     for i, row in enumerate(columns[0][1]):
         multiple = row["length"] // results["train_length"]
         cells = "".join(
-            f"{rows[i]['accuracy']:.1%} / {rows[i]['accuracy_last10']:.1%}".rjust(width) for _, rows in columns
+            f"{rows[i]['accuracy_last10']:.1%} / {rows[i]['accuracy']:.1%}".rjust(width) for _, rows in columns
         )
         lines.append(f"{row['length']:>7} ({multiple}x)" + cells)
+    missed = [
+        f"{label} {rows[i]['fp_not_converged_share']:.2%} at {rows[i]['length']}"
+        for label, rows in columns for i in range(len(rows)) if rows[i].get("fp_not_converged_share")
+    ]
+    lines.append("fixed points above the tolerance: " + (", ".join(missed) if missed else "none"))
     return "\n".join(lines)

@@ -105,6 +105,8 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
             "train_tokens": train.total_steps * train.batch_tokens,
             "test_perplexity": held_out["perplexity"],
             "test_loss": held_out["loss"],
+            # The convergence behind the figure: fixed points that stopped above the tolerance.
+            **{key: value for key, value in held_out.items() if key.startswith("fp_")},
         }
         curves[kind] = _held_out_curve(out_dir / kind / "metrics.jsonl", train.batch_tokens)
     write_json(out_dir / "results.json", results)

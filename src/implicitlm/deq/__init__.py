@@ -4,6 +4,14 @@ from ..schema import OptionError
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
-from .stats import FixedPointStats
+from .stats import ConvergenceTally, FixedPointStats, warn_not_converged
 
-__all__ = ["FixedPointOptions", "FixedPointSolver", "FixedPointStats", "OptionError", "solve_sequence"]
+__all__ = [
+    "ConvergenceTally",
+    "FixedPointOptions",
+    "FixedPointSolver",
+    "FixedPointStats",
+    "OptionError",
+    "solve_sequence",
+    "warn_not_converged",
+]

@@ -29,8 +29,11 @@ class FixedPointOptions:
     ``unroll_steps > 0``, which replaces both by a fully differentiable weight-tied unroll
     (the warm-up phase). Evaluation has its own budget, the test-time-compute knob.
 
-    ``divergence_patience``: a sample whose absolute residual has grown at that many
-    evaluations in a row, doubling over them, is given up as diverged (0: never).
+    ``divergence_patience`` / ``divergence_growth``: a sample whose absolute residual
+    (step length) has been above ``divergence_growth`` times its first one at
+    ``divergence_patience`` evaluations in a row is given up as diverged (patience 0:
+    never). A converging sample's step may grow for a while (in simultaneous mode, while
+    its later tokens catch up), but not a hundredfold beyond where it started.
     ``eval_nonconvergence``: "report" (count the samples short of the tolerance in the
     stats) or "error" (raise NumericalFault); evaluation only, since training phases
     spend tiny budgets on purpose.
@@ -45,7 +48,8 @@ class FixedPointOptions:
     unroll_steps: int = 0
     eval_f_max_iter: int = 16
     eval_f_tol: float = 1e-3
-    divergence_patience: int = 8
+    divergence_patience: int = 16
+    divergence_growth: float = 100.0
     eval_nonconvergence: str = "report"
 
     def __post_init__(self) -> None:
@@ -59,6 +63,9 @@ class FixedPointOptions:
         _check_choice("eval_nonconvergence", self.eval_nonconvergence, ("report", "error"))
         _check_positive("f_tol", self.f_tol)
         _check_positive("eval_f_tol", self.eval_f_tol)
+        if isinstance(self.divergence_growth, bool) or not isinstance(self.divergence_growth, (int, float)) \
+                or not 1.0 < self.divergence_growth < float("inf"):
+            raise OptionError(f"divergence_growth must be a finite number > 1, got {self.divergence_growth!r}")
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0.0 < self.tau <= 1.0:
             raise OptionError(f"tau must be a number in (0, 1], got {self.tau!r}")
 

@@ -14,9 +14,12 @@ tolerance returns its lowest-residual image.
 
 A sample may also be given up before the budget is spent, counted as diverged and
 frozen at its lowest-residual image: when its absolute residual (its step length) has
-grown at ``divergence_patience`` evaluations in a row, doubling over them (one rise is
-no sign: safeguarded Anderson and Broyden rise and fall on their way, and can creep up
-a little for long), or at once when its image f(z) is not finite. A non-finite image
+stayed above ``divergence_growth`` times its first one for ``divergence_patience``
+evaluations in a row, or at once when its image f(z) is not finite. Rises alone are no
+sign: in simultaneous mode a sample's step grows for as long as its later tokens catch
+up (for about as many iterations as the sequence has tokens), and safeguarded Anderson
+and Broyden rise and fall on their way; only a runaway iteration grows far beyond where
+it started. A non-finite image
 is never returned nor handed back to the solver, whose per-sample linear algebra would
 otherwise carry one sample's NaN into a batch-wide error; a sample that never had a
 finite image has nothing to return, and the solve raises ``NumericalFault``. In
@@ -41,11 +44,6 @@ from ..faults import NumericalFault
 from .anderson import safeguarded_anderson
 from .options import SOLVERS, FixedPointOptions
 from .stats import FixedPointStats
-
-# A run of rises must also multiply the residual by this much: safeguarded Anderson can
-# creep up slowly for dozens of plain steps (seen: x1.46 over 77 rises) and then converge,
-# while a truly diverging iteration grows geometrically.
-DIVERGENCE_GROWTH = 2.0
 
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
 # rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
@@ -120,7 +118,7 @@ class FixedPointSolver:
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
         stop_mode = self.options.f_stop_mode
-        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode, self.options.divergence_patience)
+        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode, self.options)
         with torch.no_grad(), contextlib.suppress(_SolveDone):
             self._solver(tracker, x0=z0, max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
         never_finite = ~torch.isfinite(tracker.best_abs)
@@ -210,16 +208,18 @@ class _RowTracker:
 
     The residual of an evaluated point z is ``||f(z) - z||`` (divided by ``||f(z)||`` in
     rel mode), as the solvers define it. Diverged: before the budget's last evaluation,
-    a non-finite residual, or an absolute residual that has grown at ``patience``
-    evaluations in a row (0: never) and by ``DIVERGENCE_GROWTH`` over them; at the last
-    evaluation every sample still running has simply hit the budget.
+    a non-finite residual, or an absolute residual above ``divergence_growth`` times the
+    sample's first one at ``divergence_patience`` evaluations in a row (0: never); at the
+    last evaluation every sample still running has simply hit the budget.
     """
 
     def __init__(
-        self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str, patience: int
+        self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str,
+        options: FixedPointOptions,
     ) -> None:
         self.f, self.restrict = f, restrict
-        self.max_iter, self.tol, self.relative, self.patience = max_iter, tol, stop_mode == "rel", patience
+        self.max_iter, self.tol, self.relative = max_iter, tol, stop_mode == "rel"
+        self.patience, self.growth = options.divergence_patience, options.divergence_growth
         self.calls = 0
         self.row_evaluations = 0
         self.active: torch.Tensor | None = None  # indices of the samples still running
@@ -243,7 +243,7 @@ class _RowTracker:
         converged = residual < self.tol  # False for NaN: a non-finite residual never converges
         # At the budget's last evaluation, a sample still running has hit the budget, whatever its residual.
         budget_left = self.calls < self.max_iter
-        diverged = ~converged & (~finite | self._grew_too_long(rows, abs_res)) & budget_left
+        diverged = ~converged & (~finite | self._ran_away(rows, abs_res)) & budget_left
         done = converged | diverged | (not budget_left)
         if bool(done.any()):
             self.diverged[rows[diverged]] = True
@@ -268,11 +268,10 @@ class _RowTracker:
         dtype = torch.promote_types(z.dtype, torch.float32)
         self.best_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
         self.best_rel = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
-        # Divergence watch, on the absolute residual: its last value, its consecutive rises
-        # and its value before them.
-        self.last_residual = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
-        self.rises = torch.zeros(batch, dtype=torch.long, device=z.device)
-        self.run_start = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
+        # Divergence watch, on the absolute residual: the first one, and how many
+        # evaluations in a row it has been far above that.
+        self.first_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
+        self.far_run = torch.zeros(batch, dtype=torch.long, device=z.device)
 
     def _evaluate(self, z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(z, f(z)) on ``rows``, counting the rows actually computed."""
@@ -296,18 +295,19 @@ class _RowTracker:
         self.best_abs[rows[better]] = abs_res[better]
         self.best_rel[rows[better]] = rel_res[better]
 
-    def _grew_too_long(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """Whether each row's absolute residual (its step length) has now grown at
-        ``patience`` evaluations in a row, and by ``DIVERGENCE_GROWTH`` over that run. Not
-        the relative residual, whatever the stop mode: it stays bounded (|a - 1| / |a| for
+    def _ran_away(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Whether each row's absolute residual (its step length) has now been above
+        ``growth`` times its first one at ``patience`` evaluations in a row. Not the
+        relative residual, whatever the stop mode: it stays bounded (|a - 1| / |a| for
         z -> a z + b) while the iterate runs off."""
         if self.patience == 0:
             return torch.zeros_like(residual, dtype=torch.bool)
-        grew = residual > self.last_residual[rows]
-        rises = torch.where(grew, self.rises[rows] + 1, 0)
-        run_start = torch.where(grew, self.run_start[rows], residual)
-        self.rises[rows], self.run_start[rows], self.last_residual[rows] = rises, run_start, residual
-        return (rises >= self.patience) & (residual >= DIVERGENCE_GROWTH * run_start)
+        if self.calls == 1:  # every sample is running at the first evaluation
+            self.first_abs.copy_(residual)
+        far = residual > self.growth * self.first_abs[rows]
+        run = torch.where(far, self.far_run[rows] + 1, 0)
+        self.far_run[rows] = run
+        return run >= self.patience
 
     def _best_for_non_finite(self, rows: torch.Tensor, fz_rows: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         """``fz_rows`` with each non-finite image replaced by that sample's best one: the

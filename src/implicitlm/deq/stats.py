@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
+
+LOGGER = logging.getLogger("implicitlm")
 
 
 @dataclass
@@ -69,3 +72,60 @@ class FixedPointStats:
             "fp_evaluations": float(self.evaluations),
             "fp_row_evaluations": float(self.row_evaluations),
         }
+
+
+@dataclass(eq=False)  # compared by identity: the model keeps a list of the tallies open
+class ConvergenceTally:
+    """How many fixed points, over any number of solves, stopped above the tolerance, and why.
+
+    A fixed point is a sample's in simultaneous mode and a token's in sequential mode.
+    The reasons are exclusive: ``non_finite`` (an image was NaN or infinite),
+    ``diverged`` (given up as running away, all images finite), ``budget`` (the budget
+    spent short of the tolerance)."""
+
+    fixed_points: int = 0
+    budget: int = 0
+    diverged: int = 0
+    non_finite: int = 0
+
+    def add(self, stats: FixedPointStats) -> None:
+        self.fixed_points += stats.iterations.numel()
+        self.non_finite += int(stats.non_finite.sum())
+        self.diverged += int((stats.diverged & ~stats.non_finite).sum())
+        self.budget += int((stats.unconverged & ~stats.non_finite).sum())
+
+    @property
+    def not_converged(self) -> int:
+        return self.budget + self.diverged + self.non_finite
+
+    @property
+    def not_converged_share(self) -> float:
+        return self.not_converged / self.fixed_points if self.fixed_points else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures results and metadata carry (``fp_`` keys, as training logs have them)."""
+        return {
+            "fp_fixed_points": self.fixed_points,
+            "fp_not_converged": self.not_converged,
+            "fp_not_converged_share": self.not_converged_share,
+            "fp_stopped_at_budget": self.budget,
+            "fp_diverged": self.diverged,
+            "fp_non_finite": self.non_finite,
+        }
+
+    def warning(self, what: str) -> str | None:
+        """One line saying what stopped above the tolerance in ``what``; None if nothing did."""
+        if not self.not_converged:
+            return None
+        return (
+            f"{what}: {self.not_converged} of {self.fixed_points} fixed points ({self.not_converged_share:.2%}) "
+            f"stopped above the tolerance: {self.budget} at the iteration budget, {self.diverged} diverged, "
+            f"{self.non_finite} non-finite"
+        )
+
+
+def warn_not_converged(tally: ConvergenceTally, what: str) -> None:
+    """Log ``tally``'s one-line warning (on stderr where logging is not set up), if any."""
+    line = tally.warning(what)
+    if line is not None:
+        LOGGER.warning(line)

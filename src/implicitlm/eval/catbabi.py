@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..data.catbabi import SHARD_SPLITS, read_answers
 from ..data.shards import TokenShards
+from ..deq import warn_not_converged
 from .plots import save_figure
 from .records import make_record, write_record
 
@@ -65,7 +66,8 @@ def answer_accuracy(
 
     Returns ``accuracy`` and ``answers`` over all tasks, ``tasks`` {task: {"accuracy",
     "answers"}}, the ``stride`` used and the number of ``windows`` run, and for implicit
-    models the mean fixed-point iterations of those windows.
+    models the mean fixed-point iterations of those windows and how many of their fixed
+    points stopped above the tolerance (``ConvergenceTally.as_dict``).
     """
     answers = read_answers(data_dir, split)
     shards = TokenShards(data_dir, SHARD_SPLITS[split])
@@ -86,21 +88,26 @@ def answer_accuracy(
     was_training = model.training
     model.eval()
     try:
-        for first in tqdm(range(0, len(unique_starts), batch_size), desc="catbabi", disable=not progress):
-            batch = unique_starts[first : first + batch_size]
-            inputs = torch.stack([stream[start : start + length] for start in batch]).to(device)
-            output = model(inputs, mode=mode, max_iter=max_iter, tol=tol)
-            predictions = output.logits.argmax(-1).cpu().numpy()
-            # Answers come in stream order, so their window starts never decrease.
-            scored = slice(np.searchsorted(starts, batch[0]), np.searchsorted(starts, batch[-1], side="right"))
-            rows = np.searchsorted(batch, starts[scored])
-            columns = answers.positions[scored] - 1 - starts[scored]
-            correct[scored] = predictions[rows, columns] == expected[scored]
-            if output.fixed_point is not None:
-                iterations.append(output.fixed_point.iterations.float().mean().item())
+        with model.track_convergence() as tally:
+            for first in tqdm(range(0, len(unique_starts), batch_size), desc="catbabi", disable=not progress):
+                batch = unique_starts[first : first + batch_size]
+                inputs = torch.stack([stream[start : start + length] for start in batch]).to(device)
+                output = model(inputs, mode=mode, max_iter=max_iter, tol=tol)
+                predictions = output.logits.argmax(-1).cpu().numpy()
+                # Answers come in stream order, so their window starts never decrease.
+                scored = slice(np.searchsorted(starts, batch[0]), np.searchsorted(starts, batch[-1], side="right"))
+                rows = np.searchsorted(batch, starts[scored])
+                columns = answers.positions[scored] - 1 - starts[scored]
+                correct[scored] = predictions[rows, columns] == expected[scored]
+                if output.fixed_point is not None:
+                    iterations.append(output.fixed_point.iterations.float().mean().item())
     finally:
         model.train(was_training)
-    return {**_summary(correct, answers.tasks, iterations), "stride": stride, "windows": len(unique_starts)}
+    result = {**_summary(correct, answers.tasks, iterations), "stride": stride, "windows": len(unique_starts)}
+    if iterations:
+        result.update(tally.as_dict())
+        warn_not_converged(tally, f"catbAbI {split} ({mode} mode)")
+    return result
 
 
 def _summary(correct: np.ndarray, tasks: np.ndarray, iterations: list[float]) -> dict[str, Any]:
@@ -126,8 +133,9 @@ def write_catbabi_results(
     ``<out>/catbabi.png`` (per-task accuracy); returns the record."""
     metrics = {"accuracy": result["accuracy"]}
     metrics.update({f"task_{task:02d}": row["accuracy"] for task, row in result["tasks"].items()})
-    if "fp_iterations_mean" in result:
-        metrics["fp_iterations_mean"] = result["fp_iterations_mean"]
+    for key in ("fp_iterations_mean", "fp_not_converged_share"):
+        if key in result:
+            metrics[key] = result[key]
     details = {key: result[key] for key in ("answers", "stride", "windows")}
     details["tasks"] = {str(task): row for task, row in result["tasks"].items()}
     record = make_record(EXPERIMENT, checkpoint, model, metrics, **details, **settings)

@@ -21,6 +21,7 @@ prompt in ``mode`` (a parallel prefill by default), then one sequential step per
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
@@ -35,6 +36,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from ..data.tokenizer import load_tokenizer
+from ..deq import ConvergenceTally, warn_not_converged
 from ..models import ImplicitCausalLM, load_model
 from ..models.implicit_lm import MODES
 
@@ -80,6 +82,8 @@ class ImplicitLMHarness(TemplateLM):
         self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self.progress = progress
         self._device = self.model.device
+        # Every request's fixed points, reported in the results' "config" (get_model_info).
+        self.convergence = ConvergenceTally()
 
     def get_model_info(self) -> dict[str, Any]:
         """The settings lm-eval records in its results' "config" (the budget as used)."""
@@ -88,6 +92,7 @@ class ImplicitLMHarness(TemplateLM):
             "model_name": self.model.name_or_path, "implicit": bool(self.model.config.implicit), "mode": self.mode,
             "max_iter": budget.eval_f_max_iter if self.max_iter is None else self.max_iter,
             "tol": budget.eval_f_tol if self.tol is None else self.tol, "max_length": self.max_length,
+            **(self.convergence.as_dict() if self.model.config.implicit else {}),
         }
 
     @property
@@ -116,7 +121,8 @@ class ImplicitLMHarness(TemplateLM):
                 raise ValueError(f"a continuation of {len(continuation)} tokens exceeds max_length {self.max_length}")
             rows.append(((context + continuation)[-(self.max_length + 1):-1], continuation))
         results: list[tuple[float, bool] | None] = [None] * len(rows)
-        with tqdm(total=len(rows), desc="loglikelihood", disable=disable_tqdm or not self.progress) as bar:
+        with self._tracked("loglikelihood"), \
+                tqdm(total=len(rows), desc="loglikelihood", disable=disable_tqdm or not self.progress) as bar:
             for batch in self._batches(rows, lambda row: len(row[0])):
                 for i, result in zip(batch, self._score([rows[i] for i in batch])):
                     results[i] = result
@@ -124,6 +130,15 @@ class ImplicitLMHarness(TemplateLM):
                         self.cache_hook.add_partial("loglikelihood", requests[i][0], result)
                 bar.update(len(batch))
         return results
+
+    @contextlib.contextmanager
+    def _tracked(self, requests: str):
+        """Count the fixed points of the block into the run's total, and warn in one line
+        if any of this block's stopped above the tolerance."""
+        with self.model.track_convergence(self.convergence), self.model.track_convergence() as tally:
+            yield
+        if self.model.config.implicit:
+            warn_not_converged(tally, f"lm-eval {requests} requests ({self.mode} mode)")
 
     @torch.no_grad()
     def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -179,7 +194,8 @@ class ImplicitLMHarness(TemplateLM):
             tokens = (self.tok_encode(context) or [self.prefix_token_id])[-keep:]
             prompts.append((tokens, max_new, until, settings))
         outputs: list[str | None] = [None] * len(prompts)
-        with tqdm(total=len(prompts), desc="generate_until", disable=disable_tqdm or not self.progress) as bar:
+        with self._tracked("generate_until"), \
+                tqdm(total=len(prompts), desc="generate_until", disable=disable_tqdm or not self.progress) as bar:
             for batch in self._batches(prompts, lambda prompt: len(prompt[0]), key=lambda p: repr(p[1:])):
                 for i, text in zip(batch, self._generate([prompts[i] for i in batch])):
                     outputs[i] = text

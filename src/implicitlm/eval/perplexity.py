@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.shards import TokenShards, evaluation_windows
+from ..deq import warn_not_converged
 from ..models.loss import token_cross_entropy
 from .plots import plot_curves
 from .records import make_record, write_record
@@ -22,24 +23,27 @@ def perplexity(
     mode: str = "simultaneous",
     max_iter: int | None = None,
     tol: float | None = None,
+    warn: bool = True,
 ) -> dict[str, float]:
     """Token-weighted mean loss and its exponential over ``windows`` ((b, L + 1) token
     batches: inputs are the first L tokens, each predicts the next), in evaluation mode
     with the evaluation budget unless ``max_iter`` / ``tol`` say otherwise. Implicit
     models also report the mean fixed-point iterations used (per sequence in simultaneous
-    mode, per token in sequential mode)."""
+    mode, per token in sequential mode) and how many fixed points stopped above the
+    tolerance, and why; ``warn``: say so in one logged line when any did."""
     was_training = model.training
     model.eval()
     total_loss, total_tokens, iterations = 0.0, 0, []
     try:
-        for window in windows:
-            window = window.to(model.device)
-            output = model(window[:, :-1], mode=mode, max_iter=max_iter, tol=tol)
-            targets = window[:, 1:]
-            total_loss += token_cross_entropy(output.logits, targets, "aligned").item() * targets.numel()
-            total_tokens += targets.numel()
-            if output.fixed_point is not None:
-                iterations.append(output.fixed_point.iterations.float().flatten().cpu())
+        with model.track_convergence() as tally:
+            for window in windows:
+                window = window.to(model.device)
+                output = model(window[:, :-1], mode=mode, max_iter=max_iter, tol=tol)
+                targets = window[:, 1:]
+                total_loss += token_cross_entropy(output.logits, targets, "aligned").item() * targets.numel()
+                total_tokens += targets.numel()
+                if output.fixed_point is not None:
+                    iterations.append(output.fixed_point.iterations.float().flatten().cpu())
     finally:
         model.train(was_training)
     if total_tokens == 0:
@@ -48,6 +52,9 @@ def perplexity(
     result = {"loss": loss, "perplexity": math.exp(loss), "tokens": total_tokens}
     if iterations:
         result["fp_iterations_mean"] = torch.cat(iterations).mean().item()
+        result.update(tally.as_dict())
+        if warn:
+            warn_not_converged(tally, f"perplexity ({mode} mode)")
     return result
 
 

@@ -20,14 +20,14 @@ def plot_accuracy_by_length(
     train_length: int | None = None,
     chance: float | None = None,
 ) -> Path:
-    """One line per model: per-token accuracy against test length."""
+    """One line per model: per-token accuracy over each word's last 10 tokens against test length."""
     series = [
-        {"label": name, "x": [r["length"] for r in rows], "y": [r["accuracy"] for r in rows]}
+        {"label": name, "x": [r["length"] for r in rows], "y": [r["accuracy_last10"] for r in rows]}
         for name, rows in curves.items()
     ]
     marks = {"training length": train_length} if train_length else {}
     return plot_curves(
-        series, path, title, {"x": "test sequence length", "y": "per-token accuracy", "xscale": "log2"},
+        series, path, title, {"x": "test sequence length", "y": "accuracy, last 10 tokens", "xscale": "log2"},
         vertical=marks, horizontal={"chance": chance} if chance else {}, ylim=(0, 1.02),
     )
 

@@ -13,6 +13,7 @@ Explicit: z = f(embed(x), None), once.
 from __future__ import annotations
 
 import contextlib
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
-from ..deq import FixedPointSolver, solve_sequence
+from ..deq import ConvergenceTally, FixedPointSolver, solve_sequence, warn_not_converged
 from ..layers import RMSNorm
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
@@ -45,6 +46,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.solver = FixedPointSolver(config.fixed_point_options)
+        self._tallies: list[ConvergenceTally] = []
+        # What the last ``generate()`` call's fixed points did (ConvergenceTally.as_dict).
+        self.generation_convergence: dict[str, float] | None = None
         self.post_init()
 
     @classmethod
@@ -73,6 +77,32 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         options = self.solver.options.replace(**changes)
         self.config.fixed_point = options.to_dict()
         self.solver = FixedPointSolver(options)
+
+    @contextlib.contextmanager
+    def track_convergence(self, tally: ConvergenceTally | None = None) -> Iterator[ConvergenceTally]:
+        """Count, over every forward inside the block, the fixed points that stopped above
+        the tolerance (none for explicit models): evaluations report it beside their scores.
+        ``tally``: one to add to (e.g. a total over several blocks); a fresh one by default."""
+        tally = ConvergenceTally() if tally is None else tally
+        self._tallies.append(tally)
+        try:
+            yield tally
+        finally:
+            self._tallies.remove(tally)
+
+    def generate(self, *args, **kwargs):
+        """transformers' ``generate``; for an implicit model, the convergence of the prefill
+        and of every decoded token is kept in ``generation_convergence`` and a share that
+        stopped above the tolerance is warned about in one line (unless a caller tracking
+        convergence around this call reports it itself)."""
+        caller_tracks = bool(self._tallies)
+        with self.track_convergence() as tally:
+            output = super().generate(*args, **kwargs)
+        if self.config.implicit:
+            self.generation_convergence = tally.as_dict()
+            if not caller_tracks:
+                warn_not_converged(tally, "generate")
+        return output
 
     def forward(
         self,
@@ -107,6 +137,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 z, stats, state = self._simultaneous(embedded, state, padding, use_cache, max_iter, tol)
             head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
             logits = F.linear(z, head)[..., : self.config.vocab_size]
+        for tally in self._tallies if stats is not None else ():
+            tally.add(stats)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment)

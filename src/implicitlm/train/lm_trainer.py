@@ -298,8 +298,12 @@ def _step_metrics(loss: float, output, grad_norm: float, scheduler, phase: Phase
 
 def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float]:
     windows = evaluation_windows(test, config.sequence_length, config.micro_batch_size)
-    result = perplexity(core, itertools.islice(windows, config.eval_batches))
-    return {"test_loss": result["loss"], "test_ppl": result["perplexity"]}
+    # No warning at every evaluation: the share goes to the logs as test_fp_not_converged_share.
+    result = perplexity(core, itertools.islice(windows, config.eval_batches), warn=False)
+    held_out = {"test_loss": result["loss"], "test_ppl": result["perplexity"]}
+    if "fp_not_converged_share" in result:
+        held_out["test_fp_not_converged_share"] = result["fp_not_converged_share"]
+    return held_out
 
 
 def _local_tokenizer(shards: TokenShards):
