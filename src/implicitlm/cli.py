@@ -269,10 +269,8 @@ def _run_words_eval(args) -> None:
     # Token 1 is left out of "all": its label is its input.
     print(f"{'length':>8}{'last10':>9}{'all':>9}{'fp iters':>10}{'not converged':>15}")
     for row in rows:
-        implicit = "fp_iterations_mean" in row
-        iters = f"{row['fp_iterations_mean']:>10.1f}" if implicit else f"{'-':>10}"
-        missed = f"{row['fp_not_converged_share']:>15.2%}" if implicit else f"{'-':>15}"
-        print(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{iters}{missed}")
+        iters = f"{row['fp_iterations_mean']:>10.1f}" if "fp_iterations_mean" in row else f"{'-':>10}"
+        print(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{iters}{_missed_cell(row)}")
     if args.out:
         word_length_record(model, args.checkpoint, rows, args.out, group, args.mode, train_length)
         print(f"results: {args.out / 'word_length.json'}, plot: {args.out / 'word_length.png'}")
@@ -560,8 +558,7 @@ def _run_lm_eval(args) -> None:
     rows = perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, not args.no_progress, **budget)
     print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}")
     for row in rows:
-        missed = f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"
-        print(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{missed}")
+        print(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{_missed_cell(row)}")
     if args.out:
         lm_length_record(model, args.checkpoint, rows, args.out, args.mode, train_length)
         print(f"results: {args.out / 'lm_length.json'}, plot: {args.out / 'lm_length.png'}")
@@ -889,8 +886,12 @@ def _print_budget_table(rows: list[dict[str, Any]], quality: str) -> None:
     for row in rows:
         tol = "model" if row["tol"] is None else f"{row['tol']:g}"
         used = f"{row['fp_iterations_mean']:>12.2f}" if "fp_iterations_mean" in row else f"{'-':>12}"
-        missed = f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"
-        print(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}{missed}")
+        print(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}{_missed_cell(row)}")
+
+
+def _missed_cell(row: dict[str, Any]) -> str:
+    """The "not converged" column: the share of fixed points above the tolerance ("-": explicit)."""
+    return f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"
 
 
 def _print_convergence(summary: dict[str, Any]) -> None:

@@ -109,8 +109,8 @@ def format_table(results: dict[str, Any]) -> str:
         )
         lines.append(f"{row['length']:>7} ({multiple}x)" + cells)
     missed = [
-        f"{label} {rows[i]['fp_not_converged_share']:.2%} at {rows[i]['length']}"
-        for label, rows in columns for i in range(len(rows)) if rows[i].get("fp_not_converged_share")
+        f"{label} {row['fp_not_converged_share']:.2%} at {row['length']}"
+        for label, rows in columns for row in rows if row.get("fp_not_converged_share")
     ]
     lines.append("fixed points above the tolerance: " + (", ".join(missed) if missed else "none"))
     return "\n".join(lines)

@@ -137,10 +137,7 @@ def accuracy_by_length(
     **kwargs,
 ) -> list[dict[str, Any]]:
     """``word_accuracy`` on fresh test words of each length."""
-    return [
-        word_accuracy(model, *held_out_words(group, length, count, seed, hard_prob), **kwargs)
-        for length in tqdm(list(lengths), desc="eval", disable=not progress)
-    ]
+    return _by_length(word_accuracy, model, group, lengths, count, seed, hard_prob, progress, "eval", **kwargs)
 
 
 def agreement_by_length(
@@ -154,9 +151,13 @@ def agreement_by_length(
     **budget,
 ) -> list[dict[str, Any]]:
     """``mode_agreement`` on fresh test words of each length."""
+    return _by_length(mode_agreement, model, group, lengths, count, seed, hard_prob, progress, "duality", **budget)
+
+
+def _by_length(evaluate, model, group, lengths, count, seed, hard_prob, progress, desc, **kwargs):
     return [
-        mode_agreement(model, *held_out_words(group, length, count, seed, hard_prob), **budget)
-        for length in tqdm(list(lengths), desc="duality", disable=not progress)
+        evaluate(model, *held_out_words(group, length, count, seed, hard_prob), **kwargs)
+        for length in tqdm(list(lengths), desc=desc, disable=not progress)
     ]
 
 

@@ -137,8 +137,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 z, stats, state = self._simultaneous(embedded, state, padding, use_cache, max_iter, tol)
             head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
             logits = F.linear(z, head)[..., : self.config.vocab_size]
-        for tally in self._tallies if stats is not None else ():
-            tally.add(stats)
+        if stats is not None:
+            for tally in self._tallies:
+                tally.add(stats)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment)
