@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import settings
@@ -17,6 +19,18 @@ settings.load_profile("implicitlm")
 
 # Test models are tiny: one thread avoids synchronisation overhead that dominates their cost.
 torch.set_num_threads(1)
+
+# Copies of the real datasets (WikiText-2, bAbI, the downstream sets), beside the project.
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The folder of real datasets; tests that read it are skipped on machines without it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"no real datasets at {SHARED_DATA}")
+    return SHARED_DATA
+
 
 TRAINED_GROUP = "S3"
 TRAINED_LENGTH = 12

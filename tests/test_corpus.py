@@ -133,6 +133,32 @@ def test_reads_text_jsonl_parquet_and_directories_in_order(tmp_path):
     assert list(read_documents(tmp_path / "e.jsonl", text_field="body")) == ["other field"]
 
 
+@pytest.mark.parametrize("compression", ["xz", "gz", "bz2"])
+def test_compressed_files_read_as_their_inner_kind(compression, tmp_path):
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {"xz": lzma.open, "gz": gzip.open, "bz2": bz2.open}[compression]
+    text = " = Title = \r\n body \xff line\n".encode("latin-1")
+    with opener(tmp_path / f"a.txt.{compression}", "wb") as handle:
+        handle.write(text)
+    with opener(tmp_path / f"b.jsonl.{compression}", "wb") as handle:
+        handle.write(b'{"text": "j1"}\n\n{"text": "j2"}\n')
+
+    # The same documents as the uncompressed files give, line endings and U+FFFD included.
+    assert list(read_documents(tmp_path)) == [" = Title = \r\n body \ufffd line\n", "j1", "j2"]
+
+    damaged = tmp_path / f"c.txt.{compression}"
+    damaged.write_bytes((tmp_path / f"a.txt.{compression}").read_bytes()[:-6])
+    assert f"{damaged}: cannot read" in data_error(list, read_documents(damaged))
+    missing = tmp_path / f"missing.txt.{compression}"
+    assert f"{missing}: no such file" in data_error(read_documents, missing)
+    packed = tmp_path / f"d.parquet.{compression}"
+    packed.write_bytes(b"")
+    assert "compressed Parquet is not read" in data_error(list, read_documents(packed))
+
+
 def test_document_errors_name_the_file_and_line(tmp_path):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "ok"}\n\n{"text": broken}\n')
@@ -261,6 +287,27 @@ def test_split_depends_only_on_seed_and_small_corpora_get_a_test_document(
     small = write_shards(texts[:3], tokenizer, tmp_path / "small", test_fraction=0.001, **QUIET)
     assert (small["splits"]["train"]["documents"], small["splits"]["test"]["documents"]) == (2, 1)
     assert "no documents" in data_error(write_shards, [], tokenizer, tmp_path / "empty", **QUIET)
+
+
+def test_given_test_documents_are_the_test_split_and_every_source_is_trained_on(
+    texts, tokenizer, tmp_path
+):
+    train_texts, held_out = texts[:30], texts[30:]
+    index = write_shards(train_texts, tokenizer, tmp_path / "given", test_documents=held_out, **QUIET)
+    assert index["test_fraction"] is None
+    assert (index["splits"]["train"]["documents"], index["splits"]["test"]["documents"]) == (30, 10)
+    for split, chosen in (("train", [True] * 30 + [False] * 10), ("test", [False] * 30 + [True] * 10)):
+        shards = TokenShards(tmp_path / "given", split, verify=True)
+        assert np.array_equal(shards.read(0, len(shards)), reference_stream(texts, tokenizer, chosen))
+
+    # A killed build resumes to the same bytes; one that switches to a test fraction is refused.
+    with pytest.raises(RuntimeError, match="killed"):
+        write_shards(killed_after(train_texts, 20), tokenizer, tmp_path / "resumed",
+                     test_documents=held_out, batch_documents=1, **QUIET)
+    write_shards(train_texts, tokenizer, tmp_path / "resumed", test_documents=held_out, resume=True, **QUIET)
+    assert tree_bytes(tmp_path / "resumed") == tree_bytes(tmp_path / "given")
+    switched = data_error(write_shards, texts, tokenizer, tmp_path / "given", resume=True, **QUIET)
+    assert "other settings (test_fraction)" in switched
 
 
 # One document at a time, a document is written once the next one is read, and the first

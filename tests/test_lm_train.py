@@ -18,8 +18,8 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.data.corpus import read_documents
-from implicitlm.data.shards import write_shards
-from implicitlm.data.tokenizer import train_tokenizer
+from implicitlm.data.shards import TokenShards, write_shards
+from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import build_model, config_from_options
 from implicitlm.train.lm_trainer import LMTrainConfig, parameter_groups, train_lm
 
@@ -233,6 +233,31 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     assert main(["lm", "convergence", str(checkpoint), *data, "--max-iter", "5", "--out", str(tmp_path / "conv")]) == 0
     summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]
     assert summary["all"]["tokens"] == 2 * SEQUENCE and summary["max_iter"] == 5
+
+
+def test_wikitext_validation_file_is_the_held_out_split(shared_data, tmp_path, capsys):
+    import lzma
+
+    # A slice of the real validation file stands in for both splits: the train file is 10 MB.
+    text = lzma.open(shared_data / "wikitext-2" / "valid.txt.xz", "rt", encoding="utf-8").read(60_000)
+    assert text.startswith(" \n = Homarus gammarus = \n")
+    with lzma.open(tmp_path / "train.txt.xz", "wt", encoding="utf-8") as handle:
+        handle.write(text[:50_000])
+    (tmp_path / "valid.txt").write_text(text[50_000:], encoding="utf-8")
+    assert main(["tokenizer", "train", str(tmp_path / "train.txt.xz"), "--vocab-size", "300",
+                 "--out", str(tmp_path / "tok")]) == 0
+    shards = tmp_path / "shards"
+    assert main(["corpus", "build", str(tmp_path / "train.txt.xz"), "--test-sources", str(tmp_path / "valid.txt"),
+                 "--tokenizer", str(tmp_path / "tok"), "--out", str(shards), "--no-progress"]) == 0
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    for split, part in (("train", text[:50_000]), ("test", text[50_000:])):
+        expected = [*tokenizer(part, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        assert TokenShards(shards, split).read(0, len(expected)).tolist() == expected
+    both = ["corpus", "build", str(tmp_path / "train.txt.xz"), "--tokenizer", str(tmp_path / "tok"),
+            "--out", str(tmp_path / "other"), "--test-fraction", "0.1", "--test-sources", str(tmp_path / "valid.txt")]
+    with pytest.raises(SystemExit) as refused:
+        main(both)
+    assert refused.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards, tmp_path):

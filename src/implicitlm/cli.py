@@ -438,7 +438,12 @@ def _add_corpus_build(commands) -> None:
     p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders, or a hub dataset name")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
     p.add_argument("--out", type=Path, required=True, help="shard folder")
-    p.add_argument("--test-fraction", type=_fraction, default=0.001, help="share of documents held out (default 0.1%%)")
+    held_out = p.add_mutually_exclusive_group()
+    held_out.add_argument("--test-fraction", type=_fraction, default=0.001, help="share of documents held out (default 0.1%%)")
+    held_out.add_argument(
+        "--test-sources", nargs="+", metavar="SOURCE",
+        help="the test split's own documents (e.g. a validation file); all of the sources are then trained on",
+    )
     p.add_argument("--shard-tokens", type=_positive_int, default=2**24, help="tokens per shard file")
     p.add_argument("--workers", type=_positive_int, default=1, help="tokenizer processes")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the train/test split")
@@ -456,11 +461,14 @@ def _run_corpus_build(args) -> None:
     from .data.shards import TokenShards, write_shards
     from .data.tokenizer import load_tokenizer
 
-    documents = read_documents(args.sources, text_field=args.text_field, split=args.split, pattern=args.pattern)
+    def documents(sources):
+        return read_documents(sources, text_field=args.text_field, split=args.split, pattern=args.pattern)
+
     write_shards(
-        documents, load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
+        documents(args.sources), load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
         test_fraction=args.test_fraction, seed=args.seed, workers=args.workers, progress=not args.no_progress,
         resume=args.resume, overwrite=args.overwrite,
+        test_documents=documents(args.test_sources) if args.test_sources else None,
     )
     train, test = TokenShards(args.out, "train"), TokenShards(args.out, "test")
     print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out}")

@@ -6,6 +6,9 @@ A source is one of:
 - a ``.parquet`` file: one document per row of the column ``text_field``, read in record batches;
 - any other file: the whole file is one document, its line endings kept (UTF-8; undecodable
   bytes become U+FFFD, as they do in JSONL);
+- any of these but Parquet compressed with xz, gzip or bzip2 (``train.txt.xz``,
+  ``docs.jsonl.gz``): read through the decompressor, the suffix before the compression's
+  choosing the kind;
 - a directory: the files below it whose names match ``pattern``, recursively, in sorted path
   order; hidden files and directories (names starting with ".") are skipped;
 - a name that is not a local path, such as ``"allenai/c4"``: the Hugging Face dataset of that
@@ -17,8 +20,11 @@ A malformed file raises a one-line ``DataError`` naming it (and the line or row)
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import itertools
 import json
+import lzma
 import os
 import re
 from pathlib import Path
@@ -32,7 +38,9 @@ from implicitlm.data.errors import DataError, first_line
 Source = str | os.PathLike
 # Suffixes that mark a source as a file path, so that a missing one is reported as missing
 # rather than looked up on the hub.
-FILE_SUFFIXES = {".txt", ".text", ".md", ".py", ".json", ".jsonl", ".parquet", ".csv"}
+FILE_SUFFIXES = {".txt", ".text", ".md", ".py", ".json", ".jsonl", ".parquet", ".csv", ".xz", ".gz", ".bz2"}
+# Each compression's open(), which takes the same modes and text arguments as the builtin.
+DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 # "name" or "owner/name", as the hub spells dataset ids.
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 PARQUET_BATCH_ROWS = 1024
@@ -89,22 +97,28 @@ def _files_under(directory: Path, pattern: str) -> list[Path]:
 
 
 def _file_documents(path: Path, text_field: str) -> Iterator[str]:
-    suffix = path.suffix.lower()
+    opener = DECOMPRESSORS.get(path.suffix.lower(), open)
+    kind = (Path(path.stem) if opener is not open else path).suffix.lower()
     try:
-        if suffix == ".jsonl":
-            yield from _jsonl_documents(path, text_field)
-        elif suffix == ".parquet":
+        if kind == ".jsonl":
+            yield from _jsonl_documents(path, opener, text_field)
+        elif kind == ".parquet":
+            if opener is not open:  # Parquet compresses inside the file and needs to seek in it
+                raise DataError(f"{path}: compressed Parquet is not read; Parquet compresses its own columns")
             yield from _parquet_documents(path, text_field)
         else:
             # Bytes decoded as they are: read_text would also turn "\r\n" into "\n".
-            yield path.read_bytes().decode("utf-8", errors="replace")
+            with opener(path, "rb") as handle:
+                yield handle.read().decode("utf-8", errors="replace")
     # Read lazily, so a file can vanish or lose its permissions after the sources were checked.
-    except OSError as error:
-        raise DataError(f"{path}: cannot read ({error.strerror or first_line(error)})") from None
+    # A damaged compressed file raises OSError (gzip), LZMAError or EOFError (truncated).
+    except (OSError, EOFError, lzma.LZMAError) as error:
+        reason = getattr(error, "strerror", None) or first_line(error)
+        raise DataError(f"{path}: cannot read ({reason})") from None
 
 
-def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
+def _jsonl_documents(path: Path, opener, text_field: str) -> Iterator[str]:
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
         for line_number, line in enumerate(handle, 1):
             if not line.strip():
                 continue

@@ -16,7 +16,8 @@ tokens, so a document that does not fit continues in the next shard.
 
 Document ``i`` goes to the test split when a hash of ``(seed, i)`` falls below
 ``test_fraction``. If no document does, the last one does, so that a small corpus still gets
-a test split.
+a test split. A corpus with a held-out set of its own (WikiText's validation file) passes it as
+``test_documents`` instead, and every one of ``documents`` is trained on.
 
 Data that comes with its own splits (any names) is written by ``write_token_streams`` from
 documents given as token ids, each followed by eos as above; ``TokenShards`` reads any split
@@ -99,8 +100,12 @@ def write_shards(
     progress: bool = True,
     resume: bool = False,
     overwrite: bool = False,
+    test_documents: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """Tokenize ``documents`` into train and test shards under ``out_dir``; returns the index.
+
+    The test split is ``test_documents`` when given (``test_fraction`` is then not used),
+    else a ``test_fraction`` share of ``documents``.
 
     ``workers > 1`` tokenizes batches of ``batch_documents`` in that many processes. A
     directory that holds finished shards is only replaced with ``overwrite=True``; one that
@@ -111,7 +116,8 @@ def write_shards(
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
     out_dir = Path(out_dir)
-    settings = _settings(tokenizer, shard_tokens, test_fraction, seed)
+    # The settings record how the test split was chosen, so that resuming cannot switch.
+    settings = _settings(tokenizer, shard_tokens, None if test_documents is not None else test_fraction, seed)
     finished = _finished_index(out_dir, settings, resume, overwrite)
     if finished is not None:
         return finished
@@ -121,7 +127,8 @@ def write_shards(
         for split in SPLITS
     }
     labelled = tqdm(
-        _assign_splits(documents, test_fraction, seed),
+        _assign_splits(documents, test_fraction, seed) if test_documents is None
+        else _given_splits(documents, test_documents),
         desc="tokenize",
         unit="doc",
         disable=not progress,
@@ -336,7 +343,7 @@ def _check_positive(**values: int) -> None:
 
 
 def _settings(
-    tokenizer: PreTrainedTokenizerBase, shard_tokens: int, test_fraction: float, seed: int
+    tokenizer: PreTrainedTokenizerBase, shard_tokens: int, test_fraction: float | None, seed: int
 ) -> dict[str, Any]:
     """Everything the bytes written depend on, besides the documents."""
     return {
@@ -444,6 +451,15 @@ def _assign_splits(documents: Iterable[str], test_fraction: float, seed: int) ->
     if previous is not None:
         index, split, text = previous
         yield index, "test" if test_fraction > 0 and not any_test else split, text
+
+
+def _given_splits(documents: Iterable[str], test_documents: Iterable[str]) -> Iterator[Labelled]:
+    """Every training document, then every held-out one, indexed on from the last."""
+    splits = itertools.chain(
+        zip(itertools.repeat("train"), documents), zip(itertools.repeat("test"), test_documents)
+    )
+    for index, (split, text) in enumerate(splits):
+        yield index, split, text
 
 
 def _unwritten(
