@@ -73,6 +73,18 @@ def test_an_option_value_parses_to_a_valid_value_or_is_one_line_naming_the_optio
     assert valid(value), (text, value)
 
 
+def test_a_value_of_two_dashes_is_refused_not_taken_for_the_end_of_options():
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
+        PARSER.parse_args(["words", "generate", "--group", "S3", "--length", "4", "--count", "2", "--out", "x.npy",
+                           "--hard-prob=--"])
+    assert exit.value.code == 2
+    assert stderr.getvalue().splitlines() == [
+        "implicitlm words generate: error: argument --hard-prob: expected a value, got '--' "
+        "(see implicitlm words generate --help)"
+    ]
+
+
 @settings(max_examples=100, deadline=None)
 @given(text=st.one_of(TEXT, st.sampled_from(["lr", "=3", "lr=", "lr=[1", "x=" + "[" * 5000, "seed=" + "9" * 5000]),
                       st.tuples(st.text(max_size=6), TEXT).map("=".join)))

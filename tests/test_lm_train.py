@@ -198,6 +198,18 @@ def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
     assert results["corpus"]["test_tokens"] > 0 and (tmp_path / "out" / "perplexity.png").stat().st_size > 1000
     assert "held-out ppl" in capsys.readouterr().out
 
+    # Each run's held-out curve is a record, which a report overlays for both runs.
+    for kind in ("explicit", "implicit"):
+        record = json.loads((tmp_path / "out" / kind / "lm_training.json").read_text())
+        evaluated = [json.loads(line) for line in (tmp_path / "out" / kind / "metrics.jsonl").read_text().splitlines()]
+        ppl = [line["test_ppl"] for line in evaluated if "test_ppl" in line]
+        assert record["curves"][0]["x"] == [2 * 4 * SEQUENCE, 4 * 4 * SEQUENCE] and record["curves"][0]["y"] == ppl
+        assert record["metrics"] == {"test_ppl": ppl[-1], "train_tokens": 4 * 4 * SEQUENCE}
+        assert record["checkpoint"].endswith("step_0000004") and record["model"]["implicit"] == (kind == "implicit")
+    assert main(["report", str(tmp_path / "out" / "explicit"), str(tmp_path / "out" / "implicit"),
+                 "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "lm_training.png").stat().st_size > 1000
+
 
 def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
     bounded_only = ["total_steps=2", "bounded_fraction=1.0", "checkpoint_every=2", "micro_batch_size=4",
@@ -233,6 +245,28 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     assert main(["lm", "convergence", str(checkpoint), *data, "--max-iter", "5", "--out", str(tmp_path / "conv")]) == 0
     summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]
     assert summary["all"]["tokens"] == 2 * SEQUENCE and summary["max_iter"] == 5
+
+
+def test_a_training_preset_gives_each_kind_its_own_widths_under_the_command_line(shards, tmp_path):
+    preset = {
+        "model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8, "chunk_size": 16},
+        "explicit_model": {"hidden_size": 24, "head_dim": 12},
+        "train": {"sequence_length": SEQUENCE, "micro_batch_size": 2, "batch_tokens": 2 * SEQUENCE,
+                  "total_steps": 1, "checkpoint_every": 1},
+    }
+    (tmp_path / "preset.json").write_text(json.dumps(preset))
+    runs = {"implicit": [], "explicit": ["--model", "implicit=false"],
+            "given": ["--model", "implicit=false", "--model", "hidden_size=36"]}
+    for name, options in runs.items():
+        command = ["train", "--data", str(shards), "--out", str(tmp_path / name), "--config", str(tmp_path / "preset.json")]
+        assert main([*command, "--no-progress", *options]) == 0
+    widths = {
+        name: json.loads((tmp_path / name / "checkpoints" / "step_0000001" / "config.json").read_text())
+        for name in runs
+    }
+    assert {name: (config["implicit"], config["hidden_size"], config["head_dim"]) for name, config in widths.items()} == {
+        "implicit": (True, 16, 8), "explicit": (False, 24, 12), "given": (False, 36, 12),
+    }
 
 
 def test_wikitext_validation_file_is_the_held_out_split(shared_data, tmp_path, capsys):

@@ -76,6 +76,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_values(self, action, arg_strings):
+        # Before Python 3.12, argparse drops a value that is exactly "--" ("--hard-prob=--") as if
+        # it ended the options, and hands the option an empty list instead of refusing it.
+        if arg_strings == ["--"] and action.nargs is None:
+            raise argparse.ArgumentError(action, "expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="implicitlm", description="Implicit language models.")
@@ -479,7 +486,10 @@ def _add_train(commands) -> None:
     p.add_argument("--data", type=Path, required=True, help="shard folder (implicitlm corpus build)")
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
     p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
-    p.add_argument("--config", default=None, help="training preset name or JSON with 'model' and 'train' sections")
+    p.add_argument(
+        "--config", default=None,
+        help="training preset name or JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model')",
+    )
     p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.add_argument("--train", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
@@ -510,7 +520,11 @@ def _run_train(args) -> None:
             options.update(load_preset(args.model_preset) if from_file else model_preset(args.model_preset))
         # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
         options["vocab_size"] = TokenShards(args.data, "train").vocab_size
-        options.update({**preset.get("model", {}), **dict(args.model)})
+        # A preset's "explicit_model" / "implicit_model" section holds the widths that give both
+        # kinds the same number of parameters; the command line still has the last word.
+        given = {**options, **preset.get("model", {}), **dict(args.model)}
+        kind = "implicit" if given.get("implicit", True) else "explicit"
+        options.update({**preset.get("model", {}), **preset.get(f"{kind}_model", {}), **dict(args.model)})
         options.setdefault("label_alignment", "shifted")
         torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
         model = build_model(config_from_options(options))

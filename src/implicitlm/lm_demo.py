@@ -8,7 +8,6 @@ on the same tokens; both are scored by held-out perplexity.
 
 from __future__ import annotations
 
-import json
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from .eval.perplexity import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
 from .schema import at_least, between, check_dataclass, check_known_keys, field_names
-from .train.lm_trainer import LMTrainConfig, train_lm
+from .train.lm_trainer import LMTrainConfig, held_out_curve, train_lm
 
 @dataclass(frozen=True)
 class DemoCorpus:
@@ -108,7 +107,7 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
             # The convergence behind the figure: fixed points that stopped above the tolerance.
             **{key: value for key, value in held_out.items() if key.startswith("fp_")},
         }
-        curves[kind] = _held_out_curve(out_dir / kind / "metrics.jsonl", train.batch_tokens)
+        curves[kind] = held_out_curve(out_dir / kind, train.batch_tokens)
     write_json(out_dir / "results.json", results)
     plot_learning_curves(
         curves, out_dir / "perplexity.png", title="Python stdlib, held-out perplexity",
@@ -122,15 +121,6 @@ def _model_options(preset: dict[str, Any], kind: str, vocab_size: int) -> dict[s
         **preset.get("model", {}), **preset.get(f"{kind}_model", {}),
         "implicit": kind == "implicit", "vocab_size": vocab_size,
     }
-
-
-def _held_out_curve(metrics_file: Path, batch_tokens: int) -> list[tuple[float, float]]:
-    points = []
-    for line in metrics_file.read_text().splitlines():
-        record = json.loads(line)
-        if "test_ppl" in record:
-            points.append(((record["step"] + 1) * batch_tokens, record["test_ppl"]))
-    return points
 
 
 def format_lm_table(results: dict[str, Any]) -> str:

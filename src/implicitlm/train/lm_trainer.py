@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +30,8 @@ from tqdm.auto import tqdm
 from ..data.shards import TokenSampler, TokenShards, evaluation_windows
 from ..data.tokenizer import load_tokenizer
 from ..eval.perplexity import perplexity
+from ..eval.plots import plot_learning_curves
+from ..eval.records import make_record, write_record
 from ..models.loss import token_cross_entropy
 from ..schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_dataclass, check_known_keys,
@@ -223,7 +226,35 @@ def train_lm(
                 )
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
+    if accelerator.is_main_process:
+        _write_training_record(core, out_dir, config, last_checkpoint)
     return metrics
+
+
+def held_out_curve(run_dir: str | Path, batch_tokens: int) -> list[tuple[int, float]]:
+    """(training tokens, held-out perplexity) at each held-out evaluation a run logged."""
+    points = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if "test_ppl" in record:
+            points.append(((record["step"] + 1) * batch_tokens, record["test_ppl"]))
+    return points
+
+
+def _write_training_record(core, out_dir: Path, config: LMTrainConfig, checkpoint: Path) -> None:
+    """The held-out curve as a record (``lm_training.json`` + ``.png``), so that
+    ``implicitlm report`` overlays the curves of several runs."""
+    points = held_out_curve(out_dir, config.batch_tokens)
+    if not points:
+        return
+    tokens, ppl = [x for x, _ in points], [y for _, y in points]
+    axes = {"x": "training tokens", "y": "held-out perplexity", "yscale": "log"}
+    record = make_record(
+        "lm_training", checkpoint, core, {"test_ppl": ppl[-1], "train_tokens": config.total_steps * config.batch_tokens},
+        curves=[{"label": "held-out perplexity", "x": tokens, "y": ppl}], axes=axes,
+    )
+    write_record(out_dir, record)
+    plot_learning_curves({out_dir.name: points}, out_dir / "lm_training.png", "held-out perplexity", axes["x"], axes["y"])
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
