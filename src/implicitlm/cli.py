@@ -522,9 +522,9 @@ def _run_train(args) -> None:
         options["vocab_size"] = TokenShards(args.data, "train").vocab_size
         # A preset's "explicit_model" / "implicit_model" section holds the widths that give both
         # kinds the same number of parameters; the command line still has the last word.
-        given = {**options, **preset.get("model", {}), **dict(args.model)}
-        kind = "implicit" if given.get("implicit", True) else "explicit"
-        options.update({**preset.get("model", {}), **preset.get(f"{kind}_model", {}), **dict(args.model)})
+        shared, command_line = preset.get("model", {}), dict(args.model)
+        kind = "implicit" if {**options, **shared, **command_line}.get("implicit", True) else "explicit"
+        options.update({**shared, **preset.get(f"{kind}_model", {}), **command_line})
         options.setdefault("label_alignment", "shifted")
         torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
         model = build_model(config_from_options(options))
