@@ -1,9 +1,11 @@
-"""Shared fixtures: a demo-size implicit model trained briefly on S3."""
+"""Shared fixtures: a demo-size implicit model trained briefly on S3, the real datasets, no network."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import datasets
+import huggingface_hub
 import pytest
 import torch
 from hypothesis import settings
@@ -22,6 +24,16 @@ torch.set_num_threads(1)
 
 # Copies of the real datasets (WikiText-2, bAbI, the downstream sets), beside the project.
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """No network: data must come from local files, and lm-eval or datasets may not fetch more."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
 
 
 @pytest.fixture(scope="session")

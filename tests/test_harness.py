@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
-import huggingface_hub
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,15 +34,7 @@ SENTENCES = [
 VARIANTS = [("mamba2", True), ("mamba2", False), ("llama", True)]
 IDS = ["mamba2-implicit", "mamba2-explicit", "llama-implicit"]
 
-
-@pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path):
-    """No network: the sample tasks' data are local files, and lm-eval must not need more."""
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
+pytestmark = pytest.mark.usefixtures("offline_hub")  # the sample tasks and sets are local files
 
 
 @pytest.fixture(scope="module")

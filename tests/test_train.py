@@ -11,6 +11,7 @@ from implicitlm.deq import OptionError
 from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
 from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
 from implicitlm.train.curriculum import Curriculum, Phase
+from implicitlm.train.schedule import warmup_stable_sqrt_decay
 from implicitlm.train.word_trainer import WordTrainConfig, train_words
 
 
@@ -120,3 +121,39 @@ def test_damaged_model_directory_is_a_clear_error(tmp_path, damage):
         weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(ModelLoadError, match="ckpt"):
         load_model(tmp_path / "ckpt")
+
+
+def learning_rates(warmup_steps: int, total_steps: int, decay_steps: int, min_lr_ratio: float) -> list[float]:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = warmup_stable_sqrt_decay(optimizer, warmup_steps, total_steps, decay_steps, min_lr_ratio)
+    rates = []
+    for _ in range(total_steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def test_learning_rate_warms_up_holds_then_falls_by_square_root():
+    # Decay progress 0, 1/4, 1/2, 3/4 over the last four steps: 1 - sqrt(p), floored at 0.1.
+    decay = [0.1 + 0.9 * (1 - (p / 4) ** 0.5) for p in range(4)]
+    assert learning_rates(2, 10, 4, 0.1) == pytest.approx([0.1, 0.55, 1.0, 1.0, 1.0, 1.0, *decay])
+    assert decay[-1] == pytest.approx(0.2206, abs=1e-4)
+
+
+def test_warmup_wins_where_it_overlaps_the_decay():
+    rates = learning_rates(8, 10, 5, 0.0)
+    assert rates[:8] == pytest.approx([step / 8 for step in range(8)])
+    assert rates[8:] == pytest.approx([1.0, 1 - 0.5**0.5])
+
+
+def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
+    config = WordTrainConfig(
+        group="S3", train_length=5, batch_size=4, lr=0.01, min_lr=0.001, warmup_steps=0, decay_fraction=0.5,
+        bounded_steps=2, free_steps=2, free_iters=5, log_every=1,
+    )
+    train_words(tiny_model(), config, tmp_path, progress=False)
+    logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # Each row logs the rate of the next step; the decay spans the free phase's two steps.
+    expected = [0.01 * rate for rate in learning_rates(0, 4, 2, 0.1)[1:]] + [0.001]
+    assert logged == pytest.approx(expected)

@@ -728,6 +728,10 @@ def _add_lm_downstream(commands) -> None:
     p.add_argument("--tasks", default=None, help="comma-separated lm-eval tasks (default: the paper's: lambada_openai,"
                    "hellaswag,piqa,arc_easy,arc_challenge,winogrande,openbookqa)")
     p.add_argument("--include-path", type=Path, default=None, help="folder of further task definitions (YAML)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="read the tasks' documents from this folder instead of the hub (layout: lambada/, hellaswag/, "
+                        "piqa/, arc/, winogrande/, openbookqa/ as in the README); without --tasks, the paper's tasks "
+                        "whose files are missing are skipped with a warning")
     p.add_argument("--limit", type=_positive_float, default=None, help="documents per task (a fraction if below 1): quick checks only")
     p.add_argument("--num-fewshot", type=_non_negative_int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
@@ -748,21 +752,28 @@ def _run_lm_downstream(args) -> None:
     except ImportError:
         raise ValueError("lm downstream needs lm-eval: pip install 'implicitlm[eval]'") from None
 
-    from .eval.downstream import PAPER_TASKS, downstream_record, paper_table, run_tasks
+    from .eval.downstream import PAPER_TASKS, downstream_record, paper_table, read_local_sets, run_tasks
     from .models import load_model
 
+    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()] if args.tasks else list(PAPER_TASKS)
+    local_sets, skipped = None, {}
+    if args.data_dir is not None:
+        local_sets, skipped = read_local_sets(tasks, args.data_dir, skip_missing=not args.tasks)
+        for reason in skipped.values():
+            print(f"warning: skipped {reason}", file=sys.stderr)
+        tasks = list(local_sets)
     model = load_model(args.checkpoint)
     _apply_nonconvergence_flag(model, args)
-    tasks = [task.strip() for task in args.tasks.split(",") if task.strip()] if args.tasks else list(PAPER_TASKS)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     settings = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size,
                 "max_length": args.max_length, "device": args.device, "dtype": args.dtype}
     results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                        tokenizer=args.tokenizer, progress=not args.no_progress, **settings)
+                        tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets, **settings)
     print(make_table(results))
     if any(task in PAPER_TASKS for task in tasks):
         print(paper_table(results)[1])
-    downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **settings)
+    data = {"data_dir": str(args.data_dir), "skipped": skipped} if args.data_dir is not None else {"data_dir": None}
+    downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **data, **settings)
     print(f"results: {args.out / 'downstream.json'}, plot: {args.out / 'downstream.png'}")
 
 

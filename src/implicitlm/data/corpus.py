@@ -21,6 +21,7 @@ A malformed file raises a one-line ``DataError`` naming it (and the line or row)
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import itertools
 import json
@@ -28,7 +29,7 @@ import lzma
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -97,28 +98,43 @@ def _files_under(directory: Path, pattern: str) -> list[Path]:
 
 
 def _file_documents(path: Path, text_field: str) -> Iterator[str]:
-    opener = DECOMPRESSORS.get(path.suffix.lower(), open)
-    kind = (Path(path.stem) if opener is not open else path).suffix.lower()
-    try:
+    compressed = path.suffix.lower() in DECOMPRESSORS
+    kind = (Path(path.stem) if compressed else path).suffix.lower()
+    with reading(path):
         if kind == ".jsonl":
-            yield from _jsonl_documents(path, opener, text_field)
+            for where, record in jsonl_records(path):
+                yield _text_of(record, text_field, where)
         elif kind == ".parquet":
-            if opener is not open:  # Parquet compresses inside the file and needs to seek in it
+            if compressed:  # Parquet compresses inside the file and needs to seek in it
                 raise DataError(f"{path}: compressed Parquet is not read; Parquet compresses its own columns")
             yield from _parquet_documents(path, text_field)
         else:
             # Bytes decoded as they are: read_text would also turn "\r\n" into "\n".
-            with opener(path, "rb") as handle:
+            with DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rb") as handle:
                 yield handle.read().decode("utf-8", errors="replace")
-    # Read lazily, so a file can vanish or lose its permissions after the sources were checked.
-    # A damaged compressed file raises OSError (gzip), LZMAError or EOFError (truncated).
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Faults while reading ``path`` as one-line DataErrors. Files are read lazily, so one can
+    vanish or lose its permissions after the sources were checked; a damaged compressed file
+    raises OSError (gzip), LZMAError or EOFError (truncated)."""
+    try:
+        yield
     except (OSError, EOFError, lzma.LZMAError) as error:
         reason = getattr(error, "strerror", None) or first_line(error)
         raise DataError(f"{path}: cannot read ({reason})") from None
 
 
-def _jsonl_documents(path: Path, opener, text_field: str) -> Iterator[str]:
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+def open_text(path: Path) -> IO[str]:
+    """``path`` as UTF-8 text (undecodable bytes become U+FFFD), decompressed by its suffix."""
+    return DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rt", encoding="utf-8", errors="replace")
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(``"path:line"``, parsed value) for each non-blank line of a JSONL file, compressed or not;
+    use inside ``reading(path)``."""
+    with open_text(path) as handle:
         for line_number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
@@ -132,7 +148,7 @@ def _jsonl_documents(path: Path, opener, text_field: str) -> Iterator[str]:
             # An integer of more digits than Python converts.
             except ValueError as error:
                 raise DataError(f"{where}: expected a JSON object: {first_line(error)}") from None
-            yield _text_of(record, text_field, where)
+            yield where, record
 
 
 def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:

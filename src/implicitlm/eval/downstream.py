@@ -9,14 +9,20 @@ average does not use it. The authors ran lighteval, so lm-eval's numbers may dif
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..data.downstream_sets import LocalSet, MissingLocalSet, read_local_set
 from .plots import plot_metric_bars
 from .records import make_record, write_record
 
 PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "openbookqa")
+# lm-eval's folders that define them, indexed alone for speed.
+PAPER_TASK_FOLDERS = ("lambada", "hellaswag", "piqa", "arc", "winogrande", "openbookqa")
 # (column, task, metric), in the paper's order.
 PAPER_COLUMNS = (
     ("LAMBADA ppl", "lambada_openai", "perplexity"),
@@ -40,49 +46,134 @@ def run_tasks(
     num_fewshot: int | None = None,
     bootstrap_iters: int = 1000,
     seed: int = 0,
+    local_sets: dict[str, LocalSet] | None = None,
     **model_args: Any,
 ) -> dict[str, Any]:
     """lm-eval's result dict for ``tasks`` on ``model`` (a checkpoint folder or a loaded
     model); ``model_args`` go to ``ImplicitLMHarness`` (tokenizer, mode, max_iter, tol,
     batch_size, ...). ``include_path``: a folder of further task definitions (YAML).
     ``limit``: documents per task (a fraction if below 1), for quick checks only.
-    ``bootstrap_iters``: draws for the standard errors that need them (0: none)."""
+    ``bootstrap_iters``: draws for the standard errors that need them (0: none).
+    ``local_sets``: the tasks' documents read from local files (``read_local_sets``), scored by
+    lm-eval's own definitions of the same tasks instead of the hub's copies."""
     from lm_eval import simple_evaluate
 
     from .harness import ImplicitLMHarness
 
+    if local_sets is not None and num_fewshot:
+        raise ValueError("few-shot prompts need a training split, which local sets do not have: drop --num-fewshot")
     lm = ImplicitLMHarness(model, **model_args)  # before the task index, which takes a while
-    return simple_evaluate(
-        model=lm,
-        tasks=list(tasks),
-        task_manager=_task_manager(tasks, include_path),
-        limit=limit,
-        num_fewshot=num_fewshot,
-        bootstrap_iters=bootstrap_iters,
-        log_samples=False,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    manager = task_manager(tasks, include_path)
+    if local_sets is not None:
+        tasks = local_task_specs(local_sets, manager)
+    with _quiet_custom_dataset_notes():
+        return simple_evaluate(
+            model=lm,
+            tasks=list(tasks),
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            bootstrap_iters=bootstrap_iters,
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
 
 
-def _task_manager(tasks: Sequence[str], include_path: str | Path | None):
-    """lm-eval's task index; its built-in tasks (some seconds to index) only when a task is
-    not among ``include_path``'s."""
+def task_manager(tasks: Sequence[str], include_path: str | Path | None):
+    """lm-eval's task index: ``include_path``'s tasks, or the folders of the paper's, when they
+    hold every task asked for; all its built-in tasks (half a minute to index) otherwise."""
+    import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
     if include_path is not None:
         if not Path(include_path).is_dir():
             raise FileNotFoundError(f"{include_path}: no such task folder")
-        local = TaskManager(include_path=str(include_path), include_defaults=False)
-        if all(task in local.all_tasks for task in tasks):
-            return local
+        folders = [str(include_path)]
+    else:
+        built_in = Path(lm_eval.tasks.__file__).parent
+        folders = [str(built_in / name) for name in PAPER_TASK_FOLDERS if (built_in / name).is_dir()]
+    local = TaskManager(include_path=folders, include_defaults=False)
+    if all(task in local.all_tasks for task in tasks):
+        return local
     manager = TaskManager(include_path=None if include_path is None else str(include_path))
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: lm-eval ls tasks)")
     return manager
+
+
+@contextlib.contextmanager
+def _quiet_custom_dataset_notes():
+    """lm-eval logs, for every task whose documents come from a function, how to pass it
+    options; ours take none, so the note is only noise before the results."""
+    logger = logging.getLogger("lm_eval.api.task")
+    note = _DropMessage("Custom kwargs can be passed")
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().partition(": ")[2].startswith(self.start)
+
+
+def read_local_sets(
+    tasks: Sequence[str], data_dir: str | Path, skip_missing: bool = False
+) -> tuple[dict[str, LocalSet], dict[str, str]]:
+    """The evaluation documents of ``tasks`` from ``data_dir`` (layout: ``data.downstream_sets``),
+    and, with ``skip_missing``, why each task left out has none there."""
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"{data_dir}: no such data folder")
+    sets, skipped = {}, {}
+    for task in tasks:
+        try:
+            sets[task] = read_local_set(task, Path(data_dir))
+        except MissingLocalSet as missing:
+            if not skip_missing:
+                raise
+            skipped[task] = str(missing)
+    if not sets:
+        raise MissingLocalSet(f"{data_dir}: none of the tasks' files are there ({'; '.join(skipped.values())})")
+    return sets, skipped
+
+
+def local_task_specs(local_sets: dict[str, LocalSet], manager) -> list[dict[str, Any]]:
+    """lm-eval's own configuration of each task (prompt, choices, metrics), its documents taken
+    from ``local_sets`` rather than downloaded; for ``simple_evaluate(tasks=...)`` with any model."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    specs = []
+    for task, local in local_sets.items():
+        entry = manager.task_index.get(task)
+        if entry is None or entry.yaml_path is None:
+            raise ValueError(f"{task}: lm-eval has no task definition of that name to score the local documents with")
+        config = load_yaml(entry.yaml_path, resolve_func=True)
+        config.update(
+            custom_dataset=functools.partial(_local_dataset, local), dataset_kwargs=None,
+            training_split=None, fewshot_split=None,
+            validation_split="validation" if local.split == "validation" else None,
+            test_split="test" if local.split == "test" else None,
+            **local.task_options,
+        )
+        specs.append(config)
+    return specs
+
+
+def _local_dataset(local: LocalSet, **_task_metadata: Any):
+    """lm-eval calls a custom dataset with the task's metadata, which the local documents do not need."""
+    from datasets import Dataset, DatasetDict
+
+    return DatasetDict({local.split: Dataset.from_list(local.documents)})
 
 
 def task_metrics(results: dict[str, Any]) -> dict[str, float]:

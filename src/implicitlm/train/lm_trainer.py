@@ -57,7 +57,7 @@ from .guard import (
     stop_requested,
 )
 from .run_log import RunLog
-from .schedule import warmup_constant_sqrt_decay
+from .schedule import warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
 DISTRIBUTED = ("ddp", "fsdp")
@@ -182,9 +182,10 @@ def train_lm(
         torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
     )
     decay_steps = round(config.decay_fraction * config.total_steps)
-    schedule = warmup_constant_sqrt_decay(config.warmup_steps, config.total_steps, decay_steps, config.lr, config.min_lr)
     # Not handed to accelerate, which would step it once per process.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = warmup_stable_sqrt_decay(
+        optimizer, config.warmup_steps, config.total_steps, decay_steps, config.min_lr / config.lr
+    )
     if state is not None:
         with applying_training_state(checkpoint):
             _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)

@@ -1,32 +1,24 @@
-"""Learning-rate schedules as multipliers of the peak rate, for ``LambdaLR``."""
+"""The learning-rate schedule both trainers use: transformers' warmup-stable-decay."""
 
 from __future__ import annotations
 
-import math
+import torch
+from transformers import get_wsd_schedule
 
 
-def warmup_constant(warmup_steps: int):
-    """Linear warm-up to the peak, then constant."""
-
-    def factor(step: int) -> float:
-        return min(1.0, (step + 1) / max(1, warmup_steps))
-
-    return factor
-
-
-def warmup_constant_sqrt_decay(
-    warmup_steps: int, total_steps: int, decay_steps: int, peak_lr: float, min_lr: float
-):
-    """Linear warm-up, constant, then square-root decay to ``min_lr`` over the last ``decay_steps``."""
-    floor = min_lr / peak_lr
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        decay_start = total_steps - decay_steps
-        if step < decay_start or decay_steps == 0:
-            return 1.0
-        progress = min(1.0, (step - decay_start) / decay_steps)
-        return floor + (1.0 - floor) * (1.0 - math.sqrt(progress))
-
-    return factor
+def warmup_stable_sqrt_decay(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, decay_steps: int, min_lr_ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, constant, then the authors' square-root decay to ``min_lr_ratio`` of the peak
+    over the last ``decay_steps``. Warm-up wins where the two would overlap, so a short run with a
+    long warm-up still reaches its peak before it decays."""
+    warmup_steps = min(warmup_steps, total_steps)
+    decay_steps = min(decay_steps, total_steps - warmup_steps)
+    return get_wsd_schedule(
+        optimizer,
+        num_warmup_steps=warmup_steps,
+        num_decay_steps=decay_steps,
+        num_stable_steps=total_steps - warmup_steps - decay_steps,
+        decay_type="1-sqrt",
+        min_lr_ratio=min_lr_ratio,
+    )

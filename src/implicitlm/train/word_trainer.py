@@ -42,7 +42,7 @@ from .guard import (
     stop_requested,
 )
 from .run_log import RunLog
-from .schedule import warmup_constant
+from .schedule import warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
 CHECKPOINT = "checkpoint"
@@ -56,8 +56,11 @@ class WordTrainConfig:
     batch_size: int = 128
     hard_prob: float | None = None
     lr: float = 3e-3
+    min_lr: float = 1e-5
     weight_decay: float = 0.0
     warmup_steps: int = 50
+    # Share of all steps, at the end, over which the rate falls to min_lr (0: constant to the end).
+    decay_fraction: float = 0.0
     grad_clip: float = 1.0
     seed: int = 0
     # Curriculum (implicit models); an explicit model trains for their sum.
@@ -79,7 +82,8 @@ class WordTrainConfig:
     # The ranges of the fields above; their types are the annotations.
     FIELD_RULES = {
         "train_length": at_least(1), "batch_size": at_least(1), "hard_prob": UNIT_INTERVAL, "lr": POSITIVE,
-        "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "grad_clip": POSITIVE, "seed": SEED,
+        "min_lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE,
+        "decay_fraction": UNIT_INTERVAL, "grad_clip": POSITIVE, "seed": SEED,
         "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1), "bounded_steps": NON_NEGATIVE,
         "bounded_iters": NON_NEGATIVE, "bounded_phantom_steps": at_least(1), "free_steps": NON_NEGATIVE,
         "free_iters": NON_NEGATIVE, "free_phantom_steps": at_least(1), "free_tol": POSITIVE,
@@ -137,7 +141,11 @@ def train_words(
     if config.compile:
         compile_stack(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_constant(config.warmup_steps))
+    curriculum = config.curriculum(model.config.implicit)
+    decay_steps = round(config.decay_fraction * curriculum.total_steps)
+    scheduler = warmup_stable_sqrt_decay(
+        optimizer, config.warmup_steps, curriculum.total_steps, decay_steps, config.min_lr / config.lr
+    )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if state is not None:
         with applying_training_state(checkpoint):
@@ -145,7 +153,6 @@ def train_words(
             scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["torch_rng"])
     core = accelerator.unwrap_model(model)
-    curriculum = config.curriculum(core.config.implicit)
     batches = _batches(config, data, accelerator.device, start_step)
     phase, metrics = None, {}
     last_checkpoint = checkpoint if resume else None
