@@ -698,6 +698,7 @@ def _run_catbabi_build(args) -> None:
     summary = build_catbabi(args.babi_dir, args.out, tasks=tasks, seed=args.seed, overwrite=args.overwrite)
     for split, counts in summary["splits"].items():
         print(f"{split}: {counts['stories']:,} stories, {counts['answers']:,} answers")
+    print(f"valid stories: {summary['valid']}")
     print(f"vocabulary: {summary['vocab_size']} tokens; wrote {args.out}")
 
 

@@ -2,7 +2,8 @@
 
 Reading. A folder of bAbI v1.2 task files named ``qaN_{train,valid,test}.txt`` (the en-valid
 and en-valid-10k folders) or ``qaN_<name>_{train,test}.txt`` (the en and en-10k folders, which
-have no valid split). Lines are "ID text"; the ID restarts at 1 where a story begins;
+have no valid split: there the last tenth of each task's training stories is held out as
+valid, the 90/10 split en-valid and en-valid-10k made of the same files). Lines are "ID text"; the ID restarts at 1 where a story begins;
 question lines are "ID question?<TAB>answer<TAB>supporting line ids".
 
 The stream. Each story is lower-cased and cut into tokens: its words, "." after each fact,
@@ -61,6 +62,8 @@ SUMMARY_FILE = "catbabi.json"
 BUILT_ENTRIES = {
     INDEX_FILE, PROGRESS_FILE, TOKENIZER_DIR, ANSWERS_FILE, SUMMARY_FILE, *SHARD_SPLITS.values()
 }
+# Of each task's training stories, the share a folder without valid files holds out as valid.
+HELD_OUT_SHARE = 0.1
 # Line ids of more digits are refused: no story is that long, and int() refuses thousands.
 MAX_ID_DIGITS = 9
 
@@ -113,11 +116,31 @@ def read_babi(
     tasks: Sequence[int] | None = None,
     splits: Sequence[str] = SPLITS,
 ) -> dict[str, list[Story]]:
-    """The stories of ``tasks`` (default all 20) per split, in task order then file order."""
+    """The stories of ``tasks`` (default all 20) per split, in task order then file order.
+    A folder without valid files holds out valid from train (``holds_out_valid``)."""
     stories: dict[str, list[Story]] = {split: [] for split in splits}
-    for (task, split), path in find_task_files(folder, tasks, splits).items():
-        stories[split] += read_task_file(path, task)
+    held_out = "valid" in splits and holds_out_valid(folder)
+    wanted = (set(splits) - {"valid"}) | {"train"} if held_out else set(splits)
+    for (task, split), path in find_task_files(folder, tasks, [s for s in SPLITS if s in wanted]).items():
+        task_stories = read_task_file(path, task)
+        if held_out and split == "train":
+            cut = len(task_stories) - max(1, round(HELD_OUT_SHARE * len(task_stories)))
+            if cut < 1:
+                raise DataError(f"{path}: {len(task_stories)} stories, too few to hold out valid ones from")
+            stories["valid"] += task_stories[cut:]
+            task_stories = task_stories[:cut]
+        if split in stories:
+            stories[split] += task_stories
     return stories
+
+
+def holds_out_valid(folder: str | os.PathLike) -> bool:
+    """True for a folder with no valid file at all (bAbI's en and en-10k), whose valid stories
+    are therefore the last tenth of each task's training file."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False  # find_task_files names the missing folder
+    return not any((match := TASK_FILE.match(path.name)) and match[2] == "valid" for path in folder.iterdir())
 
 
 def find_task_files(
@@ -339,6 +362,7 @@ def _write_catbabi(
     _write_answers(out_dir / ANSWERS_FILE, answers)
     summary = {
         "source": str(babi_dir),
+        "valid": "last tenth of each task's train file" if holds_out_valid(babi_dir) else "the valid files",
         "tasks": check_tasks(tasks),
         "seed": seed,
         "vocab_size": len(tokenizer),
