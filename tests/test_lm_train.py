@@ -332,3 +332,30 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoin
     steps = {line.split("after step ")[1].split(";")[0] for line in err.splitlines() if "after step" in line}
     assert len(saved) == 1 and steps == {str(int(saved[0][len("step_"):]))}, (saved, steps)
     assert 3 <= int(saved[0][len("step_"):]) < 200
+
+
+def test_a_fresh_run_never_lands_on_an_earlier_one(shards, tmp_path):
+    train_lm(tiny_model(), train_config(total_steps=6, keep_checkpoints=3), shards, tmp_path, progress=False)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file() and "tensorboard" not in path.parts}
+    with pytest.raises(FileExistsError, match="holds a training run .*--resume.*--overwrite"):
+        train_lm(tiny_model(), train_config(total_steps=2), shards, tmp_path, progress=False)
+    assert {path: path.read_bytes() for path in before} == before  # nothing appended, nothing pruned
+    (tmp_path / "notes.txt").write_text("mine")
+    train_lm(tiny_model(), train_config(total_steps=2), shards, tmp_path, progress=False, overwrite=True)
+    assert logged(tmp_path, "step") == [0, 1]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_train_command_refuses_an_earlier_run_in_one_line(shards, tmp_path, capsys):
+    command = ["train", "--data", str(shards), "--out", str(tmp_path), "--no-progress", "--model", "hidden_size=16",
+               "--model", "num_hidden_layers=1", "--model", "head_dim=8", "--model", "state_size=8",
+               "--train", f"sequence_length={SEQUENCE}", "--train", "micro_batch_size=2",
+               "--train", f"batch_tokens={2 * SEQUENCE}", "--train", "total_steps=1", "--train", "eval_every=0"]
+    assert main(command) == 0
+    capsys.readouterr()
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "holds a training run" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert main([*command, "--overwrite", "--resume"]) == 2 and "pass one" in capsys.readouterr().err
+    assert main([*command, "--overwrite"]) == 0

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from implicitlm.cli import main
 from implicitlm.deq import OptionError
 from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
 from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
@@ -157,3 +158,25 @@ def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
     # Each row logs the rate of the next step; the decay spans the free phase's two steps.
     expected = [0.01 * rate for rate in learning_rates(0, 4, 2, 0.1)[1:]] + [0.001]
     assert logged == pytest.approx(expected)
+
+
+def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
+    config = WordTrainConfig(group="S3", train_length=5, batch_size=4, bounded_steps=3, log_every=1)
+    train_words(tiny_model(), config, tmp_path, progress=False)
+    log = (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(FileExistsError, match="holds a training run"):
+        train_words(tiny_model(), config, tmp_path, progress=False)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == log
+    train_words(tiny_model(), WordTrainConfig(group="S3", train_length=5, batch_size=4, bounded_steps=2, log_every=1),
+                tmp_path, progress=False, overwrite=True)
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    command = ["words", "train", "--out", str(tmp_path), "--no-progress", "--model", "hidden_size=16", "--model", "head_dim=8",
+               "--train", "bounded_steps=1", "--train", "train_length=4", "--train", "batch_size=2"]
+    assert main(command) == 2
+    assert "continue it with --resume or replace it with --overwrite" in capsys.readouterr().err
+    assert main([*command, "--overwrite"]) == 0
+
+
+def test_warmup_longer_than_the_run_keeps_its_slope_for_a_resume_with_more_steps():
+    assert learning_rates(10, 3, 0, 0.0) == pytest.approx([0.0, 0.1, 0.2])
+    assert learning_rates(10, 3, 0, 0.0) == learning_rates(10, 7, 0, 0.0)[:3]

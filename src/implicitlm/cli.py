@@ -172,6 +172,7 @@ def _add_words_train(commands) -> None:
     p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.add_argument("--train", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_words_train)
 
@@ -186,6 +187,7 @@ def _run_words_train(args) -> None:
 
     if args.resume and (args.preset or args.model or args.explicit):
         raise ValueError("--resume continues the run with its own model; only --train options may change")
+    _check_resume_or_overwrite(args)
     preset = load_preset(args.preset) if args.preset else {}
     kind = "explicit" if args.explicit else "implicit"
     if args.resume:
@@ -199,7 +201,9 @@ def _run_words_train(args) -> None:
         model = load_model(args.out / CHECKPOINT)
     else:
         model = word_model(preset, kind, train, dict(args.model))
-    metrics = train_words(model, train, args.out, data=data, progress=not args.no_progress, resume=args.resume)
+    metrics = train_words(
+        model, train, args.out, data=data, progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite
+    )
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
     print(f"checkpoint: {args.out / 'checkpoint'}")
 
@@ -493,8 +497,14 @@ def _add_train(commands) -> None:
     p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.add_argument("--train", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_train)
+
+
+def _check_resume_or_overwrite(args) -> None:
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one")
 
 
 def _run_train(args) -> None:
@@ -507,6 +517,7 @@ def _run_train(args) -> None:
     from .train.checkpoint import latest_checkpoint
     from .train.lm_trainer import CHECKPOINTS, LMTrainConfig, resume_config, train_lm
 
+    _check_resume_or_overwrite(args)
     preset = load_preset(args.config) if args.config else {}
     if args.resume:
         # The run's own settings, with any given on the command line on top.
@@ -528,7 +539,9 @@ def _run_train(args) -> None:
         options.setdefault("label_alignment", "shifted")
         torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
         model = build_model(config_from_options(options))
-    metrics = train_lm(model, train, args.data, args.out, resume=args.resume, progress=not args.no_progress)
+    metrics = train_lm(
+        model, train, args.data, args.out, resume=args.resume, progress=not args.no_progress, overwrite=args.overwrite
+    )
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
         print(f"checkpoints: {args.out / CHECKPOINTS}")

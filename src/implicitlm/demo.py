@@ -56,7 +56,8 @@ def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True)
     models = {kind: word_model(preset, kind, trains[kind]) for kind in KINDS}
     for kind in KINDS:
         train, model = trains[kind], models[kind]
-        train_words(model, train, out_dir / kind, progress=progress, description=f"train {kind}")
+        # The demo's folder is its own: running it again replaces its runs.
+        train_words(model, train, out_dir / kind, progress=progress, description=f"train {kind}", overwrite=True)
         lengths = [train.train_length * m for m in evaluation.length_multiples]
         budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}
         entry = {

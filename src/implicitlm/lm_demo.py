@@ -97,7 +97,8 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
         train = trains[kind]
         # The trained tokenizer may hold fewer tokens than asked for.
         model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
-        train_lm(model, train, data_dir, out_dir / kind, progress=progress)
+        # The demo's folder is its own: running it again replaces its runs.
+        train_lm(model, train, data_dir, out_dir / kind, progress=progress, overwrite=True)
         held_out = perplexity(model, evaluation_windows(test_shards, train.sequence_length, train.micro_batch_size))
         results["models"][kind] = {
             "parameters": model.num_parameters(),

@@ -56,8 +56,8 @@ from .guard import (
     stop_on_numerical_fault,
     stop_requested,
 )
-from .run_log import RunLog
-from .schedule import warmup_stable_sqrt_decay
+from .run_log import RunLog, refuse_or_clear_run
+from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
 DISTRIBUTED = ("ddp", "fsdp")
@@ -149,16 +149,25 @@ def train_lm(
     out_dir: str | Path,
     resume: bool = False,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train ``model`` in place on the shards in ``data_dir``; returns the last logged metrics.
 
     Checkpoints go to ``out_dir/checkpoints/step_NNNNNNN`` (the last ``keep_checkpoints``
     kept), logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``. ``resume``
     continues from the latest checkpoint in ``out_dir`` (the model's weights are replaced
-    by the checkpoint's).
+    by the checkpoint's); a fresh run refuses an ``out_dir`` that holds an earlier run, or,
+    with ``overwrite``, removes that run first.
     """
     out_dir = Path(out_dir)
     accelerator = _accelerator(config, model)
+    if not resume:
+        # Every process looks before the main one clears, so that all see the same folder.
+        refuse_or_clear_run(out_dir, overwrite, clear=False)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            refuse_or_clear_run(out_dir, overwrite)
+        accelerator.wait_for_everyone()
     torch.manual_seed(config.seed)
     shards = TokenShards(data_dir, "train")
     _check_vocabulary(model, shards)
@@ -388,6 +397,7 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
     else:
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    apply_current_rate(scheduler)
     sampler.load_state_dict(state["sampler"])
     torch.set_rng_state(state["torch_rng"])
 

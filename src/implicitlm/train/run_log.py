@@ -3,12 +3,45 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
 from ..atomic_io import atomic_write
+
+
+# What a training run writes into its folder (both trainers; the word trainer's "checkpoint",
+# the LM trainer's "checkpoints" and held-out curve).
+RUN_ENTRIES = ("metrics.jsonl", "tensorboard", "checkpoint", "checkpoints", "lm_training.json", "lm_training.png")
+
+
+def existing_run(out_dir: str | Path) -> list[str]:
+    """The entries of an earlier training run in ``out_dir`` (none for a new or unrelated folder)."""
+    out = Path(out_dir)
+    return [name for name in RUN_ENTRIES if (out / name).exists() or (out / name).is_symlink()]
+
+
+def refuse_or_clear_run(out_dir: str | Path, overwrite: bool, clear: bool = True) -> None:
+    """A new run may not start on top of an earlier one: it would append to the old log, and
+    pruning would delete checkpoints the new run did not write. Without ``overwrite``, an
+    earlier run is a FileExistsError; with it, the earlier run's entries are removed (only
+    those: other files in the folder stay), unless ``clear`` is False (the other processes
+    of a distributed run, which leave it to the main one)."""
+    found = existing_run(out_dir)
+    if not found:
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"{out_dir}: holds a training run ({', '.join(found)}); continue it with --resume or replace it with --overwrite"
+        )
+    for name in found if clear else ():
+        path = Path(out_dir) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 class RunLog:

@@ -11,14 +11,22 @@ def warmup_stable_sqrt_decay(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up, constant, then the authors' square-root decay to ``min_lr_ratio`` of the peak
     over the last ``decay_steps``. Warm-up wins where the two would overlap, so a short run with a
-    long warm-up still reaches its peak before it decays."""
-    warmup_steps = min(warmup_steps, total_steps)
-    decay_steps = min(decay_steps, total_steps - warmup_steps)
+    long warm-up still reaches its peak before it decays. The warm-up does not depend on
+    ``total_steps``: a run resumed with more steps keeps the rates it had."""
+    decay_steps = max(0, min(decay_steps, total_steps - warmup_steps))
     return get_wsd_schedule(
         optimizer,
         num_warmup_steps=warmup_steps,
         num_decay_steps=decay_steps,
-        num_stable_steps=total_steps - warmup_steps - decay_steps,
+        num_stable_steps=max(0, total_steps - warmup_steps - decay_steps),
         decay_type="1-sqrt",
         min_lr_ratio=min_lr_ratio,
     )
+
+
+def apply_current_rate(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set each parameter group's rate to the schedule's at the restored step. The optimiser's
+    saved rate is the one for the step after the last, which past the end of a run is the
+    floor: a run resumed with more steps must go on at the rate its new schedule gives."""
+    for group, base_rate, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base_rate * factor(scheduler.last_epoch)

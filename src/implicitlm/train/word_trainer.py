@@ -41,8 +41,8 @@ from .guard import (
     stop_on_numerical_fault,
     stop_requested,
 )
-from .run_log import RunLog
-from .schedule import warmup_stable_sqrt_decay
+from .run_log import RunLog, refuse_or_clear_run
+from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
 CHECKPOINT = "checkpoint"
@@ -121,11 +121,13 @@ def train_words(
     progress: bool = True,
     description: str = "train",
     resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, float]:
     """Train ``model`` in place; returns the last logged metrics. Checkpoints go to
     ``out_dir/checkpoint``, logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``.
 
-    ``resume`` continues from ``out_dir/checkpoint`` (its weights replace the model's):
+    A fresh run refuses an ``out_dir`` that holds an earlier run, or, with ``overwrite``,
+    removes that run first. ``resume`` continues from ``out_dir/checkpoint`` (its weights replace the model's):
     optimiser, scheduler, RNG and the batch position are restored, so the run goes on as
     the uninterrupted one would have. A SIGTERM or SIGINT ends the run after the current
     step with a checkpoint (``TrainingInterrupted``); a non-finite loss or gradient ends
@@ -133,6 +135,8 @@ def train_words(
     """
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT
+    if not resume:
+        refuse_or_clear_run(out_dir, overwrite)
     torch.manual_seed(config.seed)
     start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
     if resume:
@@ -151,6 +155,7 @@ def train_words(
         with applying_training_state(checkpoint):
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
+            apply_current_rate(getattr(scheduler, "scheduler", scheduler))  # accelerate wraps it
             torch.set_rng_state(state["torch_rng"])
     core = accelerator.unwrap_model(model)
     batches = _batches(config, data, accelerator.device, start_step)
