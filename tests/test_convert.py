@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForC
 from transformers.utils import logging as transformers_logging
 
 from implicitlm.cli import main
+from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import ModelLoadError, load_model
 from implicitlm.models.convert import from_hf, from_hf_llama, from_hf_mamba, from_hf_mamba2
 
@@ -273,3 +274,19 @@ def test_wrong_model_class_or_directory_is_refused(tmp_path):
         from_hf_mamba(tmp_path / "mamba2")
     with pytest.raises(ModelLoadError, match="no config.json"):
         from_hf(tmp_path / "missing")
+
+
+def test_import_keeps_the_special_token_ids_generation_config_and_tokenizer(tmp_path, capsys):
+    tokenizer = train_tokenizer(["the cat sat on the mat"] * 4, 300, tmp_path / "tokenizer")
+    hf = mamba2_reference(vocab_size=len(tokenizer), bos_token_id=3, eos_token_id=tokenizer.eos_token_id, pad_token_id=5)
+    hf.generation_config.max_new_tokens = 17
+    hf.save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    assert main(["models", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    assert "copied the tokenizer" in capsys.readouterr().out
+    model = load_model(tmp_path / "ours")
+    assert (model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id) == (
+        3, tokenizer.eos_token_id, 5)
+    assert model.generation_config.max_new_tokens == 17 and model.generation_config.eos_token_id == tokenizer.eos_token_id
+    copied = load_tokenizer(tmp_path / "ours")
+    assert copied.encode("the cat sat") == tokenizer.encode("the cat sat")

@@ -423,6 +423,12 @@ def _run_models_import(args) -> None:
     model.save_pretrained(args.out)
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
+    # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.
+    if (Path(args.source) / "tokenizer_config.json").is_file():
+        from .data.tokenizer import load_tokenizer, save_tokenizer
+
+        save_tokenizer(load_tokenizer(args.source), Path(args.out))
+        print(f"copied the tokenizer from {args.source}")
 
 
 def _add_tokenizer_train(commands) -> None:

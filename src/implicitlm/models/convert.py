@@ -35,6 +35,7 @@ is within 0.33-0.39 of them; 1.39-1.49 for Mamba2).
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -204,6 +205,11 @@ def _convert(
     overrides: dict[str, Any],
 ) -> ImplicitCausalLM:
     model = build_model(config_from_options({**options, "implicit": implicit, **overrides}))
+    # generate() stops at eos and pads with pad: without the source's ids it would never stop.
+    for key in SPECIAL_TOKEN_IDS:
+        setattr(model.config, key, getattr(hf.config, key, None))
+    if hf.generation_config is not None:
+        model.generation_config = copy.deepcopy(hf.generation_config)
     tied = model.config.tie_word_embeddings
     weights = _renamed(hf.state_dict(), prefixes if tied else {**prefixes, HEAD: HEAD})
     for name in ("embeddings.weight",) if tied else ("embeddings.weight", HEAD):
@@ -215,6 +221,9 @@ def _convert(
             _set_weight(model.injection_norm, "weight", norm_weight)
             _set_weight(model.injection, "weight", projection_weight)
     return model.eval()
+
+
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def _renamed(state: dict[str, torch.Tensor], prefixes: dict[str, str]) -> dict[str, torch.Tensor]:
