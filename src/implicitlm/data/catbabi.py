@@ -3,8 +3,9 @@
 Reading. A folder of bAbI v1.2 task files named ``qaN_{train,valid,test}.txt`` (the en-valid
 and en-valid-10k folders) or ``qaN_<name>_{train,test}.txt`` (the en and en-10k folders, which
 have no valid split: there the last tenth of each task's training stories is held out as
-valid, the 90/10 split en-valid and en-valid-10k made of the same files). Lines are "ID text"; the ID restarts at 1 where a story begins;
-question lines are "ID question?<TAB>answer<TAB>supporting line ids".
+valid, the 90/10 split en-valid and en-valid-10k made of the same files). Lines are "ID text";
+the ID restarts at 1 where a story begins; question lines are "ID question?<TAB>answer<TAB>
+supporting line ids".
 
 The stream. Each story is lower-cased and cut into tokens: its words, "." after each fact,
 "?" after each question and then the answer as one token (``lamp,kite`` and ``n,w`` stay

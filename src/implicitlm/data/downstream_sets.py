@@ -26,6 +26,7 @@ from .errors import DataError
 
 # The six-line layout of HellaSwag: context, label, then the four endings.
 HELLASWAG_LINES_PER_ITEM = 6
+HELLASWAG_LABELS = {"0", "1", "2", "3"}
 
 
 class MissingLocalSet(DataError):
@@ -125,23 +126,17 @@ def _multiple_choice_question(record: dict[str, Any], where: str) -> tuple[str, 
     return _field(question, "stem", str, where), {"text": texts, "label": keys}, answer
 
 
-def _arc(relative: str, task: str) -> Callable[[Path], LocalSet]:
+def _original_layout(relative: str, task: str, stem_key: str) -> Callable[[Path], LocalSet]:
+    """The reader of an ARC or OpenBookQA test file; the hub names the stem ``stem_key``."""
+
     def read(data_dir: Path) -> LocalSet:
         documents = []
         for where, record in _records(_required(data_dir, relative, task)):
             stem, choices, answer = _multiple_choice_question(record, where)
-            documents.append({"id": record.get("id", where), "question": stem, "choices": choices, "answerKey": answer})
+            documents.append({"id": record.get("id", where), stem_key: stem, "choices": choices, "answerKey": answer})
         return LocalSet("test", documents)
 
     return read
-
-
-def _openbookqa(data_dir: Path) -> LocalSet:
-    documents = []
-    for where, record in _records(_required(data_dir, "openbookqa/test.jsonl", "openbookqa")):
-        stem, choices, answer = _multiple_choice_question(record, where)
-        documents.append({"id": record.get("id", where), "question_stem": stem, "choices": choices, "answerKey": answer})
-    return LocalSet("test", documents)
 
 
 def _winogrande(data_dir: Path) -> LocalSet:
@@ -172,7 +167,7 @@ def _hellaswag(data_dir: Path) -> LocalSet:
     documents = []
     for start in range(0, len(lines), HELLASWAG_LINES_PER_ITEM):
         context, label, *endings = lines[start:start + HELLASWAG_LINES_PER_ITEM]
-        if label not in {"0", "1", "2", "3"}:
+        if label not in HELLASWAG_LABELS:
             raise DataError(f"{path}:{start + 2}: expected a label 0-3, got {label!r}")
         documents.append({"query": context, "choices": endings, "label": label})
     # The text layout holds the prompt lm-eval's process_docs would build from the original
@@ -183,7 +178,7 @@ def _hellaswag(data_dir: Path) -> LocalSet:
 def _hellaswag_record(record: dict[str, Any], where: str) -> dict[str, Any]:
     endings = _field(record, "endings", list, where)
     label = record.get("label")
-    if len(endings) != 4 or str(label) not in {"0", "1", "2", "3"}:
+    if len(endings) != 4 or str(label) not in HELLASWAG_LABELS:
         raise DataError(f"{where}: expected 4 endings and a label 0-3")
     return {"activity_label": _field(record, "activity_label", str, where), "ctx_a": _field(record, "ctx_a", str, where),
             "ctx_b": _field(record, "ctx_b", str, where), "endings": endings, "label": str(label)}
@@ -193,8 +188,8 @@ READERS: dict[str, Callable[[Path], LocalSet]] = {
     "lambada_openai": _lambada,
     "hellaswag": _hellaswag,
     "piqa": _piqa,
-    "arc_easy": _arc("arc/ARC-Easy-Test.jsonl", "arc_easy"),
-    "arc_challenge": _arc("arc/ARC-Challenge-Test.jsonl", "arc_challenge"),
+    "arc_easy": _original_layout("arc/ARC-Easy-Test.jsonl", "arc_easy", "question"),
+    "arc_challenge": _original_layout("arc/ARC-Challenge-Test.jsonl", "arc_challenge", "question"),
     "winogrande": _winogrande,
-    "openbookqa": _openbookqa,
+    "openbookqa": _original_layout("openbookqa/test.jsonl", "openbookqa", "question_stem"),
 }

@@ -56,7 +56,7 @@ from .guard import (
     stop_on_numerical_fault,
     stop_requested,
 )
-from .run_log import RunLog, refuse_or_clear_run
+from .run_log import RunLog, clear_earlier_run, refuse_earlier_run
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
@@ -163,10 +163,10 @@ def train_lm(
     accelerator = _accelerator(config, model)
     if not resume:
         # Every process looks before the main one clears, so that all see the same folder.
-        refuse_or_clear_run(out_dir, overwrite, clear=False)
+        refuse_earlier_run(out_dir, overwrite)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            refuse_or_clear_run(out_dir, overwrite)
+            clear_earlier_run(out_dir)
         accelerator.wait_for_everyone()
     torch.manual_seed(config.seed)
     shards = TokenShards(data_dir, "train")

@@ -23,20 +23,20 @@ def existing_run(out_dir: str | Path) -> list[str]:
     return [name for name in RUN_ENTRIES if (out / name).exists() or (out / name).is_symlink()]
 
 
-def refuse_or_clear_run(out_dir: str | Path, overwrite: bool, clear: bool = True) -> None:
+def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
     """A new run may not start on top of an earlier one: it would append to the old log, and
     pruning would delete checkpoints the new run did not write. Without ``overwrite``, an
-    earlier run is a FileExistsError; with it, the earlier run's entries are removed (only
-    those: other files in the folder stay), unless ``clear`` is False (the other processes
-    of a distributed run, which leave it to the main one)."""
+    earlier run is a FileExistsError."""
     found = existing_run(out_dir)
-    if not found:
-        return
-    if not overwrite:
+    if found and not overwrite:
         raise FileExistsError(
             f"{out_dir}: holds a training run ({', '.join(found)}); continue it with --resume or replace it with --overwrite"
         )
-    for name in found if clear else ():
+
+
+def clear_earlier_run(out_dir: str | Path) -> None:
+    """Remove an earlier run's entries from ``out_dir``; other files in the folder stay."""
+    for name in existing_run(out_dir):
         path = Path(out_dir) / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -41,7 +41,7 @@ from .guard import (
     stop_on_numerical_fault,
     stop_requested,
 )
-from .run_log import RunLog, refuse_or_clear_run
+from .run_log import RunLog, clear_earlier_run, refuse_earlier_run
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
@@ -136,7 +136,8 @@ def train_words(
     out_dir = Path(out_dir)
     checkpoint = out_dir / CHECKPOINT
     if not resume:
-        refuse_or_clear_run(out_dir, overwrite)
+        refuse_earlier_run(out_dir, overwrite)
+        clear_earlier_run(out_dir)
     torch.manual_seed(config.seed)
     start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
     if resume:
