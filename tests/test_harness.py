@@ -158,6 +158,36 @@ def test_batching_and_left_padding_leave_the_scores_unchanged(mode, tokenizer):
     torch.testing.assert_close(four_rolled, one_rolled, atol=1e-5, rtol=0)
 
 
+def test_auto_batch_size_is_the_largest_that_fits_and_scores_the_same(tokenizer):
+    model = make_model("mamba2", True, len(tokenizer))
+    pairs = [(s[:12], s[12:20]) for s in SENTENCES]
+    fixed = ImplicitLMHarness(model, tokenizer=tokenizer, batch_size=1, max_iter=4, progress=False)
+    auto = ImplicitLMHarness(model, tokenizer=tokenizer, batch_size="auto:4", max_batch_size=16, max_iter=4, progress=False)
+    widths = []
+    forward = model.forward
+
+    def short_of_memory_above_four(input_ids, **kwargs):
+        widths.append(len(input_ids))
+        if len(input_ids) > 4:  # what the CPU allocator raises when a batch does not fit
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes.")
+        return forward(input_ids, **kwargs)
+
+    model.forward = short_of_memory_above_four
+    scored = auto.loglikelihood(requests("l", *pairs))
+    # Probed from max_batch_size down (accelerate's steps) to the first that fits, then used.
+    fits = next(i for i, width in enumerate(widths) if width <= 4)
+    probes, batches = widths[: fits + 1], widths[fits + 1:]
+    assert probes[0] == 16 and probes == sorted(probes, reverse=True) and max(batches) == probes[-1]
+    torch.testing.assert_close([s for s, _ in scored], [s for s, _ in fixed.loglikelihood(requests("l", *pairs))],
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("value", [0, "many", "-2", 1.5])
+def test_batch_size_must_be_a_positive_integer_or_auto(value, tokenizer):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer or auto"):
+        ImplicitLMHarness(make_model("mamba2", False, len(tokenizer)), tokenizer=tokenizer, batch_size=value)
+
+
 def test_generate_until_is_greedy_decoding_cut_at_the_stop_string(tokenizer):
     model = make_model("llama", True, len(tokenizer))
     contexts = ["The sun rises", "Question: What do bees make?\nAnswer:", "A"]

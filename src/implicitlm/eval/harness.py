@@ -11,7 +11,9 @@ Model arguments: ``pretrained`` (checkpoint folder, or a loaded model), ``tokeni
 (folder or hub name; default: the one saved in the checkpoint folder), ``mode``
 ("simultaneous": the whole text as one fixed point; "sequential": token by token, as an
 RNN), ``max_iter`` / ``tol`` (the fixed-point budget; default: the model's evaluation
-budget), ``batch_size``, ``max_length`` (context window, default 2048: texts are cut from
+budget), ``batch_size`` (a number, or "auto": the largest whose forward over the longest
+texts fits in memory, probed from ``max_batch_size`` (default 64) down as lm-eval does),
+``max_length`` (context window, default 2048: texts are cut from
 the left), ``max_gen_toks``, ``device``, ``dtype``.
 
 Simultaneous batches are left-padded under an attention mask; sequential mode takes no
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
+from accelerate.utils import find_executable_batch_size
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
@@ -43,6 +46,8 @@ from ..models.implicit_lm import MODES
 MODEL_NAME = "implicitlm"
 DEFAULT_MAX_LENGTH = 2048  # the paper's training context
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+AUTO_BATCH = "auto"
+DEFAULT_MAX_BATCH_SIZE = 64  # lm-eval's, for its own Hugging Face model
 
 
 class ImplicitLMHarness(TemplateLM):
@@ -69,7 +74,8 @@ class ImplicitLMHarness(TemplateLM):
         progress: bool = True,
         max_batch_size: int | None = None,
     ) -> None:
-        """``max_batch_size`` is accepted because lm-eval passes it; batch sizes here are fixed."""
+        """``batch_size="auto"`` (or lm-eval's "auto:N"): found once per request type by
+        probing; the batches run longest first, so the size that fits the first fits all."""
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
@@ -77,7 +83,8 @@ class ImplicitLMHarness(TemplateLM):
         self.model.to(device=_device(device), dtype=_torch_dtype(dtype)).eval()
         self.tokenizer = _tokenizer(tokenizer, self.model)
         self.mode, self.max_iter, self.tol = mode, max_iter, tol
-        self.batch_size = _positive_int("batch_size", batch_size)
+        self.batch_size = _batch_size(batch_size)
+        self.max_batch_size = _positive_int("max_batch_size", max_batch_size or DEFAULT_MAX_BATCH_SIZE)
         self.max_length = _positive_int("max_length", max_length or DEFAULT_MAX_LENGTH)
         self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self.progress = progress
@@ -121,9 +128,10 @@ class ImplicitLMHarness(TemplateLM):
                 raise ValueError(f"a continuation of {len(continuation)} tokens exceeds max_length {self.max_length}")
             rows.append(((context + continuation)[-(self.max_length + 1):-1], continuation))
         results: list[tuple[float, bool] | None] = [None] * len(rows)
+        batch_size = self._fitting_batch_size(max((len(inputs) for inputs, _ in rows), default=1))
         with self._tracked("loglikelihood"), \
                 tqdm(total=len(rows), desc="loglikelihood", disable=disable_tqdm or not self.progress) as bar:
-            for batch in self._batches(rows, lambda row: len(row[0])):
+            for batch in self._batches(rows, batch_size, lambda row: len(row[0])):
                 for i, result in zip(batch, self._score([rows[i] for i in batch])):
                     results[i] = result
                     if requests[i][0] is not None:
@@ -194,9 +202,10 @@ class ImplicitLMHarness(TemplateLM):
             tokens = (self.tok_encode(context) or [self.prefix_token_id])[-keep:]
             prompts.append((tokens, max_new, until, settings))
         outputs: list[str | None] = [None] * len(prompts)
+        batch_size = self._fitting_batch_size(max((len(tokens) + max_new for tokens, max_new, *_ in prompts), default=1))
         with self._tracked("generate_until"), \
                 tqdm(total=len(prompts), desc="generate_until", disable=disable_tqdm or not self.progress) as bar:
-            for batch in self._batches(prompts, lambda prompt: len(prompt[0]), key=lambda p: repr(p[1:])):
+            for batch in self._batches(prompts, batch_size, lambda p: len(p[0]), key=lambda p: repr(p[1:])):
                 for i, text in zip(batch, self._generate([prompts[i] for i in batch])):
                     outputs[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
@@ -231,8 +240,27 @@ class ImplicitLMHarness(TemplateLM):
             mask[i, width - len(row):] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def _fitting_batch_size(self, longest: int) -> int:
+        """``batch_size``; for "auto", the first from ``max_batch_size`` down (accelerate's
+        ``find_executable_batch_size``, as lm-eval's own model uses) whose simultaneous forward over ``longest`` tokens runs out of no memory
+        (accelerate's probe). Simultaneous mode holds the most at once, and the solve
+        without gradients holds the same whatever its iterations, so one iteration probes."""
+        if self.batch_size != AUTO_BATCH:
+            return self.batch_size
+
+        @find_executable_batch_size(starting_batch_size=self.max_batch_size)
+        def probe(batch_size: int) -> int:
+            ids = torch.full((batch_size, longest), self.eot_token_id, dtype=torch.long, device=self.device)
+            with torch.no_grad():
+                self.model(ids, mode="simultaneous", max_iter=1)
+            return batch_size
+
+        size = probe()
+        logging.getLogger(__name__).info("batch_size auto: %d for texts of up to %d tokens", size, longest)
+        return size
+
     def _batches(
-        self, items: list, length: Callable[[Any], int], key: Callable[[Any], str] = lambda item: ""
+        self, items: list, batch_size: int, length: Callable[[Any], int], key: Callable[[Any], str] = lambda item: ""
     ) -> Iterator[list[int]]:
         """Indices of ``items`` in batches of ``batch_size``, longest first (a batch too large
         for memory fails at once, not at the end); a batch shares ``key``, and in sequential
@@ -242,7 +270,7 @@ class ImplicitLMHarness(TemplateLM):
         for i in order:
             first = items[batch[0]] if batch else None
             if batch and (
-                len(batch) == self.batch_size
+                len(batch) == batch_size
                 or key(items[i]) != key(first)
                 or (self.mode == "sequential" and length(items[i]) != length(first))
             ):
@@ -288,6 +316,16 @@ def _torch_dtype(name: str | None) -> torch.dtype | None:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
     return getattr(torch, name)
+
+
+def _batch_size(value: Any) -> int | str:
+    """A positive number, or "auto" (lm-eval's "auto:N" too: one probe per request type here)."""
+    if isinstance(value, str) and value.strip().split(":")[0] == AUTO_BATCH:
+        return AUTO_BATCH
+    try:
+        return _positive_int("batch_size", value)
+    except ValueError:
+        raise ValueError(f"batch_size must be a positive integer or auto; got {value!r}") from None
 
 
 def _positive_int(name: str, value: Any) -> int:

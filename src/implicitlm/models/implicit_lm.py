@@ -104,9 +104,16 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 warn_not_converged(tally, "generate")
         return output
 
+    @property
+    def accepts_loss_kwargs(self) -> bool:
+        # transformers' Trainer then passes ``num_items_in_batch``, counted over
+        # labels[..., 1:] for a causal LM: right for shifted labels only, so word-problem
+        # models (aligned labels) keep the per-micro-batch mean.
+        return self.config.label_alignment == "shifted"
+
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         mode: str = "simultaneous",
@@ -115,12 +122,25 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         state: list | None = None,
         use_cache: bool = False,
         return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
     ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
         token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call.
         ``state``: the recurrent state to continue from (a previous output's ``state``);
         ``use_cache``: return the state after the last token (sequential mode always does).
-        ``return_dict=False``: a tuple instead, as transformers' convention has it."""
+        ``return_dict=False``: a tuple instead, as transformers' convention has it.
+        ``inputs_embeds``: (b, l, hidden_size) in place of ``input_ids``.
+        ``position_ids``: accepted where they are the positions the model uses anyway (see
+        ``check_position_ids``). ``output_hidden_states``: also return every block's input
+        and the stack's output (one more pass of the stack).
+        ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
+        ``num_items_in_batch``, and options this model cannot honour are refused."""
+        num_items_in_batch = _transformers_options(kwargs)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -129,12 +149,18 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         if mode == "sequential" and padding is not None:
             # Refused rather than ignored: a recurrent state silently fed padding is wrong.
             raise ValueError("padded batches run in simultaneous mode (prefill); sequential mode takes real tokens only")
+        if position_ids is not None:
+            check_position_ids(position_ids, padding, continues=state is not None)
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         with self._weights_once_per_forward():
-            embedded = self.embeddings(input_ids)
+            embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+            injection = self.injection(self.injection_norm(embedded)) if self.config.implicit else None
             if mode == "sequential":
-                z, stats, state = self._sequential(embedded, state, max_iter, tol)
+                z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol)
             else:
-                z, stats, state = self._simultaneous(embedded, state, padding, use_cache, max_iter, tol)
+                z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol)
+            hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
             head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
             logits = F.linear(z, head)[..., : self.config.vocab_size]
         if stats is not None:
@@ -142,9 +168,25 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 tally.add(stats)
         loss = None
         if labels is not None:
-            loss = token_cross_entropy(logits, labels, self.config.label_alignment)
-        output = ImplicitLMOutput(loss=loss, logits=logits, fixed_point=stats, state=state)
+            loss = token_cross_entropy(logits, labels, self.config.label_alignment, num_items_in_batch)
+        output = ImplicitLMOutput(
+            loss=loss, logits=logits, fixed_point=stats, state=new_state, hidden_states=hidden_states
+        )
         return output.to_tuple() if return_dict is False else output
+
+    def _hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
+        """Every block's input and the stack's output, from one more pass of the stack: at
+        the fixed point z* for an implicit model (its output f(z*) is replaced by z*
+        itself, what the head reads); over the embeddings for an explicit one. A pass over
+        the whole sequence from the state the call began with equals the token-by-token
+        steps, so sequential mode gets the same from it."""
+        collected: list[torch.Tensor] = []
+        if self.config.implicit:
+            self.stack(z, injection, state, padding, hidden_states=collected)
+            collected[-1] = z
+        else:
+            self.stack(embedded, None, state, padding, hidden_states=collected)
+        return tuple(collected)
 
     @contextlib.contextmanager
     def _weights_once_per_forward(self):
@@ -161,11 +203,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             _fill_parametrization_cache(self)
             yield
 
-    def _simultaneous(self, embedded: torch.Tensor, state, padding, use_cache: bool, max_iter, tol):
+    def _simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol):
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
-        injection = self.injection(self.injection_norm(embedded))
         z, stats = self.solver(
             self._stack_map(injection, state, padding),
             torch.zeros_like(embedded),
@@ -197,7 +238,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
 
         return f
 
-    def _sequential(self, embedded: torch.Tensor, state, max_iter: int | None, tol: float | None):
+    def _sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None):
         batch, length, _ = embedded.shape
         if state is None:
             state = self.stack.initial_state(batch, embedded.device, embedded.dtype)
@@ -208,7 +249,6 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
         options = self.solver.options
-        injection = self.injection(self.injection_norm(embedded))
         z, state, stats = solve_sequence(
             self.stack.step,
             injection,
@@ -231,6 +271,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         tol: float | None = None,
         use_cache: bool = True,
         is_first_iteration: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
         **unused,
     ) -> dict:
         """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
@@ -240,16 +282,63 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         A ``state`` given to ``generate()`` continues an earlier run: the tokens given are
         the ones after it, fed in sequential mode. ``max_iter`` / ``tol`` set the solver
         budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
-        sequence at every token instead."""
-        budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache)
+        sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
+        forward (transformers' convention), ``input_ids`` for it afterwards."""
+        budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache, output_hidden_states=output_hidden_states)
         if state is None:
-            return dict(input_ids=input_ids, attention_mask=attention_mask, mode=mode, **budget)
+            prompt = dict(input_ids=input_ids) if inputs_embeds is None or not is_first_iteration else dict(inputs_embeds=inputs_embeds)
+            return dict(attention_mask=attention_mask, mode=mode, **prompt, **budget)
         new_tokens = input_ids if is_first_iteration else input_ids[:, -1:]
         return dict(input_ids=new_tokens, state=state, mode="sequential", **budget)
 
     def _reorder_cache(self, state: list, beam_index: torch.Tensor) -> list:
         """The state of the beams kept (beam search)."""
         return self.stack.select_state(state, beam_index)
+
+
+# transformers' per-call options (TransformersKwargs, besides the ones forward names): what
+# each needs from this model. Packed sequences and attention weights it cannot give, so
+# asking for them is refused rather than ignored.
+_PACKED_SEQUENCE_OPTIONS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
+_TRANSFORMERS_OPTIONS = {"num_items_in_batch", "output_attentions", "output_router_logits", "is_causal",
+                         "max_length_q", "max_length_k", *_PACKED_SEQUENCE_OPTIONS}
+
+
+def _transformers_options(options: dict) -> int | torch.Tensor | None:
+    """Check the per-call options a forward got from transformers; returns ``num_items_in_batch``."""
+    unknown = sorted(set(options) - _TRANSFORMERS_OPTIONS)
+    if unknown:
+        raise TypeError(f"forward() got unexpected keyword argument(s): {', '.join(unknown)}")
+    if options.get("output_attentions"):
+        raise ValueError("output_attentions is not supported: Mamba mixers have no attention weights and attention runs in SDPA")
+    if options.get("output_router_logits"):
+        raise ValueError("output_router_logits is not supported: the model has no router")
+    if options.get("is_causal") is False:
+        raise ValueError("is_causal=False is not supported: the model is causal")
+    packed = [name for name in _PACKED_SEQUENCE_OPTIONS if options.get(name) is not None]
+    if packed:
+        raise ValueError(f"packed sequences ({packed[0]}) are not supported: give one sequence per row, padded with attention_mask")
+    return options.get("num_items_in_batch")
+
+
+def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None, continues: bool) -> None:
+    """Positions here follow from the order of the real tokens: a recurrence has no other,
+    and attention rotates each token by the real tokens before it, which is what
+    transformers' ``generate`` computes from a left-padded mask. ``position_ids`` that say
+    the same are accepted; others (packed documents, gaps, offsets) would be silently
+    ignored, so they are refused. Continuing a ``state``, only their steps are checked."""
+    real = padding if padding is not None else torch.ones(position_ids.shape[-1], dtype=torch.bool, device=position_ids.device)
+    real = real.expand(*position_ids.shape[:-1], -1) if real.dim() == 1 else real
+    position_ids = position_ids.expand_as(real)
+    expected = real.long().cumsum(dim=-1) - 1
+    if continues:
+        first_real = real.long().argmax(dim=-1, keepdim=True)
+        expected = expected + position_ids.gather(-1, first_real)
+    if bool((position_ids != expected)[real].any()):
+        raise ValueError(
+            "position_ids must number the real tokens 0, 1, 2, ... (after left padding, as generate() computes them); "
+            "other positions are not supported: the model's positions follow from token order"
+        )
 
 
 def _fill_parametrization_cache(model: nn.Module) -> None:

@@ -42,13 +42,18 @@ class BlockStack(nn.Module):
         injection: torch.Tensor | None,
         states: list[Any] | None = None,
         padding: torch.Tensor | None = None,
+        hidden_states: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
         """``padding``: (b, l) bool, True at real tokens; padding tokens leave no trace in
-        the state, so left padding does not change the real tokens' outputs."""
+        the state, so left padding does not change the real tokens' outputs.
+        ``hidden_states``: a list that receives every block's input and then the output,
+        transformers' layout (N + 1 entries for N blocks)."""
         new_states = []
         recompute = self.gradient_checkpointing and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
             state = None if states is None else states[i]
+            if hidden_states is not None:
+                hidden_states.append(z)
             if recompute:
                 # Only each block's input is kept; its activations are recomputed in the
                 # backward pass, trading one more forward for most of the memory.
@@ -56,7 +61,10 @@ class BlockStack(nn.Module):
             else:
                 z, state = layer(z, injection, state, padding)
             new_states.append(state)
-        return self.norm_f(z), new_states
+        z = self.norm_f(z)
+        if hidden_states is not None:
+            hidden_states.append(z)
+        return z, new_states
 
     def step(
         self, z: torch.Tensor, injection: torch.Tensor | None, states: list[Any]
