@@ -114,3 +114,47 @@ def test_words_train_runs_and_checkpoints(tmp_path, capsys):
     assert code == 0, err
     assert (out / "checkpoint" / "model.safetensors").is_file()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    "command, train_config",
+    [(("words", "train"), "WordTrainConfig"), (("train",), "LMTrainConfig"), (("models", "import"), None)],
+    ids=["words-train", "lm-train", "models-import"],
+)
+def test_help_lists_every_model_and_training_key_with_its_default(command, train_config, capsys):
+    import dataclasses
+    import re
+
+    from implicitlm.deq.options import FixedPointOptions
+    from implicitlm.models.loading import CONFIG_CLASSES, model_option_names
+    from implicitlm.train import lm_trainer, word_trainer
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    listed = dict(re.findall(r"^  (\w+)\s+(\S+)\s+\S", out, flags=re.MULTILINE))
+    model_keys = {name for family in CONFIG_CLASSES for name in model_option_names(family)} - {"architecture"}
+    assert model_keys <= set(listed) and {f.name for f in dataclasses.fields(FixedPointOptions)} <= set(listed)
+    assert listed["eval_f_max_iter"] == str(FixedPointOptions.eval_f_max_iter)
+    if train_config is not None:
+        config = getattr(word_trainer if train_config == "WordTrainConfig" else lm_trainer, train_config)
+        for field in dataclasses.fields(config):
+            assert listed[field.name] == json.dumps(field.default, separators=(",", ":")), field.name
+    else:
+        assert "training options" not in out
+
+
+def test_every_option_has_a_meaning():
+    import dataclasses
+
+    from implicitlm.deq.options import FixedPointOptions
+    from implicitlm.models.loading import CONFIG_CLASSES, _own_defaults
+    from implicitlm.models.configuration import ImplicitLMConfig
+    from implicitlm.train.lm_trainer import LMTrainConfig
+    from implicitlm.train.word_trainer import WordTrainConfig
+
+    for schema in (FixedPointOptions, LMTrainConfig, WordTrainConfig):
+        assert set(schema.FIELD_HELP) == {f.name for f in dataclasses.fields(schema)}, schema.__name__
+    for config in (ImplicitLMConfig, *CONFIG_CLASSES.values()):
+        assert set(config.FIELD_HELP) == set(_own_defaults(config)), config.__name__

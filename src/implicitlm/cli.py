@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
 
@@ -73,8 +73,16 @@ class _Parser(argparse.ArgumentParser):
     """argparse reporting a bad option in one line, as every other input error is (its
     default prints the whole usage first). Subcommands inherit the class."""
 
+    # Set on a command taking --model / --train: returns the sections that list their keys
+    # (built when --help asks, so that other commands do not import the models).
+    option_sections: Callable[[], str] | None = None
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return text if self.option_sections is None else f"{text}\n{self.option_sections()}\n"
 
     def _get_values(self, action, arg_strings):
         # Before Python 3.12, argparse drops a value that is exactly "--" ("--hard-prob=--") as if
@@ -174,6 +182,7 @@ def _add_words_train(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true")
+    p.option_sections = lambda: _option_sections("words")
     p.set_defaults(run=_run_words_train)
 
 
@@ -413,6 +422,7 @@ def _add_models_import(commands) -> None:
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
     p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
     p.add_argument("--model", type=_key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.option_sections = lambda: _option_sections(None)
     p.set_defaults(run=_run_models_import)
 
 
@@ -505,6 +515,7 @@ def _add_train(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true")
+    p.option_sections = lambda: _option_sections("lm")
     p.set_defaults(run=_run_train)
 
 
@@ -843,6 +854,23 @@ def _run_jacobian(args) -> None:
         print(f"{record['label']:<28}{kind:<10}{metrics['off_diagonal_share_mean']:>12.3g}"
               f"{metrics['off_diagonal_share_median']:>12.3g}{metrics['off_diagonal_share_max']:>12.3g}")
     print(f"results: {args.out}, heatmaps: {args.out / 'jacobian.png'}")
+
+
+def _option_sections(trainer: str | None) -> str:
+    """The keys of --model and, for a trainer ("words" or "lm"), of --train, with their
+    defaults (before a preset changes them) and meanings."""
+    from .models.loading import model_options_help
+    from .schema import dataclass_defaults, option_help
+
+    sections = [model_options_help()]
+    if trainer is not None:
+        if trainer == "words":
+            from .train.word_trainer import WordTrainConfig as config
+        else:
+            from .train.lm_trainer import LMTrainConfig as config
+        title = "training options (--train KEY=VALUE; a preset's values replace these defaults):"
+        sections.append(option_help(title, dataclass_defaults(config), config.FIELD_HELP))
+    return "\n\n".join(sections)
 
 
 def _key_value(text: str) -> tuple[str, Any]:

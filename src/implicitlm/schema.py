@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import types
 import typing
@@ -166,3 +167,16 @@ def check_known_keys(values: Mapping[str, Any], known: Sequence[str], what: str)
             close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
             raise OptionError(f"unknown {what} '{key}'{hint}")
+
+
+def dataclass_defaults(schema: type) -> dict[str, Any]:
+    return {field.name: field.default for field in dataclasses.fields(schema)}
+
+
+def option_help(title: str, defaults: Mapping[str, Any], meanings: Mapping[str, str]) -> str:
+    """A --help section: one line per option with its default and what it means. Defaults
+    are compact JSON, as a KEY=VALUE option takes them."""
+    values = {name: json.dumps(default, separators=(",", ":")) for name, default in defaults.items()}
+    name_width, value_width = max(map(len, values)), max(map(len, values.values()))
+    lines = [f"  {name:<{name_width}}  {value:<{value_width}}  {meanings[name]}" for name, value in values.items()]
+    return "\n".join([title, *lines])

@@ -52,6 +52,23 @@ class FixedPointOptions:
     divergence_growth: float = 100.0
     eval_nonconvergence: str = "report"
 
+    # What each field means, for --help.
+    FIELD_HELP = {
+        "f_solver": "solver: " + ", ".join(SOLVERS),
+        "f_max_iter": "training: solver iterations before the phantom-gradient steps",
+        "f_tol": "training: residual at which the solve stops",
+        "f_stop_mode": "residual measured relative to |f(z)| (rel) or absolute (abs)",
+        "phantom_steps": "training: damped steps with autograd after the solve",
+        "tau": "damping of the phantom steps, z <- tau f(z) + (1 - tau) z",
+        "unroll_steps": "training: a differentiable unroll of this many steps instead (0: phantom gradient)",
+        "eval_f_max_iter": "inference: most solver iterations (the test-time-compute knob)",
+        "eval_f_tol": "inference: residual at which the solve stops",
+        "divergence_patience": "evaluations in a row above divergence_growth x the first residual before a sample "
+                               "is given up as diverged (0: never)",
+        "divergence_growth": "see divergence_patience",
+        "eval_nonconvergence": "inference: report (count unconverged samples) or error (raise)",
+    }
+
     def __post_init__(self) -> None:
         _check_choice("f_solver", self.f_solver, SOLVERS)
         _check_choice("f_stop_mode", self.f_stop_mode, STOP_MODES)

@@ -39,6 +39,20 @@ class ImplicitLMConfig(PretrainedConfig):
         "pad_vocab_size_multiple": at_least(1), "layer_norm_epsilon": POSITIVE, "initializer_range": NON_NEGATIVE,
         "label_alignment": one_of(*LABEL_ALIGNMENTS),
     }
+    # What each field means, for --help.
+    FIELD_HELP = {
+        "vocab_size": "tokens in the vocabulary",
+        "hidden_size": "width of the residual stream",
+        "num_hidden_layers": "blocks in the stack",
+        "implicit": "iterate the stack to a fixed point (false: one pass)",
+        "weight_norm": "implicit: weight norm on the stack's weights",
+        "pad_vocab_size_multiple": "embedding rows padded to a multiple of this",
+        "layer_norm_epsilon": "RMSNorm epsilon",
+        "initializer_range": "std of the normal initialisation of embeddings (and Llama's linear layers)",
+        "label_alignment": "shifted (next-token labels) or aligned (label t belongs to token t: word problems)",
+        "fixed_point": "a JSON object of fixed-point options (below), e.g. fixed_point='{\"eval_f_max_iter\": 64}'",
+        "tie_word_embeddings": "read logits off the embedding matrix (false: a head of its own)",
+    }
 
     def __init__(
         self,
@@ -90,6 +104,17 @@ class ImplicitMamba2Config(ImplicitLMConfig):
         "n_groups": at_least(1), "chunk_size": at_least(1), "time_step_min": POSITIVE, "time_step_max": POSITIVE,
         "a_init_range": Rule("with 0 < low <= high", lambda bounds: 0 < bounds[0] <= bounds[1]),
     }
+    FIELD_HELP = {
+        "state_size": "SSM state per head (N)",
+        "conv_kernel": "width of the causal convolution",
+        "expand": "inner width = expand x hidden_size",
+        "head_dim": "width of a head (P); heads = inner width / head_dim",
+        "n_groups": "groups sharing B and C",
+        "chunk_size": "chunk length of the parallel SSD scan (cost, not function)",
+        "time_step_min": "smallest initial time step",
+        "time_step_max": "largest initial time step",
+        "a_init_range": "range of the initial decay rates A",
+    }
 
     def __init__(
         self,
@@ -139,6 +164,13 @@ class ImplicitLlamaConfig(ImplicitLMConfig):
         "num_attention_heads": at_least(1), "num_key_value_heads": at_least(1), "intermediate_size": at_least(1),
         "rope_theta": POSITIVE,
     }
+    FIELD_HELP = {
+        "num_hidden_layers": "blocks in the stack",
+        "num_attention_heads": "query heads",
+        "num_key_value_heads": "key/value heads (null: one per query head)",
+        "intermediate_size": "MLP width (null: floor(8 x hidden_size / 3))",
+        "rope_theta": "RoPE base",
+    }
 
     def __init__(
         self,
@@ -186,6 +218,15 @@ class ImplicitMambaConfig(ImplicitLMConfig):
             lambda rank: rank == "auto" or isinstance(rank, int) and rank >= 1,
             replaces_type=True,
         ),
+    }
+    FIELD_HELP = {
+        "state_size": "SSM state per channel (N)",
+        "conv_kernel": "width of the causal convolution",
+        "expand": "inner width = expand x hidden_size",
+        "time_step_rank": "rank of the time step's projection (auto: ceil(hidden_size / 16))",
+        "time_step_min": "smallest initial time step",
+        "time_step_max": "largest initial time step",
+        "chunk_size": "chunk length of the parallel scan (cost, not function)",
     }
 
     def __init__(

@@ -8,7 +8,8 @@ from typing import Any
 
 from ..data.errors import DataError, first_line, quoted
 from ..data.json_file import read_json_object
-from ..schema import OptionError, check_known_keys
+from ..deq.options import FixedPointOptions
+from ..schema import OptionError, check_known_keys, dataclass_defaults, option_help
 from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
@@ -36,6 +37,28 @@ WEIGHT_PROBLEMS = {
 
 class ModelLoadError(ValueError):
     """A directory that does not hold a model this package can load."""
+
+
+def model_options_help() -> str:
+    """What --help lists for ``--model KEY=VALUE``: every family's options, their defaults
+    and meanings, and the fixed-point options that go in ``fixed_point``."""
+    sections = [
+        "model options (--model KEY=VALUE; architecture=mamba2 (default), llama or mamba picks the family):",
+        option_help("shared:", _own_defaults(ImplicitLMConfig), ImplicitLMConfig.FIELD_HELP),
+    ]
+    for architecture, cls in CONFIG_CLASSES.items():
+        sections.append(option_help(f"architecture={architecture}:", _own_defaults(cls), cls.FIELD_HELP))
+    sections.append(option_help(
+        "fixed_point (a JSON object: --model 'fixed_point={\"eval_f_max_iter\": 64}'):",
+        dataclass_defaults(FixedPointOptions), FixedPointOptions.FIELD_HELP,
+    ))
+    return "\n".join(sections)
+
+
+def _own_defaults(cls: type[ImplicitLMConfig]) -> dict[str, Any]:
+    """The defaults of the fields ``cls.__init__`` declares itself."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.name not in ("self", "kwargs")}
 
 
 def model_option_names(architecture: str = "mamba2") -> list[str]:

@@ -108,6 +108,36 @@ class LMTrainConfig:
         "eval_every": NON_NEGATIVE, "eval_batches": at_least(1), "checkpoint_every": at_least(1),
         "keep_checkpoints": at_least(1),
     }
+    # What each field means, for --help.
+    FIELD_HELP = {
+        "sequence_length": "tokens per training sequence (the paper: 2048)",
+        "batch_tokens": "tokens per optimiser step, over all processes and micro-batches (the paper: 2^20)",
+        "micro_batch_size": "sequences per forward on each process; batch_tokens is reached by accumulation",
+        "total_steps": "optimiser steps",
+        "lr": "peak learning rate (AdamW)",
+        "min_lr": "learning rate at the end of the decay",
+        "betas": "AdamW betas",
+        "weight_decay": "AdamW weight decay",
+        "warmup_steps": "steps of linear warm-up from 0 to lr",
+        "decay_fraction": "share of all steps, at the end, over which the rate falls to min_lr (1 - sqrt)",
+        "grad_clip": "gradient norm clipped to this",
+        "bounded_fraction": "implicit: share of the steps in the bounded phase; the rest is free",
+        "bounded_iters": "implicit: solver iterations per bounded step (the paper's 4)",
+        "bounded_phantom_steps": "implicit: phantom-gradient steps per bounded step (the paper's 1)",
+        "free_iters": "implicit: most solver iterations per free step",
+        "free_phantom_steps": "implicit: phantom-gradient steps per free step",
+        "free_tol": "implicit: relative residual at which a free-phase solve stops",
+        "precision": "auto (bf16 autocast on CUDA, full precision elsewhere), float32, bfloat16, float16",
+        "distributed": "under torchrun: ddp or fsdp",
+        "activation_checkpointing": "recompute each block in the backward pass (less memory, one more forward)",
+        "compile": "torch.compile the stack",
+        "seed": "seed of initialisation and of the data order",
+        "log_every": "steps between metrics lines",
+        "eval_every": "steps between validation perplexities (0: none)",
+        "eval_batches": "micro-batches per validation",
+        "checkpoint_every": "steps between checkpoints",
+        "keep_checkpoints": "checkpoints kept (the oldest are removed)",
+    }
 
     def __post_init__(self) -> None:
         check_dataclass(self, "training option")

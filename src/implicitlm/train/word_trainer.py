@@ -89,6 +89,33 @@ class WordTrainConfig:
         "free_iters": NON_NEGATIVE, "free_phantom_steps": at_least(1), "free_tol": POSITIVE,
         "log_every": at_least(1), "checkpoint_every": NON_NEGATIVE,  # 0: only at the end
     }
+    # What each field means, for --help.
+    FIELD_HELP = {
+        "group": "the group whose running products are the labels (S3, A5, S5, A5xM, Z60, ...)",
+        "train_length": "tokens per training word",
+        "batch_size": "words per step",
+        "hard_prob": "A5xM only: probability that a token is drawn from A5 (hard) rather than Z2 (easy)",
+        "lr": "peak learning rate (AdamW)",
+        "min_lr": "learning rate at the end of the decay",
+        "weight_decay": "AdamW weight decay",
+        "warmup_steps": "steps of linear warm-up from 0 to lr",
+        "decay_fraction": "share of all steps, at the end, over which the rate falls to min_lr (1 - sqrt); 0: none",
+        "grad_clip": "gradient norm clipped to this",
+        "seed": "seed of initialisation and of the training words",
+        "unroll_steps": "implicit: steps of the differentiable unroll warm-up (0: none, as the paper)",
+        "unroll_depth": "implicit: stack applications in each warm-up step",
+        "bounded_steps": "implicit: steps of the bounded phase (explicit: counted into its steps)",
+        "bounded_iters": "implicit: solver iterations per bounded step (the paper's 4)",
+        "bounded_phantom_steps": "implicit: phantom-gradient steps per bounded step (the paper's 1)",
+        "free_steps": "implicit: steps of the free phase, solved to free_tol",
+        "free_iters": "implicit: most solver iterations per free step",
+        "free_phantom_steps": "implicit: phantom-gradient steps per free step",
+        "free_tol": "implicit: relative residual at which a free-phase solve stops",
+        "log_every": "steps between metrics lines",
+        "checkpoint_every": "steps between checkpoints (0: only at the end)",
+        "precision": "auto (bf16 autocast on CUDA, full precision elsewhere), float32, bfloat16, float16",
+        "compile": "torch.compile the stack",
+    }
 
     def __post_init__(self) -> None:
         check_dataclass(self, "training option")
