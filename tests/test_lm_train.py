@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -359,3 +360,22 @@ def test_train_command_refuses_an_earlier_run_in_one_line(shards, tmp_path, caps
     assert "holds a training run" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
     assert main([*command, "--overwrite", "--resume"]) == 2 and "pass one" in capsys.readouterr().err
     assert main([*command, "--overwrite"]) == 0
+
+
+def test_the_cost_of_a_step_is_said_before_the_first_and_its_pace_after(shards, tmp_path, capsys):
+    train_lm(tiny_model(), train_config(total_steps=3, micro_batch_size=2, batch_tokens=4 * SEQUENCE), shards, tmp_path)
+    err = capsys.readouterr().err
+    tokens = 4 * SEQUENCE
+    expected = f"one step: {tokens} tokens = 2 micro-batch(es) of 2 x {SEQUENCE} tokens on each of 1 process(es); 3 steps = {3 * tokens} tokens"
+    assert expected in err
+    assert re.search(r"the first step took \d+\.\d s; the 2 steps left take about \d+ s", err)
+
+
+def test_paper_scale_defaults_are_warned_about_on_a_cpu_only():
+    from implicitlm.train.lm_trainer import unsuited_defaults
+
+    warning = unsuited_defaults(LMTrainConfig(), on_gpu=False)
+    assert "batch_tokens=1,048,576, sequence_length=2,048" in warning and "--train batch_tokens=..." in warning
+    assert unsuited_defaults(LMTrainConfig(), on_gpu=True) is None
+    assert unsuited_defaults(train_config(), on_gpu=False) is None
+    assert "sequence_length" not in unsuited_defaults(LMTrainConfig(sequence_length=256), on_gpu=False)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,7 +62,10 @@ from .run_log import RunLog, clear_earlier_run, refuse_earlier_run
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
+LOGGER = logging.getLogger("implicitlm")
 DISTRIBUTED = ("ddp", "fsdp")
+# The defaults are the paper's GPU settings; on a CPU a step of them takes minutes.
+PAPER_SCALE_DEFAULTS = ("batch_tokens", "sequence_length")
 CHECKPOINTS = "checkpoints"
 TRAINING_STATE_KEYS = ("optimizer", "scheduler", "sampler", "torch_rng")
 
@@ -238,6 +243,12 @@ def train_lm(
         disable=not progress or not accelerator.is_main_process,
     )
     last_checkpoint = checkpoint  # None for a fresh run
+    if accelerator.is_main_process:
+        if progress:
+            tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
+        warning = unsuited_defaults(config, on_gpu=torch.cuda.is_available())
+        if warning:
+            LOGGER.warning(warning)
     model.train()
     log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
     with log, StopSignals() as stop:
@@ -251,6 +262,8 @@ def train_lm(
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             tokens += config.batch_tokens
+            if step == start_step and progress and accelerator.is_main_process:
+                tqdm.write(pace(time.perf_counter() - started, config.total_steps - step - 1), file=sys.stderr)
             if step % config.log_every == 0 or step == config.total_steps - 1:
                 metrics = _step_metrics(loss, output, grad_norm, scheduler, phase, tokens, started)
                 if core.config.implicit:
@@ -269,6 +282,45 @@ def train_lm(
     if accelerator.is_main_process:
         _write_training_record(core, out_dir, config, last_checkpoint)
     return metrics
+
+
+def step_cost(config: LMTrainConfig, accumulation: int, processes: int) -> str:
+    """What one optimiser step is, said before the first one."""
+    total = config.total_steps * config.batch_tokens
+    return (
+        f"one step: {config.batch_tokens:,} tokens = {accumulation} micro-batch(es) of {config.micro_batch_size} x "
+        f"{config.sequence_length} tokens on each of {processes} process(es); "
+        f"{config.total_steps:,} steps = {total:,} tokens"
+    )
+
+
+def pace(first_step_seconds: float, steps_left: int) -> str:
+    """The first step's time and what the rest will take at that pace."""
+    return f"the first step took {first_step_seconds:.1f} s; the {steps_left:,} steps left take about {_duration(first_step_seconds * steps_left)}"
+
+
+def unsuited_defaults(config: LMTrainConfig, on_gpu: bool) -> str | None:
+    """A warning where a size left at its default (the paper's GPU setting) cannot suit a
+    CPU, naming the option to set; None where nothing is amiss."""
+    if on_gpu:
+        return None
+    defaults = [name for name in PAPER_SCALE_DEFAULTS if getattr(config, name) == getattr(LMTrainConfig, name)]
+    if not defaults:
+        return None
+    settings = ", ".join(f"{name}={getattr(config, name):,}" for name in defaults)
+    return (
+        f"{settings}: the paper's GPU setting (the default), minutes per step on a CPU; set "
+        + " and ".join(f"--train {name}=..." for name in defaults)
+        + " or start from the lm_wikitext2 preset (--config lm_wikitext2)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def held_out_curve(run_dir: str | Path, batch_tokens: int) -> list[tuple[int, float]]:
