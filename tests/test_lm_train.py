@@ -379,3 +379,14 @@ def test_paper_scale_defaults_are_warned_about_on_a_cpu_only():
     assert unsuited_defaults(LMTrainConfig(), on_gpu=True) is None
     assert unsuited_defaults(train_config(), on_gpu=False) is None
     assert "sequence_length" not in unsuited_defaults(LMTrainConfig(sequence_length=256), on_gpu=False)
+
+
+def test_a_trained_checkpoint_carries_the_end_of_text_id_that_generate_stops_at(shards, tmp_path):
+    from implicitlm.models import load_model
+    from implicitlm.train.checkpoint import latest_checkpoint
+
+    train_lm(tiny_model(), train_config(total_steps=2), shards, tmp_path, progress=False)
+    model = load_model(latest_checkpoint(tmp_path / "checkpoints"))
+    eos = TokenShards(shards, "train").eos_token_id
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == eos
+    assert model.generation_config.pad_token_id == eos

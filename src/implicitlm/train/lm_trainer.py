@@ -206,6 +206,7 @@ def train_lm(
     torch.manual_seed(config.seed)
     shards = TokenShards(data_dir, "train")
     _check_vocabulary(model, shards)
+    mark_end_of_text(model, shards.eos_token_id)
     tokenizer = _local_tokenizer(shards)
     accumulation = config.accumulation_steps(accelerator.num_processes)
     sampler = TokenSampler(
@@ -427,6 +428,15 @@ def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float
     if "fp_not_converged_share" in result:
         held_out["test_fp_not_converged_share"] = result["fp_not_converged_share"]
     return held_out
+
+
+def mark_end_of_text(model, eos_token_id: int) -> None:
+    """The shards' eos id in the model's config and generation config, so that a trained
+    checkpoint's ``generate()`` stops at the end of a text and pads finished rows with it
+    (the shards have no padding token of their own)."""
+    for config in (model.config, model.generation_config):
+        config.eos_token_id = eos_token_id
+        config.pad_token_id = eos_token_id
 
 
 def _local_tokenizer(shards: TokenShards):
