@@ -134,6 +134,19 @@ def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_num
     assert signal.getsignal(signal_number) is previous  # the handlers are the caller's again
 
 
+def test_a_repeated_sigterm_is_recorded_and_a_second_sigint_interrupts():
+    from implicitlm.train.guard import StopSignals
+
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # as when a whole process group is signalled
+        assert stop.received == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path):
     out = tmp_path / "run"
     assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0

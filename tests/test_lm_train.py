@@ -316,7 +316,25 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
     assert logged(tmp_path / "stopped", "loss") == logged(tmp_path / "whole", "loss")
 
 
-def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoint(shards, tmp_path):
+def signal_every_process_naming(marker: str, number: int) -> int:
+    """Send ``number`` to every process whose command line holds ``marker`` (as ``pkill -f``
+    or a scheduler ending a job step does); returns how many were signalled."""
+    signalled = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(entry.name), number)
+                signalled += 1
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile
+    return signalled
+
+
+@pytest.mark.parametrize("every_process", [False, True], ids=["torchrun", "every-process"])
+def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoint(shards, tmp_path, every_process):
+    """Signalled all at once (``pkill -f``, a scheduler ending the job step), each worker
+    gets SIGTERM twice, its own and the one torchrun forwards: the second must not lose
+    the stop."""
     settings = ["total_steps=200", "checkpoint_every=1000", "micro_batch_size=2", f"batch_tokens={4 * SEQUENCE}"]
     two = cli_command(shards, tmp_path, *settings)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm", *two]
@@ -326,7 +344,10 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoin
     while (not log.exists() or len(log.read_text().splitlines()) < 3) and process.poll() is None:
         assert time.monotonic() < deadline, "training did not start"
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
+    if every_process:
+        assert signal_every_process_naming(str(tmp_path), signal.SIGTERM) == 3  # torchrun and its two workers
+    else:
+        process.send_signal(signal.SIGTERM)  # torchrun passes it on to both workers
     _, err = process.communicate(timeout=120)
     assert err.count("implicitlm: stopped by SIGTERM after step") == 2, err[-3000:]
     saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))

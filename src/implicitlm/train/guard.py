@@ -2,8 +2,10 @@
 
 A SIGTERM (a scheduler pre-empting the job) or SIGINT (Ctrl-C) does not kill the run in
 the middle of a step: the loop finishes the step, writes a checkpoint and ends with
-``TrainingInterrupted``. A second signal of the same kind acts as it would without us
-(SIGTERM kills, SIGINT raises KeyboardInterrupt), for a run stuck inside a step.
+``TrainingInterrupted``. A repeated SIGTERM changes nothing: a whole process group is
+often signalled at once (``timeout`` or a scheduler signalling torchrun's group, torchrun
+forwarding the signal again), and no worker may die before the collective checkpoint. A
+second SIGINT raises KeyboardInterrupt, for a person at a run stuck inside a step.
 
 A non-finite loss, gradient norm or fixed-point iterate stops the run before the optimiser
 applies the step, so the weights in memory and every checkpoint written so far are the
@@ -62,7 +64,8 @@ class StopSignals:
 
     def _record(self, number: int, frame) -> None:
         self.received = number
-        signal.signal(number, self._previous[number])
+        if number == signal.SIGINT:
+            signal.signal(number, self._previous[number])
 
 
 def stop_requested(stop: StopSignals, accelerator) -> int | None:
