@@ -180,3 +180,20 @@ def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
 def test_warmup_longer_than_the_run_keeps_its_slope_for_a_resume_with_more_steps():
     assert learning_rates(10, 3, 0, 0.0) == pytest.approx([0.0, 0.1, 0.2])
     assert learning_rates(10, 3, 0, 0.0) == learning_rates(10, 7, 0, 0.0)[:3]
+
+
+def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=3, log_every=1)
+    train_words(tiny_model(), config, tmp_path, progress=False)
+    more = WordTrainConfig(**{**config.__dict__, "bounded_steps": 5})
+    train_words(tiny_model(), more, tmp_path, progress=False, resume=True)
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for name in ("loss", "grad_norm", "fp_iterations_mean"):
+        scalars = {event.step: event.value for event in events.Scalars(name)}
+        assert scalars == pytest.approx({record["step"]: record[name] for record in logged}, rel=1e-6), name
+    assert sorted(scalars) == list(range(5))
+    assert "phase" not in events.Tags()["scalars"]

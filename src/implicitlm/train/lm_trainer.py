@@ -58,7 +58,7 @@ from .guard import (
     stop_on_numerical_fault,
     stop_requested,
 )
-from .run_log import RunLog, clear_earlier_run, refuse_earlier_run
+from .run_log import RunLog, clear_earlier_run, refuse_earlier_run, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
@@ -195,7 +195,7 @@ def train_lm(
     with ``overwrite``, removes that run first.
     """
     out_dir = Path(out_dir)
-    accelerator = _accelerator(config, model)
+    accelerator = _accelerator(config, model, out_dir)
     if not resume:
         # Every process looks before the main one clears, so that all see the same folder.
         refuse_earlier_run(out_dir, overwrite)
@@ -251,7 +251,7 @@ def train_lm(
         if warning:
             LOGGER.warning(warning)
     model.train()
-    log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
+    log = RunLog(out_dir, accelerator, keep_before_step=start_step if resume else None)
     with log, StopSignals() as stop:
         for step in bar:
             phase = curriculum.enter(step, phase, core)
@@ -363,7 +363,7 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _accelerator(config: LMTrainConfig, model) -> Accelerator:
+def _accelerator(config: LMTrainConfig, model, out_dir: Path) -> Accelerator:
     plugin = None
     if config.distributed == "fsdp":
         from accelerate import FullyShardedDataParallelPlugin
@@ -375,7 +375,10 @@ def _accelerator(config: LMTrainConfig, model) -> Accelerator:
             state_dict_type="FULL_STATE_DICT",
         )
     # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
-    return Accelerator(mixed_precision=resolve_precision(config.precision), fsdp_plugin=plugin, cpu=not torch.cuda.is_available())
+    return Accelerator(
+        mixed_precision=resolve_precision(config.precision), fsdp_plugin=plugin, cpu=not torch.cuda.is_available(),
+        **tracking_options(out_dir),
+    )
 
 
 def _check_vocabulary(model, shards: TokenShards) -> None:

@@ -1,4 +1,5 @@
-"""Training logs: one JSON object per line, mirrored to TensorBoard scalars."""
+"""Training logs: one JSON object per line, mirrored to TensorBoard scalars through
+accelerate's tracker."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from torch.utils.tensorboard import SummaryWriter
-
 from ..atomic_io import atomic_write
+
+TENSORBOARD = "tensorboard"
 
 
 # What a training run writes into its folder (both trainers; the word trainer's "checkpoint",
@@ -44,34 +45,44 @@ def clear_earlier_run(out_dir: str | Path) -> None:
             path.unlink()
 
 
+def tracking_options(out_dir: str | Path) -> dict[str, Any]:
+    """``Accelerator`` arguments under which ``RunLog`` writes TensorBoard to ``out_dir/tensorboard``."""
+    return {"log_with": TENSORBOARD, "project_dir": str(out_dir)}
+
+
 class RunLog:
-    """``keep_before_step``: a resumed run first drops the records of steps from that one
+    """Writes on the main process only. ``accelerator``: made with ``tracking_options``.
+    ``keep_before_step``: a resumed run first drops the records of steps from that one
     on, which the interrupted run logged after its last checkpoint and will log again."""
 
-    def __init__(self, out_dir: str | Path, enabled: bool = True, keep_before_step: int | None = None) -> None:
-        self.enabled = enabled
-        if not enabled:
+    def __init__(self, out_dir: str | Path, accelerator, keep_before_step: int | None = None) -> None:
+        self.accelerator = accelerator
+        self.enabled = accelerator.is_main_process
+        if not self.enabled:
             return
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if keep_before_step is not None:
             _truncate(out / "metrics.jsonl", keep_before_step)
         self._jsonl = (out / "metrics.jsonl").open("a", encoding="utf-8")
-        self._tensorboard = SummaryWriter(log_dir=str(out / "tensorboard"))
+        accelerator.init_trackers(TENSORBOARD)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self._jsonl.flush()
-        for name, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self._tensorboard.add_scalar(name, value, step)
+        # Scalars only: the phase and solver names are in the JSONL.
+        self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def close(self) -> None:
-        if self.enabled:
-            self._jsonl.close()
-            self._tensorboard.close()
+        if not self.enabled:
+            return
+        self._jsonl.close()
+        # Not accelerator.end_training(): that also ends the process group, which the
+        # caller may still need (a final evaluation under torchrun).
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
 
     def __enter__(self) -> "RunLog":
         return self

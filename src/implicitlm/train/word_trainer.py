@@ -41,7 +41,7 @@ from .guard import (
     stop_on_numerical_fault,
     stop_requested,
 )
-from .run_log import RunLog, clear_earlier_run, refuse_earlier_run
+from .run_log import RunLog, clear_earlier_run, refuse_earlier_run, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
@@ -169,7 +169,7 @@ def train_words(
     start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
     if resume:
         _check_same_data(checkpoint, data)
-    accelerator = Accelerator(mixed_precision=resolve_precision(config.precision))
+    accelerator = Accelerator(mixed_precision=resolve_precision(config.precision), **tracking_options(out_dir))
     if config.compile:
         compile_stack(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -195,7 +195,7 @@ def train_words(
         desc=description, disable=not progress or not accelerator.is_main_process,
     )
     model.train()
-    log = RunLog(out_dir, enabled=accelerator.is_main_process, keep_before_step=start_step if resume else None)
+    log = RunLog(out_dir, accelerator, keep_before_step=start_step if resume else None)
     with log, StopSignals() as stop:
         for step in bar:
             phase = curriculum.enter(step, phase, core)
