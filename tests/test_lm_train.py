@@ -411,3 +411,24 @@ def test_a_trained_checkpoint_carries_the_end_of_text_id_that_generate_stops_at(
     eos = TokenShards(shards, "train").eos_token_id
     assert model.config.eos_token_id == model.generation_config.eos_token_id == eos
     assert model.generation_config.pad_token_id == eos
+
+
+def test_both_trainers_run_the_one_loop(shards, tmp_path, capsys):
+    """The loop's own records and messages are the same for word problems and language
+    modelling: only the task's metrics differ (accuracy, perplexity)."""
+    from implicitlm.train.word_trainer import WordTrainConfig, train_words
+
+    words = build_model(config_from_options(dict(
+        vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, chunk_size=4,
+        label_alignment="aligned",
+    )))
+    train_words(words, WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=2, log_every=1),
+                tmp_path / "words")
+    words_err = capsys.readouterr().err
+    train_lm(tiny_model(), train_config(total_steps=2, bounded_fraction=1.0), shards, tmp_path / "lm")
+    lm_err = capsys.readouterr().err
+    loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "fp_budget", "fp_iterations_mean"}
+    for run, own in (("words", "accuracy"), ("lm", "ppl")):
+        records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [0, 1] and all(loop_keys | {own} <= set(r) for r in records), run
+    assert "the first step took" in words_err and "the first step took" in lm_err

@@ -197,3 +197,4 @@ def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path
         assert scalars == pytest.approx({record["step"]: record[name] for record in logged}, rel=1e-6), name
     assert sorted(scalars) == list(range(5))
     assert "phase" not in events.Tags()["scalars"]
+

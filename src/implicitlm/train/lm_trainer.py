@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,16 +48,9 @@ from .checkpoint import (
     saved_settings,
 )
 from .curriculum import Curriculum, Phase
-from .guard import (
-    StopSignals,
-    TrainingInterrupted,
-    agreed_count,
-    check_finite,
-    non_finite_images,
-    stop_on_numerical_fault,
-    stop_requested,
-)
-from .run_log import RunLog, clear_earlier_run, refuse_earlier_run, tracking_options
+from .guard import non_finite_images
+from .loop import StepOutcome, TrainingTask, run_training
+from .run_log import clear_earlier_run, refuse_earlier_run, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
@@ -234,54 +226,30 @@ def train_lm(
     if state is not None:
         with applying_training_state(checkpoint):
             _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
-    curriculum = config.curriculum(core.config.implicit)
     test = TokenShards(data_dir, "test") if config.eval_every else None
     batches = iter(sampler)
-    metrics: dict[str, Any] = {}
-    phase, started, tokens = None, time.perf_counter(), 0
-    bar = tqdm(
-        range(start_step, config.total_steps), initial=start_step, total=config.total_steps, desc="train",
-        disable=not progress or not accelerator.is_main_process,
-    )
-    last_checkpoint = checkpoint  # None for a fresh run
     if accelerator.is_main_process:
         if progress:
             tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
         warning = unsuited_defaults(config, on_gpu=torch.cuda.is_available())
         if warning:
             LOGGER.warning(warning)
-    model.train()
-    log = RunLog(out_dir, accelerator, keep_before_step=start_step if resume else None)
-    with log, StopSignals() as stop:
-        for step in bar:
-            phase = curriculum.enter(step, phase, core)
-            with stop_on_numerical_fault(step, last_checkpoint):
-                loss, output, non_finite = _optimiser_step(accelerator, model, optimizer, batches, accumulation)
-                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), config.grad_clip))
-                check_finite(loss, grad_norm, agreed_count(non_finite, accelerator))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            tokens += config.batch_tokens
-            if step == start_step and progress and accelerator.is_main_process:
-                tqdm.write(pace(time.perf_counter() - started, config.total_steps - step - 1), file=sys.stderr)
-            if step % config.log_every == 0 or step == config.total_steps - 1:
-                metrics = _step_metrics(loss, output, grad_norm, scheduler, phase, tokens, started)
-                if core.config.implicit:
-                    metrics["fp_budget"] = core.solver.options.f_max_iter
-                log.write(step, metrics)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", phase=phase.name)
-            if test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1):
-                log.write(step, _held_out(core, test, config))
-            signal_number = stop_requested(stop, accelerator)
-            if signal_number or (step + 1) % config.checkpoint_every == 0 or step == config.total_steps - 1:
-                last_checkpoint = _checkpoint(
-                    accelerator, model, optimizer, scheduler, sampler, out_dir, step + 1, config, tokenizer
-                )
-            if signal_number:
-                raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
+
+    def evaluate(step: int) -> dict[str, float] | None:
+        due = test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1)
+        return _held_out(core, test, config) if due else None
+
+    task = TrainingTask(
+        curriculum=config.curriculum(core.config.implicit),
+        forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation, config.batch_tokens),
+        task_metrics=lambda outcome: {"loss": outcome.loss, "ppl": math.exp(min(outcome.loss, 50.0))},
+        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step, config, tokenizer),
+        grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
+        evaluate=evaluate,
+    )
+    metrics = run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, checkpoint, progress)
     if accelerator.is_main_process:
-        _write_training_record(core, out_dir, config, last_checkpoint)
+        _write_training_record(core, out_dir, config, latest_checkpoint(out_dir / CHECKPOINTS))
     return metrics
 
 
@@ -293,11 +261,6 @@ def step_cost(config: LMTrainConfig, accumulation: int, processes: int) -> str:
         f"{config.sequence_length} tokens on each of {processes} process(es); "
         f"{config.total_steps:,} steps = {total:,} tokens"
     )
-
-
-def pace(first_step_seconds: float, steps_left: int) -> str:
-    """The first step's time and what the rest will take at that pace."""
-    return f"the first step took {first_step_seconds:.1f} s; the {steps_left:,} steps left take about {_duration(first_step_seconds * steps_left)}"
 
 
 def unsuited_defaults(config: LMTrainConfig, on_gpu: bool) -> str | None:
@@ -314,14 +277,6 @@ def unsuited_defaults(config: LMTrainConfig, on_gpu: bool) -> str | None:
         + " and ".join(f"--train {name}=..." for name in defaults)
         + " or start from the lm_wikitext2 preset (--config lm_wikitext2)"
     )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def held_out_curve(run_dir: str | Path, batch_tokens: int) -> list[tuple[int, float]]:
@@ -389,10 +344,9 @@ def _check_vocabulary(model, shards: TokenShards) -> None:
         )
 
 
-def _optimiser_step(accelerator, model, optimizer, batches, accumulation: int):
+def _optimiser_step(accelerator, model, batches, accumulation: int, batch_tokens: int) -> StepOutcome:
     """Forward and backward over ``accumulation`` micro-batches; gradients are synchronised
-    between processes on the last one only. Returns the step's mean loss over all processes,
-    the last micro-batch's output and this process's count of non-finite fixed-point images."""
+    between processes on the last one only. The loss is the step's mean over all processes."""
     total = torch.zeros((), device=accelerator.device)
     output, non_finite = None, torch.zeros((), dtype=torch.long, device=accelerator.device)
     for micro_step in range(accumulation):
@@ -406,21 +360,7 @@ def _optimiser_step(accelerator, model, optimizer, batches, accumulation: int):
             accelerator.backward(loss)
         total += loss.detach()
         non_finite += non_finite_images(output)
-    return accelerator.reduce(total, reduction="mean").item(), output, non_finite
-
-
-def _step_metrics(loss: float, output, grad_norm: float, scheduler, phase: Phase, tokens: int, started: float):
-    metrics = {
-        "loss": loss,
-        "ppl": math.exp(min(loss, 50.0)),
-        "lr": scheduler.get_last_lr()[0],
-        "grad_norm": grad_norm,
-        "phase": phase.name,
-        "tokens_per_s": tokens / (time.perf_counter() - started),
-    }
-    if output.fixed_point is not None:
-        metrics.update(output.fixed_point.summary())
-    return metrics
+    return StepOutcome(accelerator.reduce(total, reduction="mean").item(), output, non_finite, batch_tokens)
 
 
 def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float]:

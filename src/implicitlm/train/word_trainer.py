@@ -7,7 +7,6 @@ and the step number, so a run is reproducible and a resumed run sees the same ba
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,7 +14,6 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from accelerate import Accelerator
-from tqdm.auto import tqdm
 
 from ..atomic_io import recover_replaced
 from ..data.groups import get_group
@@ -32,16 +30,9 @@ from .checkpoint import (
     saved_settings,
 )
 from .curriculum import Curriculum, Phase
-from .guard import (
-    StopSignals,
-    TrainingInterrupted,
-    agreed_count,
-    check_finite,
-    non_finite_images,
-    stop_on_numerical_fault,
-    stop_requested,
-)
-from .run_log import RunLog, clear_earlier_run, refuse_earlier_run, tracking_options
+from .guard import non_finite_images
+from .loop import StepOutcome, TrainingTask, run_training
+from .run_log import clear_earlier_run, refuse_earlier_run, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
 
@@ -187,55 +178,27 @@ def train_words(
             torch.set_rng_state(state["torch_rng"])
     core = accelerator.unwrap_model(model)
     batches = _batches(config, data, accelerator.device, start_step)
-    phase, metrics = None, {}
-    last_checkpoint = checkpoint if resume else None
-    started, tokens = time.perf_counter(), 0
-    bar = tqdm(
-        range(start_step, curriculum.total_steps), initial=start_step, total=curriculum.total_steps,
-        desc=description, disable=not progress or not accelerator.is_main_process,
+
+    def forward_backward(model) -> StepOutcome:
+        input_ids, labels = next(batches)
+        output = model(input_ids, labels=labels)
+        accelerator.backward(output.loss)
+        return StepOutcome(output.loss.item(), output, non_finite_images(output), input_ids.numel(), labels)
+
+    task = TrainingTask(
+        curriculum=curriculum, forward_backward=forward_backward, task_metrics=_word_metrics,
+        save=lambda step: _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step, config, data),
+        grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
+        description=description,
     )
-    model.train()
-    log = RunLog(out_dir, accelerator, keep_before_step=start_step if resume else None)
-    with log, StopSignals() as stop:
-        for step in bar:
-            phase = curriculum.enter(step, phase, core)
-            input_ids, labels = next(batches)
-            with stop_on_numerical_fault(step, last_checkpoint):
-                output = model(input_ids, labels=labels)
-                accelerator.backward(output.loss)
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
-                check_finite(output.loss.item(), float(grad_norm), agreed_count(non_finite_images(output), accelerator))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            tokens += input_ids.numel()
-            if step % config.log_every == 0 or step == curriculum.total_steps - 1:
-                metrics = _step_metrics(output, labels, grad_norm, scheduler, phase, tokens, started)
-                log.write(step, metrics)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}", phase=phase.name)
-            signal_number = stop_requested(stop, accelerator)
-            periodic = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
-            if signal_number or periodic or step == curriculum.total_steps - 1:
-                last_checkpoint = _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step + 1, config, data)
-            if signal_number:
-                raise TrainingInterrupted(signal_number, step + 1, checkpoint)
-    return metrics
+    last_checkpoint = checkpoint if resume else None
+    return run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, last_checkpoint, progress)
 
 
-def _step_metrics(output, labels, grad_norm, scheduler, phase: Phase, tokens: int, started: float) -> dict[str, Any]:
+def _word_metrics(outcome: StepOutcome) -> dict[str, float]:
     with torch.no_grad():
-        accuracy = (output.logits.argmax(-1) == labels).float().mean().item()
-    metrics = {
-        "loss": output.loss.item(),
-        "accuracy": accuracy,
-        "grad_norm": float(grad_norm),
-        "lr": scheduler.get_last_lr()[0],
-        "phase": phase.name,
-        "tokens_per_s": tokens / (time.perf_counter() - started),
-    }
-    if output.fixed_point is not None:
-        metrics.update(output.fixed_point.summary())
-    return metrics
+        accuracy = (outcome.output.logits.argmax(-1) == outcome.labels).float().mean().item()
+    return {"loss": outcome.loss, "accuracy": accuracy}
 
 
 def _checkpoint(

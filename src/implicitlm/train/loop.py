@@ -1,0 +1,136 @@
+"""The one training loop both trainers run (word problems and language modelling).
+
+Per step: enter the curriculum's phase, forward and backward (the trainer's ``forward_backward``),
+clip, check that loss and gradient are finite before the update, step optimiser and
+scheduler, log, and checkpoint on schedule or on a stop signal. What differs between the
+trainers (batches, gradient accumulation, checkpoint layout, held-out evaluation, the
+metrics only they have) comes in as a ``TrainingTask``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from .curriculum import Curriculum
+from .guard import StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_requested
+from .run_log import RunLog
+
+
+@dataclass
+class StepOutcome:
+    """One optimiser step's forward and backward: the loss over the whole (global) batch,
+    the last forward's output, this process's count of non-finite fixed-point images, the
+    tokens the step consumed, and what the task's metrics need besides (word labels)."""
+
+    loss: float
+    output: Any
+    non_finite: torch.Tensor
+    tokens: int
+    labels: torch.Tensor | None = None
+
+
+@dataclass
+class TrainingTask:
+    """What a trainer gives the loop.
+
+    ``forward_backward(model)``: one step's gradients, accumulated. ``task_metrics(outcome)``:
+    the metrics only this task has (accuracy, perplexity). ``save(step)``: write a
+    checkpoint after ``step`` steps, collectively; returns its path. ``evaluate(step)``:
+    held-out metrics due after ``step``, or None. ``checkpoint_every``: 0 for only at the end.
+    """
+
+    curriculum: Curriculum
+    forward_backward: Callable[[torch.nn.Module], StepOutcome]
+    task_metrics: Callable[[StepOutcome], dict[str, Any]]
+    save: Callable[[int], Path]
+    grad_clip: float
+    log_every: int
+    checkpoint_every: int
+    evaluate: Callable[[int], dict[str, Any] | None] = lambda step: None
+    description: str = "train"
+
+
+def run_training(
+    task: TrainingTask,
+    accelerator,
+    model,
+    optimizer,
+    scheduler,
+    out_dir: Path,
+    start_step: int,
+    last_checkpoint: Path | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """Steps ``start_step`` .. the curriculum's end; returns the last logged metrics. A resumed
+    run (``start_step`` > 0) first drops the log records the interrupted run wrote after
+    its checkpoint. Raises ``TrainingInterrupted`` after the checkpoint a stop signal asks
+    for, and ``NumericalFault`` before an update that a non-finite number would poison."""
+    core = accelerator.unwrap_model(model)
+    total = task.curriculum.total_steps
+    main = accelerator.is_main_process
+    bar = tqdm(range(start_step, total), initial=start_step, total=total, desc=task.description,
+               disable=not progress or not main)
+    phase, metrics, started, tokens = None, {}, time.perf_counter(), 0
+    model.train()
+    log = RunLog(out_dir, accelerator, keep_before_step=start_step if start_step else None)
+    with log, StopSignals() as stop:
+        for step in bar:
+            phase = task.curriculum.enter(step, phase, core)
+            with stop_on_numerical_fault(step, last_checkpoint):
+                outcome = task.forward_backward(model)
+                grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), task.grad_clip))
+                check_finite(outcome.loss, grad_norm, agreed_count(outcome.non_finite, accelerator))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += outcome.tokens
+            if step == start_step and progress and main:
+                tqdm.write(pace(time.perf_counter() - started, total - step - 1), file=sys.stderr)
+            last = step == total - 1
+            if step % task.log_every == 0 or last:
+                metrics = {
+                    **task.task_metrics(outcome), "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
+                    "phase": phase.name, "tokens_per_s": tokens / (time.perf_counter() - started),
+                }
+                if outcome.output.fixed_point is not None:
+                    metrics.update(outcome.output.fixed_point.summary(), fp_budget=core.solver.options.f_max_iter)
+                log.write(step, metrics)
+                bar.set_postfix(_postfix(metrics))
+            held_out = task.evaluate(step)
+            if held_out:
+                log.write(step, held_out)
+            signal_number = stop_requested(stop, accelerator)
+            periodic = task.checkpoint_every and (step + 1) % task.checkpoint_every == 0
+            if signal_number or periodic or last:
+                last_checkpoint = task.save(step + 1)
+            if signal_number:
+                raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
+    return metrics
+
+
+def pace(first_step_seconds: float, steps_left: int) -> str:
+    """The first step's time and what the rest will take at that pace."""
+    left = _duration(first_step_seconds * steps_left)
+    return f"the first step took {first_step_seconds:.1f} s; the {steps_left:,} steps left take about {left}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _postfix(metrics: dict[str, Any]) -> dict[str, str]:
+    shown = {"loss": f"{metrics['loss']:.3f}"}
+    if "accuracy" in metrics:
+        shown["acc"] = f"{metrics['accuracy']:.3f}"
+    return {**shown, "phase": metrics["phase"]}
