@@ -432,3 +432,17 @@ def test_both_trainers_run_the_one_loop(shards, tmp_path, capsys):
         records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == [0, 1] and all(loop_keys | {own} <= set(r) for r in records), run
     assert "the first step took" in words_err and "the first step took" in lm_err
+
+
+def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_path):
+    from implicitlm.faults import NumericalFault
+    from implicitlm.train.checkpoint import latest_checkpoint
+
+    config = train_config(lr=1e30, warmup_steps=2, total_steps=6, checkpoint_every=1, keep_checkpoints=10)
+    with pytest.raises(NumericalFault, match="not checkpointed|before its update"):
+        train_lm(tiny_model(), config, shards, tmp_path, progress=False)
+    saved = latest_checkpoint(tmp_path / "checkpoints")
+    if saved is not None:
+        from safetensors.torch import load_file
+
+        assert max(float(value.abs().max()) for value in load_file(saved / "model.safetensors").values()) < 100

@@ -360,7 +360,12 @@ def _optimiser_step(accelerator, model, batches, accumulation: int, batch_tokens
             accelerator.backward(loss)
         total += loss.detach()
         non_finite += non_finite_images(output)
-    return StepOutcome(accelerator.reduce(total, reduction="mean").item(), output, non_finite, batch_tokens)
+
+    def recheck():
+        again = model(window[:, :-1])
+        return token_cross_entropy(again.logits, window[:, 1:], "aligned"), non_finite_images(again)
+
+    return StepOutcome(accelerator.reduce(total, reduction="mean").item(), output, non_finite, batch_tokens, recheck)
 
 
 def _held_out(core, test: TokenShards, config: LMTrainConfig) -> dict[str, float]:

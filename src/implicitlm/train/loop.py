@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .curriculum import Curriculum
+from ..faults import NumericalFault
 from .guard import StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_requested
 from .run_log import RunLog
 
@@ -27,12 +28,15 @@ from .run_log import RunLog
 class StepOutcome:
     """One optimiser step's forward and backward: the loss over the whole (global) batch,
     the last forward's output, this process's count of non-finite fixed-point images, the
-    tokens the step consumed, and what the task's metrics need besides (word labels)."""
+    tokens the step consumed, and what the task's metrics need besides (word labels).
+    ``recheck()``: the loss and non-finite count of the step's (last) batch again, under the
+    current weights: how the loop tries the updated weights before it checkpoints them."""
 
     loss: float
     output: Any
     non_finite: torch.Tensor
     tokens: int
+    recheck: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     labels: torch.Tensor | None = None
 
 
@@ -109,10 +113,32 @@ def run_training(
             signal_number = stop_requested(stop, accelerator)
             periodic = task.checkpoint_every and (step + 1) % task.checkpoint_every == 0
             if signal_number or periodic or last:
+                check_updated_weights(model, outcome.recheck, accelerator, step, last_checkpoint)
                 last_checkpoint = task.save(step + 1)
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
     return metrics
+
+
+def check_updated_weights(model, recheck, accelerator, step: int, last_checkpoint: Path | None) -> None:
+    """Before a checkpoint is written and called good: the weights the update produced are
+    finite, and the step's batch gives a finite loss under them. An update can leave finite
+    but useless weights (a huge learning rate: 1e28 everywhere) that only the next forward
+    shows; checkpointed, they would replace the last good checkpoint."""
+    bad_tensors = sum(int(not bool(torch.isfinite(p).all())) for p in model.parameters())
+    problem = f"{bad_tensors} weight tensor(s) hold NaN or Inf" if agreed_count(torch.tensor(bad_tensors), accelerator) else None
+    if problem is None:
+        try:
+            with torch.no_grad():
+                loss, non_finite = recheck()
+            failed = int(not bool(torch.isfinite(loss))) + int(non_finite)
+        except NumericalFault:  # a solve with no finite iterate at all
+            failed = 1
+        if agreed_count(torch.tensor(failed), accelerator):
+            problem = "the step's batch gives a NaN or infinite loss or fixed point under them"
+    if problem:
+        kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint had been written"
+        raise NumericalFault(f"step {step}: the weights after its update are unusable ({problem}); not checkpointed; {kept}")
 
 
 def pace(first_step_seconds: float, steps_left: int) -> str:

@@ -183,7 +183,12 @@ def train_words(
         input_ids, labels = next(batches)
         output = model(input_ids, labels=labels)
         accelerator.backward(output.loss)
-        return StepOutcome(output.loss.item(), output, non_finite_images(output), input_ids.numel(), labels)
+
+        def recheck():
+            again = model(input_ids, labels=labels)
+            return again.loss, non_finite_images(again)
+
+        return StepOutcome(output.loss.item(), output, non_finite_images(output), input_ids.numel(), recheck, labels)
 
     task = TrainingTask(
         curriculum=curriculum, forward_backward=forward_backward, task_metrics=_word_metrics,
