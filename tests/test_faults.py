@@ -340,3 +340,16 @@ def test_a_damaged_training_state_is_one_line_on_resume(tmp_path, capsys, damage
     assert main(["words", "train", "--out", str(run), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+
+
+def test_a_learning_rate_given_on_resume_is_the_one_trained_with(tmp_path):
+    out = tmp_path / "run"
+    settings = ("lr=0.001", "warmup_steps=0", "decay_fraction=0", "bounded_steps=3", "free_steps=0", "log_every=1")
+    assert main(train_command(out, *settings)) == 0
+    resumed = ["words", "train", "--out", str(out), "--resume", "--no-progress",
+               "--train", "lr=0.005", "--train", "bounded_steps=5", "--train", "min_lr=0.0001"]
+    assert main(resumed) == 0
+    rates = {row["step"]: row["lr"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    # The rate logged after a step is the next step's: constant, then the floor past the end.
+    assert rates[1] == pytest.approx(0.001) and rates[3] == pytest.approx(0.005) and rates[4] == pytest.approx(0.0001)
+    assert read_meta(out / "checkpoint")["train"]["lr"] == 0.005

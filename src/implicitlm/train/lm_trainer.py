@@ -437,7 +437,7 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
     else:
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    apply_current_rate(scheduler)
+    apply_current_rate(scheduler, config.lr)
     sampler.load_state_dict(state["sampler"])
     torch.set_rng_state(state["torch_rng"])
 

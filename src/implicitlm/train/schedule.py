@@ -24,9 +24,13 @@ def warmup_stable_sqrt_decay(
     )
 
 
-def apply_current_rate(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
-    """Set each parameter group's rate to the schedule's at the restored step. The optimiser's
-    saved rate is the one for the step after the last, which past the end of a run is the
-    floor: a run resumed with more steps must go on at the rate its new schedule gives."""
-    for group, base_rate, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_rate * factor(scheduler.last_epoch)
+def apply_current_rate(scheduler: torch.optim.lr_scheduler.LambdaLR, peak_lr: float) -> None:
+    """After a restore: the schedule's peak is ``peak_lr`` (the run's ``lr`` now, which a
+    resume may change; the restored state holds the old one), and each parameter group's
+    rate is the schedule's at the restored step. The optimiser's saved rate is the one for
+    the step after the last, which past the end of a run is the floor: a run resumed with
+    more steps must go on at the rate its new schedule gives."""
+    scheduler.base_lrs = [peak_lr] * len(scheduler.optimizer.param_groups)
+    for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+        group["initial_lr"] = peak_lr
+        group["lr"] = peak_lr * factor(scheduler.last_epoch)

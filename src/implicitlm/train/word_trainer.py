@@ -174,7 +174,7 @@ def train_words(
         with applying_training_state(checkpoint):
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            apply_current_rate(getattr(scheduler, "scheduler", scheduler))  # accelerate wraps it
+            apply_current_rate(getattr(scheduler, "scheduler", scheduler), config.lr)  # accelerate wraps it
             torch.set_rng_state(state["torch_rng"])
     core = accelerator.unwrap_model(model)
     batches = _batches(config, data, accelerator.device, start_step)
