@@ -314,6 +314,12 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
     capsys.readouterr()
     assert main(resume) == 2
     assert "trained on a word file" in capsys.readouterr().err
+    # Other words of the same group, count and length: only their content tells them apart.
+    other = tmp_path / "other.npy"
+    assert main(["words", "generate", "--group", "S3", "--length", "6", "--count", "20", "--seed", "1", "--out", str(other)]) == 0
+    capsys.readouterr()
+    assert main([*resume, "--data", str(other)]) == 2
+    assert "inputs_sha256" in capsys.readouterr().err
     assert main([*resume, *on_file]) == 0
     assert logged_losses(tmp_path / "run") == logged_losses(tmp_path / "whole")
     assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "whole"))

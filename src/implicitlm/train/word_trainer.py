@@ -6,6 +6,7 @@ and the step number, so a run is reproducible and a resumed run sees the same ba
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -225,12 +226,25 @@ def _data_description(data: WordData | None) -> dict[str, Any] | None:
     """What identifies the training words: None for fresh words drawn from the seed."""
     if data is None:
         return None
-    return {"group": data.group, "count": int(data.inputs.shape[0]), "length": int(data.inputs.shape[1])}
+    shape = {"group": data.group, "count": int(data.inputs.shape[0]), "length": int(data.inputs.shape[1])}
+    return {**shape, "inputs_sha256": _inputs_digest(data.inputs)}
+
+
+def _inputs_digest(inputs: np.ndarray, rows_per_chunk: int = 65536) -> str:
+    """SHA-256 of the words' element indices (as little-endian int64, whatever the file's
+    dtype), read in chunks so that a memory-mapped file is not loaded whole. The targets
+    follow from the inputs and the group."""
+    digest = hashlib.sha256()
+    for start in range(0, inputs.shape[0], rows_per_chunk):
+        digest.update(np.ascontiguousarray(inputs[start:start + rows_per_chunk], dtype="<i8").tobytes())
+    return digest.hexdigest()
 
 
 def _check_same_data(checkpoint: Path, data: WordData | None) -> None:
     # Other words would silently change every batch after the resume.
     saved, given = read_meta(checkpoint).get("data"), _data_description(data)
+    if isinstance(saved, dict) and given is not None and "inputs_sha256" not in saved:
+        given = {k: v for k, v in given.items() if k != "inputs_sha256"}  # a checkpoint from before the digest
     if saved != given:
         trained = f"a word file ({saved})" if saved else "fresh words"
         now = f"a word file ({given})" if given else "fresh words"
