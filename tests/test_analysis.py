@@ -182,8 +182,13 @@ def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     assert [(r["length"], r["max_iter"]) for r in record["rows"]] == [(12, 1), (24, 1), (12, 4), (24, 4), (12, 16), (24, 16)]
     assert [c["label"] for c in record["curves"]] == ["length 12", "length 24"]
     assert (tmp_path / "budget" / "word_budget.png").stat().st_size > 0
-    # Z3 x Z2 has S3's six elements, so the S3 model reads its tokens; its first factor splits them.
-    assert main(["words", "convergence", checkpoint, "--group", "Z3xZ2", "--hard-prob", "0.5", "--lengths", "12",
+    # A model of a direct product, whose first factor splits the tokens into hard and easy.
+    product = tmp_path / "product"
+    assert main(["words", "train", "--out", str(product), "--no-progress", "--model", "hidden_size=16",
+                 "--model", "state_size=8", "--model", "head_dim=8", "--train", "group=Z3xZ2", "--train", "hard_prob=0.5",
+                 "--train", "train_length=6", "--train", "batch_size=8", "--train", "bounded_steps=2"]) == 0
+    checkpoint = str(product / "checkpoint")
+    assert main(["words", "convergence", checkpoint, "--hard-prob", "0.5", "--lengths", "12",
                  "--count", "8", "--max-iter", "20", "--tol", "1e-3", "--out", str(tmp_path / "conv"), "--no-progress"]) == 0
     summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]
     assert summary["all"]["tokens"] == 96 and summary["hard"]["tokens"] + summary["easy"]["tokens"] == 96

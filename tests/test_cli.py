@@ -78,6 +78,16 @@ def test_eval_of_malformed_csv_is_a_clean_error(tmp_path, capsys, trained_s3):
     assert_clean_error(code, err, "bad.csv", "2")
 
 
+@pytest.mark.parametrize(
+    "group, fragment",
+    [("S4", "trained on S3"), ("Z2", "trained on S3"), ("Z6", "trained on S3")],
+)
+def test_eval_on_another_group_than_the_trained_one_is_refused(group, fragment, capsys, trained_s3):
+    _, train_run = trained_s3
+    code, _, err = run(capsys, "words", "eval", str(train_run / "checkpoint"), "--group", group, "--lengths", "6")
+    assert_clean_error(code, err, f"--group {group}", fragment)
+
+
 def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_s3):
     _, train_run = trained_s3
     out = tmp_path / "eval"

@@ -359,3 +359,86 @@ def test_a_learning_rate_given_on_resume_is_the_one_trained_with(tmp_path):
     # The rate logged after a step is the next step's: constant, then the floor past the end.
     assert rates[1] == pytest.approx(0.001) and rates[3] == pytest.approx(0.005) and rates[4] == pytest.approx(0.0001)
     assert read_meta(out / "checkpoint")["train"]["lr"] == 0.005
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused(tmp_path, capsys):
+    from implicitlm.train.run_log import run_folder_lock
+
+    out = tmp_path / "run"
+    with run_folder_lock(out):  # a run in progress (here: this process)
+        assert main(train_command(out, "bounded_steps=1", "free_steps=0")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "another run is writing to this folder" in err[0] and str(os.getpid()) in err[0]
+        assert not (out / "metrics.jsonl").exists()
+    assert main(train_command(out, "bounded_steps=1", "free_steps=0")) == 0  # released with the run
+
+
+@pytest.mark.parametrize("entry", ["metrics.jsonl", "checkpoint", "tensorboard", "checkpoint/trainer.json"])
+def test_symbolic_links_inside_a_run_folder_are_refused(tmp_path, capsys, entry):
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=1", "free_steps=0")) == 0
+    outside = tmp_path / "elsewhere"
+    (out / entry).rename(outside)
+    (out / entry).symlink_to(outside)
+    before = outside.read_bytes() if outside.is_file() else sorted(p.name for p in outside.iterdir())
+    capsys.readouterr()
+    resume = ["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=2"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a symbolic link inside a run folder" in err[0] and entry.split("/")[0] in err[0]
+    assert before == (outside.read_bytes() if outside.is_file() else sorted(p.name for p in outside.iterdir()))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (b'{"step": 0, "loss": 1.0}\n[1, 2]\n{"step": 1, "loss": 1.0}\n', "metrics.jsonl:2: expected a JSON object"),
+        (b'{"step": 0, "loss": 1.0}\n\xff\xfe junk\n{"step": 1, "loss": 1.0}\n', "metrics.jsonl:2: expected a JSON object"),
+        (b'{"step": 0, "loss": 1.0}\n{"step": "one"}\n', None),  # the last line: a kill cut it, dropped
+    ],
+    ids=["not-an-object", "not-utf8", "cut-last-line"],
+)
+def test_a_damaged_training_log_on_resume_is_one_line_naming_it(tmp_path, capsys, damage, message):
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=2", "free_steps=0", "log_every=1")) == 0
+    (out / "metrics.jsonl").write_bytes(damage)
+    capsys.readouterr()
+    code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if message is None:
+        assert code == 0 and [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 2]
+    else:
+        assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_optimiser_moments_that_do_not_fit_the_parameters_are_refused_on_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    state_file = out / "checkpoint" / "training_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    first = next(iter(state["optimizer"]["state"]))
+    state["optimizer"]["state"][first]["exp_avg"] = torch.zeros(3, 5)
+    torch.save(state, state_file)
+    capsys.readouterr()
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not fit this run (optimiser state 'exp_avg' of shape (3, 5)" in err[0], err
+
+
+def test_a_full_disk_while_writing_the_weights_is_one_line(tmp_path, capsys, monkeypatch):
+    from safetensors import SafetensorError
+    from transformers import modeling_utils
+
+    out = tmp_path / "run"
+    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    before = weights(out)
+
+    def disk_full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modeling_utils, "safe_save_file", disk_full)
+    capsys.readouterr()
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "model.safetensors" in err[0], err
+    assert_same_weights(weights(out), before)

@@ -446,3 +446,29 @@ def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_p
         from safetensors.torch import load_file
 
         assert max(float(value.abs().max()) for value in load_file(saved / "model.safetensors").values()) < 100
+
+
+def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
+    import shutil
+
+    train_lm(tiny_model(), train_config(total_steps=1), shards, tmp_path / "run", progress=False)
+    checkpoint = latest_checkpoint_of(tmp_path / "run")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(shards, damaged)
+    index = json.loads((damaged / "index.json").read_text())
+    shard = damaged / index["splits"]["test"]["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0x01  # still a valid token id: only the checksum tells
+    shard.write_bytes(bytes(data))
+    evaluate = ["lm", "eval", str(checkpoint), "--split", "test", "--lengths", str(SEQUENCE), "--no-progress"]
+    assert main([*evaluate, "--data", str(shards)]) == 0
+    capsys.readouterr()
+    assert main([*evaluate, "--data", str(damaged)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sha256 checksum differs" in err[0]
+
+
+def latest_checkpoint_of(run: Path) -> Path:
+    from implicitlm.train.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run / "checkpoints")

@@ -617,11 +617,24 @@ def test_out_of_range_elements_in_a_word_file_are_refused(tmp_path: Path) -> Non
         load_words(path)
 
 
+def test_stored_labels_that_are_not_the_running_products_are_refused(tmp_path: Path) -> None:
+    inputs, targets = generate_words("S3", length=5, count=4)
+    path = tmp_path / "w.npy"
+    save_words(path, inputs, targets, {"group": "S3", "seed": 0})
+    array = np.load(path, mmap_mode="r+")
+    array[1, 2, 3] = (array[1, 2, 3] + 1) % 6  # a valid element, but the wrong product
+    array.flush()
+    del array
+    with pytest.raises(DataError, match="w.npy: word 2: the stored labels are not the running products"):
+        load_words(path)
+
+
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
         (b"seed,input,target\n0,1 2,1 \xff\n", "w.csv:2: expected UTF-8 text"),
-        (b"\xef\xbb\xbfseed,input,target\n0,1 2,1 3\n", None),
+        (b"\xef\xbb\xbfseed,input,target\n0,1 2,1 4\n", None),
+        (b"seed,input,target\n0,1 2,1 4\n0,1 2,1 3\n", "w.csv: word 1: the stored labels are not the running products"),
         (b"seed,input,target\n0,1 " + b"9" * 5000 + b",1 3\n", "w.csv:2: expected input indices below 6"),
         (b"seed,input,target\n" + b"9" * 5000 + b",1 2,1 3\n", "w.csv:2: expected a non-negative integer seed"),
         (b"seed,input,target\n-3,1 2,1 3\n", "non-negative integer seed"),

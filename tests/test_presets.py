@@ -95,3 +95,15 @@ def test_models_show_and_unknown_name(capsys):
     assert json.loads(capsys.readouterr().out) == model_preset("llama-760m-bounded")
     assert main(["models", "show", "llama-760m"]) == 2
     assert "unknown model preset 'llama-760m'" in capsys.readouterr().err
+
+
+def test_a_shipped_preset_name_wins_over_a_file_of_that_name_in_the_working_directory(tmp_path, monkeypatch):
+    from implicitlm.configs import load_preset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "words_a5").write_text('{"train": {"group": "S3"}}')
+    (tmp_path / "demo").mkdir()
+    assert load_preset("words_a5")["train"]["group"] == "A5"
+    assert "train" in load_preset("demo")  # the shipped preset, not the folder (which would be an error)
+    # Written as a path, the file is meant.
+    assert load_preset("./words_a5")["train"]["group"] == "S3"

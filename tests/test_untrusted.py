@@ -255,3 +255,29 @@ def test_import_of_a_foreign_checkpoint_with_a_bad_config_is_one_line(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and str(tmp_path / "hf") in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_damaged_or_non_finite_weights_are_refused_at_load(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from implicitlm.models import ModelLoadError, build_model, config_from_options, load_model
+    from implicitlm.train.checkpoint import save_checkpoint
+
+    model = build_model(config_from_options(dict(vocab_size=12, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)))
+    save_checkpoint(tmp_path / "ckpt", model)
+    assert (tmp_path / "ckpt" / "model.safetensors.sha256").is_file() and load_model(tmp_path / "ckpt") is not None
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01  # one bit of one weight: still a loadable file
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="SHA-256 differs from model.safetensors.sha256"):
+        load_model(tmp_path / "ckpt")
+    # NaN weights in a folder without a digest (saved by transformers' save_pretrained).
+    model.save_pretrained(tmp_path / "plain")
+    tensors = load_file(tmp_path / "plain" / "model.safetensors")
+    name = next(iter(tensors))
+    tensors[name][0] = float("nan")
+    save_file(tensors, tmp_path / "plain" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=f"weight {name} holds NaN or Inf"):
+        load_model(tmp_path / "plain")

@@ -264,6 +264,7 @@ def _word_test_sets(args) -> tuple:
     group = args.group or train.get("group")
     if not group:
         raise ValueError("--group is needed: the checkpoint does not name its training group")
+    _check_group_fits(group, train.get("group"), model.config.vocab_size)
     train_length = train.get("train_length")
     if args.data:
         return model, group, train_length, [(d.inputs, d.targets) for d in (load_words(p, group) for p in args.data)]
@@ -277,6 +278,18 @@ def _word_test_sets(args) -> tuple:
         raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
     hard_prob = args.hard_prob if args.hard_prob is not None else train.get("hard_prob")
     return model, group, train_length, [held_out_words(group, n, args.count, args.seed, hard_prob) for n in lengths]
+
+
+def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:
+    """A model answers in the elements of the group it was trained on: another group's words
+    would be read as those elements and scored against meaningless labels."""
+    from .data.groups import get_group
+
+    algebra = get_group(group)
+    if trained and algebra.name != get_group(trained).name:
+        raise ValueError(f"--group {group}: the checkpoint was trained on {trained}; evaluate it on {trained}")
+    if algebra.order != vocab_size:
+        raise ValueError(f"--group {group}: {algebra.order} elements, but the model reads {vocab_size} tokens")
 
 
 def _run_words_eval(args) -> None:
@@ -428,9 +441,11 @@ def _add_models_import(commands) -> None:
 
 def _run_models_import(args) -> None:
     from .models.convert import from_hf
+    from .models.loading import write_weights_digest
 
     model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
     model.save_pretrained(args.out)
+    write_weights_digest(args.out)
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
     # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.
@@ -598,7 +613,7 @@ def _lm_test_setup(args) -> tuple:
         raise ValueError("the checkpoint does not record its training context; give --lengths")
     else:
         lengths = [train_length * m for m in args.multiples or [1]]
-    return model, train_length, TokenShards(args.data, args.split), lengths
+    return model, train_length, TokenShards(args.data, args.split, verify=True), lengths
 
 
 def _run_lm_eval(args) -> None:

@@ -18,16 +18,19 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
-    """A preset by name (see ``preset_names``) or a JSON file path, as a dict.
+    """A preset by name (see ``preset_names``) or a JSON file path, as a dict. A shipped
+    name wins over a file or folder of that name in the working directory (which once
+    trained another task without a word): a path is meant when it is written as one
+    (``./demo``, ``presets/demo``, ``demo.json``).
 
     A file that cannot be read, is not JSON or holds no JSON object raises a one-line
     ``DataError`` (a ValueError) naming it; a section that holds no object, an OptionError.
     """
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
-        source = path
-    elif name_or_path in preset_names():
+    if name_or_path in preset_names():
         source = resources.files(__name__) / f"{name_or_path}.json"
+    elif path.suffix == ".json" or path.exists():
+        source = path
     else:
         raise ValueError(f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file)")
     preset = read_json_object(source, "a preset")

@@ -484,7 +484,9 @@ def _open_npy(path: Path) -> np.ndarray:
 
 
 def _check_stored_elements(path: Path, algebra: FiniteAlgebra, array: np.ndarray) -> None:
-    """Every entry of a stored array is an element index: one pass over the file."""
+    """Every entry of a stored array is an element index, and stored labels (a (2, count,
+    length) array) are the running products of their inputs: one pass over the file. A
+    label file that disagrees with its inputs would train and score against wrong answers."""
     count, length = array.shape[-2:]
     for rows in _row_blocks(count, length):
         block = np.asarray(array[..., rows, :])
@@ -493,6 +495,15 @@ def _check_stored_elements(path: Path, algebra: FiniteAlgebra, array: np.ndarray
                 f"{path}: expected element indices below {algebra.order} for {algebra.name}, "
                 f"got {int(block.max())} in words {rows.start}-{rows.stop - 1}"
             )
+        if block.ndim == 3:
+            _check_labels(path, algebra, block[0], block[1], first_row=rows.start)
+
+
+def _check_labels(path: Path, algebra: FiniteAlgebra, inputs: np.ndarray, labels: np.ndarray, first_row: int) -> None:
+    wrong = np.flatnonzero((prefix_products(algebra, inputs) != labels).any(axis=1))
+    if wrong.size:
+        row = first_row + int(wrong[0])
+        raise DataError(f"{path}: word {row}: the stored labels are not the running products of its inputs")
 
 
 def _read_meta(path: Path) -> tuple[dict[str, Any], FiniteAlgebra]:
@@ -565,9 +576,9 @@ def _load_csv(path: Path, algebra: FiniteAlgebra) -> WordData:
     meta = _full_meta(
         algebra, len(inputs), inputs[0].size, seeds[0] if len(set(seeds)) == 1 else None, None
     )
-    return WordData(
-        np.stack(inputs).astype(dtype), np.stack(targets).astype(dtype), algebra.name, meta
-    )
+    inputs_array, targets_array = np.stack(inputs).astype(dtype), np.stack(targets).astype(dtype)
+    _check_labels(path, algebra, inputs_array, targets_array, first_row=0)
+    return WordData(inputs_array, targets_array, algebra.name, meta)
 
 
 def _utf8_lines(path: Path, handle: Any) -> Iterator[str]:

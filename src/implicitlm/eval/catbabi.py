@@ -70,7 +70,7 @@ def answer_accuracy(
     points stopped above the tolerance (``ConvergenceTally.as_dict``).
     """
     answers = read_answers(data_dir, split)
-    shards = TokenShards(data_dir, SHARD_SPLITS[split])
+    shards = TokenShards(data_dir, SHARD_SPLITS[split], verify=True)
     if model.config.vocab_size < shards.vocab_size:
         raise ValueError(
             f"{data_dir}: its vocabulary has {shards.vocab_size} tokens, more than the model's "

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..data.errors import DataError, first_line, quoted
 from ..data.json_file import read_json_object
@@ -15,6 +18,10 @@ from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
 from .mamba1_lm import ImplicitMambaForCausalLM
 from .mamba2_lm import ImplicitMamba2ForCausalLM
+
+WEIGHTS = "model.safetensors"
+# Written beside the weights by checkpoints and imports; checked by load_model when present.
+WEIGHTS_DIGEST = "model.safetensors.sha256"
 
 # The ``architecture`` model option names the backbone family.
 CONFIG_CLASSES: dict[str, type[ImplicitLMConfig]] = {
@@ -98,8 +105,9 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")
     config = _read_config(config_file)
-    if not (path / "model.safetensors").is_file():
-        raise ModelLoadError(f"{path}: no model.safetensors")
+    if not (path / WEIGHTS).is_file():
+        raise ModelLoadError(f"{path}: no {WEIGHTS}")
+    _check_weights_digest(path)
     try:
         model, report = MODEL_CLASSES[config.model_type].from_pretrained(
             path, config=config, use_safetensors=True, output_loading_info=True
@@ -109,8 +117,36 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
         raise ModelLoadError(f"{path}: cannot load weights ({first_line(error)})") from None
     for kind, problem in WEIGHT_PROBLEMS.items():
         if report[kind]:
-            raise ModelLoadError(f"{path / 'model.safetensors'}: {problem}: {quoted(sorted(report[kind]))}")
+            raise ModelLoadError(f"{path / WEIGHTS}: {problem}: {quoted(sorted(report[kind]))}")
+    for name, tensor in model.state_dict().items():
+        # NaN weights evaluate to some accuracy without a word: refused at the door.
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelLoadError(f"{path / WEIGHTS}: weight {name} holds NaN or Inf")
     return model
+
+
+def write_weights_digest(folder: str | Path) -> None:
+    """Record the SHA-256 of ``folder``'s weights beside them: safetensors has no checksum,
+    so a flipped byte in the data would load as a slightly different model."""
+    folder = Path(folder)
+    (folder / WEIGHTS_DIGEST).write_text(_sha256(folder / WEIGHTS) + "\n")
+
+
+def _check_weights_digest(path: Path) -> None:
+    digest_file = path / WEIGHTS_DIGEST
+    if not digest_file.is_file():
+        return  # a folder saved elsewhere (transformers' save_pretrained) has none
+    recorded = digest_file.read_text(encoding="utf-8", errors="replace").strip()
+    if _sha256(path / WEIGHTS) != recorded:
+        raise ModelLoadError(f"{path / WEIGHTS}: SHA-256 differs from {WEIGHTS_DIGEST}: the weights are damaged")
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _read_config(config_file: Path) -> ImplicitLMConfig:

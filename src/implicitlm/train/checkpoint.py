@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from ..atomic_io import recover_replaced, staged_directory
+from ..data.errors import first_line
 from ..models import load_model
+from ..models.loading import write_weights_digest
 
 TRAINING_STATE = "training_state.pt"
 TRAINER_META = "trainer.json"
@@ -41,7 +44,13 @@ def save_checkpoint(
     saved beside the model, so that the checkpoint alone can be evaluated on text."""
     path = Path(path)
     with staged_directory(path) as staging:
-        model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
+        try:
+            model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
+        except SafetensorError as error:
+            # safetensors reports a full disk or a failed write as its own error type, with
+            # the OS error inside the text: as an OSError it ends the run in one line.
+            raise OSError(f"{staging / 'model.safetensors'}: cannot write ({first_line(error)})") from None
+        write_weights_digest(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if training_state is not None:
@@ -80,14 +89,25 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def applying_training_state(checkpoint: Path):
+def applying_training_state(checkpoint: Path, optimizer: torch.optim.Optimizer):
     """Around handing a loaded training state to the optimiser, scheduler, sampler and RNG:
-    a state that unpickled safely but does not fit them is a damaged checkpoint."""
+    a state that unpickled safely but does not fit them is a damaged checkpoint. The
+    optimiser takes moments of any shape without a word and fails at its first step, so
+    their shapes are checked against the parameters here."""
     try:
         yield
+        _check_moments_fit(optimizer)
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CheckpointError(f"{checkpoint / TRAINING_STATE}: does not fit this run ({message})") from None
+
+
+def _check_moments_fit(optimizer: torch.optim.Optimizer) -> None:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(f"optimiser state {name!r} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}")
 
 
 def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tuple[int, dict[str, Any]]:

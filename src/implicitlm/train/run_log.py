@@ -3,12 +3,16 @@ accelerate's tracker."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from ..atomic_io import atomic_write
+from ..data.errors import DataError
 
 TENSORBOARD = "tensorboard"
 
@@ -33,6 +37,49 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
         raise FileExistsError(
             f"{out_dir}: holds a training run ({', '.join(found)}); continue it with --resume or replace it with --overwrite"
         )
+
+
+LOCK = ".lock"
+
+
+@contextlib.contextmanager
+def run_folder_lock(out_dir: str | Path, enabled: bool = True):
+    """Hold ``out_dir`` for one run at a time: a second run on the same folder would mix its
+    metrics into the first's and race it on every checkpoint rename. The lock is the
+    kernel's (``flock``), so a killed run leaves none behind. Symbolic links inside the
+    run folder are refused too: writes would land outside it, or fail at the first save."""
+    if not enabled:
+        yield
+        return
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    refuse_links(out)
+    with open(out / LOCK, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise FileExistsError(f"{out}: another run is writing to this folder (process {holder})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def refuse_links(out_dir: Path) -> None:
+    """A run folder's entries, and everything under them, must be its own files and folders."""
+    for name in (*RUN_ENTRIES, LOCK):
+        entry = out_dir / name
+        links = [entry] if entry.is_symlink() else [p for p in entry.rglob("*") if p.is_symlink()] if entry.is_dir() else []
+        if links:
+            raise ValueError(
+                f"{links[0]}: a symbolic link inside a run folder; a run writes only its own files there"
+            )
 
 
 def clear_earlier_run(out_dir: str | Path) -> None:
@@ -92,14 +139,30 @@ class RunLog:
 
 
 def _truncate(path: Path, keep_before_step: int) -> None:
+    """Keep the records of steps before ``keep_before_step``. The last line may be cut
+    short by a kill mid-write and is dropped; any other line that is not a record of this
+    log is damage, reported with the file and line rather than guessed around."""
     if not path.is_file():
         return
+    lines = path.read_bytes().split(b"\n")
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the half-written last line of a killed run
-        if record.get("step", 0) < keep_before_step:
-            kept.append(line + "\n")
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        record = _record(raw)
+        if record is None:
+            if number >= len(lines) - 1:  # the last line, cut by a kill
+                continue
+            raise DataError(f"{path}:{number}: expected a JSON object with an integer 'step' (a damaged training log)")
+        if record["step"] < keep_before_step:
+            kept.append(raw.decode("utf-8") + "\n")
     atomic_write(path, lambda temporary: temporary.write_text("".join(kept), encoding="utf-8"))
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
