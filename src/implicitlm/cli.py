@@ -277,7 +277,17 @@ def _word_test_sets(args) -> tuple:
     else:
         raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
     hard_prob = args.hard_prob if args.hard_prob is not None else train.get("hard_prob")
+    _require_test_words(model, max(lengths), args.count, args.batch_size)
     return model, group, train_length, [held_out_words(group, n, args.count, args.seed, hard_prob) for n in lengths]
+
+
+def _require_test_words(model, length: int, count: int, batch_size: int) -> None:
+    """The test words (inputs and labels) and one batch's forward at the longest length."""
+    from .memory import activation_bytes, require
+
+    config = model.config
+    needed = 2 * 8 * count * length + activation_bytes(min(batch_size, count), length, config.hidden_size, config.num_hidden_layers)
+    require(f"{count} test words of length {length:,}", needed)
 
 
 def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:

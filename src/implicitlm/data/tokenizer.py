@@ -16,8 +16,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from implicitlm.atomic_io import atomic_write
 from implicitlm.data.errors import DataError, first_line
+from implicitlm.memory import require
 
 EOS_TOKEN = "<|endoftext|>"
+MAX_VOCAB_SIZE = 2**32 - 1
+BYTES_PER_TOKEN_AT_LEAST = 64
 
 
 def train_tokenizer(
@@ -34,6 +37,10 @@ def train_tokenizer(
             f"vocab_size must be at least {len(alphabet) + 1} (every byte and the eos token), "
             f"got {vocab_size}"
         )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be at most {MAX_VOCAB_SIZE:,} (token ids are 32-bit), got {vocab_size:,}")
+    # The trainer's tables hold each token's bytes, its merge and its counts: far more than this.
+    require(f"a vocabulary of {vocab_size:,} tokens", BYTES_PER_TOKEN_AT_LEAST * vocab_size)
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()

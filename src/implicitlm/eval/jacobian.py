@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from ..configs import load_preset
 from ..data.groups import resolve_group
 from ..data.words import generate_words
+from ..memory import activation_bytes, require
 from ..models import build_model, config_from_options, load_model
 from ..models.presets import model_preset
 from .plots import plot_heatmaps
@@ -364,6 +365,9 @@ def run_jacobian(
     records = []
     for spec, label in zip(specs, _labels(specs)):
         model = analysis_model(spec, seed)
+        config = model.config
+        require(f"{count} sequences of length {length:,}",
+                activation_bytes(count, length, config.hidden_size, config.num_hidden_layers))
         ids = analysis_tokens(model, length, count, seed, words)
         analysis = jacobian_analysis(model, ids, positions, coordinates=coordinates, seed=seed, progress=progress, **settings)
         record = jacobian_record(spec, model, analysis, label, **settings, **details)

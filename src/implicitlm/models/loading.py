@@ -12,6 +12,7 @@ import torch
 from ..data.errors import DataError, first_line, quoted
 from ..data.json_file import read_json_object
 from ..deq.options import FixedPointOptions
+from ..memory import FLOAT_BYTES, require
 from ..schema import OptionError, check_known_keys, dataclass_defaults, option_help
 from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
@@ -90,8 +91,31 @@ def config_from_options(options: dict[str, Any]) -> ImplicitLMConfig:
 
 
 def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
-    """A freshly initialised model of the config's family."""
+    """A freshly initialised model of the config's family, once its weights fit in memory."""
+    _require_weights(config)
     return MODEL_CLASSES[config.model_type](config)
+
+
+def parameter_count(config: ImplicitLMConfig) -> int:
+    """The parameters of the model ``config`` describes, counted without allocating: on the
+    meta device, from models of one and two blocks (building every block of a config that
+    asks for millions would itself take the time and memory this is to check)."""
+    def count(layers: int) -> int:
+        with torch.device("meta"):
+            return MODEL_CLASSES[config.model_type](_with_layers(config, layers)).num_parameters()
+
+    one = count(1)
+    return one if config.num_hidden_layers == 1 else one + (count(2) - one) * (config.num_hidden_layers - 1)
+
+
+def _with_layers(config: ImplicitLMConfig, layers: int) -> ImplicitLMConfig:
+    return type(config).from_dict({**config.to_dict(), "num_hidden_layers": layers})
+
+
+def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> None:
+    parameters = parameter_count(config)
+    where = f"{source}: " if source else ""
+    require(f"{where}a model of {parameters:,} parameters", FLOAT_BYTES * parameters)
 
 
 def load_model(path: str | Path) -> ImplicitCausalLM:
@@ -105,6 +129,7 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")
     config = _read_config(config_file)
+    _require_weights(config, config_file)
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     _check_weights_digest(path)

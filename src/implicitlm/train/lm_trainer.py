@@ -48,6 +48,7 @@ from .checkpoint import (
     saved_settings,
 )
 from .curriculum import Curriculum, Phase
+from ..memory import require_training
 from .guard import non_finite_images
 from .loop import StepOutcome, TrainingTask, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
@@ -196,6 +197,8 @@ def train_lm(
             if accelerator.is_main_process:
                 clear_earlier_run(out_dir)
             accelerator.wait_for_everyone()
+        passes = max(config.bounded_phantom_steps, config.free_phantom_steps) if model.config.implicit else 1
+        require_training(model, config.micro_batch_size, config.sequence_length, passes)
         torch.manual_seed(config.seed)
         shards = TokenShards(data_dir, "train")
         _check_vocabulary(model, shards)

@@ -31,6 +31,7 @@ from .checkpoint import (
     saved_settings,
 )
 from .curriculum import Curriculum, Phase
+from ..memory import require_training
 from .guard import non_finite_images
 from .loop import StepOutcome, TrainingTask, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
@@ -118,6 +119,13 @@ class WordTrainConfig:
         check_known_keys(values, field_names(cls), "training option")
         return cls(**values)
 
+    def gradient_passes(self, implicit: bool) -> int:
+        """Passes of the stack whose graph a step keeps: the unroll's depth, or the phantom steps."""
+        if not implicit:
+            return 1
+        unroll = self.unroll_depth if self.unroll_steps else 0
+        return max(unroll, self.bounded_phantom_steps, self.free_phantom_steps)
+
     def curriculum(self, implicit: bool) -> Curriculum:
         if not implicit:
             return Curriculum((Phase("explicit", self.unroll_steps + self.bounded_steps + self.free_steps),))
@@ -158,6 +166,7 @@ def train_words(
         if not resume:
             refuse_earlier_run(out_dir, overwrite)
             clear_earlier_run(out_dir)
+        require_training(model, config.batch_size, config.train_length, config.gradient_passes(model.config.implicit))
         torch.manual_seed(config.seed)
         start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
         if resume:

@@ -1,0 +1,107 @@
+"""Sizes from options and files are checked against the memory before anything is allocated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from implicitlm.cli import main
+from implicitlm.memory import activation_bytes, readable
+from implicitlm.models import build_model, config_from_options
+from implicitlm.models.loading import parameter_count
+
+@pytest.fixture(autouse=True)
+def sixteen_gib(monkeypatch):
+    """The same machine for every test, whatever this one has free."""
+    import implicitlm.memory
+
+    monkeypatch.setattr(implicitlm.memory, "available_bytes", lambda device=None: 16 * 2**30)
+
+
+SMALL = ["--model", "hidden_size=16", "--model", "state_size=8", "--model", "head_dim=8"]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("implicitlm: error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(vocab_size=60, hidden_size=32, num_hidden_layers=3, state_size=8, head_dim=8),
+        dict(architecture="llama", vocab_size=60, hidden_size=64, num_hidden_layers=3, num_attention_heads=2),
+        dict(architecture="mamba", vocab_size=60, hidden_size=32, num_hidden_layers=3, implicit=False),
+    ],
+    ids=["mamba2", "llama", "mamba"],
+)
+def test_parameters_are_counted_exactly_without_building_the_model(options):
+    config = config_from_options(options)
+    assert parameter_count(config) == build_model(config).num_parameters()
+
+
+def test_a_model_too_large_for_the_memory_is_refused_before_it_is_built():
+    config = config_from_options(dict(vocab_size=60, hidden_size=32, num_hidden_layers=100_000_000, state_size=8, head_dim=8))
+    with pytest.raises(ValueError, match=r"a model of [\d,]+ parameters needs at least .* of memory"):
+        build_model(config)
+
+
+def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "group=S3",
+                 "--train", "bounded_steps=1", "--train", "train_length=4", "--train", "batch_size=4"]) == 0
+    config_file = run / "checkpoint" / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "num_hidden_layers": 1_000_000_000}))
+    capsys.readouterr()
+    assert main(["words", "eval", str(run / "checkpoint"), "--lengths", "4", "--no-progress"]) == 2
+    line = one_error_line(capsys)
+    assert "config.json: a model of" in line and "of memory" in line
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--train", "unroll_steps=1", "--train", "unroll_depth=1000000000"], "pass(es) kept for the gradient"),
+        (["--train", "batch_size=100000000", "--train", "train_length=100000"], "per batch"),
+        (["--model", "num_hidden_layers=100000000"], "parameters needs at least"),
+    ],
+    ids=["unroll-depth", "batch", "layers"],
+)
+def test_training_sizes_beyond_the_memory_are_refused_in_one_line(tmp_path, capsys, argv, fragment):
+    code = main(["words", "train", "--out", str(tmp_path / "run"), "--no-progress", *SMALL, *argv])
+    assert code == 2 and fragment in one_error_line(capsys)
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_test_words_beyond_the_memory_are_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "bounded_steps=1",
+                 "--train", "train_length=4", "--train", "batch_size=4"]) == 0
+    capsys.readouterr()
+    assert main(["words", "eval", str(run / "checkpoint"), "--lengths", "1000000000", "--no-progress"]) == 2
+    assert "test words of length 1,000,000,000 needs at least" in one_error_line(capsys)
+
+
+def test_a_vocabulary_beyond_the_memory_or_32_bits_is_refused(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n")
+    base = ["tokenizer", "train", str(corpus), "--out", str(tmp_path / "tok")]
+    assert main([*base, "--vocab-size", "10000000000"]) == 2
+    assert "at most 4,294,967,295" in one_error_line(capsys)
+    assert main([*base, "--vocab-size", "4000000000"]) == 2
+    assert "a vocabulary of 4,000,000,000 tokens needs at least" in one_error_line(capsys)
+
+
+def test_available_memory_is_read_from_the_machine(monkeypatch):
+    monkeypatch.undo()
+    from implicitlm.memory import available_bytes
+
+    assert 2**20 < available_bytes() < 2**50
+
+
+def test_the_lower_bounds_are_what_they_say():
+    assert activation_bytes(2, 3, 5, 7, graphs=11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert readable(3 * 2**30) == "3.0 GiB" and readable(512) == "512 bytes"
