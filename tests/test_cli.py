@@ -168,3 +168,18 @@ def test_every_option_has_a_meaning():
         assert set(schema.FIELD_HELP) == {f.name for f in dataclasses.fields(schema)}, schema.__name__
     for config in (ImplicitLMConfig, *CONFIG_CLASSES.values()):
         assert set(config.FIELD_HELP) == set(_own_defaults(config)), config.__name__
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_device_or_fifo_given_as_a_file_is_named_as_such(tmp_path, capsys, special, trained_s3):
+    import os
+
+    path = special
+    if special == "fifo":
+        path = str(tmp_path / "words.npy")
+        os.mkfifo(path)
+    checkpoint = str(trained_s3[1] / "checkpoint")
+    for argv in (["words", "eval", checkpoint, "--data", path, "--no-progress"],
+                 ["tokenizer", "train", path, "--out", str(tmp_path / "tok")]):
+        code, _, err = run(capsys, *argv)
+        assert_clean_error(code, err, path, "got a device, FIFO or socket")

@@ -147,7 +147,8 @@ def test_scores_equal_lm_evals_hf_model_on_the_same_weights(tmp_path, tokenizer)
                 assert ours_scores[metric] == pytest.approx(reference_scores[metric], rel=1e-4), (task, metric)
 
 
-def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_path, tokenizer, capsys):
+def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_path, tokenizer, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outside any git repository, where lm-eval's git question fails
     torch.manual_seed(0)
     model = build_model(config_from_options(dict(
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
@@ -157,8 +158,9 @@ def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_pa
     tokenizer.save_pretrained(tmp_path / "model")
     code = main(["lm", "downstream", str(tmp_path / "model"), "--data-dir", str(SLICES), "--out", str(tmp_path / "out"),
                  "--no-progress", "--batch-size", "4"])
-    captured = capsys.readouterr()
+    captured = capfd.readouterr()  # the file descriptors: what child processes print too
     assert code == 0 and "warning: skipped openbookqa" in captured.err
+    assert "not a git repository" not in captured.err
     record = json.loads((tmp_path / "out" / "downstream.json").read_text())
     assert record["settings"]["data_dir"] == str(SLICES) and list(record["settings"]["skipped"]) == ["openbookqa"]
     assert set(record["lm_eval"]["results"]) == set(SLICE_TASKS)
@@ -168,5 +170,5 @@ def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_pa
                            (["--tasks", "piqa", "--num-fewshot", "2"], "few-shot prompts need a training split")]:
         code = main(["lm", "downstream", str(tmp_path / "model"), "--data-dir", str(SLICES),
                      "--out", str(tmp_path / "bad"), "--no-progress", *extra])
-        err = capsys.readouterr().err
+        err = capfd.readouterr().err
         assert code == 2 and message in err and "Traceback" not in err

@@ -335,8 +335,14 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
             json.dumps({**read_meta(run / "checkpoint"), "step": "ten"})), "expected the step count"),
         (lambda run: (run / "checkpoint" / "trainer.json").write_text('{"step": 2}'), "expected the training settings"),
         (lambda run: (run / "checkpoint" / "trainer.json").write_text("[1]"), "expected a JSON object"),
+        (lambda run: (run / "checkpoint" / "trainer.json").write_text(
+            json.dumps({**read_meta(run / "checkpoint"), "train": {}})), "the training settings lack group, train_length"),
+        (lambda run: (run / "checkpoint" / "trainer.json").write_text(json.dumps(
+            {**read_meta(run / "checkpoint"), "train": {k: v for k, v in read_meta(run / "checkpoint")["train"].items()
+                                                          if k != "lr"}})), "lack lr; a resume would run them at their defaults"),
     ],
-    ids=["missing-keys", "wrong-state", "step-not-a-number", "no-settings", "meta-not-an-object"],
+    ids=["missing-keys", "wrong-state", "step-not-a-number", "no-settings", "meta-not-an-object", "empty-settings",
+         "one-setting-missing"],
 )
 def test_a_damaged_training_state_is_one_line_on_resume(tmp_path, capsys, damage, expected):
     run = tmp_path / "run"

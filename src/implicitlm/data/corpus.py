@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from implicitlm.data.errors import DataError, first_line
+from implicitlm.data.json_file import check_regular
 
 Source = str | os.PathLike
 # Suffixes that mark a source as a file path, so that a missing one is reported as missing
@@ -71,6 +72,7 @@ def _source_documents(source: Source, text_field: str, split: str, pattern: str)
         return itertools.chain.from_iterable(_file_documents(file, text_field) for file in files)
     if path.is_file():
         return _file_documents(path, text_field)
+    check_regular(path, "a corpus file or folder")
     if _is_hub_name(source):
         return _hub_documents(str(source), text_field, split)
     raise DataError(f"{path}: no such file or directory")

@@ -15,8 +15,17 @@ class Readable(Protocol):
     def read_bytes(self) -> bytes: ...
 
 
+def check_regular(path: Path, what: str) -> None:
+    """A path that exists but is no regular file (``/dev/zero``, a FIFO) is not "missing", and
+    reading it would never end or block."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise DataError(f"{path}: expected {what}, got a device, FIFO or socket")
+
+
 def read_utf8(path: Path | Readable, what: str) -> str:
     """The text of ``path``, which holds ``what`` (e.g. "a shard index"); any fault a one-line DataError."""
+    if isinstance(path, Path):
+        check_regular(path, what)
     try:
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:

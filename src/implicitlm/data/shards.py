@@ -376,7 +376,7 @@ def _finished_index(
     if overwrite or not index_path.exists():
         return None
     if not resume:
-        raise DataError(f"{out_dir}: holds finished shards; pass overwrite=True to replace them")
+        raise DataError(f"{out_dir}: holds finished shards; replace them with --overwrite (overwrite=True)")
     index = _read_index(index_path)
     _check_settings(index_path, index, settings)
     return index
@@ -390,8 +390,8 @@ def _saved_progress(
     if progress_path.exists() and not overwrite:
         if not resume:
             raise DataError(
-                f"{out_dir}: holds an unfinished run; pass resume=True to continue it "
-                f"or overwrite=True to start again"
+                f"{out_dir}: holds an unfinished run; continue it with --resume (resume=True) "
+                f"or start again with --overwrite (overwrite=True)"
             )
         saved = read_json_object(progress_path, "shard writing progress")
         _check_settings(progress_path, saved, settings)
@@ -425,7 +425,7 @@ def _check_settings(path: Path, saved: dict[str, Any], settings: dict[str, Any])
     if changed:
         raise DataError(
             f"{path}: was written with other settings ({', '.join(changed)}); "
-            f"pass overwrite=True to start again"
+            f"start again with --overwrite (overwrite=True)"
         )
 
 

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from implicitlm.atomic_io import atomic_write
 from implicitlm.data.errors import DataError, check_header, check_int, first_line, not_utf8, quoted
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
-from implicitlm.data.json_file import read_json_object
+from implicitlm.data.json_file import check_regular, read_json_object
 
 FORMAT_VERSION = 1
 CSV_HEADER = ("seed", "input", "target")
@@ -250,6 +250,7 @@ def load_words(path: str | os.PathLike, group: str | FiniteAlgebra | None = None
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: expected a word file, got a directory")
+    check_regular(path, "a word file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix == ".csv":

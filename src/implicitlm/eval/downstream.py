@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -66,7 +67,7 @@ def run_tasks(
     manager = task_manager(tasks, include_path)
     if local_sets is not None:
         tasks = local_task_specs(local_sets, manager)
-    with _quiet_custom_dataset_notes():
+    with _quiet_custom_dataset_notes(), _quiet_git_hash():
         return simple_evaluate(
             model=lm,
             tasks=list(tasks),
@@ -115,6 +116,29 @@ def _quiet_custom_dataset_notes():
         yield
     finally:
         logger.removeFilter(_not_a_custom_dataset_note)
+
+
+@contextlib.contextmanager
+def _quiet_git_hash():
+    """lm-eval records the working directory's git commit by running git with its stderr
+    left open, so outside a repository "fatal: not a git repository" lands before the
+    results. The same question, with git's complaint discarded."""
+    import lm_eval.evaluator
+
+    asked = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = _git_commit_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = asked
+
+
+def _git_commit_hash() -> str | None:
+    try:
+        found = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=False)
+    except FileNotFoundError:  # no git on this machine
+        return None
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 def _not_a_custom_dataset_note(record: logging.LogRecord) -> bool:

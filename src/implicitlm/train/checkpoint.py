@@ -150,9 +150,15 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def saved_settings(checkpoint: Path) -> dict[str, Any]:
-    """The training settings a checkpoint records (its metadata's "train" section)."""
+def saved_settings(checkpoint: Path, fields: list[str]) -> dict[str, Any]:
+    """The training settings a checkpoint records (its metadata's "train" section), which
+    must name every one of ``fields``: one left out would resume at its default without a word."""
     settings = read_meta(checkpoint).get("train")
     if not isinstance(settings, dict):
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")
+    missing = [name for name in fields if name not in settings]
+    if missing:
+        raise CheckpointError(
+            f"{checkpoint / TRAINER_META}: the training settings lack {', '.join(missing)}; a resume would run them at their defaults"
+        )
     return settings

@@ -449,4 +449,4 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> LMTrainConfig:
     """The training settings of the run in ``out_dir``, with ``overrides`` (e.g. more steps,
     a later switch to the free phase) applied."""
-    return LMTrainConfig.from_dict({**saved_settings(_latest(Path(out_dir))), **overrides})
+    return LMTrainConfig.from_dict({**saved_settings(_latest(Path(out_dir)), field_names(LMTrainConfig)), **overrides})

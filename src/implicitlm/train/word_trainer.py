@@ -267,7 +267,7 @@ def resume_settings(out_dir: str | Path, overrides: dict[str, Any]) -> WordTrain
     recover_replaced(checkpoint)
     if not checkpoint.is_dir():
         raise CheckpointError(f"{out_dir}: nothing to resume (no {CHECKPOINT} folder)")
-    return WordTrainConfig.from_dict({**saved_settings(checkpoint), **overrides})
+    return WordTrainConfig.from_dict({**saved_settings(checkpoint, field_names(WordTrainConfig)), **overrides})
 
 
 def _batches(
