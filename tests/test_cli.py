@@ -183,3 +183,46 @@ def test_a_device_or_fifo_given_as_a_file_is_named_as_such(tmp_path, capsys, spe
                  ["tokenizer", "train", path, "--out", str(tmp_path / "tok")]):
         code, _, err = run(capsys, *argv)
         assert_clean_error(code, err, path, "got a device, FIFO or socket")
+
+
+def test_a_load_problem_is_one_line_without_transformers_report_before_it(tmp_path, capsys, trained_s3):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(trained_s3[1] / "checkpoint", checkpoint)
+    (checkpoint / "model.safetensors.sha256").unlink(missing_ok=True)
+    tensors = load_file(checkpoint / "model.safetensors")
+    save_file({**tensors, "extra.weight": torch.zeros(2)}, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run(capsys, "words", "eval", str(checkpoint), "--lengths", "6", "--no-progress")
+    assert_clean_error(code, err, "holds weights the config has no place for", "extra.weight")
+
+
+def test_words_eval_recovers_a_checkpoint_swap_cut_between_its_renames(tmp_path, capsys, trained_s3):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_s3[1] / "checkpoint", run_dir / ".checkpoint.old")  # what the kill left
+    code, out, _ = run(capsys, "words", "eval", str(run_dir / "checkpoint"), "--lengths", "6", "--count", "8", "--no-progress")
+    assert code == 0 and "last10" in out and (run_dir / "checkpoint" / "config.json").is_file()
+
+
+def test_an_unwritable_run_folder_is_named_not_a_temporary_file(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+    import tempfile
+
+    def read_only(dir, prefix, suffix):
+        temporary = os.path.join(dir, f"{prefix}x1y2z3{suffix}")
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), temporary)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "words", "train", "--out", str(out), "--no-progress", "--model", "hidden_size=16",
+                       "--model", "state_size=8", "--model", "head_dim=8", "--train", "bounded_steps=1",
+                       "--train", "train_length=4", "--train", "batch_size=4")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == f"implicitlm: error: {out.absolute() / 'checkpoint'}: Read-only file system"

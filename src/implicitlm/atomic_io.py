@@ -25,7 +25,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    descriptor, temporary = _beside(path, tempfile.mkstemp)
     os.close(descriptor)
     os.chmod(temporary, 0o644)  # mkstemp's private 0600 would outlive the rename
     try:
@@ -35,6 +35,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _beside(target: Path, make: Callable[..., Any]) -> Any:
+    """``make`` (mkstemp, mkdtemp) a temporary entry beside ``target``; an error names the
+    target (a read-only folder, a full disk), not a temporary name the user never chose."""
+    try:
+        return make(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(target)) from None
 
 
 def write_json(path: str | os.PathLike, value: Any) -> None:
@@ -54,7 +63,7 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
     failure the temporary folder is removed and ``target`` is left as it was."""
     target = Path(target).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    staging = Path(_beside(target, tempfile.mkdtemp))
     try:
         os.chmod(staging, 0o755)  # mkdtemp's private 0700 would outlive the rename
         yield staging

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.utils import logging as transformers_logging
 
+from ..atomic_io import recover_replaced
 from ..data.errors import DataError, first_line, quoted
 from ..data.json_file import read_json_object
 from ..deq.options import FixedPointOptions
@@ -125,6 +128,7 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
     """
     path = Path(path)
+    recover_replaced(path)  # a checkpoint swap cut between its two renames
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")
@@ -134,9 +138,10 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     _check_weights_digest(path)
     try:
-        model, report = MODEL_CLASSES[config.model_type].from_pretrained(
-            path, config=config, use_safetensors=True, output_loading_info=True
-        )
+        with _own_load_report():
+            model, report = MODEL_CLASSES[config.model_type].from_pretrained(
+                path, config=config, use_safetensors=True, output_loading_info=True
+            )
     # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
     except Exception as error:
         raise ModelLoadError(f"{path}: cannot load weights ({first_line(error)})") from None
@@ -148,6 +153,18 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ModelLoadError(f"{path / WEIGHTS}: weight {name} holds NaN or Inf")
     return model
+
+
+@contextlib.contextmanager
+def _own_load_report():
+    """transformers prints a table of missing and unexpected weights; those are refused
+    here in one line instead, so its table would only be noise before that line."""
+    level = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(level)
 
 
 def write_weights_digest(folder: str | Path) -> None:
