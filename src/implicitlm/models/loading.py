@@ -116,7 +116,14 @@ def _with_layers(config: ImplicitLMConfig, layers: int) -> ImplicitLMConfig:
 
 
 def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> None:
-    parameters = parameter_count(config)
+    """``source``: the config file the config came from; building from a file's config
+    fails in whatever ways transformers' own fields allow, reported as that file's fault."""
+    try:
+        parameters = parameter_count(config)
+    except Exception as error:
+        if source is None:
+            raise
+        raise ModelLoadError(f"{source}: cannot build the model it describes ({first_line(error)})") from None
     where = f"{source}: " if source else ""
     require(f"{where}a model of {parameters:,} parameters", FLOAT_BYTES * parameters)
 
