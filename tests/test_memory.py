@@ -105,3 +105,11 @@ def test_available_memory_is_read_from_the_machine(monkeypatch):
 def test_the_lower_bounds_are_what_they_say():
     assert activation_bytes(2, 3, 5, 7, graphs=11) == 4 * 2 * 3 * 5 * 7 * 11
     assert readable(3 * 2**30) == "3.0 GiB" and readable(512) == "512 bytes"
+
+
+def test_a_jacobian_run_beyond_the_memory_is_refused(tmp_path, capsys):
+    spec = tmp_path / "wide_vocabulary.json"
+    spec.write_text(json.dumps({"model": dict(vocab_size=50000, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                              head_dim=8, implicit=False)}))
+    code = main(["jacobian", str(spec), "--length", "100000", "--out", str(tmp_path / "out"), "--no-progress"])
+    assert code == 2 and "4 sequence(s) of length 100,000 needs at least" in one_error_line(capsys)

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from ..configs import load_preset
 from ..data.groups import resolve_group
 from ..data.words import generate_words
-from ..memory import activation_bytes, require
+from ..memory import FLOAT_BYTES, activation_bytes, require
 from ..models import build_model, config_from_options, load_model
 from ..models.presets import model_preset
 from .plots import plot_heatmaps
@@ -297,6 +297,14 @@ def analysis_tokens(model, length: int, count: int, seed: int = 0, words: str | 
     return torch.from_numpy(inputs.astype(np.int64))
 
 
+def _require_sequences(model, count: int, length: int) -> None:
+    """The sequential run up to the last position keeps a float per token and channel of
+    every block, and the logits of every token (the vocabulary wide), in the model's dtype."""
+    config, item = model.config, model.dtype.itemsize
+    blocks = activation_bytes(count, length, config.hidden_size, config.num_hidden_layers) // FLOAT_BYTES
+    require(f"{count} sequence(s) of length {length:,}", item * (blocks + length * config.vocab_size))
+
+
 def default_positions(length: int) -> list[int]:
     """Four positions spread over the sequence, the last included."""
     return sorted({length // 4, length // 2, 3 * length // 4, length - 1})
@@ -365,9 +373,7 @@ def run_jacobian(
     records = []
     for spec, label in zip(specs, _labels(specs)):
         model = analysis_model(spec, seed)
-        config = model.config
-        require(f"{count} sequences of length {length:,}",
-                activation_bytes(count, length, config.hidden_size, config.num_hidden_layers))
+        _require_sequences(model, count, length)
         ids = analysis_tokens(model, length, count, seed, words)
         analysis = jacobian_analysis(model, ids, positions, coordinates=coordinates, seed=seed, progress=progress, **settings)
         record = jacobian_record(spec, model, analysis, label, **settings, **details)
