@@ -49,12 +49,3 @@ def readable(size: int) -> str:
             return f"{size / scale:,.1f} {unit}"
     return f"{size} bytes"
 
-
-def require_training(model, batch: int, length: int, graphs: int) -> None:
-    """A training step holds weights, gradients and two Adam moments (four floats per
-    parameter) and the activations of ``graphs`` passes of the stack."""
-    config = model.config
-    needed = 4 * FLOAT_BYTES * model.num_parameters() + activation_bytes(
-        batch, length, config.hidden_size, config.num_hidden_layers, graphs
-    )
-    require(f"training at {batch} x {length} tokens per batch ({graphs} pass(es) kept for the gradient)", needed)

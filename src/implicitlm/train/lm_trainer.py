@@ -48,9 +48,8 @@ from .checkpoint import (
     saved_settings,
 )
 from .curriculum import Curriculum, Phase
-from ..memory import require_training
 from .guard import non_finite_images
-from .loop import StepOutcome, TrainingTask, run_training
+from .loop import StepOutcome, TrainingTask, require_training, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
@@ -156,6 +155,10 @@ class LMTrainConfig:
             )
         return self.batch_tokens // per_micro_step
 
+    def gradient_passes(self, implicit: bool) -> int:
+        """Passes of the stack whose graph a step keeps: the phantom steps (one for explicit models)."""
+        return max(self.bounded_phantom_steps, self.free_phantom_steps) if implicit else 1
+
     def curriculum(self, implicit: bool) -> Curriculum:
         if not implicit:
             return Curriculum((Phase("explicit", self.total_steps),))
@@ -190,71 +193,78 @@ def train_lm(
     out_dir = Path(out_dir)
     accelerator = _accelerator(config, model, out_dir)
     with run_folder_lock(out_dir, enabled=accelerator.is_main_process):
-        if not resume:
-            # Every process looks before the main one clears, so that all see the same folder.
-            refuse_earlier_run(out_dir, overwrite)
-            accelerator.wait_for_everyone()
-            if accelerator.is_main_process:
-                clear_earlier_run(out_dir)
-            accelerator.wait_for_everyone()
-        passes = max(config.bounded_phantom_steps, config.free_phantom_steps) if model.config.implicit else 1
-        require_training(model, config.micro_batch_size, config.sequence_length, passes)
-        torch.manual_seed(config.seed)
-        shards = TokenShards(data_dir, "train")
-        _check_vocabulary(model, shards)
-        mark_end_of_text(model, shards.eos_token_id)
-        tokenizer = _local_tokenizer(shards)
-        accumulation = config.accumulation_steps(accelerator.num_processes)
-        sampler = TokenSampler(
-            shards, config.sequence_length, config.micro_batch_size, seed=config.seed,
-            rank=accelerator.process_index, world_size=accelerator.num_processes,
-        )
-        start_step, state, checkpoint = 0, None, None
-        if resume:
-            checkpoint = _latest(out_dir)
-            start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
-        if config.activation_checkpointing:
-            model.activation_checkpointing_enable()
-        if config.compile:
-            compile_stack(model)
-        model = accelerator.prepare(model)
-        core = accelerator.unwrap_model(model)
-        optimizer = accelerator.prepare(
-            torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
-        )
-        decay_steps = round(config.decay_fraction * config.total_steps)
-        # Not handed to accelerate, which would step it once per process.
-        scheduler = warmup_stable_sqrt_decay(
-            optimizer, config.warmup_steps, config.total_steps, decay_steps, config.min_lr / config.lr
-        )
-        if state is not None:
-            with applying_training_state(checkpoint, optimizer):
-                _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
-        test = TokenShards(data_dir, "test", verify=True) if config.eval_every else None
-        batches = iter(sampler)
-        if accelerator.is_main_process:
-            if progress:
-                tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
-            warning = unsuited_defaults(config, on_gpu=torch.cuda.is_available())
-            if warning:
-                LOGGER.warning(warning)
+        return _train_lm(accelerator, model, config, Path(data_dir), out_dir, resume, progress, overwrite)
 
-        def evaluate(step: int) -> dict[str, float] | None:
-            due = test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1)
-            return _held_out(core, test, config) if due else None
 
-        task = TrainingTask(
-            curriculum=config.curriculum(core.config.implicit),
-            forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation, config.batch_tokens),
-            task_metrics=lambda outcome: {"loss": outcome.loss, "ppl": math.exp(min(outcome.loss, 50.0))},
-            save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step, config, tokenizer),
-            grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
-            evaluate=evaluate,
-        )
-        metrics = run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, checkpoint, progress)
+def _train_lm(
+    accelerator, model, config: LMTrainConfig, data_dir: Path, out_dir: Path, resume: bool, progress: bool, overwrite: bool
+) -> dict[str, Any]:
+    if not resume:
+        # Every process looks before the main one clears, so that all see the same folder.
+        refuse_earlier_run(out_dir, overwrite)
+        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            _write_training_record(core, out_dir, config, latest_checkpoint(out_dir / CHECKPOINTS))
-        return metrics
+            clear_earlier_run(out_dir)
+        accelerator.wait_for_everyone()
+    require_training(
+        model, config.micro_batch_size, config.sequence_length, config.gradient_passes(model.config.implicit)
+    )
+    torch.manual_seed(config.seed)
+    shards = TokenShards(data_dir, "train")
+    _check_vocabulary(model, shards)
+    mark_end_of_text(model, shards.eos_token_id)
+    tokenizer = _local_tokenizer(shards)
+    accumulation = config.accumulation_steps(accelerator.num_processes)
+    sampler = TokenSampler(
+        shards, config.sequence_length, config.micro_batch_size, seed=config.seed,
+        rank=accelerator.process_index, world_size=accelerator.num_processes,
+    )
+    start_step, state, checkpoint = 0, None, None
+    if resume:
+        checkpoint = _latest(out_dir)
+        start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
+    if config.activation_checkpointing:
+        model.activation_checkpointing_enable()
+    if config.compile:
+        compile_stack(model)
+    model = accelerator.prepare(model)
+    core = accelerator.unwrap_model(model)
+    optimizer = accelerator.prepare(
+        torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
+    )
+    decay_steps = round(config.decay_fraction * config.total_steps)
+    # Not handed to accelerate, which would step it once per process.
+    scheduler = warmup_stable_sqrt_decay(
+        optimizer, config.warmup_steps, config.total_steps, decay_steps, config.min_lr / config.lr
+    )
+    if state is not None:
+        with applying_training_state(checkpoint, optimizer):
+            _restore_training_state(state, accelerator, model, optimizer, scheduler, sampler, config)
+    test = TokenShards(data_dir, "test", verify=True) if config.eval_every else None
+    batches = iter(sampler)
+    if accelerator.is_main_process:
+        if progress:
+            tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
+        warning = unsuited_defaults(config, on_gpu=torch.cuda.is_available())
+        if warning:
+            LOGGER.warning(warning)
+
+    def evaluate(step: int) -> dict[str, float] | None:
+        due = test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1)
+        return _held_out(core, test, config) if due else None
+
+    task = TrainingTask(
+        curriculum=config.curriculum(core.config.implicit),
+        forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation, config.batch_tokens),
+        task_metrics=lambda outcome: {"loss": outcome.loss, "ppl": math.exp(min(outcome.loss, 50.0))},
+        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, sampler, out_dir, step, config, tokenizer),
+        grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
+        evaluate=evaluate,
+    )
+    metrics = run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, checkpoint, progress)
+    if accelerator.is_main_process:
+        _write_training_record(core, out_dir, config, latest_checkpoint(out_dir / CHECKPOINTS))
+    return metrics
 
 
 def step_cost(config: LMTrainConfig, accumulation: int, processes: int) -> str:

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from .curriculum import Curriculum
 from ..faults import NumericalFault
+from ..memory import FLOAT_BYTES, activation_bytes, require
 from .guard import StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_requested
 from .run_log import RunLog
 
@@ -118,6 +119,16 @@ def run_training(
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
     return metrics
+
+
+def require_training(model, batch: int, length: int, graphs: int) -> None:
+    """A training step holds weights, gradients and two Adam moments (four floats per
+    parameter) and the activations of ``graphs`` passes of the stack."""
+    config = model.config
+    needed = 4 * FLOAT_BYTES * model.num_parameters() + activation_bytes(
+        batch, length, config.hidden_size, config.num_hidden_layers, graphs
+    )
+    require(f"training at {batch} x {length} tokens per batch ({graphs} pass(es) kept for the gradient)", needed)
 
 
 def check_updated_weights(model, recheck, accelerator, step: int, last_checkpoint: Path | None) -> None:

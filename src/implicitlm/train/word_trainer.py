@@ -31,9 +31,8 @@ from .checkpoint import (
     saved_settings,
 )
 from .curriculum import Curriculum, Phase
-from ..memory import require_training
 from .guard import non_finite_images
-from .loop import StepOutcome, TrainingTask, run_training
+from .loop import StepOutcome, TrainingTask, require_training, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
@@ -162,53 +161,60 @@ def train_words(
     """
     out_dir = Path(out_dir)
     with run_folder_lock(out_dir):
-        checkpoint = out_dir / CHECKPOINT
-        if not resume:
-            refuse_earlier_run(out_dir, overwrite)
-            clear_earlier_run(out_dir)
-        require_training(model, config.batch_size, config.train_length, config.gradient_passes(model.config.implicit))
-        torch.manual_seed(config.seed)
-        start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
-        if resume:
-            _check_same_data(checkpoint, data)
-        accelerator = Accelerator(mixed_precision=resolve_precision(config.precision), **tracking_options(out_dir))
-        if config.compile:
-            compile_stack(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        curriculum = config.curriculum(model.config.implicit)
-        decay_steps = round(config.decay_fraction * curriculum.total_steps)
-        scheduler = warmup_stable_sqrt_decay(
-            optimizer, config.warmup_steps, curriculum.total_steps, decay_steps, config.min_lr / config.lr
-        )
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-        if state is not None:
-            with applying_training_state(checkpoint, optimizer):
-                optimizer.load_state_dict(state["optimizer"])
-                scheduler.load_state_dict(state["scheduler"])
-                apply_current_rate(getattr(scheduler, "scheduler", scheduler), config.lr)  # accelerate wraps it
-                torch.set_rng_state(state["torch_rng"])
-        core = accelerator.unwrap_model(model)
-        batches = _batches(config, data, accelerator.device, start_step)
+        return _train_words(model, config, out_dir, data, progress, description, resume, overwrite)
 
-        def forward_backward(model) -> StepOutcome:
-            input_ids, labels = next(batches)
-            output = model(input_ids, labels=labels)
-            accelerator.backward(output.loss)
 
-            def recheck():
-                again = model(input_ids, labels=labels)
-                return again.loss, non_finite_images(again)
+def _train_words(
+    model, config: WordTrainConfig, out_dir: Path, data: WordData | None, progress: bool, description: str,
+    resume: bool, overwrite: bool,
+) -> dict[str, float]:
+    checkpoint = out_dir / CHECKPOINT
+    if not resume:
+        refuse_earlier_run(out_dir, overwrite)
+        clear_earlier_run(out_dir)
+    require_training(model, config.batch_size, config.train_length, config.gradient_passes(model.config.implicit))
+    torch.manual_seed(config.seed)
+    start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
+    if resume:
+        _check_same_data(checkpoint, data)
+    accelerator = Accelerator(mixed_precision=resolve_precision(config.precision), **tracking_options(out_dir))
+    if config.compile:
+        compile_stack(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    curriculum = config.curriculum(model.config.implicit)
+    decay_steps = round(config.decay_fraction * curriculum.total_steps)
+    scheduler = warmup_stable_sqrt_decay(
+        optimizer, config.warmup_steps, curriculum.total_steps, decay_steps, config.min_lr / config.lr
+    )
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if state is not None:
+        with applying_training_state(checkpoint, optimizer):
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            apply_current_rate(getattr(scheduler, "scheduler", scheduler), config.lr)  # accelerate wraps it
+            torch.set_rng_state(state["torch_rng"])
+    core = accelerator.unwrap_model(model)
+    batches = _batches(config, data, accelerator.device, start_step)
 
-            return StepOutcome(output.loss.item(), output, non_finite_images(output), input_ids.numel(), recheck, labels)
+    def forward_backward(model) -> StepOutcome:
+        input_ids, labels = next(batches)
+        output = model(input_ids, labels=labels)
+        accelerator.backward(output.loss)
 
-        task = TrainingTask(
-            curriculum=curriculum, forward_backward=forward_backward, task_metrics=_word_metrics,
-            save=lambda step: _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step, config, data),
-            grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
-            description=description,
-        )
-        last_checkpoint = checkpoint if resume else None
-        return run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, last_checkpoint, progress)
+        def recheck():
+            again = model(input_ids, labels=labels)
+            return again.loss, non_finite_images(again)
+
+        return StepOutcome(output.loss.item(), output, non_finite_images(output), input_ids.numel(), recheck, labels)
+
+    task = TrainingTask(
+        curriculum=curriculum, forward_backward=forward_backward, task_metrics=_word_metrics,
+        save=lambda step: _checkpoint(accelerator, core, optimizer, scheduler, out_dir, step, config, data),
+        grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
+        description=description,
+    )
+    last_checkpoint = checkpoint if resume else None
+    return run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, last_checkpoint, progress)
 
 
 def _word_metrics(outcome: StepOutcome) -> dict[str, float]:
