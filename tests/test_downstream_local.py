@@ -5,6 +5,7 @@ on the same weights."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -147,15 +148,19 @@ def test_scores_equal_lm_evals_hf_model_on_the_same_weights(tmp_path, tokenizer)
                 assert ours_scores[metric] == pytest.approx(reference_scores[metric], rel=1e-4), (task, metric)
 
 
-def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_path, tokenizer, capfd, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # outside any git repository, where lm-eval's git question fails
+def small_implicit_checkpoint(folder: Path, tokenizer) -> None:
     torch.manual_seed(0)
     model = build_model(config_from_options(dict(
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
         head_dim=8, chunk_size=16, implicit=True, fixed_point=dict(eval_f_max_iter=6),
     )))
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_path, tokenizer, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outside any git repository, where lm-eval's git question fails
+    small_implicit_checkpoint(tmp_path / "model", tokenizer)
     code = main(["lm", "downstream", str(tmp_path / "model"), "--data-dir", str(SLICES), "--out", str(tmp_path / "out"),
                  "--no-progress", "--batch-size", "4"])
     captured = capfd.readouterr()  # the file descriptors: what child processes print too
@@ -172,3 +177,23 @@ def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_pa
                      "--out", str(tmp_path / "bad"), "--no-progress", *extra])
         err = capfd.readouterr().err
         assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_an_unreachable_hub_is_one_line_pointing_to_local_copies(tmp_path, tokenizer, capfd, monkeypatch):
+    import datasets
+
+    def unreachable_hub(*args, **kwargs):
+        # What datasets does without a network: the hub logs its retries, then the request fails.
+        for attempt in range(1, 6):
+            logging.getLogger("huggingface_hub.utils._http").warning(
+                "'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/x")
+            logging.getLogger("huggingface_hub.utils._http").warning(f"Retrying in 1s [Retry {attempt}/5].")
+        raise ConnectionError("Couldn't reach 'baber/piqa' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable_hub)
+    small_implicit_checkpoint(tmp_path / "model", tokenizer)
+    code = main(["lm", "downstream", str(tmp_path / "model"), "--tasks", "piqa", "--out", str(tmp_path / "out"),
+                 "--no-progress"])
+    err_lines = capfd.readouterr().err.splitlines()
+    assert code == 1 and len(err_lines) == 1, err_lines
+    assert "Couldn't reach 'baber/piqa'" in err_lines[0] and "--data-dir DIR" in err_lines[0]

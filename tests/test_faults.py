@@ -27,6 +27,8 @@ from implicitlm.train.checkpoint import read_meta
 from implicitlm.train.guard import TrainingInterrupted
 from implicitlm.train.word_trainer import WordTrainConfig, train_words
 
+from signals import signal_this_thread
+
 MODEL = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
 SETTINGS = ["group=S3", "train_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
             "bounded_steps=4", "free_steps=4", "free_iters=6", "free_phantom_steps=2"]
@@ -121,7 +123,7 @@ def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_num
     def signal_on_third_forward(module, inputs, output):
         calls.append(1)
         if len(calls) == 3:
-            os.kill(os.getpid(), signal_number)
+            signal_this_thread(signal_number)
 
     model.get_input_embeddings().register_forward_hook(signal_on_third_forward)
     config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=6, log_every=1)
@@ -138,13 +140,13 @@ def test_a_repeated_sigterm_is_recorded_and_a_second_sigint_interrupts():
     from implicitlm.train.guard import StopSignals
 
     with StopSignals() as stop:
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGTERM)  # as when a whole process group is signalled
+        signal_this_thread(signal.SIGTERM)
+        signal_this_thread(signal.SIGTERM)  # as when a whole process group is signalled
         assert stop.received == signal.SIGTERM
-        os.kill(os.getpid(), signal.SIGINT)
+        signal_this_thread(signal.SIGINT)
         assert stop.received == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal_this_thread(signal.SIGINT)
 
 
 def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path):

@@ -25,6 +25,7 @@ from implicitlm.models import build_model, config_from_options
 from implicitlm.train.lm_trainer import LMTrainConfig, parameter_groups, train_lm
 
 from contractive import make_contractive
+from signals import signal_this_thread
 
 SEQUENCE = 32
 
@@ -305,7 +306,7 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
     def sigterm_on_third_forward(module, inputs, output):
         calls.append(1)
         if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal_this_thread(signal.SIGTERM)
 
     model.get_input_embeddings().register_forward_hook(sigterm_on_third_forward)
     with pytest.raises(TrainingInterrupted, match="SIGTERM after step 3") as stopped:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from implicitlm.cli import main
+from implicitlm.configs import load_preset
 from implicitlm.models import build_model, config_from_options
 from implicitlm.models.presets import count_parameters, model_preset, model_preset_names
 
@@ -107,3 +108,17 @@ def test_a_shipped_preset_name_wins_over_a_file_of_that_name_in_the_working_dire
     assert "train" in load_preset("demo")  # the shipped preset, not the folder (which would be an error)
     # Written as a path, the file is meant.
     assert load_preset("./words_a5")["train"]["group"] == "S3"
+
+
+@pytest.mark.parametrize("vocab_size", [23, 180])  # bAbI task 1 alone; all 20 tasks
+def test_catbabi_preset_gives_both_kinds_the_same_size(vocab_size):
+    preset = load_preset("catbabi")
+    sizes = {}
+    for kind, implicit in [("implicit", True), ("explicit", False)]:
+        options = {**preset["model"], **preset.get(f"{kind}_model", {}), "implicit": implicit, "vocab_size": vocab_size}
+        sizes[kind] = sum(p.numel() for p in build_model(config_from_options(options)).parameters())
+    assert sizes["explicit"] == pytest.approx(sizes["implicit"], rel=0.03)
+    # One layer, as the paper's catbAbI anchor; the evaluation budget covers a whole window
+    # in simultaneous mode, where a solve needs about the window's length in iterations.
+    assert preset["model"]["num_hidden_layers"] == 1
+    assert preset["model"]["fixed_point"]["eval_f_max_iter"] > preset["train"]["sequence_length"]

@@ -64,9 +64,13 @@ def _fail(error: BaseException, code: int) -> int:
 
 def _quiet_libraries() -> None:
     # Saving and loading a checkpoint is instant; the libraries' own progress bars are noise.
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+    # Without a network the hub logs each of its retries as a warning before the request fails;
+    # the failure itself reaches the user as our one error line.
+    hub_logging.set_verbosity_error()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -823,8 +827,13 @@ def _run_lm_downstream(args) -> None:
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     settings = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size,
                 "max_length": args.max_length, "device": args.device, "dtype": args.dtype}
-    results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                        tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets, **settings)
+    try:
+        results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
+                            tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets, **settings)
+    except ConnectionError as error:
+        if local_sets is not None:
+            raise
+        raise ConnectionError(f"{error}; without a network, read local copies with --data-dir DIR") from None
     print(make_table(results))
     if any(task in PAPER_TASKS for task in tasks):
         print(paper_table(results)[1])
