@@ -22,6 +22,7 @@ import torch
 import data_generation
 import decoding
 import mixer
+import scoring
 import solvers
 import training_step
 from implicitlm.atomic_io import atomic_write
@@ -31,6 +32,7 @@ from implicitlm.atomic_io import atomic_write
 SECTIONS = {
     "mixer": mixer.run,
     "decoding": decoding.run,
+    "scoring": scoring.run,
     "solvers": solvers.run,
     "data_generation": data_generation.run,
     "training_step": training_step.run,

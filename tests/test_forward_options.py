@@ -1,5 +1,5 @@
 """The forward options transformers users pass: inputs_embeds, output_hidden_states,
-position_ids and transformers' per-call kwargs, in forward and in generate()."""
+position_ids, logits_to_keep and transformers' per-call kwargs, in forward and in generate()."""
 
 from __future__ import annotations
 
@@ -179,3 +179,41 @@ def test_transformers_bookkeeping_options_leave_the_logits_unchanged():
         plain = model(ids).logits
         with_options = model(ids, output_attentions=False, max_length_q=6, max_length_k=6, is_causal=True).logits
     assert torch.equal(with_options, plain)
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_logits_to_keep_gives_those_positions_of_the_full_logits(architecture, implicit):
+    model, ids = make_model(architecture, implicit), tokens(2, 7, seed=21)
+    with torch.no_grad():
+        full = model(ids).logits
+        assert torch.equal(model(ids, logits_to_keep=3).logits, full[:, -3:])
+        assert torch.equal(model(ids, logits_to_keep=0).logits, full)
+        assert torch.equal(model(ids, logits_to_keep=torch.tensor([0, 4])).logits, full[:, [0, 4]])
+
+
+@pytest.mark.parametrize("keep, message", [
+    (-1, "non-negative integer"), (1.5, "non-negative integer"), (torch.ones(2, 2, dtype=torch.long), "1-d integers"),
+])
+def test_logits_to_keep_that_names_no_positions_is_refused(keep, message):
+    model, ids = make_model("mamba2", False), tokens(1, 4, seed=0)
+    with pytest.raises(ValueError, match=message):
+        model(ids, logits_to_keep=keep)
+
+
+def test_a_loss_with_partial_logits_is_refused():
+    model, ids = make_model("mamba2", False), tokens(1, 4, seed=0)
+    with pytest.raises(ValueError, match="logits_to_keep=0"):
+        model(ids, labels=ids, logits_to_keep=1)
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_generate_computes_the_prompts_last_logits_only(architecture, implicit):
+    model, prompt = make_model(architecture, implicit), tokens(2, 5, seed=22)
+    widths = []
+    hook = model.register_forward_hook(lambda module, args, output: widths.append(output.logits.shape[1]))
+    try:
+        sequences = model.generate(prompt, max_new_tokens=3)
+    finally:
+        hook.remove()
+    assert widths == [1, 1, 1]  # the prefill's last position, then one per new token
+    assert torch.equal(model.generate(prompt, max_new_tokens=3, logits_to_keep=0), sequences)

@@ -151,8 +151,12 @@ class ImplicitLMHarness(TemplateLM):
     @torch.no_grad()
     def _score(self, rows: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         input_ids, attention_mask = self._left_padded([inputs for inputs, _ in rows])
+        # Only the continuations are scored: the head and the softmax over the rest of the
+        # text would cost as much as a small model's blocks.
+        scored_positions = max(1, max(len(continuation) for _, continuation in rows))
         output = self.model(
-            input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol
+            input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol,
+            logits_to_keep=scored_positions,
         )
         # At least float32: half-precision log-probabilities summed over a text drift.
         logits = output.logits.to(torch.promote_types(output.logits.dtype, torch.float32))

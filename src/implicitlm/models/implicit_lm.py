@@ -125,6 +125,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
@@ -135,7 +136,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         ``inputs_embeds``: (b, l, hidden_size) in place of ``input_ids``.
         ``position_ids``: accepted where they are the positions the model uses anyway (see
         ``check_position_ids``). ``output_hidden_states``: also return every block's input
-        and the stack's output (one more pass of the stack).
+        and the stack's output (one more pass of the stack). ``logits_to_keep``: logits of
+        the last N positions only (0: all), or of the positions a 1-d tensor lists, as
+        transformers' models take it; ``generate`` asks for the last one.
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = _transformers_options(kwargs)
@@ -162,7 +165,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol)
             hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
             head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
-            logits = F.linear(z, head)[..., : self.config.vocab_size]
+            logits = F.linear(z[:, _kept_positions(logits_to_keep, labels)], head)[..., : self.config.vocab_size]
         if stats is not None:
             for tally in self._tallies:
                 tally.add(stats)
@@ -273,6 +276,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         is_first_iteration: bool = False,
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
         **unused,
     ) -> dict:
         """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
@@ -284,7 +288,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
         sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
         forward (transformers' convention), ``input_ids`` for it afterwards."""
-        budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache, output_hidden_states=output_hidden_states)
+        budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache, output_hidden_states=output_hidden_states,
+                      logits_to_keep=logits_to_keep)
         if state is None:
             prompt = dict(input_ids=input_ids) if inputs_embeds is None or not is_first_iteration else dict(inputs_embeds=inputs_embeds)
             return dict(attention_mask=attention_mask, mode=mode, **prompt, **budget)
@@ -319,6 +324,21 @@ def _transformers_options(options: dict) -> int | torch.Tensor | None:
     if packed:
         raise ValueError(f"packed sequences ({packed[0]}) are not supported: give one sequence per row, padded with attention_mask")
     return options.get("num_items_in_batch")
+
+
+def _kept_positions(logits_to_keep: int | torch.Tensor, labels: torch.Tensor | None) -> slice | torch.Tensor:
+    """The positions whose logits a forward computes: the head over a vocabulary costs as
+    much as a small model's blocks, and a scorer or a generator needs a few positions only."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point():
+            raise ValueError(f"logits_to_keep as a tensor lists positions (1-d integers); got shape {tuple(logits_to_keep.shape)}")
+    elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+        raise ValueError(f"logits_to_keep must be a non-negative integer or a tensor of positions; got {logits_to_keep!r}")
+    elif logits_to_keep == 0:
+        return slice(None)
+    if labels is not None:
+        raise ValueError("a loss needs the logits of every position: give labels with logits_to_keep=0")
+    return logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
 
 
 def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None, continues: bool) -> None:
