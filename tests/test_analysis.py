@@ -165,6 +165,20 @@ def test_report_tables_and_figures(tmp_path):
     assert all(f.stat().st_size > 0 for f in figures)
 
 
+def test_report_bars_give_each_metric_its_own_scale_and_no_bar_where_a_run_lacks_it(tmp_path, monkeypatch):
+    from implicitlm.eval import plots
+
+    saved = []
+    monkeypatch.setattr(plots, "save_figure", lambda figure, path: saved.append(figure) or path)
+    runs = {"explicit": {"accuracy": 0.76}, "implicit": {"accuracy": 0.91, "fp_iterations_mean": 257.0}}
+    plots.plot_metric_panels(runs, tmp_path / "catbabi.png", "catbabi")
+    axes = saved[0].axes
+    assert [axis.get_title(loc="left") for axis in axes] == ["accuracy", "fp_iterations_mean"]
+    assert [[bar.get_width() for bar in axis.patches] for axis in axes] == [[0.76, 0.91], [257.0]]
+    assert [tick.get_text() for tick in axes[1].get_yticklabels()] == ["implicit"]
+    assert axes[0].get_xlim()[1] < 1.0 < 257.0 < axes[1].get_xlim()[1]  # accuracies not squashed by iterations
+
+
 def test_report_errors_name_the_folder(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]) == 2

@@ -107,6 +107,28 @@ def plot_metric_bars(runs: dict[str, dict[str, float]], path: str | Path, title:
     return save_figure(figure, path)
 
 
+def plot_metric_panels(runs: dict[str, dict[str, float]], path: str | Path, title: str) -> Path:
+    """A panel per metric, each on its own scale (accuracies, iteration counts and shares
+    side by side), a bar per run that has the metric: a run without it (an explicit model's
+    fixed-point statistics) gets no bar, rather than a zero."""
+    metrics = list(dict.fromkeys(name for values in runs.values() for name in values))
+    names = list(runs)
+    figure, axes = plt.subplots(len(metrics), 1, figsize=(7, 0.6 + (0.45 + 0.3 * len(names)) * len(metrics)),
+                                squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for axis, metric in zip(axes[:, 0], metrics):
+        shown = [name for name in names if runs[name].get(metric) is not None]
+        axis.barh(range(len(shown)), [runs[name][metric] for name in shown],
+                  color=[colours[names.index(name) % len(colours)] for name in shown])
+        axis.set_yticks(range(len(shown)), shown, fontsize="small")
+        axis.invert_yaxis()
+        axis.set_title(metric, fontsize="small", loc="left")
+        axis.grid(alpha=0.3, axis="x")
+    figure.suptitle(title)
+    figure.tight_layout()
+    return save_figure(figure, path)
+
+
 def plot_histograms(curves: list[dict[str, Any]], path: str | Path, title: str, axes: dict[str, str]) -> Path:
     """Side-by-side bars per x value, one colour per curve; log y, since the tail is the point."""
     width = 0.8 / max(len(curves), 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..atomic_io import atomic_write
-from .plots import plot_curves, plot_metric_bars
+from .plots import plot_curves, plot_metric_panels
 from .records import read_record
 
 
@@ -116,7 +116,7 @@ def _figure(experiment: str, group: list[Entry], out_dir: Path) -> Path:
         ]
         axes = next(entry.record["axes"] for entry in group if "curves" in entry.record)
         return plot_curves(curves, path, experiment, axes)
-    return plot_metric_bars({entry.label: entry.record["metrics"] for entry in group}, path, experiment)
+    return plot_metric_panels({entry.label: entry.record["metrics"] for entry in group}, path, experiment)
 
 
 def _by_experiment(entries: list[Entry]) -> dict[str, list[Entry]]:
