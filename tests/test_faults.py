@@ -139,14 +139,20 @@ def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_num
 def test_a_repeated_sigterm_is_recorded_and_a_second_sigint_interrupts():
     from implicitlm.train.guard import StopSignals
 
-    with StopSignals() as stop:
-        signal_this_thread(signal.SIGTERM)
-        signal_this_thread(signal.SIGTERM)  # as when a whole process group is signalled
-        assert stop.received == signal.SIGTERM
-        signal_this_thread(signal.SIGINT)
-        assert stop.received == signal.SIGINT
-        with pytest.raises(KeyboardInterrupt):
+    # Whatever handler was there before, as a library may have set one that ignores SIGINT.
+    original = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals() as stop:
+            signal_this_thread(signal.SIGTERM)
+            signal_this_thread(signal.SIGTERM)  # as when a whole process group is signalled
+            assert stop.received == signal.SIGTERM
             signal_this_thread(signal.SIGINT)
+            assert stop.received == signal.SIGINT
+            with pytest.raises(KeyboardInterrupt):
+                signal_this_thread(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the caller's handler again
+    finally:
+        signal.signal(signal.SIGINT, original)
 
 
 def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path):

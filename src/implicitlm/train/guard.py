@@ -49,6 +49,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self._interrupted = False  # a SIGINT came: the next one raises KeyboardInterrupt
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -63,9 +64,12 @@ class StopSignals:
         self._previous = {}
 
     def _record(self, number: int, frame) -> None:
+        # Raised here rather than left to the handler found on entry, which a library may
+        # have set to ignore the signal.
+        if number == signal.SIGINT and self._interrupted:
+            raise KeyboardInterrupt
+        self._interrupted = self._interrupted or number == signal.SIGINT
         self.received = number
-        if number == signal.SIGINT:
-            signal.signal(number, self._previous[number])
 
 
 def stop_requested(stop: StopSignals, accelerator) -> int | None:
