@@ -1,6 +1,6 @@
 """Run the benchmark suite and print one table per section (markdown).
 
-    python benchmarks/run.py [--quick] [--only mixer,decoding] [--device cuda] [--out FILE]
+    python benchmarks/run.py [--quick] [--only mixer,decoding,generation] [--device cuda] [--out FILE]
 
 Sections run in a fixed order whatever the order given to ``--only``.
 
@@ -21,6 +21,7 @@ import torch
 
 import data_generation
 import decoding
+import generation
 import mixer
 import scoring
 import solvers
@@ -32,6 +33,7 @@ from implicitlm.atomic_io import atomic_write
 SECTIONS = {
     "mixer": mixer.run,
     "decoding": decoding.run,
+    "generation": generation.run,
     "scoring": scoring.run,
     "solvers": solvers.run,
     "data_generation": data_generation.run,

@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs implicitlm with its test extras into it.
-# torch comes first and separately: GPU machines set TORCH_SPEC to their own build.
+# Creates .venv from the lock: every dependency at the exact version and hash that
+# requirements.lock names, torch from TORCH_SPEC (GPU machines set it to their own build),
+# then implicitlm itself, editable. The venv is rebuilt from nothing whenever the lock, the
+# package metadata or TORCH_SPEC changes, so it holds what the lock says and nothing else.
+# scripts/lock.sh refreshes the lock; scripts/test-latest.sh tries the newest releases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
-fi
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  echo "installing $TORCH_SPEC ..."
-  .venv/bin/pip install --quiet "$TORCH_SPEC"
-fi
-# Reinstall only when the package metadata changed.
 stamp=.venv/.implicitlm-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "installing implicitlm and its dependencies ..."
-  .venv/bin/pip install --quiet -e ".[test]"
-  echo "$want" > "$stamp"
+want=$( (cat pyproject.toml requirements.lock; echo "$TORCH_SPEC") | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
 fi
+rm -rf .venv
+"$PYTHON" -m venv .venv
+pip=(.venv/bin/python -m pip)
+echo "installing the locked dependencies (requirements.lock) ..."
+"${pip[@]}" install --quiet --require-hashes --no-deps -r requirements.lock
+echo "installing $TORCH_SPEC ..."
+# Its own dependencies are in the lock already, so a CPU build adds nothing beside itself.
+"${pip[@]}" install --quiet "$TORCH_SPEC"
+echo "installing implicitlm ..."
+"${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
+# A dependency added to pyproject.toml but not yet locked is named here, not at import time.
+"${pip[@]}" check
+echo "$want" > "$stamp"

@@ -124,6 +124,22 @@ def test_generation_without_cache_rereads_the_sequence_and_agrees():
     assert torch.equal(model.generate(prompt, max_new_tokens=4, use_cache=False), model.generate(prompt, max_new_tokens=4))
 
 
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_generate_reads_the_prompt_once_then_each_token_alone_from_the_carried_state(architecture, implicit):
+    # Whatever transformers' version and the name it carries caches under: were the state
+    # dropped between steps, each step would re-read the whole sequence (the tokens would
+    # still agree, the cost per token would grow with the sequence).
+    model, prompt = make_model(architecture, implicit), tokens(2, 5, seed=15)
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, output: calls.append((kwargs, output)), with_kwargs=True)
+    model.generate(prompt, max_new_tokens=4)
+    assert [kwargs["input_ids"].shape[1] for kwargs, _ in calls] == [5, 1, 1, 1]
+    assert [kwargs["mode"] for kwargs, _ in calls] == ["simultaneous", "sequential", "sequential", "sequential"]
+    assert calls[0][0].get("state") is None
+    for (kwargs, _), (_, previous) in zip(calls[1:], calls[:-1]):
+        assert kwargs["state"] is previous.state
+
+
 def test_solver_budget_reaches_every_decoding_step():
     model, prompt = make_model("llama", True), tokens(2, 4, seed=14)
     calls = []

@@ -52,19 +52,46 @@ def test_training_log_records_phases_and_convergence(trained_s3):
     assert (run / "tensorboard").is_dir()
 
 
-def test_both_modes_agree_on_nearly_every_token_up_to_eight_times_the_training_length(trained_s3):
+def test_both_modes_converge_up_to_eight_times_the_training_length_and_agree_at_it(trained_s3):
     """The duality on a (briefly) trained model, each mode with a budget of 8 times the
-    length; the few fixed points this short training leaves unsettled are reported."""
+    length; the few fixed points this short training leaves unsettled are reported.
+
+    Beyond the training length such a model may have more than one fixed point: on one
+    machine both modes converged (to 1e-6) and still agreed on 98.2% / 91.3% of the tokens
+    at 4x / 8x, each at a fixed point of its own. Whether both are solutions of the same
+    equation is the next test; the argmax is compared where the fixed point was trained."""
     model, _ = trained_s3
     for multiple in (1, 4, 8):
         length = TRAINED_LENGTH * multiple
         row = mode_agreement(model, *held_out_words(TRAINED_GROUP, length, 16, seed=5), max_iter=8 * length)
-        assert row["argmax_agreement"] >= 0.999, (length, row["argmax_agreement"])
+        if multiple == 1:
+            assert row["argmax_agreement"] >= 0.999, (length, row["argmax_agreement"])
         assert row["simultaneous"]["fp_fixed_points"] == 16 and row["sequential"]["fp_fixed_points"] == 16 * length
         for mode in ("simultaneous", "sequential"):
             assert row[mode]["fp_diverged"] == 0 and row[mode]["fp_not_converged_share"] <= 2 / 16, (length, mode)
     assert mode_agreement(model, *held_out_words(TRAINED_GROUP, TRAINED_LENGTH, 16, seed=5))["simultaneous"][
         "fp_not_converged"] == 0  # at the training length, the default budget suffices
+
+
+def test_sequential_fixed_points_solve_the_simultaneous_equation_at_eight_times_the_training_length(trained_s3):
+    """The duality itself, whether or not the fixed point is unique: the token-by-token
+    (RNN) solution, put into one parallel pass of the stack over the whole word, comes back
+    to within the tolerance each token was solved to."""
+    model, _ = trained_s3
+    tol = 1e-6
+    x = torch.from_numpy(held_out_words(TRAINED_GROUP, 8 * TRAINED_LENGTH, 16, seed=5)[0].astype(np.int64))
+    with torch.no_grad():
+        output = model(x, mode="sequential", max_iter=400, tol=tol, output_hidden_states=True)
+        assert bool(output.fixed_point.converged.all())
+        z = output.hidden_states[-1]
+        f = model._stack_map(model.injection(model.injection_norm(model.embeddings(x))), None, None)
+        fz, f_elsewhere = f(z), f(z + 0.1 * torch.randn_like(z))
+    # Each token's state is committed from its own solution, so the parallel pass sees the
+    # same states: its per-token residual is the one the solve stopped at.
+    per_token = (fz - z).norm(dim=-1) / fz.norm(dim=-1)
+    assert float(per_token.max()) <= tol * 1.01, float(per_token.max())
+    # A point near it is not a solution: the check can fail.
+    assert float(((f_elsewhere - z).norm(dim=-1) / fz.norm(dim=-1)).min()) > 1e-3
 
 
 def test_a_converging_sample_whose_step_grows_first_is_kept_to_the_fixed_point(trained_s3):

@@ -296,6 +296,15 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         new_tokens = input_ids if is_first_iteration else input_ids[:, -1:]
         return dict(input_ids=new_tokens, state=state, mode="sequential", **budget)
 
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs: dict, *args, **kwargs) -> dict:
+        """Carry the recurrent state from each forward to the next. transformers carries its
+        own ``Cache`` objects under one name (``cache`` since 5.24; a list of older names,
+        ``state`` among them, before); a state under a name of the model's own is the model's
+        to carry, as transformers' RWKV does it."""
+        if outputs.get("state") is not None:
+            model_kwargs["state"] = outputs["state"]
+        return super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+
     def _reorder_cache(self, state: list, beam_index: torch.Tensor) -> list:
         """The state of the beams kept (beam search)."""
         return self.stack.select_state(state, beam_index)
