@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-latest afresh with the newest releases that the package metadata admits
 # (no lock), for scripts/test-latest.sh and scripts/lock.sh. UPSTREAM_PINS: extra
-# requirements to hold some packages elsewhere, e.g. UPSTREAM_PINS="transformers==5.0.0"
+# requirements to hold some packages elsewhere, e.g. UPSTREAM_PINS="transformers==5.23.0"
 # to try the oldest release the metadata admits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
