@@ -88,6 +88,20 @@ def test_eval_on_another_group_than_the_trained_one_is_refused(group, fragment, 
     assert_clean_error(code, err, f"--group {group}", fragment)
 
 
+def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_path, capsys, trained_s3):
+    _, train_run = trained_s3
+    rows = {}
+    for name, flags in (("default", []), ("whole", ["--chunk-length", "0"]), ("six", ["--chunk-length", "6"])):
+        out = tmp_path / name
+        code, _, _ = run(capsys, "words", "eval", str(train_run / "checkpoint"), "--lengths", "48", "--count", "16",
+                         "--no-progress", "--out", str(out), *flags)
+        assert code == 0
+        rows[name] = json.loads((out / "word_length.json").read_text())["rows"][0]
+    assert [rows[name]["fp_chunk_length"] for name in ("default", "whole", "six")] == [12, 48, 6]
+    # Each chunk converges in about as many iterations as it has tokens, the whole word in about 48.
+    assert rows["whole"]["fp_iterations_mean"] < rows["default"]["fp_iterations_mean"]
+
+
 def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_s3):
     _, train_run = trained_s3
     out = tmp_path / "eval"

@@ -35,6 +35,7 @@ OPTIONS = [
     (*EVAL, "--batch-size", POSITIVE_INT),
     (*EVAL, "--max-iter", POSITIVE_INT),
     (*EVAL, "--tol", POSITIVE_FLOAT),
+    (*EVAL, "--chunk-length", NON_NEGATIVE_INT),
     (*BUDGET, "--budgets", POSITIVE_INTS),
     (*BUDGET, "--tols", POSITIVE_FLOATS),
     (*CORPUS, "--test-fraction", FRACTION),

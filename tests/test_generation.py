@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import implicitlm  # noqa: F401  (registers the Auto classes)
+from implicitlm.deq import OptionError
 from implicitlm.models import build_model, config_from_options
 
 from contractive import make_contractive
@@ -190,3 +191,85 @@ def test_padded_sequential_run_is_refused():
     model = make_model("mamba2", True)
     with pytest.raises(ValueError, match="simultaneous"):
         model(tokens(1, 3, seed=10), attention_mask=torch.tensor([[0, 1, 1]]), mode="sequential")
+
+
+IMPLICIT_VARIANTS = [("mamba2", True), ("llama", True)]
+
+
+@pytest.mark.parametrize("architecture, implicit", IMPLICIT_VARIANTS, ids=["mamba2", "llama"])
+def test_chunked_simultaneous_solve_equals_the_whole_sequence_solve(architecture, implicit):
+    # Left padding longer than a chunk (row 0's first chunk is all padding), a partial last
+    # chunk, a state to start from, and the state left behind for decoding.
+    model = make_model(architecture, implicit)
+    ids, head = tokens(2, 11, seed=16), tokens(2, 3, seed=17)
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[0, :5] = 0
+    with torch.no_grad():
+        start = model(head, use_cache=True).state
+        whole = model(ids, attention_mask=mask, state=start, use_cache=True, chunk_length=0)
+        chunked = model(ids, attention_mask=mask, state=start, use_cache=True, chunk_length=4)
+        next_token = tokens(2, 1, seed=18)
+        after_whole = model(next_token, state=whole.state, mode="sequential")
+        after_chunked = model(next_token, state=chunked.state, mode="sequential")
+    assert bool(whole.fixed_point.converged.all()) and bool(chunked.fixed_point.converged.all())
+    real = mask.bool()
+    torch.testing.assert_close(chunked.logits[real], whole.logits[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(after_chunked.logits, after_whole.logits, atol=1e-5, rtol=0)
+    assert chunked.fixed_point.iterations.shape == (2,)
+
+
+def test_a_left_padded_row_is_chunked_as_it_is_alone():
+    # Its real tokens fall into the same chunks, so the same solves run: equal to float rounding.
+    model, ids = make_model("mamba2", True), tokens(1, 7, seed=22)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.tensor([[0, 0, 0] + [1] * 7])
+    with torch.no_grad():
+        alone = model(ids, chunk_length=3, tol=1e-3)
+        in_padding = model(padded, attention_mask=mask, chunk_length=3, tol=1e-3)
+    torch.testing.assert_close(in_padding.logits[:, 3:], alone.logits, atol=1e-10, rtol=0)
+    # The one more: the chunk of padding alone, settled at its first evaluation.
+    assert torch.equal(in_padding.fixed_point.iterations, alone.fixed_point.iterations + 1)
+
+
+def test_chunked_solve_stats_add_up_the_chunks_solves():
+    model, ids = make_model("mamba2", True), tokens(3, 10, seed=19)
+    with torch.no_grad():
+        chunked = model(ids, chunk_length=4).fixed_point
+        # Counted back from the end: 2 + 4 + 4 tokens.
+        first = model(ids[:, :2], use_cache=True)
+        second = model(ids[:, 2:6], state=first.state, use_cache=True)
+        third = model(ids[:, 6:], state=second.state)
+    parts = [first.fixed_point, second.fixed_point, third.fixed_point]
+    assert torch.equal(chunked.iterations, sum(part.iterations for part in parts))
+    assert torch.equal(chunked.rel_residual, torch.stack([part.rel_residual for part in parts]).amax(dim=0))
+    # Two passes that read the first two chunks' states off their fixed points.
+    assert chunked.evaluations == sum(part.evaluations for part in parts) + 2
+    assert chunked.row_evaluations == sum(part.row_evaluations for part in parts) + 2 * 3
+
+
+def test_chunk_length_reaches_the_prefill_of_generate_and_defaults_to_the_options():
+    model, prompt = make_model("llama", True), tokens(2, 9, seed=20)
+    calls = []
+    model.register_forward_hook(lambda module, args, kwargs, output: calls.append(output), with_kwargs=True)
+    whole = model.generate(prompt, max_new_tokens=3, chunk_length=0)
+    model.set_fixed_point_options(eval_chunk_length=3)
+    chunked = model.generate(prompt, max_new_tokens=3)
+    assert torch.equal(chunked, whole)
+    assert len(calls) == 6  # a prefill and two steps each
+    with torch.no_grad():
+        by_hand = [model(prompt, chunk_length=c, use_cache=True, logits_to_keep=1).fixed_point for c in (0, 3)]
+    for prefill, expected in zip((calls[0], calls[3]), by_hand):
+        assert prefill.fixed_point.evaluations == expected.evaluations
+        assert torch.equal(prefill.fixed_point.iterations, expected.iterations)
+    assert by_hand[0].evaluations != by_hand[1].evaluations
+
+
+def test_chunk_length_is_checked_and_training_solves_the_whole_sequence():
+    model, ids = make_model("mamba2", True), tokens(2, 8, seed=21)
+    with pytest.raises(ValueError, match="chunk_length"):
+        model(ids, chunk_length=-1)
+    with pytest.raises(OptionError, match="eval_chunk_length"):
+        model.set_fixed_point_options(eval_chunk_length=2.5)
+    model.train()
+    with torch.no_grad():
+        assert torch.equal(model(ids, chunk_length=2).logits, model(ids, chunk_length=0).logits)

@@ -111,6 +111,6 @@ def test_a_converging_sample_whose_step_grows_first_is_kept_to_the_fixed_point(t
         steps = torch.stack(steps, dim=1)
         rising = (steps[:, 1:] > steps[:, :-1]).sum(dim=1)
         assert (rising >= 8).any(), "no sample's step grew for a while: the case under test is missing"
-        output = model(x, max_iter=8 * x.shape[1])
+        output = model(x, max_iter=8 * x.shape[1], chunk_length=0)  # the whole word at once
     stats = output.fixed_point
     assert stats.converged.all() and not stats.diverged.any()

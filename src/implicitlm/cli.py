@@ -244,17 +244,22 @@ def _add_word_test_options(p) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def _add_budget_options(p, nonconvergence_flag: bool = True) -> None:
+def _add_budget_options(p, solver_flags: bool = True) -> None:
     p.add_argument("--max-iter", type=_positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
     p.add_argument("--tol", type=_positive_float, default=None, help="fixed-point tolerance (default: the model's)")
-    if nonconvergence_flag:
+    if solver_flags:
         p.add_argument("--fail-on-nonconvergence", action="store_true",
                        help="stop with exit code 1 if any sample or token misses the tolerance (default: count them)")
+        p.add_argument("--chunk-length", type=_non_negative_int, default=None,
+                       help="simultaneous mode solves in chunks of this many tokens, carrying the state "
+                            "(0: the whole sequence; default: the model's eval_chunk_length, its training length)")
 
 
-def _apply_nonconvergence_flag(model, args) -> None:
+def _apply_solver_flags(model, args) -> None:
     if args.fail_on_nonconvergence:
         model.set_fixed_point_options(eval_nonconvergence="error")
+    if args.chunk_length is not None:
+        model.set_fixed_point_options(eval_chunk_length=args.chunk_length)
 
 
 def _word_test_sets(args) -> tuple:
@@ -310,7 +315,7 @@ def _run_words_eval(args) -> None:
     from .eval.words import word_accuracy, word_length_record
 
     model, group, train_length, test_sets = _word_test_sets(args)
-    _apply_nonconvergence_flag(model, args)
+    _apply_solver_flags(model, args)
     budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size}
     rows = [word_accuracy(model, inputs, targets, **budget) for inputs, targets in _progress(test_sets, args)]
     # Token 1 is left out of "all": its label is its input.
@@ -401,7 +406,7 @@ def _add_convergence_options(p) -> None:
 def _prepare_convergence(model, args) -> None:
     """An implicit model, running the solver ``--solver`` names (else its own)."""
     _require_implicit(model, "convergence statistics")
-    _apply_nonconvergence_flag(model, args)
+    _apply_solver_flags(model, args)
     if args.solver is not None:
         model.set_fixed_point_options(f_solver=args.solver)
 
@@ -634,7 +639,7 @@ def _run_lm_eval(args) -> None:
     from .eval.perplexity import lm_length_record, perplexity_by_length
 
     model, train_length, shards, lengths = _lm_test_setup(args)
-    _apply_nonconvergence_flag(model, args)
+    _apply_solver_flags(model, args)
     budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol}
     rows = perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, not args.no_progress, **budget)
     print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}")
@@ -823,7 +828,7 @@ def _run_lm_downstream(args) -> None:
             print(f"warning: skipped {reason}", file=sys.stderr)
         tasks = list(local_sets)
     model = load_model(args.checkpoint)
-    _apply_nonconvergence_flag(model, args)
+    _apply_solver_flags(model, args)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     settings = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size,
                 "max_length": args.max_length, "device": args.device, "dtype": args.dtype}
@@ -867,7 +872,7 @@ def _add_jacobian(commands) -> None:
                    help="implicit-function theorem at the fixed point, or autograd through the iterations")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random weights, tokens and coordinates")
     # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
-    _add_budget_options(p, nonconvergence_flag=False)
+    _add_budget_options(p, solver_flags=False)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_jacobian)
 

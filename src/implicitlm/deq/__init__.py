@@ -4,7 +4,7 @@ from ..schema import OptionError
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
-from .stats import ConvergenceTally, FixedPointStats, warn_not_converged
+from .stats import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
 
 __all__ = [
     "ConvergenceTally",
@@ -12,6 +12,7 @@ __all__ = [
     "FixedPointSolver",
     "FixedPointStats",
     "OptionError",
+    "chain_chunks",
     "solve_sequence",
     "warn_not_converged",
 ]

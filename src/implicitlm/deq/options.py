@@ -37,6 +37,11 @@ class FixedPointOptions:
     ``eval_nonconvergence``: "report" (count the samples short of the tolerance in the
     stats) or "error" (raise NumericalFault); evaluation only, since training phases
     spend tiny budgets on purpose.
+    ``eval_chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
+    chunks of this many tokens, each from the state the previous chunk's fixed point left
+    (0: the whole sequence at once). The fixed point is causal, so the answer is the same
+    to the tolerance; the cost is not: a whole-sequence solve needs about as many
+    iterations as the sequence has tokens, and re-solves settled tokens in every one.
     """
 
     f_solver: str = "fixed_point_iter"
@@ -51,6 +56,7 @@ class FixedPointOptions:
     divergence_patience: int = 16
     divergence_growth: float = 100.0
     eval_nonconvergence: str = "report"
+    eval_chunk_length: int = 0
 
     # What each field means, for --help.
     FIELD_HELP = {
@@ -67,6 +73,8 @@ class FixedPointOptions:
                                "is given up as diverged (0: never)",
         "divergence_growth": "see divergence_patience",
         "eval_nonconvergence": "inference: report (count unconverged samples) or error (raise)",
+        "eval_chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
+                             "(0: the whole sequence at once; trainers set their training length)",
     }
 
     def __post_init__(self) -> None:
@@ -77,6 +85,7 @@ class FixedPointOptions:
         _check_int("phantom_steps", self.phantom_steps, minimum=1)
         _check_int("unroll_steps", self.unroll_steps, minimum=0)
         _check_int("divergence_patience", self.divergence_patience, minimum=0)
+        _check_int("eval_chunk_length", self.eval_chunk_length, minimum=0)
         _check_choice("eval_nonconvergence", self.eval_nonconvergence, ("report", "error"))
         _check_positive("f_tol", self.f_tol)
         _check_positive("eval_f_tol", self.eval_f_tol)

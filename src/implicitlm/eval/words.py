@@ -30,9 +30,12 @@ SIMULTANEOUS_BUDGET_MARGIN = 32
 
 def simultaneous_budget(model, length: int) -> int:
     """The evaluation budget of a simultaneous solve over words of ``length`` tokens: the
-    model's own, or twice the length plus a margin where that is more. Converged words
+    model's own, or twice the length plus a margin where that is more; a model that solves
+    in chunks (``eval_chunk_length``) needs that for a chunk's length only. Converged words
     stop early, so a generous budget costs only where it is needed."""
-    return max(model.solver.options.eval_f_max_iter, SIMULTANEOUS_BUDGET_PER_TOKEN * length + SIMULTANEOUS_BUDGET_MARGIN)
+    options = model.solver.options
+    solved_at_once = min(length, options.eval_chunk_length or length)
+    return max(options.eval_f_max_iter, SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once + SIMULTANEOUS_BUDGET_MARGIN)
 
 
 def word_accuracy(
@@ -113,6 +116,8 @@ def _predict(
         options = model.solver.options
         row["fp_max_iter"] = options.eval_f_max_iter if max_iter is None else max_iter
         row["fp_tol"] = options.eval_f_tol if tol is None else tol
+        if mode == "simultaneous":
+            row["fp_chunk_length"] = min(length, options.eval_chunk_length or length)
         row["fp_iterations_mean"] = torch.cat(iterations).mean().item()
         row["fp_rel_residual_mean"] = torch.cat(residuals).mean().item()
         row.update(tally.as_dict())

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
-from ..deq import ConvergenceTally, FixedPointSolver, solve_sequence, warn_not_converged
+from ..deq import ConvergenceTally, FixedPointSolver, chain_chunks, solve_sequence, warn_not_converged
 from ..layers import RMSNorm
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
@@ -126,6 +126,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        chunk_length: int | None = None,
         **kwargs,
     ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
@@ -139,6 +140,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         and the stack's output (one more pass of the stack). ``logits_to_keep``: logits of
         the last N positions only (0: all), or of the positions a 1-d tensor lists, as
         transformers' models take it; ``generate`` asks for the last one.
+        ``chunk_length``: in an evaluation in simultaneous mode, solve in chunks of this
+        many tokens, carrying the state (0: the whole sequence; default the solver options'
+        ``eval_chunk_length``). ``fixed_point`` then describes each sample's chunks together.
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = _transformers_options(kwargs)
@@ -162,7 +166,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             if mode == "sequential":
                 z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol)
             else:
-                z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol)
+                z, stats, new_state = self._simultaneous(
+                    embedded, injection, state, padding, use_cache, max_iter, tol, self._chunk_length(chunk_length)
+                )
             hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
             head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
             logits = F.linear(z[:, _kept_positions(logits_to_keep, labels)], head)[..., : self.config.vocab_size]
@@ -206,10 +212,42 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             _fill_parametrization_cache(self)
             yield
 
-    def _simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol):
+    def _chunk_length(self, chunk_length: int | None) -> int:
+        """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
+        implicit model's evaluation chunks: training differentiates through one solve."""
+        if chunk_length is None:
+            chunk_length = self.solver.options.eval_chunk_length
+        elif isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or chunk_length < 0:
+            raise ValueError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
+        return chunk_length if self.config.implicit and not self.training else 0
+
+    def _simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int):
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
+        length = embedded.shape[1]
+        if not chunk_length or length <= chunk_length:
+            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol)
+        # The fixed point is causal: a chunk's tokens are settled by what precedes them, which
+        # the state read off the previous chunk's fixed point carries. Chunks are counted
+        # back from the end (the first one is the partial one): under left padding, every
+        # row's real tokens then fall into the same chunks as they would alone, whatever the
+        # padding, so a row's answer does not depend on its batch.
+        bounds = [0, *range(length % chunk_length or chunk_length, length + 1, chunk_length)]
+        pieces, chunk_stats = [], []
+        for start, end in zip(bounds, bounds[1:]):
+            part = slice(start, end)
+            z, stats, state = self._solve(
+                embedded[:, part], injection[:, part], state, None if padding is None else padding[:, part],
+                use_cache or end < length, max_iter, tol,
+            )
+            pieces.append(z)
+            chunk_stats.append(stats)
+        commits = len(chunk_stats) - (0 if use_cache else 1)
+        return torch.cat(pieces, dim=1), chain_chunks(chunk_stats, commits), state
+
+    def _solve(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol):
+        """One simultaneous solve over the given tokens, from ``state``."""
         z, stats = self.solver(
             self._stack_map(injection, state, padding),
             torch.zeros_like(embedded),
@@ -277,6 +315,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
+        chunk_length: int | None = None,
         **unused,
     ) -> dict:
         """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
@@ -287,12 +326,13 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         the ones after it, fed in sequential mode. ``max_iter`` / ``tol`` set the solver
         budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
         sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
-        forward (transformers' convention), ``input_ids`` for it afterwards."""
+        forward (transformers' convention), ``input_ids`` for it afterwards. ``chunk_length``:
+        the prefill's, as ``forward`` takes it."""
         budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache, output_hidden_states=output_hidden_states,
                       logits_to_keep=logits_to_keep)
         if state is None:
             prompt = dict(input_ids=input_ids) if inputs_embeds is None or not is_first_iteration else dict(inputs_embeds=inputs_embeds)
-            return dict(attention_mask=attention_mask, mode=mode, **prompt, **budget)
+            return dict(attention_mask=attention_mask, mode=mode, chunk_length=chunk_length, **prompt, **budget)
         new_tokens = input_ids if is_first_iteration else input_ids[:, -1:]
         return dict(input_ids=new_tokens, state=state, mode="sequential", **budget)
 

@@ -49,7 +49,7 @@ from .checkpoint import (
 )
 from .curriculum import Curriculum, Phase
 from .guard import non_finite_images
-from .loop import StepOutcome, TrainingTask, require_training, run_training
+from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
@@ -209,6 +209,7 @@ def _train_lm(
     require_training(
         model, config.micro_batch_size, config.sequence_length, config.gradient_passes(model.config.implicit)
     )
+    chunk_evaluations_at(model, config.sequence_length)
     torch.manual_seed(config.seed)
     shards = TokenShards(data_dir, "train")
     _check_vocabulary(model, shards)

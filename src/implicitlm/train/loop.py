@@ -131,6 +131,14 @@ def require_training(model, batch: int, length: int, graphs: int) -> None:
     require(f"training at {batch} x {length} tokens per batch ({graphs} pass(es) kept for the gradient)", needed)
 
 
+def chunk_evaluations_at(model, train_length: int) -> None:
+    """Make ``train_length`` the chunk length of the model's simultaneous evaluations,
+    unless one was set: beyond the length it trained at, a whole-sequence solve needs
+    iterations in proportion to the length, and chunks of it converge as training did."""
+    if model.config.implicit and not model.solver.options.eval_chunk_length:
+        model.set_fixed_point_options(eval_chunk_length=train_length)
+
+
 def check_updated_weights(model, recheck, accelerator, step: int, last_checkpoint: Path | None) -> None:
     """Before a checkpoint is written and called good: the weights the update produced are
     finite, and the step's batch gives a finite loss under them. An update can leave finite

@@ -32,7 +32,7 @@ from .checkpoint import (
 )
 from .curriculum import Curriculum, Phase
 from .guard import non_finite_images
-from .loop import StepOutcome, TrainingTask, require_training, run_training
+from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import check_precision, compile_stack, resolve_precision
@@ -173,6 +173,7 @@ def _train_words(
         refuse_earlier_run(out_dir, overwrite)
         clear_earlier_run(out_dir)
     require_training(model, config.batch_size, config.train_length, config.gradient_passes(model.config.implicit))
+    chunk_evaluations_at(model, config.train_length)
     torch.manual_seed(config.seed)
     start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
     if resume:
