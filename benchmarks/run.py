@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+import chunked
 import data_generation
 import decoding
 import generation
@@ -34,6 +35,7 @@ SECTIONS = {
     "mixer": mixer.run,
     "decoding": decoding.run,
     "generation": generation.run,
+    "chunked": chunked.run,
     "scoring": scoring.run,
     "solvers": solvers.run,
     "data_generation": data_generation.run,

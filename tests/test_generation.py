@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -273,3 +275,47 @@ def test_chunk_length_is_checked_and_training_solves_the_whole_sequence():
     model.train()
     with torch.no_grad():
         assert torch.equal(model(ids, chunk_length=2).logits, model(ids, chunk_length=0).logits)
+
+
+@dataclasses.dataclass
+class PreviousOutput:
+    z: torch.Tensor  # (batch, hidden): the last token's output, which the next token reads
+
+
+class LinearChainStack(torch.nn.Module):
+    """f(z)_t = a z_t + b z_{t-1} + u_t. One token alone contracts by a per iteration; a
+    chain of them iterated together carries each error down the chain, where it grows as
+    b^k (s choose k) before it decays, so a longer chunk needs many more iterations."""
+
+    def __init__(self, hidden: int, a: float, b: float) -> None:
+        super().__init__()
+        self.hidden, self.a, self.b = hidden, a, b
+        self.gradient_checkpointing = False
+
+    def forward(self, z, injection, states=None, padding=None):
+        previous = torch.zeros_like(z[:, 0]) if states is None else states[0].z
+        shifted = torch.cat([previous[:, None], z[:, :-1]], dim=1)
+        out = self.a * z + self.b * shifted + injection[..., : self.hidden]
+        return out, [PreviousOutput(out[:, -1])]
+
+    def select_state(self, states, rows):
+        return [PreviousOutput(states[0].z.index_select(0, rows))]
+
+    def replace_state_rows(self, states, rows, new):
+        return [PreviousOutput(states[0].z.index_copy(0, rows, new[0].z))]
+
+
+def test_chunk_rows_that_miss_the_tolerance_are_solved_again_in_smaller_chunks():
+    model = make_model("llama", True)
+    model.stack = LinearChainStack(model.config.hidden_size, a=0.5, b=0.4)
+    ids = tokens(3, 8, seed=24)
+    with torch.no_grad():
+        exact = model(ids, chunk_length=0, max_iter=4000, tol=1e-9)
+        four_tokens = model(ids[:, :4], chunk_length=0, max_iter=25, tol=1e-6)
+        chunked = model(ids, chunk_length=4, max_iter=25, tol=1e-6)
+    assert bool(exact.fixed_point.converged.all())
+    assert not bool(four_tokens.fixed_point.converged.any()), "the case under test: 4 tokens together miss at 25"
+    assert bool(chunked.fixed_point.converged.all())
+    torch.testing.assert_close(chunked.logits, exact.logits, atol=1e-4, rtol=1e-5)
+    # Both attempts of each chunk are counted: two of 4 tokens at the full budget, then the retries.
+    assert bool((chunked.fixed_point.iterations > 2 * 25).all())

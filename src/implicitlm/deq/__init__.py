@@ -4,7 +4,7 @@ from ..schema import OptionError
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
-from .stats import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
+from .stats import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged, with_retried_rows
 
 __all__ = [
     "ConvergenceTally",
@@ -15,4 +15,5 @@ __all__ = [
     "chain_chunks",
     "solve_sequence",
     "warn_not_converged",
+    "with_retried_rows",
 ]

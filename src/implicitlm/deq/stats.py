@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -94,6 +95,27 @@ def chain_chunks(chunks: list[FixedPointStats], commits: int) -> FixedPointStats
         tol=first.tol,
         stop_mode=first.stop_mode,
         solver=first.solver,
+    )
+
+
+def with_retried_rows(
+    stats: FixedPointStats, rows: torch.Tensor, retry: FixedPointStats, taken: torch.Tensor
+) -> FixedPointStats:
+    """``stats`` after samples ``rows`` were solved again (``retry``, of those rows only):
+    where ``taken`` (a mask over ``rows``), their outcome is the retry's; their iterations,
+    and the evaluations, add up both solves."""
+    def replaced(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+        return mine.index_copy(0, rows[taken], theirs[taken].to(mine.dtype))
+
+    return dataclasses.replace(
+        stats,
+        iterations=stats.iterations.index_add(0, rows, retry.iterations.to(stats.iterations.dtype)),
+        abs_residual=replaced(stats.abs_residual, retry.abs_residual),
+        rel_residual=replaced(stats.rel_residual, retry.rel_residual),
+        diverged=replaced(stats.diverged, retry.diverged),
+        non_finite=replaced(stats.non_finite, retry.non_finite),
+        evaluations=stats.evaluations + retry.evaluations,
+        row_evaluations=stats.row_evaluations + retry.row_evaluations,
     )
 
 

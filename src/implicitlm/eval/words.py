@@ -58,7 +58,7 @@ def word_accuracy(
     grows with the length), in sequential mode the model's per-token evaluation budget.
     ``warn``: log a one-line warning when fixed points stopped above the tolerance (a
     budget sweep, which shows the share itself, turns it off)."""
-    return _predict(model, inputs, targets, mode, max_iter, tol, batch_size, last, warn)[1]
+    return word_predictions(model, inputs, targets, mode, max_iter, tol, batch_size, last, warn)[1]
 
 
 def mode_agreement(
@@ -76,15 +76,16 @@ def mode_agreement(
     mode's ``word_accuracy`` row. ``max_iter``: the budget of both (default: each mode's own)."""
     predictions, rows = {}, {}
     for mode in MODES:
-        predictions[mode], rows[mode] = _predict(model, inputs, targets, mode, max_iter, tol, batch_size)
+        predictions[mode], rows[mode] = word_predictions(model, inputs, targets, mode, max_iter, tol, batch_size)
     agreement = (predictions["simultaneous"] == predictions["sequential"]).float().mean().item()
     return {"length": int(inputs.shape[1]), "sequences": int(inputs.shape[0]), "argmax_agreement": agreement, **rows}
 
 
-def _predict(
+def word_predictions(
     model, inputs, targets, mode: str, max_iter, tol, batch_size: int, last: int = 10, warn: bool = True
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """(predicted labels (N, L), ``word_accuracy``'s row)."""
+    """(predicted labels (N, L), ``word_accuracy``'s row): the predictions too, for
+    comparisons between solves."""
     length = int(inputs.shape[1])
     if length < 2:
         raise ValueError("word accuracy needs words of at least 2 tokens: token 1's label is its input")

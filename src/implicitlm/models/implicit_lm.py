@@ -21,7 +21,14 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
-from ..deq import ConvergenceTally, FixedPointSolver, chain_chunks, solve_sequence, warn_not_converged
+from ..deq import (
+    ConvergenceTally,
+    FixedPointSolver,
+    chain_chunks,
+    solve_sequence,
+    warn_not_converged,
+    with_retried_rows,
+)
 from ..layers import RMSNorm
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
@@ -221,30 +228,56 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
         return chunk_length if self.config.implicit and not self.training else 0
 
-    def _simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int):
+    def _simultaneous(
+        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int
+    ):
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
-        length = embedded.shape[1]
-        if not chunk_length or length <= chunk_length:
+        if not chunk_length:
             return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol)
         # The fixed point is causal: a chunk's tokens are settled by what precedes them, which
         # the state read off the previous chunk's fixed point carries. Chunks are counted
         # back from the end (the first one is the partial one): under left padding, every
         # row's real tokens then fall into the same chunks as they would alone, whatever the
         # padding, so a row's answer does not depend on its batch.
+        length = embedded.shape[1]
         bounds = [0, *range(length % chunk_length or chunk_length, length + 1, chunk_length)]
         pieces, chunk_stats = [], []
         for start, end in zip(bounds, bounds[1:]):
             part = slice(start, end)
-            z, stats, state = self._solve(
-                embedded[:, part], injection[:, part], state, None if padding is None else padding[:, part],
-                use_cache or end < length, max_iter, tol,
-            )
+            chunk = (embedded[:, part], injection[:, part], None if padding is None else padding[:, part])
+            keep_state = use_cache or end < length
+            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol)
+            z, stats, state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter, tol)
             pieces.append(z)
             chunk_stats.append(stats)
         commits = len(chunk_stats) - (0 if use_cache else 1)
         return torch.cat(pieces, dim=1), chain_chunks(chunk_stats, commits), state
+
+    def _retry_missed(self, chunk, state, solved, keep_state: bool, max_iter, tol):
+        """The rows of a chunk that missed the tolerance, solved again from the same state in
+        chunks of half its length, down to single tokens (where a simultaneous solve is the
+        sequential mode's token solve): tokens iterated together may cycle where they settle
+        one after another. Only those rows run again; each keeps whichever of its two solves
+        ended nearer its fixed point (lower residual)."""
+        z, stats, next_state = solved
+        embedded, injection, padding = chunk
+        missed = (~stats.converged).nonzero().flatten()
+        length = embedded.shape[1]
+        if length == 1 or len(missed) == 0:
+            return solved
+        rows = [None if t is None else t.index_select(0, missed) for t in (embedded, injection, padding)]
+        z_rows, retry, state_rows = self._simultaneous(
+            rows[0], rows[1], None if state is None else self.stack.select_state(state, missed), rows[2],
+            keep_state, max_iter, tol, chunk_length=length // 2,
+        )
+        better = retry.residual < stats.residual.index_select(0, missed)
+        improved = missed[better]
+        if keep_state:
+            kept = self.stack.select_state(state_rows, better.nonzero().flatten())
+            next_state = self.stack.replace_state_rows(next_state, improved, kept)
+        return z.index_copy(0, improved, z_rows[better]), with_retried_rows(stats, missed, retry, better), next_state
 
     def _solve(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol):
         """One simultaneous solve over the given tokens, from ``state``."""

@@ -36,6 +36,11 @@ class BlockStack(nn.Module):
         """The states of batch rows ``index``, in that order (every state tensor is batch-first)."""
         return [_select_rows(state, index) for state in states]
 
+    def replace_state_rows(self, states: list[Any], index: torch.Tensor, rows: list[Any]) -> list[Any]:
+        """``states`` with batch rows ``index`` taken from ``rows`` (the states of those rows,
+        as ``select_state`` gives them, after the same tokens)."""
+        return [_replace_rows(state, index, new) for state, new in zip(states, rows)]
+
     def forward(
         self,
         z: torch.Tensor,
@@ -82,6 +87,15 @@ def _select_rows(state: Any, index: torch.Tensor) -> Any:
         value = getattr(state, field.name)
         if value is not None:
             rows[field.name] = value.index_select(0, index)
+    return dataclasses.replace(state, **rows)
+
+
+def _replace_rows(state: Any, index: torch.Tensor, new: Any) -> Any:
+    rows = {}
+    for field in dataclasses.fields(state):
+        value = getattr(state, field.name)
+        if value is not None:
+            rows[field.name] = value.index_copy(0, index, getattr(new, field.name))
     return dataclasses.replace(state, **rows)
 
 

@@ -1,0 +1,70 @@
+"""Simultaneous mode far beyond the training length: whole-sequence solve, chunked solve, RNN.
+
+A whole-sequence solve carries a token's state about one position further per iteration,
+so a word needs about as many iterations as it has tokens, each a pass over all of it; a
+chunked solve (chunks of the training length, the state carried between them) converges
+chunk by chunk as training did. Baseline in the same run: sequential (RNN) mode, each
+token its own fixed point. A demo-size S3 model is trained first (about half a minute),
+as the demo's preset does it, on a shorter schedule.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+from common import Table
+
+from implicitlm.configs import load_preset
+from implicitlm.eval.words import held_out_words, simultaneous_budget, word_predictions
+from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
+from implicitlm.train.word_trainer import WordTrainConfig, train_words
+
+MULTIPLE = 16
+
+
+def trained_s3(steps: int):
+    preset = load_preset("demo")
+    train = WordTrainConfig.from_dict(
+        {**preset["train"], **preset["implicit_train"], "batch_size": 64, "unroll_steps": steps, "free_steps": steps // 4}
+    )
+    model = ImplicitMamba2ForCausalLM(config_from_options({**preset["model"], "vocab_size": 6, "label_alignment": "aligned"}))
+    with tempfile.TemporaryDirectory() as run:
+        train_words(model, train, run, progress=False)
+    return model.eval(), train
+
+
+def run(quick: bool, device: str = "cpu") -> Table:
+    model, train = trained_s3(100 if quick else 200)
+    model.to(device)
+    length = MULTIPLE * train.train_length
+    inputs, targets = held_out_words(train.group, length, 16 if quick else 64, seed=1)
+    table = Table(
+        f"S3 words of {length} tokens ({MULTIPLE}x the training length), demo-size implicit Mamba2, {device}",
+        ["solve", "budget", "s", "time / sequential", "last-10 accuracy", "agreement with sequential", "not converged"],
+    )
+    runs = {
+        "sequential (RNN), baseline": ("sequential", 0, None),
+        f"chunked, {train.train_length} tokens (default)": ("simultaneous", train.train_length, None),
+        "whole sequence, model's budget": ("simultaneous", 0, model.solver.options.eval_f_max_iter),
+        "whole sequence, budget 2L + 32": ("simultaneous", 0, None),
+    }
+    results = {}
+    for name, (mode, chunk, max_iter) in runs.items():
+        model.set_fixed_point_options(eval_chunk_length=chunk)
+        budget = max_iter or (simultaneous_budget(model, length) if mode == "simultaneous" else model.solver.options.eval_f_max_iter)
+        start = time.perf_counter()
+        predicted, row = word_predictions(model, inputs, targets, mode, budget, None, batch_size=256, warn=False)
+        results[name] = (budget, time.perf_counter() - start, row, predicted)
+    baseline = results["sequential (RNN), baseline"]
+    for name, (budget, seconds, row, predicted) in results.items():
+        agreement = (predicted == baseline[3]).float().mean().item()
+        table.add(
+            name, budget, f"{seconds:.2f}", f"{seconds / baseline[1]:.2f}x", f"{row['accuracy_last10']:.2%}",
+            f"{agreement:.2%}", f"{row['fp_not_converged_share']:.1%} of {row['fp_fixed_points']}",
+        )
+    table.notes.append(
+        "not converged: samples (simultaneous; chunked: a sample any of whose chunks missed) or tokens (sequential) "
+        f"above the tolerance {model.solver.options.eval_f_tol:g}"
+    )
+    return table
