@@ -180,6 +180,24 @@ def test_left_padding_leaves_the_real_tokens_logits_unchanged(architecture, impl
 
 
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
+def test_left_padding_after_a_state_leaves_the_real_tokens_and_the_next_state_unchanged(architecture, implicit):
+    # Mamba's convolution must show the first real tokens the inputs before the padding
+    # (held in the state), not the padding's zeros.
+    model = make_model(architecture, implicit)
+    head, tail, following = tokens(1, 5, seed=25), tokens(1, 3, seed=26), tokens(1, 2, seed=27)
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), tail], dim=1)
+    with torch.no_grad():
+        state = model(head, use_cache=True).state
+        alone = model(tail, state=state, use_cache=True)
+        in_padding = model(padded, attention_mask=torch.tensor([[0, 0, 1, 1, 1]]), state=state, use_cache=True)
+        after_alone = model(following, state=alone.state, mode="sequential")
+        after_padding = model(following, state=in_padding.state, mode="sequential")
+    tolerance = 1e-10 if not implicit else 1e-5
+    torch.testing.assert_close(in_padding.logits[:, 2:], alone.logits, atol=tolerance, rtol=0)
+    torch.testing.assert_close(after_padding.logits, after_alone.logits, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_generation_from_a_left_padded_prompt_equals_unpadded_generation(architecture, implicit):
     model = make_model(architecture, implicit)
     short = tokens(1, 3, seed=9)

@@ -15,6 +15,7 @@ from lm_eval.api.registry import get_model, model_registry
 
 from implicitlm.cli import main
 from implicitlm.data.shards import write_shards
+from implicitlm.data.downstream_sets import read_local_set
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.eval.downstream import paper_table, run_tasks
 from implicitlm.eval.harness import ImplicitLMHarness
@@ -138,9 +139,12 @@ def test_rolling_loglikelihood_is_the_text_logprob_and_windows_keep_the_longest_
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 def test_batching_and_left_padding_leave_the_scores_unchanged(mode, tokenizer):
     model = make_model("mamba2", True, len(tokenizer))
-    # Two pairs of equal length (a sequential batch), the rest of other lengths (padding).
+    # Two shared contexts (each solved once, its continuations going on from its state), two
+    # of whose continuations and two unshared pairs are of equal length (sequential batches);
+    # the rest of other lengths (padding).
     pairs = [("The sun", " rises"), ("The sun", " sets"), ("Bees make honey from the", " flowers"),
-             ("The baker", " bakes"), ("A small village lay", " at the foot"), ("Question:", " What")]
+             ("The baker", " bakes"), ("A small village lay", " at the foot"), ("Question:", " What"),
+             ("Question:", " Who"), ("The moon", " bakes")]
     texts = [(s,) for s in SENTENCES[:3]]
 
     def scores(batch_size):
@@ -308,3 +312,45 @@ def test_paper_table_reproduces_the_papers_average():
     rows, markdown = paper_table({"piqa": {"acc,none": 0.7}, "hellaswag": {"acc,none": 0.5}})
     assert rows[0]["value"] is None and rows[-1]["value"] == pytest.approx(0.6)
     assert "| score | - | - | 0.5000 | 0.7000 | - |" in markdown and "mean of the 2 acc column(s)" in markdown
+
+
+def real_items(task: str, shared_data: Path, count: int) -> list[tuple[str, str]]:
+    """(context, continuation) pairs of the first ``count`` items of a local downstream set,
+    every choice of an item continuing the same context, as lm-eval's task builds them."""
+    documents = read_local_set(task, shared_data).documents[:count]
+    if task == "hellaswag":
+        return [(doc["query"], " " + choice) for doc in documents for choice in doc["choices"]]
+    return [(f"Question: {doc['goal']}\nAnswer:", " " + doc[key]) for doc in documents for key in ("sol1", "sol2")]
+
+
+@pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
+@pytest.mark.parametrize("task", ["hellaswag", "piqa"])
+def test_shared_contexts_score_as_whole_texts_on_real_items_and_read_fewer_tokens(task, mode, shared_data, tokenizer):
+    model = make_model("llama", True, len(tokenizer))  # converges to 1e-9
+    pairs = real_items(task, shared_data, 3 if mode == "simultaneous" else 1)  # token by token is slow
+    read = []
+    model.register_forward_hook(lambda m, args, kwargs, out: read.append(int(kwargs["attention_mask"].sum())), with_kwargs=True)
+
+    def scores(share_contexts: bool):
+        read.clear()
+        lm = ImplicitLMHarness(model, tokenizer=tokenizer, batch_size=4, mode=mode, share_contexts=share_contexts, progress=False)
+        with model.track_convergence() as tally:
+            result = lm.loglikelihood(requests("l", *pairs))
+        assert tally.not_converged == 0
+        return result, sum(read)
+
+    (shared, shared_tokens), (whole, whole_tokens) = scores(True), scores(False)
+    torch.testing.assert_close([s for s, _ in shared], [s for s, _ in whole], atol=1e-6, rtol=0)
+    assert [g for _, g in shared] == [g for _, g in whole]
+    # Each context read once instead of once per choice; a continuation's last token is never read.
+    encoded = [ImplicitLMHarness(model, tokenizer=tokenizer, progress=False)._encode_pair(*pair) for pair in pairs]
+    contexts = {tuple(context) for context, _ in encoded}
+    assert whole_tokens == sum(len(context) + len(continuation) - 1 for context, continuation in encoded)
+    assert shared_tokens == sum(map(len, contexts)) + sum(len(continuation) - 1 for _, continuation in encoded)
+
+
+def test_share_contexts_takes_lm_evals_text_flags(tokenizer):
+    model = make_model("llama", True, len(tokenizer))
+    assert ImplicitLMHarness(model, tokenizer=tokenizer, share_contexts="False", progress=False).share_contexts is False
+    with pytest.raises(ValueError, match="share_contexts"):
+        ImplicitLMHarness(model, tokenizer=tokenizer, share_contexts="sometimes", progress=False)

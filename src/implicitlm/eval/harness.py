@@ -14,7 +14,10 @@ RNN), ``max_iter`` / ``tol`` (the fixed-point budget; default: the model's evalu
 budget), ``batch_size`` (a number, or "auto": the largest whose forward over the longest
 texts fits in memory, probed from ``max_batch_size`` (default 64) down as lm-eval does),
 ``max_length`` (context window, default 2048: texts are cut from
-the left), ``max_gen_toks``, ``device``, ``dtype``.
+the left), ``max_gen_toks``, ``device``, ``dtype``, ``share_contexts`` (default true: a context
+that several loglikelihood requests continue, the choices of an item, is solved once and each
+continuation goes on from its state; the scores equal solving each text whole, to the solver
+tolerance).
 
 Simultaneous batches are left-padded under an attention mask; sequential mode takes no
 padding, so its batches hold texts of one length. Generation is ``model.generate``: the
@@ -73,9 +76,12 @@ class ImplicitLMHarness(TemplateLM):
         dtype: str | None = None,
         progress: bool = True,
         max_batch_size: int | None = None,
+        share_contexts: bool = True,
     ) -> None:
         """``batch_size="auto"`` (or lm-eval's "auto:N"): found once per request type by
-        probing; the batches run longest first, so the size that fits the first fits all."""
+        probing; the batches run longest first, so the size that fits the first fits all.
+        ``share_contexts``: a context that several loglikelihood requests continue (the
+        choices of an item) is solved once; False solves every context + continuation whole."""
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
@@ -88,6 +94,7 @@ class ImplicitLMHarness(TemplateLM):
         self.max_length = _positive_int("max_length", max_length or DEFAULT_MAX_LENGTH)
         self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self.progress = progress
+        self.share_contexts = _boolean("share_contexts", share_contexts)
         self._device = self.model.device
         # Every request's fixed points, reported in the results' "config" (get_model_info).
         self.convergence = ConvergenceTally()
@@ -127,17 +134,77 @@ class ImplicitLMHarness(TemplateLM):
             if len(continuation) > self.max_length:
                 raise ValueError(f"a continuation of {len(continuation)} tokens exceeds max_length {self.max_length}")
             rows.append(((context + continuation)[-(self.max_length + 1):-1], continuation))
+        shared = self._shared_contexts(requests)
+        alone = sorted(set(range(len(rows))) - {i for members in shared.values() for i in members})
         results: list[tuple[float, bool] | None] = [None] * len(rows)
         batch_size = self._fitting_batch_size(max((len(inputs) for inputs, _ in rows), default=1))
         with self._tracked("loglikelihood"), \
                 tqdm(total=len(rows), desc="loglikelihood", disable=disable_tqdm or not self.progress) as bar:
-            for batch in self._batches(rows, batch_size, lambda row: len(row[0])):
+            for batch in self._batches(alone, batch_size, lambda i: len(rows[i][0])):
+                batch = [alone[j] for j in batch]
                 for i, result in zip(batch, self._score([rows[i] for i in batch])):
                     results[i] = result
-                    if requests[i][0] is not None:
-                        self.cache_hook.add_partial("loglikelihood", requests[i][0], result)
                 bar.update(len(batch))
+            contexts = list(shared)
+            for batch in self._batches(contexts, batch_size, len):
+                members = [[(i, requests[i][2]) for i in shared[contexts[j]]] for j in batch]
+                for i, result in self._score_after_contexts([list(contexts[j]) for j in batch], members, batch_size):
+                    results[i] = result
+                bar.update(sum(map(len, members)))
+        for request, result in zip(requests, results):
+            if request[0] is not None:
+                self.cache_hook.add_partial("loglikelihood", request[0], result)
         return results
+
+    def _shared_contexts(self, requests) -> dict[tuple[int, ...], list[int]]:
+        """Context -> the requests that continue it, for contexts that two or more requests
+        share (the choices of a multiple-choice item) and that fit the window whole with each
+        of their continuations: those contexts are solved once, and every continuation goes on
+        from the state the context's fixed point left."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        if not self.share_contexts:
+            return groups
+        for i, (_, context, continuation) in enumerate(requests):
+            if context and continuation and len(context) + len(continuation) <= self.max_length + 1:
+                groups.setdefault(tuple(context), []).append(i)
+        return {context: members for context, members in groups.items() if len(members) > 1}
+
+    @torch.no_grad()
+    def _score_after_contexts(
+        self, contexts: list[list[int]], members: list[list[tuple[int, list[int]]]], batch_size: int
+    ) -> Iterator[tuple[int, tuple[float, bool]]]:
+        """(request index, result) for every continuation of ``contexts``: a context's last
+        position predicts a continuation's first token; the rest of it is read from the
+        state the context left, which every continuation of that context starts from."""
+        input_ids, attention_mask = self._left_padded(contexts)
+        solved = self.model(
+            input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol,
+            use_cache=True, logits_to_keep=1,
+        )
+        first = _log_probs(solved.logits[:, -1])
+        rows = [(owner, i, continuation) for owner, group in enumerate(members) for i, continuation in group]
+        for batch in self._batches(rows, batch_size, lambda row: len(row[2]) - 1):
+            batch_rows = [rows[j] for j in batch]
+            rest = self._continue_from(solved.state, [(owner, continuation) for owner, _, continuation in batch_rows])
+            for (owner, i, continuation), (logprob, greedy) in zip(batch_rows, rest):
+                head = first[owner, continuation[0]]
+                yield i, (float(head) + logprob, bool(first[owner].argmax() == continuation[0]) and greedy)
+
+    def _continue_from(self, state, rows: list[tuple[int, list[int]]]) -> list[tuple[float, bool]]:
+        """Each continuation's tokens after its first, scored from state row ``owner``."""
+        tails = [(owner, continuation) for owner, continuation in rows if len(continuation) > 1]
+        scored = {}
+        if tails:
+            input_ids, attention_mask = self._left_padded([continuation[:-1] for _, continuation in tails])
+            owners = torch.tensor([owner for owner, _ in tails], device=input_ids.device)
+            output = self.model(
+                input_ids, attention_mask=attention_mask, state=self.model.stack.select_state(state, owners),
+                mode=self.mode, max_iter=self.max_iter, tol=self.tol,
+            )
+            logprobs = _log_probs(output.logits)
+            for row, (_, continuation) in enumerate(tails):
+                scored[id(continuation)] = _continuation_score(logprobs[row], continuation[1:])
+        return [scored.get(id(continuation), (0.0, True)) for _, continuation in rows]
 
     @contextlib.contextmanager
     def _tracked(self, requests: str):
@@ -158,20 +225,8 @@ class ImplicitLMHarness(TemplateLM):
             input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol,
             logits_to_keep=scored_positions,
         )
-        # At least float32: half-precision log-probabilities summed over a text drift.
-        logits = output.logits.to(torch.promote_types(output.logits.dtype, torch.float32))
-        logprobs = F.log_softmax(logits, dim=-1)
-        scored = []
-        for row, (_, continuation) in enumerate(rows):
-            if not continuation:
-                scored.append((0.0, True))  # nothing to predict: probability one
-                continue
-            # Left padding puts every row's last real token at the end.
-            predicted = logprobs[row, -len(continuation):]
-            target = torch.tensor(continuation, device=predicted.device)
-            logprob = predicted.gather(-1, target[:, None]).sum()
-            scored.append((float(logprob), bool((predicted.argmax(-1) == target).all())))
-        return scored
+        logprobs = _log_probs(output.logits)
+        return [_continuation_score(logprobs[row], continuation) for row, (_, continuation) in enumerate(rows)]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each text's log-probability after the eos token, every token predicted once."""
@@ -285,6 +340,23 @@ class ImplicitLMHarness(TemplateLM):
             yield batch
 
 
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    # At least float32: half-precision log-probabilities summed over a text drift.
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
+def _continuation_score(logprobs: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
+    """(sum of the log-probabilities of ``continuation``, whether greedy decoding gives it),
+    read off one row's last ``len(continuation)`` positions: left padding puts every row's
+    last real token at the end."""
+    if not continuation:
+        return 0.0, True  # nothing to predict: probability one
+    predicted = logprobs[-len(continuation):]
+    target = torch.tensor(continuation, device=predicted.device)
+    logprob = predicted.gather(-1, target[:, None]).sum()
+    return float(logprob), bool((predicted.argmax(-1) == target).all())
+
+
 def _tokenizer(tokenizer: Any, model: ImplicitCausalLM):
     """``tokenizer`` loaded if it is a name or folder; by default the one saved in the folder
     the model was loaded from (its ``name_or_path``), as the LM trainer's checkpoints have it."""
@@ -337,6 +409,15 @@ def _positive_int(name: str, value: Any) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return value
+
+
+def _boolean(name: str, value: Any) -> bool:
+    """A flag given as a Python bool or, from lm-eval's --model_args, as text."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false; got {value!r}")
     return value
 
 

@@ -13,16 +13,36 @@ import torch
 
 
 def causal_conv(
-    inputs: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    inputs: torch.Tensor,
+    state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    padding: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """inputs: (b, l, c); state: (b, c, k), the inputs before the first token (zeros at the
     start of a sequence); weight: (c, 1, k) as ``nn.Conv1d`` stores it. Output t sees inputs
-    t - k + 1 .. t only. Returns (pre-activation output (b, l, c), next state (b, c, k))."""
+    t - k + 1 .. t only. ``padding``: (b, l) bool, True at real tokens, whose inputs the
+    caller has zeroed elsewhere. Returns (pre-activation output (b, l, c), next state (b, c, k))."""
     kernel = weight.shape[-1]
     window = torch.cat([state[:, :, 1:].transpose(1, 2), inputs], dim=1)  # b, l + k - 1, c
+    if padding is not None:
+        window = _leading_padding_first(window, padding, kernel - 1)
     output = _ShiftedMultiplyAdd.apply(window, weight[:, 0, :], bias)
     # A copy, not a view: a view would keep the whole window alive inside the state.
     return output, window[:, -kernel:].transpose(1, 2).contiguous()
+
+
+def _leading_padding_first(window: torch.Tensor, padding: torch.Tensor, history: int) -> torch.Tensor:
+    """``window`` (the state's last ``history`` inputs, then the tokens') with each row's
+    leading padding moved in front of the state's inputs: a row left-padded after a state
+    then shows its first real tokens the inputs before the padding, as without padding;
+    otherwise they would read the padding's zeros in their place."""
+    leading = (padding.long().cumsum(dim=1) == 0).sum(dim=1, keepdim=True)  # (b, 1)
+    position = torch.arange(window.shape[1], device=window.device)
+    source = torch.where(
+        position < leading, position + history, torch.where(position < leading + history, position - leading, position)
+    )
+    return window.gather(1, source.unsqueeze(-1).expand(-1, -1, window.shape[-1]))
 
 
 def causal_conv_step(

@@ -94,10 +94,11 @@ class Mamba1Mixer(nn.Module):
         x, gate = self._project(hidden, injection)
         real = None if padding is None else padding.to(x.dtype).unsqueeze(-1)
         if real is not None:
-            # A padding token feeds zeros to the conv (as before the first token) and has
-            # dt = 0 (no decay, no input): left padding leaves the state as it found it.
+            # A padding token feeds zeros to the conv, which moves leading padding in front
+            # of the inputs the state holds, and has dt = 0 (no decay, no input): left padding
+            # leaves the state as it found it.
             x = x * real
-        x, conv = causal_conv(x, state.conv, self.conv1d.weight, self.conv1d.bias)
+        x, conv = causal_conv(x, state.conv, self.conv1d.weight, self.conv1d.bias, padding)
         x = F.silu(x)
         dt, B, C = self._select(x)
         if real is not None:

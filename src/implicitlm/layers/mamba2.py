@@ -106,11 +106,12 @@ class Mamba2Mixer(nn.Module):
             state = self.initial_state(batch, hidden.device, hidden.dtype)
         gate, xbc, dt = self._project(hidden, injection)
         if padding is not None:
-            # A padding token feeds zeros to the conv (as before the first token) and has
-            # dt = 0 (no decay, no input): left padding leaves the state as it found it.
+            # A padding token feeds zeros to the conv, which moves leading padding in front
+            # of the inputs the state holds, and has dt = 0 (no decay, no input): left padding
+            # leaves the state as it found it.
             real = padding.to(xbc.dtype).unsqueeze(-1)
             xbc, dt = xbc * real, dt * real
-        xbc, conv = causal_conv(xbc, state.conv, self.conv1d.weight, self.conv1d.bias)
+        xbc, conv = causal_conv(xbc, state.conv, self.conv1d.weight, self.conv1d.bias, padding)
         xbc = F.silu(xbc)
         x, B, C = torch.split(xbc, [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
         x = x.reshape(batch, length, d.nheads, d.headdim)
