@@ -24,6 +24,7 @@ import data_generation
 import decoding
 import generation
 import mixer
+import multiple_choice
 import scoring
 import solvers
 import training_step
@@ -37,6 +38,7 @@ SECTIONS = {
     "generation": generation.run,
     "chunked": chunked.run,
     "scoring": scoring.run,
+    "multiple_choice": multiple_choice.run,
     "solvers": solvers.run,
     "data_generation": data_generation.run,
     "training_step": training_step.run,
