@@ -103,7 +103,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         stopped above the tolerance is warned about in one line (unless a caller tracking
         convergence around this call reports it itself)."""
         caller_tracks = bool(self._tallies)
-        with self.track_convergence() as tally:
+        # The weight-normalised weights once per generation, not once per token: a token's
+        # step is small enough that computing them again was a twentieth of its time.
+        with self.track_convergence() as tally, self._weights_once_per_forward():
             output = super().generate(*args, **kwargs)
         if self.config.implicit:
             self.generation_convergence = tally.as_dict()
