@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import implicitlm  # noqa: F401  (registers the Auto classes)
 from implicitlm.deq import OptionError
+from implicitlm.faults import NumericalFault
 from implicitlm.models import build_model, config_from_options
 
 from contractive import make_contractive
@@ -337,3 +338,17 @@ def test_chunk_rows_that_miss_the_tolerance_are_solved_again_in_smaller_chunks()
     torch.testing.assert_close(chunked.logits, exact.logits, atol=1e-4, rtol=1e-5)
     # Both attempts of each chunk are counted: two of 4 tokens at the full budget, then the retries.
     assert bool((chunked.fixed_point.iterations > 2 * 25).all())
+
+
+def test_a_chunked_solve_fails_on_nonconvergence_only_after_its_retries():
+    model = make_model("llama", True)
+    model.stack = LinearChainStack(model.config.hidden_size, a=0.5, b=0.4)
+    model.set_fixed_point_options(eval_nonconvergence="error")
+    ids = tokens(2, 8, seed=28)
+    with torch.no_grad():
+        assert bool(model(ids, chunk_length=4, max_iter=25, tol=1e-6).fixed_point.converged.all())
+        with pytest.raises(NumericalFault, match="fixed point not reached for 2 of 2 samples"):
+            model(ids, chunk_length=0, max_iter=25, tol=1e-6)
+        with pytest.raises(NumericalFault, match="budget of 3"):  # single tokens miss too: retried, then refused
+            model(ids, chunk_length=4, max_iter=3, tol=1e-6)
+

@@ -98,15 +98,29 @@ class FixedPointSolver:
         """``restrict``: as for ``solve``; the phantom-gradient steps run on the whole batch."""
         opts = self.options
         if not training:
-            max_iter = _or(max_iter, opts.eval_f_max_iter)
-            z_star, stats = self.solve(f, z0, max_iter, _or(tol, opts.eval_f_tol), restrict)
-            self.require_convergence(stats, max_iter, "samples")
-            return z_star, stats
+            return self.evaluate(f, z0, max_iter, tol, restrict)
         if opts.unroll_steps > 0:
             return self.unroll(f, z0, opts.unroll_steps)
         z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol), restrict)
         z = self._phantom(None, _damped(f), z_star.detach())[-1]
         return z, stats
+
+    def evaluate(
+        self,
+        f: FixedPointFn,
+        z0: torch.Tensor,
+        max_iter: int | None = None,
+        tol: float | None = None,
+        restrict: RestrictFn | None = None,
+        check: bool = True,
+    ) -> tuple[torch.Tensor, FixedPointStats]:
+        """No-grad solve with the evaluation budget (``max_iter`` / ``tol`` override it).
+        ``check=False`` leaves ``require_convergence`` to a caller that may retry."""
+        max_iter = _or(max_iter, self.options.eval_f_max_iter)
+        z_star, stats = self.solve(f, z0, max_iter, _or(tol, self.options.eval_f_tol), restrict)
+        if check:
+            self.require_convergence(stats, max_iter, "samples")
+        return z_star, stats
 
     def solve(
         self, f: FixedPointFn, z0: torch.Tensor, max_iter: int, tol: float, restrict: RestrictFn | None = None
@@ -140,9 +154,11 @@ class FixedPointSolver:
             solver=self.options.f_solver,
         )
 
-    def require_convergence(self, stats: FixedPointStats, max_iter: int, unit: str) -> None:
+    def require_convergence(self, stats: FixedPointStats, max_iter: int | None, unit: str) -> None:
         """With ``eval_nonconvergence="error"``: raise NumericalFault, in one line, if any of
-        the ``unit`` (samples, tokens) that ``stats`` describe missed the tolerance."""
+        the ``unit`` (samples, tokens) that ``stats`` describe missed the tolerance.
+        ``max_iter``: the budget they had (None: the evaluation budget)."""
+        max_iter = _or(max_iter, self.options.eval_f_max_iter)
         missed = ~stats.converged
         if self.options.eval_nonconvergence != "error" or not bool(missed.any()):
             return

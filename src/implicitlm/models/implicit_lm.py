@@ -231,8 +231,11 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         return chunk_length if self.config.implicit and not self.training else 0
 
     def _simultaneous(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int
+        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
+        retrying: bool = False,
     ):
+        """``retrying``: a retry inside a chunked solve, whose convergence the outer solve
+        checks once all its retries are done (``eval_nonconvergence="error"``)."""
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
@@ -250,12 +253,15 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             part = slice(start, end)
             chunk = (embedded[:, part], injection[:, part], None if padding is None else padding[:, part])
             keep_state = use_cache or end < length
-            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol)
+            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False)
             z, stats, state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter, tol)
             pieces.append(z)
             chunk_stats.append(stats)
         commits = len(chunk_stats) - (0 if use_cache else 1)
-        return torch.cat(pieces, dim=1), chain_chunks(chunk_stats, commits), state
+        stats = chain_chunks(chunk_stats, commits)
+        if not retrying:
+            self.solver.require_convergence(stats, max_iter, "samples")
+        return torch.cat(pieces, dim=1), stats, state
 
     def _retry_missed(self, chunk, state, solved, keep_state: bool, max_iter, tol):
         """The rows of a chunk that missed the tolerance, solved again from the same state in
@@ -272,7 +278,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         rows = [None if t is None else t.index_select(0, missed) for t in (embedded, injection, padding)]
         z_rows, retry, state_rows = self._simultaneous(
             rows[0], rows[1], None if state is None else self.stack.select_state(state, missed), rows[2],
-            keep_state, max_iter, tol, chunk_length=length // 2,
+            keep_state, max_iter, tol, chunk_length=length // 2, retrying=True,
         )
         better = retry.residual < stats.residual.index_select(0, missed)
         improved = missed[better]
@@ -281,21 +287,26 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             next_state = self.stack.replace_state_rows(next_state, improved, kept)
         return z.index_copy(0, improved, z_rows[better]), with_retried_rows(stats, missed, retry, better), next_state
 
-    def _solve(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol):
-        """One simultaneous solve over the given tokens, from ``state``."""
-        z, stats = self.solver(
-            self._stack_map(injection, state, padding),
-            torch.zeros_like(embedded),
-            training=self.training,
-            max_iter=max_iter,
-            tol=tol,
+    def _solve(
+        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True
+    ):
+        """One simultaneous solve over the given tokens, from ``state``. ``check=False``: an
+        evaluation solve whose convergence its caller checks (a chunk, which may be retried)."""
+        f = self._stack_map(injection, state, padding)
+
+        def restrict(rows: torch.Tensor):
             # Samples already converged are left out of the remaining iterations.
-            restrict=lambda rows: self._stack_map(
+            return self._stack_map(
                 injection.index_select(0, rows),
                 None if state is None else self.stack.select_state(state, rows),
                 None if padding is None else padding.index_select(0, rows),
-            ),
-        )
+            )
+
+        z0 = torch.zeros_like(embedded)
+        if check:
+            z, stats = self.solver(f, z0, training=self.training, max_iter=max_iter, tol=tol, restrict=restrict)
+        else:
+            z, stats = self.solver.evaluate(f, z0, max_iter, tol, restrict, check=False)
         if use_cache:
             # The state the sequence leaves behind is the one read off its fixed point: one
             # more pass at z*, as the sequential mode commits each token's state.
