@@ -192,19 +192,19 @@ class ImplicitLMHarness(TemplateLM):
 
     def _continue_from(self, state, rows: list[tuple[int, list[int]]]) -> list[tuple[float, bool]]:
         """Each continuation's tokens after its first, scored from state row ``owner``."""
-        tails = [(owner, continuation) for owner, continuation in rows if len(continuation) > 1]
-        scored = {}
+        tails = [j for j, (_, continuation) in enumerate(rows) if len(continuation) > 1]
+        scored = [(0.0, True)] * len(rows)  # a one-token continuation has nothing after its first
         if tails:
-            input_ids, attention_mask = self._left_padded([continuation[:-1] for _, continuation in tails])
-            owners = torch.tensor([owner for owner, _ in tails], device=input_ids.device)
+            input_ids, attention_mask = self._left_padded([rows[j][1][:-1] for j in tails])
+            owners = torch.tensor([rows[j][0] for j in tails], device=input_ids.device)
             output = self.model(
                 input_ids, attention_mask=attention_mask, state=self.model.stack.select_state(state, owners),
                 mode=self.mode, max_iter=self.max_iter, tol=self.tol,
             )
             logprobs = _log_probs(output.logits)
-            for row, (_, continuation) in enumerate(tails):
-                scored[id(continuation)] = _continuation_score(logprobs[row], continuation[1:])
-        return [scored.get(id(continuation), (0.0, True)) for _, continuation in rows]
+            for row, j in enumerate(tails):
+                scored[j] = _continuation_score(logprobs[row], rows[j][1][1:])
+        return scored
 
     @contextlib.contextmanager
     def _tracked(self, requests: str):
