@@ -1,8 +1,8 @@
 """Causal LM around a backbone stack, explicit (one pass) or implicit (fixed point over depth).
 
 A stack provides ``forward(z, u, states)``, ``step(z_t, u_t, states)``,
-``initial_state(batch, ...)``, ``select_state(states, rows)`` and a
-``gradient_checkpointing`` flag; this module adds embedding, injection, the two inference
+``initial_state(batch, ...)``, ``select_state(states, rows)``,
+``replace_state_rows(states, rows, new)`` and a ``gradient_checkpointing`` flag; this module adds embedding, injection, the two inference
 modes, the head and the loss, and generation through transformers' ``GenerationMixin``;
 it knows nothing else about the stack.
 
