@@ -33,9 +33,15 @@ def simultaneous_budget(model, length: int) -> int:
     model's own, or twice the length plus a margin where that is more; a model that solves
     in chunks (``eval_chunk_length``) needs that for a chunk's length only. Converged words
     stop early, so a generous budget costs only where it is needed."""
-    options = model.solver.options
-    solved_at_once = min(length, options.eval_chunk_length or length)
-    return max(options.eval_f_max_iter, SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once + SIMULTANEOUS_BUDGET_MARGIN)
+    return max(
+        model.solver.options.eval_f_max_iter,
+        SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once(model, length) + SIMULTANEOUS_BUDGET_MARGIN,
+    )
+
+
+def solved_at_once(model, length: int) -> int:
+    """How many tokens of a ``length``-token word one simultaneous solve takes: a chunk's worth."""
+    return min(length, model.solver.options.eval_chunk_length or length)
 
 
 def word_accuracy(
@@ -118,7 +124,7 @@ def word_predictions(
         row["fp_max_iter"] = options.eval_f_max_iter if max_iter is None else max_iter
         row["fp_tol"] = options.eval_f_tol if tol is None else tol
         if mode == "simultaneous":
-            row["fp_chunk_length"] = min(length, options.eval_chunk_length or length)
+            row["fp_chunk_length"] = solved_at_once(model, length)
         row["fp_iterations_mean"] = torch.cat(iterations).mean().item()
         row["fp_rel_residual_mean"] = torch.cat(residuals).mean().item()
         row.update(tally.as_dict())

@@ -89,6 +89,9 @@ class Mamba1Mixer(nn.Module):
         before the first token (zeros when None); padding: (b, l) bool, True at real tokens,
         or None. Returns (output, state after the last token)."""
         d = self.dims
+        # Without a state the window before the first token is zeros, as padding is: only
+        # padding after a state needs moving in front of it (not on every iteration of a solve).
+        padding_after_state = None if state is None else padding
         if state is None:
             state = self.initial_state(hidden.shape[0], hidden.device, hidden.dtype)
         x, gate = self._project(hidden, injection)
@@ -98,7 +101,7 @@ class Mamba1Mixer(nn.Module):
             # of the inputs the state holds, and has dt = 0 (no decay, no input): left padding
             # leaves the state as it found it.
             x = x * real
-        x, conv = causal_conv(x, state.conv, self.conv1d.weight, self.conv1d.bias, padding)
+        x, conv = causal_conv(x, state.conv, self.conv1d.weight, self.conv1d.bias, padding_after_state)
         x = F.silu(x)
         dt, B, C = self._select(x)
         if real is not None:

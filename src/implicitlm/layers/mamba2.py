@@ -102,6 +102,9 @@ class Mamba2Mixer(nn.Module):
         or None. Returns (output, state after the last token)."""
         d = self.dims
         batch, length, _ = hidden.shape
+        # Without a state the window before the first token is zeros, as padding is: only
+        # padding after a state needs moving in front of it (not on every iteration of a solve).
+        padding_after_state = None if state is None else padding
         if state is None:
             state = self.initial_state(batch, hidden.device, hidden.dtype)
         gate, xbc, dt = self._project(hidden, injection)
@@ -111,7 +114,7 @@ class Mamba2Mixer(nn.Module):
             # leaves the state as it found it.
             real = padding.to(xbc.dtype).unsqueeze(-1)
             xbc, dt = xbc * real, dt * real
-        xbc, conv = causal_conv(xbc, state.conv, self.conv1d.weight, self.conv1d.bias, padding)
+        xbc, conv = causal_conv(xbc, state.conv, self.conv1d.weight, self.conv1d.bias, padding_after_state)
         xbc = F.silu(xbc)
         x, B, C = torch.split(xbc, [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
         x = x.reshape(batch, length, d.nheads, d.headdim)
