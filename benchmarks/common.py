@@ -9,9 +9,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
+
+from implicitlm.atomic_io import atomic_write
 
 
 @dataclass
@@ -32,6 +35,12 @@ class Table:
         lines += ["| " + " | ".join(row) + " |" for row in self.rows]
         lines += [""] + [f"- {note}" for note in self.notes]
         return "\n".join(lines).rstrip() + "\n"
+
+    def publish(self, out: Path | None) -> None:
+        """Print the table; with ``out``, also write it there (atomically), for a study's record."""
+        print(self.markdown())
+        if out is not None:
+            atomic_write(out, lambda temporary: temporary.write_text(self.markdown()))
 
 
 def synchronize(device: str | torch.device) -> None:

@@ -15,6 +15,7 @@ from implicitlm.cli import main
 from implicitlm.data.words import generate_words
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, solve_sequence
 from implicitlm.deq.options import SOLVERS
+from implicitlm.schema import OptionError
 from implicitlm.deq.solver import solver_function
 from implicitlm.eval.convergence import convergence_record, convergence_summary, token_iterations
 from implicitlm.models import build_model, config_from_options
@@ -144,32 +145,49 @@ def select_toy_rows(state: ToyState, rows: torch.Tensor) -> ToyState:
     return ToyState(state.h.index_select(0, rows), state.sample.index_select(0, rows))
 
 
-def run_toy_sequence(samples: list[int], select_rows, solver: str = "fixed_point_iter"):
+def replace_toy_rows(state: ToyState, rows: torch.Tensor, new: ToyState) -> ToyState:
+    return ToyState(state.h.index_copy(0, rows, new.h), state.sample.index_copy(0, rows, new.sample))
+
+
+def run_toy_sequence(samples: list[int], solver: str = "fixed_point_iter"):
     recurrence = ToyRecurrence()
     gen = torch.Generator().manual_seed(4)
     injection = torch.randn(4, 5, 6, generator=gen, dtype=torch.float64)[samples]
     state = ToyState(torch.zeros(len(samples), 6, dtype=torch.float64), torch.tensor(samples))
     fp_solver = FixedPointSolver(FixedPointOptions(f_solver=solver))
     with torch.no_grad():
-        z, _, stats = solve_sequence(recurrence.step, injection, state, fp_solver, 6, 300, 1e-10, select_rows)
-    return z, stats, recurrence.steps
+        z, state, stats = solve_sequence(recurrence.step, injection, state, fp_solver, 6, 300, 1e-10,
+                                         select_toy_rows, replace_toy_rows)
+    return z, state, stats, recurrence.steps
 
 
 @pytest.mark.parametrize("solver", ["fixed_point_iter", "safeguarded_anderson"])
 def test_sequential_steps_only_the_samples_still_running(solver):
-    z, stats, steps = run_toy_sequence([0, 1, 2, 3], select_toy_rows, solver)
+    z, state, stats, steps = run_toy_sequence([0, 1, 2, 3], solver)
     per_sample = torch.bincount(torch.cat(steps), minlength=4)
-    # Each token: its own iterations, then one commit step; nothing for frozen samples.
-    assert per_sample.tolist() == (stats.iterations.sum(dim=1) + 5).tolist()
+    # Each token: its own iterations (the state comes from the last of them: no commit
+    # step); nothing for frozen samples.
+    assert per_sample.tolist() == stats.iterations.sum(dim=1).tolist()
     assert stats.row_evaluations == per_sample.sum().item() < 4 * stats.evaluations
-    z_full, stats_full, steps_full = run_toy_sequence([0, 1, 2, 3], None, solver)
-    assert sum(len(rows) for rows in steps_full) == 4 * stats_full.evaluations == stats_full.row_evaluations
-    torch.testing.assert_close(z, z_full, rtol=0, atol=1e-15)
-    assert torch.equal(stats.iterations, stats_full.iterations)
     for i in range(4):
-        z_alone, stats_alone, _ = run_toy_sequence([i], select_toy_rows, solver)
+        z_alone, state_alone, stats_alone, _ = run_toy_sequence([i], solver)
         torch.testing.assert_close(z[i : i + 1], z_alone, rtol=0, atol=1e-14)
+        torch.testing.assert_close(state.h[i : i + 1], state_alone.h, rtol=0, atol=1e-14)
         assert torch.equal(stats.iterations[i : i + 1], stats_alone.iterations)
+
+
+def test_the_kept_state_is_the_answers_own_pass():
+    """The state a token hands on comes from the pass that gave its output: h_t = 0.5
+    h_{t-1} + z_t exactly, for the returned z_t, which solves its equation to the tolerance."""
+    z, state, _, _ = run_toy_sequence([0, 1, 2, 3])
+    recurrence = ToyRecurrence()
+    injection = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    h = torch.zeros(4, 6, dtype=torch.float64)
+    for t in range(5):
+        again = torch.tanh(z[:, t] @ recurrence.weight.T + injection[:, t] + h)
+        assert ((again - z[:, t]).norm(dim=1) / again.norm(dim=1) < 1e-9).all()
+        h = 0.5 * h + z[:, t]
+    torch.testing.assert_close(state.h, h, rtol=0, atol=1e-15)
 
 
 # ---------------------------------------------------------------- implicit Mamba2 and Llama
@@ -237,8 +255,8 @@ def test_sequential_model_steps_only_the_rows_still_running():
     model.stack.step = counting_step
     with torch.no_grad():
         stats = model(ids, mode="sequential").fixed_point
-    # The solve's own steps (iterations) plus one commit step per token and sample.
-    assert sum(rows_per_call) == stats.row_evaluations == stats.iterations.sum().item() + ids.numel()
+    # The solve's own steps (iterations), no commit step: the state comes from the answer's own pass.
+    assert sum(rows_per_call) == stats.row_evaluations == stats.iterations.sum().item()
     assert min(rows_per_call) < 4  # some calls ran on the unconverged rows only
 
 
@@ -290,3 +308,48 @@ def test_convergence_command_takes_a_solver(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "convergence.json").read_text())["solver"] == "anderson"
     assert main(common + ["--solver", "newton", "--out", str(tmp_path / "bad")]) == 2
     assert "f_solver must be one of" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a solver per mode
+
+
+def test_each_mode_runs_its_own_solver_and_training_keeps_f_solver():
+    model = contractive_model(tol=1e-6)
+    ids = token_ids(2, 6)
+
+    def solves(**options):
+        model.set_fixed_point_options(f_solver="fixed_point_iter", eval_f_solver="", sequential_f_solver="")
+        model.set_fixed_point_options(**options)
+        with torch.no_grad():
+            return {mode: model(ids, mode=mode).fixed_point for mode in MODES}
+
+    plain, anderson = solves(), solves(f_solver="safeguarded_anderson")
+    assert anderson["sequential"].evaluations < plain["sequential"].evaluations  # the two differ here
+    mixed = solves(sequential_f_solver="safeguarded_anderson")
+    assert mixed["sequential"].solver == "safeguarded_anderson" and mixed["simultaneous"].solver == "fixed_point_iter"
+    assert torch.equal(mixed["sequential"].iterations, anderson["sequential"].iterations)
+    assert torch.equal(mixed["simultaneous"].iterations, plain["simultaneous"].iterations)
+    swapped = solves(eval_f_solver="safeguarded_anderson")
+    assert torch.equal(swapped["simultaneous"].iterations, anderson["simultaneous"].iterations)
+    assert torch.equal(swapped["sequential"].iterations, plain["sequential"].iterations)
+    # Training solves with f_solver whatever the evaluation solvers say.
+    assert FixedPointOptions(eval_f_solver="anderson", sequential_f_solver="broyden").solver_for("training") \
+        == "fixed_point_iter"
+
+
+def test_an_unknown_mode_solver_is_refused_by_name():
+    with pytest.raises(OptionError, match="sequential_f_solver must be one of '', fixed_point_iter"):
+        FixedPointOptions(sequential_f_solver="newton")
+    with pytest.raises(ValueError, match="phase must be one of training, simultaneous, sequential"):
+        FixedPointSolver(FixedPointOptions()).solve(lambda z: z, torch.zeros(1, 2), 3, 1e-3, phase="rnn")
+
+
+def test_words_eval_takes_a_solver_for_every_solve(tmp_path):
+    model = contractive_model(tol=1e-4)
+    model.set_fixed_point_options(sequential_f_solver="broyden")
+    model.save_pretrained(tmp_path / "model")
+    assert main(["words", "eval", str(tmp_path / "model"), "--group", "S3", "--lengths", "6", "--count", "4",
+                 "--mode", "sequential", "--solver", "safeguarded_anderson", "--out", str(tmp_path / "out"),
+                 "--no-progress"]) == 0
+    record = json.loads((tmp_path / "out" / "word_length.json").read_text())
+    assert record["model"]["solvers"] == {"simultaneous": "safeguarded_anderson", "sequential": "safeguarded_anderson"}

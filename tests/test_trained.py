@@ -85,9 +85,9 @@ def test_sequential_fixed_points_solve_the_simultaneous_equation_at_eight_times_
         assert bool(output.fixed_point.converged.all())
         z = output.hidden_states[-1]
         f = model._stack_map(model.injection(model.injection_norm(model.embeddings(x))), None, None)
-        fz, f_elsewhere = f(z), f(z + 0.1 * torch.randn_like(z))
-    # Each token's state is committed from its own solution, so the parallel pass sees the
-    # same states: its per-token residual is the one the solve stopped at.
+        fz, f_elsewhere = f(z)[0], f(z + 0.1 * torch.randn_like(z))[0]
+    # Each token hands on the state of the pass that gave its solution, so the parallel pass sees
+    # states within the tolerance of those: its per-token residual is about the one the solve stopped at.
     per_token = (fz - z).norm(dim=-1) / fz.norm(dim=-1)
     assert float(per_token.max()) <= tol * 1.01, float(per_token.max())
     # A point near it is not a solution: the check can fail.
@@ -105,7 +105,7 @@ def test_a_converging_sample_whose_step_grows_first_is_kept_to_the_fixed_point(t
         f = model._stack_map(model.injection(model.injection_norm(embedded)), None, None)
         z, steps = torch.zeros_like(embedded), []
         for _ in range(40):
-            fz = f(z)
+            fz = f(z)[0]
             steps.append((fz - z).flatten(1).norm(dim=1))
             z = fz
         steps = torch.stack(steps, dim=1)

@@ -245,6 +245,8 @@ def _add_word_test_options(p) -> None:
 
 
 def _add_budget_options(p, solver_flags: bool = True) -> None:
+    from .deq.options import SOLVERS
+
     p.add_argument("--max-iter", type=_positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
     p.add_argument("--tol", type=_positive_float, default=None, help="fixed-point tolerance (default: the model's)")
     if solver_flags:
@@ -253,6 +255,9 @@ def _add_budget_options(p, solver_flags: bool = True) -> None:
         p.add_argument("--chunk-length", type=_non_negative_int, default=None,
                        help="simultaneous mode solves in chunks of this many tokens, carrying the state "
                             "(0: the whole sequence; default: the model's eval_chunk_length, its training length)")
+        p.add_argument("--solver", default=None,
+                       help=f"fixed-point solver of every solve in this run: {', '.join(SOLVERS)} "
+                            "(default: the model's, per mode)")
 
 
 def _apply_solver_flags(model, args) -> None:
@@ -260,6 +265,8 @@ def _apply_solver_flags(model, args) -> None:
         model.set_fixed_point_options(eval_nonconvergence="error")
     if args.chunk_length is not None:
         model.set_fixed_point_options(eval_chunk_length=args.chunk_length)
+    if args.solver is not None:
+        model.set_fixed_point_options(f_solver=args.solver, eval_f_solver="", sequential_f_solver="")
 
 
 def _word_test_sets(args) -> tuple:
@@ -396,10 +403,7 @@ def _run_words_convergence(args) -> None:
 
 
 def _add_convergence_options(p) -> None:
-    from .deq.options import SOLVERS
-
     _add_budget_options(p)
-    p.add_argument("--solver", default=None, help=f"fixed-point solver: {', '.join(SOLVERS)} (default: the model's)")
     p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
 
 
@@ -407,8 +411,6 @@ def _prepare_convergence(model, args) -> None:
     """An implicit model, running the solver ``--solver`` names (else its own)."""
     _require_implicit(model, "convergence statistics")
     _apply_solver_flags(model, args)
-    if args.solver is not None:
-        model.set_fixed_point_options(f_solver=args.solver)
 
 
 def _report_convergence(args, model, summary: dict[str, Any], title: str, **details) -> None:

@@ -1,6 +1,7 @@
 """Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
 
 from ..schema import OptionError
+from .kept_state import KeptState
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
@@ -11,6 +12,7 @@ __all__ = [
     "FixedPointOptions",
     "FixedPointSolver",
     "FixedPointStats",
+    "KeptState",
     "OptionError",
     "chain_chunks",
     "solve_sequence",

@@ -37,6 +37,11 @@ class FixedPointOptions:
     ``eval_nonconvergence``: "report" (count the samples short of the tolerance in the
     stats) or "error" (raise NumericalFault); evaluation only, since training phases
     spend tiny budgets on purpose.
+    ``eval_f_solver`` / ``sequential_f_solver``: the solver of an evaluation in
+    simultaneous mode (one fixed point per sequence or chunk) and in sequential mode (one
+    per token); empty: ``f_solver``. Which solver pays differs by mode: an accelerated
+    solver's per-iteration cost is a small linear solve per sample, which a token step of
+    a few small matrix products hardly notices and a short chunk of a small model may.
     ``eval_chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
     chunks of this many tokens, each from the state the previous chunk's fixed point left
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
@@ -57,10 +62,14 @@ class FixedPointOptions:
     divergence_growth: float = 100.0
     eval_nonconvergence: str = "report"
     eval_chunk_length: int = 0
+    eval_f_solver: str = ""
+    sequential_f_solver: str = ""
 
     # What each field means, for --help.
     FIELD_HELP = {
         "f_solver": "solver: " + ", ".join(SOLVERS),
+        "eval_f_solver": "inference in simultaneous mode: solver (empty: f_solver)",
+        "sequential_f_solver": "inference in sequential (RNN) mode: solver (empty: f_solver)",
         "f_max_iter": "training: solver iterations before the phantom-gradient steps",
         "f_tol": "training: residual at which the solve stops",
         "f_stop_mode": "residual measured relative to |f(z)| (rel) or absolute (abs)",
@@ -79,6 +88,8 @@ class FixedPointOptions:
 
     def __post_init__(self) -> None:
         _check_choice("f_solver", self.f_solver, SOLVERS)
+        _check_choice("eval_f_solver", self.eval_f_solver, ("", *SOLVERS))
+        _check_choice("sequential_f_solver", self.sequential_f_solver, ("", *SOLVERS))
         _check_choice("f_stop_mode", self.f_stop_mode, STOP_MODES)
         _check_int("f_max_iter", self.f_max_iter, minimum=0)
         _check_int("eval_f_max_iter", self.eval_f_max_iter, minimum=1)
@@ -104,13 +115,19 @@ class FixedPointOptions:
         check_known_keys(changes, field_names(type(self)), "fixed-point option")
         return dataclasses.replace(self, **changes)
 
+    def solver_for(self, mode: str) -> str:
+        """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""
+        chosen = {"training": self.f_solver, "simultaneous": self.eval_f_solver,
+                  "sequential": self.sequential_f_solver}[mode]
+        return chosen or self.f_solver
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise OptionError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise OptionError(f"{name} must be one of {', '.join(c or repr(c) for c in choices)}; got {value!r}")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -48,6 +48,10 @@ from .stats import FixedPointStats
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
 # rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
 RestrictFn = Callable[[torch.Tensor], FixedPointFn]
+# (rows evaluated, mask of those whose best image this evaluation became, or None: all).
+ImprovedFn = Callable[[torch.Tensor, "torch.Tensor | None"], None]
+# What a solve is for; each may run its own solver (FixedPointOptions.solver_for).
+PHASES = ("training", "simultaneous", "sequential")
 
 
 
@@ -82,7 +86,7 @@ class FixedPointSolver:
 
     def __init__(self, options: FixedPointOptions) -> None:
         self.options = options
-        self._solver = solver_function(options.f_solver)
+        self._solvers = {phase: solver_function(options.solver_for(phase)) for phase in PHASES}
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.
         self._phantom = backward_factory(grad_type=options.phantom_steps, tau=options.tau)
 
@@ -113,28 +117,39 @@ class FixedPointSolver:
         tol: float | None = None,
         restrict: RestrictFn | None = None,
         check: bool = True,
+        phase: str = "simultaneous",
+        on_improved: ImprovedFn | None = None,
     ) -> tuple[torch.Tensor, FixedPointStats]:
         """No-grad solve with the evaluation budget (``max_iter`` / ``tol`` override it).
-        ``check=False`` leaves ``require_convergence`` to a caller that may retry."""
+        ``check=False`` leaves ``require_convergence`` to a caller that may retry.
+        ``phase``: "simultaneous" (a sequence or chunk) or "sequential" (a token)."""
         max_iter = _or(max_iter, self.options.eval_f_max_iter)
-        z_star, stats = self.solve(f, z0, max_iter, _or(tol, self.options.eval_f_tol), restrict)
+        z_star, stats = self.solve(f, z0, max_iter, _or(tol, self.options.eval_f_tol), restrict, phase, on_improved)
         if check:
             self.require_convergence(stats, max_iter, "samples")
         return z_star, stats
 
     def solve(
-        self, f: FixedPointFn, z0: torch.Tensor, max_iter: int, tol: float, restrict: RestrictFn | None = None
+        self, f: FixedPointFn, z0: torch.Tensor, max_iter: int, tol: float, restrict: RestrictFn | None = None,
+        phase: str = "training",
+        on_improved: ImprovedFn | None = None,
     ) -> tuple[torch.Tensor, FixedPointStats]:
-        """No-grad solve from ``z0``: at most ``max_iter`` evaluations of ``f``.
+        """No-grad solve from ``z0``: at most ``max_iter`` evaluations of ``f``, by the
+        solver of ``phase`` (one of ``PHASES``).
 
         ``restrict(rows)``: ``f`` on those batch rows only; given, frozen samples are no
-        longer evaluated (it is called each time the set of running samples shrinks)."""
+        longer evaluated (it is called each time the set of running samples shrinks).
+        ``on_improved(rows, better)``: after each evaluation, the batch rows it ran on and
+        a mask of those whose image became their best, the one the solve returns (None:
+        all of them); what a caller needs to keep more of that evaluation (``KeptState``)."""
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
         stop_mode = self.options.f_stop_mode
-        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode, self.options)
+        tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode, self.options, on_improved)
         with torch.no_grad(), contextlib.suppress(_SolveDone):
-            self._solver(tracker, x0=z0, max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
+            self._solvers[phase](tracker, x0=z0, max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
         never_finite = ~torch.isfinite(tracker.best_abs)
         if bool(never_finite.any()):
             raise NumericalFault(
@@ -151,7 +166,7 @@ class FixedPointSolver:
             row_evaluations=tracker.row_evaluations,
             tol=tol,
             stop_mode=stop_mode,
-            solver=self.options.f_solver,
+            solver=self.options.solver_for(phase),
         )
 
     def require_convergence(self, stats: FixedPointStats, max_iter: int | None, unit: str) -> None:
@@ -231,9 +246,9 @@ class _RowTracker:
 
     def __init__(
         self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str,
-        options: FixedPointOptions,
+        options: FixedPointOptions, on_improved: ImprovedFn | None = None,
     ) -> None:
-        self.f, self.restrict = f, restrict
+        self.f, self.restrict, self.on_improved = f, restrict, on_improved
         self.max_iter, self.tol, self.relative = max_iter, tol, stop_mode == "rel"
         self.patience, self.growth = options.divergence_patience, options.divergence_growth
         self.calls = 0
@@ -302,14 +317,27 @@ class _RowTracker:
         return z_rows, self.f(z).index_select(0, rows)
 
     def _keep_best(self, rows, fz_rows, abs_res, rel_res, residual) -> None:
-        best_residual = (self.best_rel if self.relative else self.best_abs)[rows]
-        better = residual < best_residual  # never a NaN residual: the best image stays finite
-        if better.all() and rows.numel() == self.best.shape[0]:
-            self.best.copy_(fz_rows)
+        # Every evaluation runs this: on the whole batch (the usual case until the first
+        # sample freezes) it stays free of masked indexing, which costs more than the rest.
+        whole = rows.numel() == self.best.shape[0]
+        best_residual = self.best_rel if self.relative else self.best_abs
+        better = residual < (best_residual if whole else best_residual[rows])  # never NaN: the best stays finite
+        if whole:
+            if bool(better.all()):
+                self.best.copy_(fz_rows)
+                self.best_abs.copy_(abs_res)
+                self.best_rel.copy_(rel_res)
+                better = None
+            else:
+                self.best.copy_(torch.where(better.view(-1, *[1] * (fz_rows.dim() - 1)), fz_rows, self.best))
+                self.best_abs.copy_(torch.where(better, abs_res, self.best_abs))
+                self.best_rel.copy_(torch.where(better, rel_res, self.best_rel))
         else:
             self.best.index_copy_(0, rows[better], fz_rows[better])
-        self.best_abs[rows[better]] = abs_res[better]
-        self.best_rel[rows[better]] = rel_res[better]
+            self.best_abs[rows[better]] = abs_res[better]
+            self.best_rel[rows[better]] = rel_res[better]
+        if self.on_improved is not None:
+            self.on_improved(rows, better)
 
     def _ran_away(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Whether each row's absolute residual (its step length) has now been above
@@ -320,9 +348,12 @@ class _RowTracker:
             return torch.zeros_like(residual, dtype=torch.bool)
         if self.calls == 1:  # every sample is running at the first evaluation
             self.first_abs.copy_(residual)
-        far = residual > self.growth * self.first_abs[rows]
-        run = torch.where(far, self.far_run[rows] + 1, 0)
-        self.far_run[rows] = run
+        if rows.numel() == self.first_abs.numel():
+            run = torch.where(residual > self.growth * self.first_abs, self.far_run + 1, 0)
+            self.far_run.copy_(run)
+        else:
+            run = torch.where(residual > self.growth * self.first_abs[rows], self.far_run[rows] + 1, 0)
+            self.far_run[rows] = run
         return run >= self.patience
 
     def _best_for_non_finite(self, rows: torch.Tensor, fz_rows: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:

@@ -75,23 +75,20 @@ class FixedPointStats:
         }
 
 
-def chain_chunks(chunks: list[FixedPointStats], commits: int) -> FixedPointStats:
+def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:
     """One sample's solves of consecutive chunks of its sequence, as one solve of the whole.
 
-    Iterations and evaluations add up, with ``commits`` more calls of the map on the whole
-    batch (the passes that read each chunk's state off its fixed point); residuals are the
-    worst chunk's, so a sample counts as converged exactly when every chunk did; diverged
+    Iterations and evaluations add up; residuals are the worst chunk's, so a sample counts as converged exactly when every chunk did; diverged
     and non-finite when any chunk was."""
     first = chunks[0]
-    batch = first.iterations.shape[0]
     return FixedPointStats(
         iterations=torch.stack([c.iterations for c in chunks]).sum(dim=0),
         abs_residual=torch.stack([c.abs_residual for c in chunks]).amax(dim=0),
         rel_residual=torch.stack([c.rel_residual for c in chunks]).amax(dim=0),
         diverged=torch.stack([c.diverged for c in chunks]).any(dim=0),
         non_finite=torch.stack([c.non_finite for c in chunks]).any(dim=0),
-        evaluations=sum(c.evaluations for c in chunks) + commits,
-        row_evaluations=sum(c.row_evaluations for c in chunks) + commits * batch,
+        evaluations=sum(c.evaluations for c in chunks),
+        row_evaluations=sum(c.row_evaluations for c in chunks),
         tol=first.tol,
         stop_mode=first.stop_mode,
         solver=first.solver,

@@ -117,7 +117,7 @@ def convergence_record(
     curves = convergence_curves(summary)
     record = make_record(
         "convergence", checkpoint, model, convergence_metrics(summary), curves, axes,
-        summary=summary, solver=model.solver.options.f_solver, **details,
+        summary=summary, solver=model.solver.options.solver_for("sequential"), **details,
     )
     write_record(out_dir, record)
     plot_histograms(curves, Path(out_dir) / "convergence.png", title, axes)

@@ -48,6 +48,7 @@ def run_tasks(
     bootstrap_iters: int = 1000,
     seed: int = 0,
     local_sets: dict[str, LocalSet] | None = None,
+    log_samples: bool = False,
     **model_args: Any,
 ) -> dict[str, Any]:
     """lm-eval's result dict for ``tasks`` on ``model`` (a checkpoint folder or a loaded
@@ -56,7 +57,8 @@ def run_tasks(
     ``limit``: documents per task (a fraction if below 1), for quick checks only.
     ``bootstrap_iters``: draws for the standard errors that need them (0: none).
     ``local_sets``: the tasks' documents read from local files (``read_local_sets``), scored by
-    lm-eval's own definitions of the same tasks instead of the hub's copies."""
+    lm-eval's own definitions of the same tasks instead of the hub's copies.
+    ``log_samples``: keep every document's requests and scores (``results["samples"]``)."""
     from lm_eval import simple_evaluate
 
     from .harness import ImplicitLMHarness
@@ -75,7 +77,7 @@ def run_tasks(
             limit=limit,
             num_fewshot=num_fewshot,
             bootstrap_iters=bootstrap_iters,
-            log_samples=False,
+            log_samples=log_samples,
             random_seed=seed,
             numpy_random_seed=seed,
             torch_random_seed=seed,

@@ -230,6 +230,7 @@ def _solve_token(model, state: list, injection: torch.Tensor, max_iter: int | No
         injection.new_zeros(injection.shape[0], model.config.hidden_size),
         options.eval_f_max_iter if max_iter is None else max_iter,
         options.eval_f_tol if tol is None else tol,
+        phase="sequential",
     )
 
 

@@ -4,7 +4,8 @@ A record is a dict::
 
     experiment   what was measured ("word_length", "lm_length", "jacobian", ...)
     checkpoint   the model folder it was measured on (or a preset name for random models)
-    model        architecture, implicit or not, parameter count
+    model        architecture, implicit or not, parameter count; for an implicit model the
+                 fixed-point options it was measured with and the solver of each mode
     metrics      flat {name: number}: the figures a comparison table shows
     curves       optional [{"label", "x", "y"}]: the series a comparison figure overlays,
                  with ``axes`` {"x": label, "y": label, "xscale", "yscale"} naming them
@@ -26,11 +27,16 @@ RECORD_KEYS = ("experiment", "checkpoint", "model", "metrics")
 
 def model_summary(model) -> dict[str, Any]:
     config = model.config
-    return {
+    summary = {
         "architecture": config.model_type.removeprefix("implicit_"),
         "implicit": bool(config.implicit),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+    if config.implicit:
+        options = model.solver.options
+        summary["fixed_point"] = options.to_dict()
+        summary["solvers"] = {mode: options.solver_for(mode) for mode in ("simultaneous", "sequential")}
+    return summary
 
 
 def make_record(

@@ -193,15 +193,18 @@ def ssd_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the recurrence. state: (b, h, p, n); x: (b, h, p); dt: (b, h); B, C: (b, g, n).
 
-    Returns (y: (b, h, p), new state); the input state is not modified.
+    Returns (y: (b, h, p), new state); the input state is not modified. The heads of a
+    group share its B and C by broadcasting, not by copies: a decoding step is a handful
+    of small operations, each paid for in overhead.
     """
-    heads = x.shape[1]
-    B = B.repeat_interleave(heads // B.shape[1], dim=1)
-    C = C.repeat_interleave(heads // C.shape[1], dim=1)
-    decay = torch.exp(dt * A)[..., None, None]
-    state = state * decay + (dt.unsqueeze(-1) * x).unsqueeze(-1) * B.unsqueeze(2)
-    y = torch.einsum("bhpn,bhn->bhp", state, C)
-    return y, state
+    batch, heads, head_dim, d_state = state.shape
+    groups = B.shape[1]
+    grouped = (batch, groups, heads // groups, head_dim, d_state)
+    decay = torch.exp(dt * A).view(*grouped[:3], 1, 1)
+    step_input = (dt.unsqueeze(-1) * x).view(*grouped[:4], 1)
+    state = torch.addcmul(state.view(grouped) * decay, step_input, B.view(batch, groups, 1, 1, d_state))
+    y = torch.matmul(state.view(batch, groups, -1, d_state), C.view(batch, groups, d_state, 1))
+    return y.view(batch, heads, head_dim), state.view(batch, heads, head_dim, d_state)
 
 
 def ssd_reference(

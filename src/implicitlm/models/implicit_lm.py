@@ -24,6 +24,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from ..deq import (
     ConvergenceTally,
     FixedPointSolver,
+    KeptState,
     chain_chunks,
     solve_sequence,
     warn_not_converged,
@@ -257,8 +258,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             z, stats, state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter, tol)
             pieces.append(z)
             chunk_stats.append(stats)
-        commits = len(chunk_stats) - (0 if use_cache else 1)
-        stats = chain_chunks(chunk_stats, commits)
+        stats = chain_chunks(chunk_stats)
         if not retrying:
             self.solver.require_convergence(stats, max_iter, "samples")
         return torch.cat(pieces, dim=1), stats, state
@@ -291,37 +291,44 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True
     ):
         """One simultaneous solve over the given tokens, from ``state``. ``check=False``: an
-        evaluation solve whose convergence its caller checks (a chunk, which may be retried)."""
-        f = self._stack_map(injection, state, padding)
+        evaluation solve whose convergence its caller checks (a chunk, which may be retried).
+        With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
+        the pass that gave each sample's answer, as sequential mode does per token; training
+        reads it off the fixed point in one more pass, after the phantom-gradient steps."""
+        kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
+                         self.stack.replace_state_rows)
+        z0 = torch.zeros_like(embedded)
+        if self.training:
+            z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
+            if use_cache:
+                state = self.stack(z, injection, state, padding)[1]
+            return z, stats, state if use_cache else None
+        z, stats = self.solver.evaluate(kept.f, z0, max_iter, tol, kept.restrict, check=check,
+                                        on_improved=kept.improved if use_cache else None)
+        return z, stats, kept.state if use_cache else None
 
-        def restrict(rows: torch.Tensor):
-            # Samples already converged are left out of the remaining iterations.
+    def _stack_state_map(self, injection: torch.Tensor, state, padding):
+        """rows (None: all) -> z -> (f(z, u), the state after the pass), on those rows."""
+        def on_rows(rows: torch.Tensor | None):
+            if rows is None:
+                return self._stack_map(injection, state, padding)
             return self._stack_map(
                 injection.index_select(0, rows),
                 None if state is None else self.stack.select_state(state, rows),
                 None if padding is None else padding.index_select(0, rows),
             )
 
-        z0 = torch.zeros_like(embedded)
-        if check:
-            z, stats = self.solver(f, z0, training=self.training, max_iter=max_iter, tol=tol, restrict=restrict)
-        else:
-            z, stats = self.solver.evaluate(f, z0, max_iter, tol, restrict, check=False)
-        if use_cache:
-            # The state the sequence leaves behind is the one read off its fixed point: one
-            # more pass at z*, as the sequential mode commits each token's state.
-            state = self.stack(z, injection, state, padding)[1]
-        return z, stats, state if use_cache else None
+        return on_rows
 
     def _stack_map(self, injection: torch.Tensor, state, padding):
-        """z -> f(z, u): one pass of the stack over the sequence."""
+        """z -> (f(z, u), the state after the pass): one pass of the stack over the sequence."""
         keep = None if padding is None else padding.unsqueeze(-1).to(injection.dtype)
 
-        def f(z: torch.Tensor) -> torch.Tensor:
-            z = self.stack(z, injection, state, padding)[0]
+        def f(z: torch.Tensor):
+            z, states = self.stack(z, injection, state, padding)
             # Padding positions held at 0: exactly fixed, so they neither count in a
             # sample's residual nor delay its convergence.
-            return z if keep is None else z * keep
+            return (z if keep is None else z * keep), states
 
         return f
 
@@ -345,6 +352,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             max_iter=options.eval_f_max_iter if max_iter is None else max_iter,
             tol=options.eval_f_tol if tol is None else tol,
             select_rows=self.stack.select_state,
+            replace_rows=self.stack.replace_state_rows,
         )
         return z, stats, state
 
