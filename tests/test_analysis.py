@@ -191,8 +191,9 @@ def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     _, run = trained_s3
     checkpoint = str(run / "checkpoint")
     assert main(["words", "budget", checkpoint, "--lengths", "12,24", "--count", "16", "--budgets", "1,4,16",
-                 "--out", str(tmp_path / "budget"), "--no-progress"]) == 0
+                 "--solver", "anderson", "--out", str(tmp_path / "budget"), "--no-progress"]) == 0
     record = json.loads((tmp_path / "budget" / "word_budget.json").read_text())
+    assert record["model"]["solvers"] == {"simultaneous": "anderson", "sequential": "anderson"}
     assert [(r["length"], r["max_iter"]) for r in record["rows"]] == [(12, 1), (24, 1), (12, 4), (24, 4), (12, 16), (24, 16)]
     assert [c["label"] for c in record["curves"]] == ["length 12", "length 24"]
     assert (tmp_path / "budget" / "word_budget.png").stat().st_size > 0

@@ -282,10 +282,11 @@ def test_sample_build_train_and_eval_commands_chain(tmp_path, capsys):
     assert main(["lm", "eval", str(checkpoint), "--data", str(data), "--split", "eval", "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["catbabi", "eval", str(checkpoint), "--data", str(data), "--sequence-length", "16",
-                 "--max-iter", "4", "--out", str(out), "--no-progress"]) == 0
+                 "--max-iter", "4", "--solver", "safeguarded_anderson", "--out", str(out), "--no-progress"]) == 0
     table = capsys.readouterr().out
     assert "accuracy" in table and "all" in table
     record = json.loads((out / "catbabi.json").read_text())
+    assert record["model"]["solvers"] == {"simultaneous": "safeguarded_anderson", "sequential": "safeguarded_anderson"}
     assert record["experiment"] == "catbabi" and record["split"] == "test" and record["answers"] == 6
     assert set(record["metrics"]) == {"accuracy", "task_01", "task_06", "task_08", "task_15", "task_19",
                                       "fp_iterations_mean", "fp_not_converged_share"}

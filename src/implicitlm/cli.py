@@ -225,6 +225,7 @@ def _add_words_eval(commands) -> None:
     p = commands.add_parser("eval", help="per-token accuracy of a checkpoint by test length (length extrapolation)")
     _add_word_test_options(p)
     _add_budget_options(p)
+    _add_solver_flags(p)
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     p.add_argument("--out", type=Path, default=None, help="folder for word_length.json and word_length.png")
     p.set_defaults(run=_run_words_eval)
@@ -244,20 +245,23 @@ def _add_word_test_options(p) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def _add_budget_options(p, solver_flags: bool = True) -> None:
-    from .deq.options import SOLVERS
-
+def _add_budget_options(p) -> None:
     p.add_argument("--max-iter", type=_positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
     p.add_argument("--tol", type=_positive_float, default=None, help="fixed-point tolerance (default: the model's)")
-    if solver_flags:
-        p.add_argument("--fail-on-nonconvergence", action="store_true",
-                       help="stop with exit code 1 if any sample or token misses the tolerance (default: count them)")
-        p.add_argument("--chunk-length", type=_non_negative_int, default=None,
-                       help="simultaneous mode solves in chunks of this many tokens, carrying the state "
-                            "(0: the whole sequence; default: the model's eval_chunk_length, its training length)")
-        p.add_argument("--solver", default=None,
-                       help=f"fixed-point solver of every solve in this run: {', '.join(SOLVERS)} "
-                            "(default: the model's, per mode)")
+
+
+def _add_solver_flags(p) -> None:
+    """How an evaluation's solves run, besides their budget: ``_apply_solver_flags`` sets them."""
+    from .deq.options import SOLVERS
+
+    p.add_argument("--fail-on-nonconvergence", action="store_true",
+                   help="stop with exit code 1 if any sample or token misses the tolerance (default: count them)")
+    p.add_argument("--chunk-length", type=_non_negative_int, default=None,
+                   help="simultaneous mode solves in chunks of this many tokens, carrying the state "
+                        "(0: the whole sequence; default: the model's eval_chunk_length, its training length)")
+    p.add_argument("--solver", default=None,
+                   help=f"fixed-point solver of every solve in this run: {', '.join(SOLVERS)} "
+                        "(default: the model's, per mode)")
 
 
 def _apply_solver_flags(model, args) -> None:
@@ -346,6 +350,7 @@ def _add_sweep_options(p, experiment: str) -> None:
     p.add_argument("--budgets", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64], help="comma-separated max_iter values")
     p.add_argument("--tols", type=_float_list, default=None, help="comma-separated tolerances (default: the model's)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    _add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=f"folder for {experiment}.json and {experiment}.png")
 
 
@@ -353,6 +358,7 @@ def _run_sweep(args, model, evaluate, experiment: str, quality: str, title: str,
     """The budget sweep of a ``budget`` command: table, record and figure."""
     from .eval.budget import budget_record, budget_sweep
 
+    _apply_solver_flags(model, args)
     rows = budget_sweep(evaluate, args.budgets, args.tols or [None], progress=not args.no_progress)
     _print_budget_table(rows, quality)
     title = f"{title} ({args.mode} mode)"
@@ -404,6 +410,7 @@ def _run_words_convergence(args) -> None:
 
 def _add_convergence_options(p) -> None:
     _add_budget_options(p)
+    _add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help="folder for convergence.json and convergence.png")
 
 
@@ -604,6 +611,7 @@ def _add_lm_eval(commands) -> None:
     p = commands.add_parser("eval", help="held-out perplexity of a checkpoint by context length (length extrapolation)")
     _add_lm_test_options(p)
     _add_budget_options(p)
+    _add_solver_flags(p)
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     p.add_argument("--out", type=Path, default=None, help="folder for lm_length.json and lm_length.png")
     p.set_defaults(run=_run_lm_eval)
@@ -749,8 +757,8 @@ def _add_catbabi(commands) -> None:
     p.add_argument("--stride", type=_positive_int, default=None, help="window step; every answer sees at least "
                    "sequence-length - stride tokens before it (default: half the window)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
-    p.add_argument("--max-iter", type=_positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
-    p.add_argument("--tol", type=_positive_float, default=None, help="fixed-point tolerance (default: the model's)")
+    _add_budget_options(p)
+    _add_solver_flags(p)
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--out", type=Path, required=True, help="folder for catbabi.json and catbabi.png")
     p.add_argument("--no-progress", action="store_true")
@@ -780,6 +788,7 @@ def _run_catbabi_eval(args) -> None:
     from .models import load_model
 
     model = load_model(args.checkpoint)
+    _apply_solver_flags(model, args)
     settings = {"split": args.split, "sequence_length": args.sequence_length, "mode": args.mode,
                 "max_iter": args.max_iter, "tol": args.tol}
     result = answer_accuracy(model, args.data, **settings, stride=args.stride, batch_size=args.batch_size,
@@ -803,6 +812,7 @@ def _add_lm_downstream(commands) -> None:
     p.add_argument("--num-fewshot", type=_non_negative_int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     _add_budget_options(p)
+    _add_solver_flags(p)
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--max-length", type=_positive_int, default=None, help="context window in tokens (default: 2048)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
@@ -874,7 +884,7 @@ def _add_jacobian(commands) -> None:
                    help="implicit-function theorem at the fixed point, or autograd through the iterations")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random weights, tokens and coordinates")
     # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
-    _add_budget_options(p, solver_flags=False)
+    _add_budget_options(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_jacobian)
 
