@@ -6,10 +6,11 @@
 # scripts/lock.sh refreshes the lock; scripts/test-latest.sh tries the newest releases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/kernels.sh
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 stamp=.venv/.implicitlm-installed
-want=$( (cat pyproject.toml requirements.lock; echo "$TORCH_SPEC") | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml requirements.lock requirements-kernels.lock; echo "$TORCH_SPEC") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -21,8 +22,9 @@ echo "installing the locked dependencies (requirements.lock) ..."
 echo "installing $TORCH_SPEC ..."
 # Its own dependencies are in the lock already, so a CPU build adds nothing beside itself.
 "${pip[@]}" install --quiet "$TORCH_SPEC"
+install_kernels "${pip[@]}"
 echo "installing implicitlm ..."
 "${pip[@]}" install --quiet --no-deps --no-build-isolation -e .
 # A dependency added to pyproject.toml but not yet locked is named here, not at import time.
-"${pip[@]}" check
+check_installed "${pip[@]}"
 echo "$want" > "$stamp"

@@ -24,7 +24,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
-NOT_LOCKED = {"torch", "implicitlm", "pip"}
+# mamba-ssm is an sdist built against the installed torch: requirements-kernels.lock pins it,
+# and scripts/setup.sh installs it after torch.
+NOT_LOCKED = {"torch", "implicitlm", "pip", "mamba-ssm"}
 INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
 
 

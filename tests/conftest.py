@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import datasets
-import huggingface_hub
-import pytest
 import torch
-from hypothesis import settings
 
-from implicitlm.configs import load_preset
-from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
-from implicitlm.train.word_trainer import WordTrainConfig, train_words
+# Without a GPU, Triton's interpreter runs the fused GPU kernels on the CPU
+# (tests/interpreted_kernel.py). Triton reads the setting once, when it is first imported,
+# and importing transformers imports it: so here, before anything else.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import datasets  # noqa: E402
+import huggingface_hub  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from implicitlm.configs import load_preset  # noqa: E402
+from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options  # noqa: E402
+from implicitlm.train.word_trainer import WordTrainConfig, train_words  # noqa: E402
 
 # Property tests draw the same examples on every run: CI is reproducible, and the
 # fuzzing run (tests/test_fuzz_parsers.py) is where fresh inputs come from.
