@@ -320,3 +320,20 @@ def test_unpadded_parallel_attention_takes_the_flash_eligible_call(monkeypatch):
     hidden, injection = inputs(attention, True, seed=1)
     attention(hidden, injection)
     assert calls == [(None, True)]
+
+
+@ATTENTION_CASES
+def test_sdpas_unmasked_causal_path_equals_the_masked_one(kv_heads, with_injection):
+    """The flash-eligible call (no mask, is_causal) and the explicit-mask call that padding
+    takes give the same outputs when nothing is padded, in float64 and in float32."""
+    attention = make_attention(kv_heads, seed=0)
+    hidden, injection = inputs(attention, with_injection, seed=1)
+    everything_real = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    unmasked, cache = attention(hidden, injection)
+    masked, masked_cache = attention(hidden, injection, padding=everything_real)
+    torch.testing.assert_close(masked, unmasked, **F64)
+    assert_caches_close(masked_cache, cache)
+    single = attention.float()
+    as_float = [None if t is None else t.float() for t in (hidden, injection)]
+    torch.testing.assert_close(single(*as_float, padding=everything_real)[0], single(*as_float)[0],
+                               rtol=1e-5, atol=1e-6)

@@ -12,11 +12,13 @@ from implicitlm.train.word_trainer import WordTrainConfig
 from test_train import tiny_model
 
 
-def test_compiled_stack_keeps_names_outputs_and_gradients():
-    # The "eager" backend runs dynamo's tracing of the stack (custom autograd function,
-    # weight-norm parametrisation, per-layer states) without a C++ compile.
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_stack_keeps_names_outputs_and_gradients(backend):
+    # "eager" runs dynamo's tracing of the stack (custom autograd function, weight-norm
+    # parametrisation, per-layer states); "inductor", what the trainers' compile option uses,
+    # also generates and compiles the fused kernels (C++ on a CPU).
     eager, compiled = tiny_model(), tiny_model()
-    compile_stack(compiled, backend="eager")
+    compile_stack(compiled, backend=backend)
     assert list(compiled.state_dict()) == list(eager.state_dict())
     input_ids = torch.randint(0, 6, (2, 7), generator=torch.Generator().manual_seed(0))
     losses = []

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from tqdm.auto import tqdm
 
 from ..data.shards import TokenSampler, TokenShards, evaluation_windows
@@ -344,6 +345,10 @@ def _accelerator(config: LMTrainConfig, model, out_dir: Path) -> Accelerator:
             transformer_cls_names_to_wrap=list(model._no_split_modules),
             state_dict_type="FULL_STATE_DICT",
         )
+    # accelerate keeps one state per process and refuses an Accelerator of another precision
+    # after the first: a second run in one process (a notebook, a sweep) starts afresh. The
+    # process group (PartialState) is kept.
+    AcceleratorState._reset_state(reset_partial_state=False)
     # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
     return Accelerator(
         mixed_precision=resolve_precision(config.precision), fsdp_plugin=plugin, cpu=not torch.cuda.is_available(),
