@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState
 from tqdm.auto import tqdm
 
 from ..data.shards import TokenSampler, TokenShards, evaluation_windows
@@ -53,7 +51,7 @@ from .guard import non_finite_images
 from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
-from .speed import check_precision, compile_stack, resolve_precision
+from .speed import accelerator_for, check_precision, compile_stack
 
 LOGGER = logging.getLogger("implicitlm")
 DISTRIBUTED = ("ddp", "fsdp")
@@ -334,7 +332,7 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _accelerator(config: LMTrainConfig, model, out_dir: Path) -> Accelerator:
+def _accelerator(config: LMTrainConfig, model, out_dir: Path):
     plugin = None
     if config.distributed == "fsdp":
         from accelerate import FullyShardedDataParallelPlugin
@@ -345,14 +343,9 @@ def _accelerator(config: LMTrainConfig, model, out_dir: Path) -> Accelerator:
             transformer_cls_names_to_wrap=list(model._no_split_modules),
             state_dict_type="FULL_STATE_DICT",
         )
-    # accelerate keeps one state per process and refuses an Accelerator of another precision
-    # after the first: a second run in one process (a notebook, a sweep) starts afresh. The
-    # process group (PartialState) is kept.
-    AcceleratorState._reset_state(reset_partial_state=False)
     # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
-    return Accelerator(
-        mixed_precision=resolve_precision(config.precision), fsdp_plugin=plugin, cpu=not torch.cuda.is_available(),
-        **tracking_options(out_dir),
+    return accelerator_for(
+        config.precision, fsdp_plugin=plugin, cpu=not torch.cuda.is_available(), **tracking_options(out_dir)
     )
 
 

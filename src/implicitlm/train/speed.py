@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 
 from ..schema import OptionError
 
@@ -19,6 +21,16 @@ def resolve_precision(precision: str) -> str:
     if precision == "auto":
         return "bf16" if torch.cuda.is_available() else "no"
     return precision
+
+
+def accelerator_for(precision: str, **options) -> Accelerator:
+    """accelerate's ``Accelerator`` at ``precision`` (see ``resolve_precision``); ``options``
+    go to it. accelerate keeps one state per process and refuses an Accelerator of another
+    precision after the first, so each run starts from a fresh one: a second run in one
+    process (a notebook, a sweep, the tests) may change it. The process group (accelerate's
+    PartialState) is kept."""
+    AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(mixed_precision=resolve_precision(precision), **options)
 
 
 def compile_stack(model, backend: str = "inductor") -> None:

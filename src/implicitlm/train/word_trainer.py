@@ -14,7 +14,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 
 from ..atomic_io import recover_replaced
 from ..data.groups import get_group
@@ -35,7 +34,7 @@ from .guard import non_finite_images
 from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
 from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
-from .speed import check_precision, compile_stack, resolve_precision
+from .speed import accelerator_for, check_precision, compile_stack
 
 CHECKPOINT = "checkpoint"
 TRAINING_STATE_KEYS = ("optimizer", "scheduler", "torch_rng")
@@ -178,7 +177,7 @@ def _train_words(
     start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS) if resume else (0, None)
     if resume:
         _check_same_data(checkpoint, data)
-    accelerator = Accelerator(mixed_precision=resolve_precision(config.precision), **tracking_options(out_dir))
+    accelerator = accelerator_for(config.precision, **tracking_options(out_dir))
     if config.compile:
         compile_stack(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
