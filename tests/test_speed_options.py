@@ -12,7 +12,11 @@ from implicitlm.train.word_trainer import WordTrainConfig
 from test_train import tiny_model
 
 
-@pytest.mark.parametrize("backend", ["eager", "inductor"])
+# Inductor's own code calls the deprecated torch.jit.script_method: torch's warning, not ours.
+INDUCTOR_JIT_WARNING = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.filterwarnings(INDUCTOR_JIT_WARNING))])
 def test_compiled_stack_keeps_names_outputs_and_gradients(backend):
     # "eager" runs dynamo's tracing of the stack (custom autograd function, weight-norm
     # parametrisation, per-layer states); "inductor", what the trainers' compile option uses,
