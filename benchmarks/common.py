@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from implicitlm.atomic_io import atomic_write
+from implicitlm.core.atomic_io import atomic_write
 
 
 @dataclass

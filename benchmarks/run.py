@@ -28,7 +28,7 @@ import multiple_choice
 import scoring
 import solvers
 import training_step
-from implicitlm.atomic_io import atomic_write
+from implicitlm.core.atomic_io import atomic_write
 
 # training_step last: torch.compile leaves its compiler threads and caches in the process,
 # which slows the eager sections measured after it.

@@ -24,7 +24,7 @@ from implicitlm.data.catbabi import (
     read_babi,
     read_task_file,
 )
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.shards import TokenShards
 from implicitlm.data.tokenizer import load_tokenizer
 from implicitlm.eval.catbabi import answer_accuracy, window_starts

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from implicitlm.data.corpus import read_documents
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.shards import (
     TokenSampler,
     TokenShards,

@@ -14,7 +14,7 @@ from implicitlm.cli import main
 from implicitlm.deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, FixedPointStats, OptionError
 from implicitlm.eval.convergence import convergence_metrics, convergence_summary
 from implicitlm.eval.perplexity import perplexity
-from implicitlm.faults import NumericalFault
+from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options
 
 SLOPES = torch.tensor([1.5, 0.5, 1.5, 0.8])  # rows 0 and 2 diverge, 1 and 3 contract

@@ -15,7 +15,7 @@ from transformers.utils import logging as transformers_logging
 
 from implicitlm.cli import main
 from implicitlm.data.downstream_sets import READERS, MissingLocalSet, read_local_set
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.eval.downstream import task_manager, local_task_specs, read_local_sets, run_tasks
 from implicitlm.models import build_model, config_from_options

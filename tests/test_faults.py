@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from implicitlm.cli import main
-from implicitlm.faults import NumericalFault
+from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train import checkpoint as checkpoint_module
 from implicitlm.train.checkpoint import read_meta
@@ -245,7 +245,7 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
 
 
 def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, capsys, monkeypatch):
-    from implicitlm.data.errors import DataError
+    from implicitlm.core.errors import DataError
     from implicitlm.train import word_trainer
 
     def unreadable(*args, **kwargs):
@@ -259,7 +259,7 @@ def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, 
 
 
 def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, capsys, monkeypatch):
-    from implicitlm.data.errors import DataError
+    from implicitlm.core.errors import DataError
     from implicitlm.train import word_trainer
 
     out = tmp_path / "run"

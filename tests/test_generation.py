@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import implicitlm  # noqa: F401  (registers the Auto classes)
 from implicitlm.deq import OptionError
-from implicitlm.faults import NumericalFault
+from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options
 
 from contractive import make_contractive

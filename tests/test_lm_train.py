@@ -436,7 +436,7 @@ def test_both_trainers_run_the_one_loop(shards, tmp_path, capsys):
 
 
 def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_path):
-    from implicitlm.faults import NumericalFault
+    from implicitlm.core.errors import NumericalFault
     from implicitlm.train.checkpoint import latest_checkpoint
 
     config = train_config(lr=1e30, warmup_steps=2, total_steps=6, checkpoint_every=1, keep_checkpoints=10)

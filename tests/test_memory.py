@@ -7,16 +7,16 @@ import json
 import pytest
 
 from implicitlm.cli import main
-from implicitlm.memory import activation_bytes, readable
+from implicitlm.core.memory import activation_bytes, readable
 from implicitlm.models import build_model, config_from_options
 from implicitlm.models.loading import parameter_count
 
 @pytest.fixture(autouse=True)
 def sixteen_gib(monkeypatch):
     """The same machine for every test, whatever this one has free."""
-    import implicitlm.memory
+    import implicitlm.core.memory
 
-    monkeypatch.setattr(implicitlm.memory, "available_bytes", lambda device=None: 16 * 2**30)
+    monkeypatch.setattr(implicitlm.core.memory, "available_bytes", lambda device=None: 16 * 2**30)
 
 
 SMALL = ["--model", "hidden_size=16", "--model", "state_size=8", "--model", "head_dim=8"]
@@ -97,7 +97,7 @@ def test_a_vocabulary_beyond_the_memory_or_32_bits_is_refused(tmp_path, capsys):
 
 def test_available_memory_is_read_from_the_machine(monkeypatch):
     monkeypatch.undo()
-    from implicitlm.memory import available_bytes
+    from implicitlm.core.memory import available_bytes
 
     assert 2**20 < available_bytes() < 2**50
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from implicitlm.atomic_io import write_json
+from implicitlm.core.atomic_io import write_json
 from implicitlm.configs import load_preset
 from implicitlm.data import catbabi, shards as shards_module, tokenizer as tokenizer_module, words
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
@@ -40,7 +40,7 @@ from implicitlm.data.catbabi import (
     word_tokenizer,
 )
 from implicitlm.data.corpus import read_documents
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.groups import get_group
 from implicitlm.data.shards import TokenShards, write_shards, write_token_streams
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer

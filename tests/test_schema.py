@@ -16,7 +16,7 @@ from implicitlm.configs import load_preset, preset_names
 from implicitlm.demo import DemoEval
 from implicitlm.models import ImplicitLlamaConfig, config_from_options
 from implicitlm.models.loading import model_option_names
-from implicitlm.schema import UNIT_INTERVAL, OptionError, at_least, check_field, conforms, expectation, one_of
+from implicitlm.core.schema import UNIT_INTERVAL, OptionError, at_least, check_field, conforms, expectation, one_of
 from implicitlm.train.lm_trainer import LMTrainConfig
 from implicitlm.train.word_setup import word_train_config
 from implicitlm.train.word_trainer import WordTrainConfig

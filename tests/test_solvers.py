@@ -15,7 +15,7 @@ from implicitlm.cli import main
 from implicitlm.data.words import generate_words
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, solve_sequence
 from implicitlm.deq.options import SOLVERS
-from implicitlm.schema import OptionError
+from implicitlm.core.schema import OptionError
 from implicitlm.deq.solver import solver_function
 from implicitlm.eval.convergence import convergence_record, convergence_summary, token_iterations
 from implicitlm.models import build_model, config_from_options

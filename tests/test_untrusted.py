@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import implicitlm
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import ImplicitMamba2ForCausalLM, build_model, config_from_options, load_model
 from implicitlm.models.loading import ModelLoadError

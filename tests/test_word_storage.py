@@ -10,7 +10,7 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.data import words
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.word_dataset import WordDataset
 from implicitlm.data.words import (
     DerivedTargets,

@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from implicitlm import atomic_io
+from implicitlm.core import atomic_io
 from implicitlm.data import words
-from implicitlm.data.errors import DataError
+from implicitlm.core.errors import DataError
 from implicitlm.data.groups import get_group
 from implicitlm.data.word_dataset import WordDataset
 from implicitlm.data.words import (

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _quiet_libraries()
-    from .faults import NumericalFault
+    from .core.errors import NumericalFault
     from .train.guard import TrainingInterrupted
 
     out = getattr(args, "out", None)
@@ -303,7 +303,7 @@ def _word_test_sets(args) -> tuple:
 
 def _require_test_words(model, length: int, count: int, batch_size: int) -> None:
     """The test words (inputs and labels) and one batch's forward at the longest length."""
-    from .memory import activation_bytes, require
+    from .core.memory import activation_bytes, require
 
     config = model.config
     needed = 2 * 8 * count * length + activation_bytes(min(batch_size, count), length, config.hidden_size, config.num_hidden_layers)
@@ -911,7 +911,7 @@ def _option_sections(trainer: str | None) -> str:
     """The keys of --model and, for a trainer ("words" or "lm"), of --train, with their
     defaults (before a preset changes them) and meanings."""
     from .models.loading import model_options_help
-    from .schema import dataclass_defaults, option_help
+    from .core.schema import dataclass_defaults, option_help
 
     sections = [model_options_help()]
     if trainer is not None:

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic_io import write_json
+from .core.atomic_io import write_json
 from .data.groups import get_group
 from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
-from .schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
+from .core.schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
 from .train.word_setup import KINDS, word_model, word_train_config
 from .train.word_trainer import train_words
 

@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic_io import write_json
+from .core.atomic_io import write_json
 from .data.corpus import read_documents
 from .data.shards import TokenShards, evaluation_windows, write_shards
 from .data.tokenizer import train_tokenizer
 from .eval.perplexity import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
-from .schema import at_least, between, check_dataclass, check_known_keys, field_names
+from .core.schema import at_least, between, check_dataclass, check_known_keys, field_names
 from .train.lm_trainer import LMTrainConfig, held_out_curve, train_lm
 
 @dataclass(frozen=True)

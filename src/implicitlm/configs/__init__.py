@@ -6,8 +6,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from implicitlm.data.json_file import read_json_object
-from implicitlm.schema import option_error
+from implicitlm.core.json_file import read_json_object
+from implicitlm.core.schema import option_error
 
 # A preset section holds a dict of options; its name ends with one of these ("implicit_model").
 SECTIONS = ("model", "train", "eval", "corpus")

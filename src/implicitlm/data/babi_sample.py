@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from implicitlm.atomic_io import atomic_write
-from implicitlm.data.errors import DataError
+from implicitlm.core.atomic_io import atomic_write
+from implicitlm.core.errors import DataError
 
 SAMPLE_TASKS = (1, 6, 8, 15, 19)
 

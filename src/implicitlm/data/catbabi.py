@@ -43,9 +43,9 @@ import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from implicitlm.atomic_io import atomic_write, staged_directory, write_json
-from implicitlm.data.errors import DataError, first_line, quoted
-from implicitlm.data.json_file import read_utf8
+from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
+from implicitlm.core.errors import DataError, first_line, quoted
+from implicitlm.core.json_file import read_utf8
 from implicitlm.data.shards import INDEX_FILE, PROGRESS_FILE, TokenShards, write_token_streams
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer
 

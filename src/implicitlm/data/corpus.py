@@ -34,8 +34,8 @@ from typing import IO, Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from implicitlm.data.errors import DataError, first_line
-from implicitlm.data.json_file import check_regular
+from implicitlm.core.errors import DataError, first_line
+from implicitlm.core.json_file import check_regular
 
 Source = str | os.PathLike
 # Suffixes that mark a source as a file path, so that a missing one is reported as missing

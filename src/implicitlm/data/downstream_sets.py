@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .corpus import DECOMPRESSORS, jsonl_records, open_text, reading
-from .errors import DataError
+from ..core.errors import DataError
 
 # The six-line layout of HellaSwag: context, label, then the four endings.
 HELLASWAG_LINES_PER_ITEM = 6

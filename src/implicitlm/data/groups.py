@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from implicitlm.data.errors import quoted
+from implicitlm.core.errors import quoted
 
 # S8 (40320 elements) would need a 1.6e9-entry table; anything this large is refused.
 MAX_TABLE_ENTRIES = 200_000_000

@@ -51,10 +51,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from implicitlm.atomic_io import atomic_write, write_json
-from implicitlm.data.errors import DataError, check_header, check_int, quoted
+from implicitlm.core.atomic_io import atomic_write, write_json
+from implicitlm.core.errors import DataError, check_header, check_int, quoted
 from implicitlm.data.groups import smallest_uint_dtype
-from implicitlm.data.json_file import read_json_object
+from implicitlm.core.json_file import read_json_object
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "test")

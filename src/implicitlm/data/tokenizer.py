@@ -14,9 +14,9 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from implicitlm.atomic_io import atomic_write
-from implicitlm.data.errors import DataError, first_line
-from implicitlm.memory import require
+from implicitlm.core.atomic_io import atomic_write
+from implicitlm.core.errors import DataError, first_line
+from implicitlm.core.memory import require
 
 EOS_TOKEN = "<|endoftext|>"
 MAX_VOCAB_SIZE = 2**32 - 1

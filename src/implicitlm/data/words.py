@@ -33,10 +33,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from implicitlm.atomic_io import atomic_write
-from implicitlm.data.errors import DataError, check_header, check_int, first_line, not_utf8, quoted
+from implicitlm.core.atomic_io import atomic_write
+from implicitlm.core.errors import DataError, check_header, check_int, first_line, not_utf8, quoted
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
-from implicitlm.data.json_file import check_regular, read_json_object
+from implicitlm.core.json_file import check_regular, read_json_object
 
 FORMAT_VERSION = 1
 CSV_HEADER = ("seed", "input", "target")

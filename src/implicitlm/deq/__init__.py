@@ -1,6 +1,6 @@
 """Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
 
-from ..schema import OptionError
+from ..core.schema import OptionError
 from .kept_state import KeptState
 from .options import FixedPointOptions
 from .sequential import solve_sequence

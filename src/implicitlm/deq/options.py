@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..schema import OptionError, check_known_keys, field_names
+from ..core.schema import OptionError, check_known_keys, field_names
 
 # Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, and our
 # safeguarded Anderson (deq/anderson.py).

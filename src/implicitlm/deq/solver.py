@@ -40,7 +40,7 @@ import torch
 from torchdeq.grad import backward_factory
 from torchdeq.solver import get_solver
 
-from ..faults import NumericalFault
+from ..core.errors import NumericalFault
 from .anderson import safeguarded_anderson
 from .options import SOLVERS, FixedPointOptions
 from .stats import FixedPointStats

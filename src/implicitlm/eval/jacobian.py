@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from ..configs import load_preset
 from ..data.groups import resolve_group
 from ..data.words import generate_words
-from ..memory import FLOAT_BYTES, activation_bytes, require
+from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from ..models import build_model, config_from_options, load_model
 from ..models.presets import model_preset
 from .plots import plot_heatmaps

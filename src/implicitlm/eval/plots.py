@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures are written to files, never shown
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..atomic_io import atomic_write  # noqa: E402
+from ..core.atomic_io import atomic_write  # noqa: E402
 
 
 def plot_accuracy_by_length(

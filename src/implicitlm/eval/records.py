@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..atomic_io import write_json
+from ..core.atomic_io import write_json
 
 RECORD_KEYS = ("experiment", "checkpoint", "model", "metrics")
 

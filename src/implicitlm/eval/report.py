@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..atomic_io import atomic_write
+from ..core.atomic_io import atomic_write
 from .plots import plot_curves, plot_metric_panels
 from .records import read_record
 

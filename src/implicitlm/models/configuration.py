@@ -10,7 +10,7 @@ from transformers import PretrainedConfig
 
 from ..deq.options import FixedPointOptions
 from ..layers.mlp import swiglu_hidden_size
-from ..schema import NON_NEGATIVE, POSITIVE, Rule, at_least, check_fields, one_of, option_error
+from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, check_fields, one_of, option_error
 
 LABEL_ALIGNMENTS = ("shifted", "aligned")
 WHAT = "model option"

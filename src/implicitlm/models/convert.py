@@ -53,8 +53,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from ..data.errors import DataError, first_line
-from ..data.json_file import read_json_object
+from ..core.errors import DataError, first_line
+from ..core.json_file import read_json_object
 from .implicit_lm import ImplicitCausalLM
 from .loading import ModelLoadError, build_model, config_from_options
 

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from transformers.utils import logging as transformers_logging
 
-from ..atomic_io import recover_replaced
-from ..data.errors import DataError, first_line, quoted
-from ..data.json_file import read_json_object
+from ..core.atomic_io import recover_replaced
+from ..core.errors import DataError, ImplicitLMError, first_line, quoted
+from ..core.json_file import read_json_object
 from ..deq.options import FixedPointOptions
-from ..memory import FLOAT_BYTES, require
-from ..schema import OptionError, check_known_keys, dataclass_defaults, option_help
+from ..core.memory import FLOAT_BYTES, require
+from ..core.schema import OptionError, check_known_keys, dataclass_defaults, option_help
 from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
 from .llama_lm import ImplicitLlamaForCausalLM
@@ -46,7 +46,7 @@ WEIGHT_PROBLEMS = {
 }
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(ImplicitLMError, ValueError):
     """A directory that does not hold a model this package can load."""
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from ..atomic_io import recover_replaced, staged_directory
-from ..data.errors import first_line
+from ..core.atomic_io import recover_replaced, staged_directory
+from ..core.errors import ImplicitLMError, first_line
 from ..models import load_model
 from ..models.loading import write_weights_digest
 
@@ -26,7 +26,7 @@ TRAINING_STATE = "training_state.pt"
 TRAINER_META = "trainer.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ImplicitLMError, ValueError):
     """A checkpoint directory that is missing, incomplete or corrupt."""
 
 

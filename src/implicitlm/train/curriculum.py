@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..deq.options import FixedPointOptions
-from ..schema import OptionError
+from ..core.schema import OptionError
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from ..faults import NumericalFault
+from ..core.errors import ImplicitLMError, NumericalFault
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class TrainingInterrupted(Exception):
+class TrainingInterrupted(ImplicitLMError):
     """A stop signal ended the run after ``step`` steps, with a checkpoint written."""
 
     def __init__(self, signal_number: int, step: int, checkpoint: Path) -> None:

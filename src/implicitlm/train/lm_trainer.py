@@ -33,7 +33,7 @@ from ..eval.perplexity import perplexity
 from ..eval.plots import plot_learning_curves
 from ..eval.records import make_record, write_record
 from ..models.loss import token_cross_entropy
-from ..schema import (
+from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_dataclass, check_known_keys,
     field_names, one_of,
 )

@@ -19,8 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .curriculum import Curriculum
-from ..faults import NumericalFault
-from ..memory import FLOAT_BYTES, activation_bytes, require
+from ..core.errors import NumericalFault
+from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from .guard import StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_requested
 from .run_log import RunLog
 

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..atomic_io import atomic_write
-from ..data.errors import DataError
+from ..core.atomic_io import atomic_write
+from ..core.errors import DataError
 
 TENSORBOARD = "tensorboard"
 

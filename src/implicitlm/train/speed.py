@@ -6,7 +6,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
-from ..schema import OptionError
+from ..core.schema import OptionError
 
 PRECISIONS = ("auto", "no", "bf16")
 

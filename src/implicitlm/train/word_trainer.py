@@ -15,10 +15,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..atomic_io import recover_replaced
+from ..core.atomic_io import recover_replaced
 from ..data.groups import get_group
 from ..data.words import WordData, generate_words
-from ..schema import (
+from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, at_least, check_dataclass, check_known_keys, field_names,
 )
 from .checkpoint import (

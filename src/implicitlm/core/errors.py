@@ -1,4 +1,11 @@
-"""Errors raised by the data modules, and the checks their file formats share."""
+"""The one exception hierarchy, and the helpers that keep its messages to one line.
+
+Every error implicitlm raises derives from ``ImplicitLMError``, so a caller can catch them
+all. Bad input (``OptionError``, ``DataError`` and the like) also derives from
+``ValueError`` and exits with code 2; ``NumericalFault`` derives from ``RuntimeError`` and
+exits with code 1: the input was valid, but the run cannot go on without giving a wrong
+answer.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,22 @@ from typing import Any, Iterable
 QUOTED_CHARS = 60
 
 
-class DataError(ValueError):
+class ImplicitLMError(Exception):
+    """The base of every error implicitlm raises; its message is one line."""
+
+
+class OptionError(ImplicitLMError, ValueError):
+    """An invalid option; the message is one line naming the option."""
+
+
+class DataError(ImplicitLMError, ValueError):
     """A malformed or inconsistent data file; the message is one line naming the file."""
+
+
+class NumericalFault(ImplicitLMError, RuntimeError):
+    """NaN or Inf in a loss, gradient or iterate, or a fixed point not reached where that is fatal.
+
+    The message is one line naming where it happened and what was kept."""
 
 
 def check_header(header: dict[str, Any], keys: Iterable[str], version: int, source: object, what: str) -> None:

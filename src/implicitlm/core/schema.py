@@ -18,11 +18,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .data.errors import quoted
-
-
-class OptionError(ValueError):
-    """An invalid option; the message is one line naming the option."""
+from .errors import OptionError, quoted
 
 
 @dataclass(frozen=True)

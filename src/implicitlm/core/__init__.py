@@ -1,0 +1,7 @@
+"""What every other part builds on: the exception hierarchy (one base class,
+``ImplicitLMError``), atomic file writes and JSON reading, option validation, memory checks.
+It imports nothing else of implicitlm."""
+
+from .errors import DataError, ImplicitLMError, NumericalFault, OptionError
+
+__all__ = ["DataError", "ImplicitLMError", "NumericalFault", "OptionError"]
