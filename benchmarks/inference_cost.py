@@ -111,7 +111,8 @@ def main() -> None:
               f"{base_score[0]:.2f}", "1.00x", f"{base_score[1]:.4f}", "-")
     for solver in args.solvers.split(","):
         for tol in (float(t) for t in args.tols.split(",")):
-            implicit.set_fixed_point_options(f_solver=solver, eval_f_solver="", sequential_f_solver="", eval_f_tol=tol)
+            implicit.use_solver(solver)
+            implicit.set_fixed_point_options(eval_f_tol=tol)
             ms, passes = decode(implicit, prompt, tokens, repeats)
             seconds, loss, missed = score(implicit, windows, repeats)
             table.add("implicit", solver, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x", f"{passes:.1f}",

@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     model = load_model(args.checkpoint).eval()
     if args.solver:
-        model.set_fixed_point_options(f_solver=args.solver, eval_f_solver="", sequential_f_solver="")
+        model.use_solver(args.solver)
     local_sets, _ = read_local_sets(list(PAPER_TASKS), args.data_dir, skip_missing=True)
     tasks = list(local_sets)
     tols = [float(t) for t in args.tols.split(",")]

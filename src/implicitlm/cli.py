@@ -270,7 +270,7 @@ def _apply_solver_flags(model, args) -> None:
     if args.chunk_length is not None:
         model.set_fixed_point_options(eval_chunk_length=args.chunk_length)
     if args.solver is not None:
-        model.set_fixed_point_options(f_solver=args.solver, eval_f_solver="", sequential_f_solver="")
+        model.use_solver(args.solver)
 
 
 def _word_test_sets(args) -> tuple:

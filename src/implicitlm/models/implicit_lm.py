@@ -86,6 +86,11 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         self.config.fixed_point = options.to_dict()
         self.solver = FixedPointSolver(options)
 
+    def use_solver(self, name: str) -> None:
+        """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both
+        inference modes, whatever the per-mode options said."""
+        self.set_fixed_point_options(f_solver=name, eval_f_solver="", sequential_f_solver="")
+
     @contextlib.contextmanager
     def track_convergence(self, tally: ConvergenceTally | None = None) -> Iterator[ConvergenceTally]:
         """Count, over every forward inside the block, the fixed points that stopped above
