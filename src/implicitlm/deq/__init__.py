@@ -5,7 +5,7 @@ from .kept_state import KeptState
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
-from .stats import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged, with_retried_rows
+from .stats import ConvergenceTally, FixedPointStats, chain_chunks, penalised, warn_not_converged, with_retried_rows
 
 __all__ = [
     "ConvergenceTally",
@@ -15,6 +15,7 @@ __all__ = [
     "KeptState",
     "OptionError",
     "chain_chunks",
+    "penalised",
     "solve_sequence",
     "warn_not_converged",
     "with_retried_rows",

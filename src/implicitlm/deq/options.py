@@ -42,6 +42,10 @@ class FixedPointOptions:
     per token); empty: ``f_solver``. Which solver pays differs by mode: an accelerated
     solver's per-iteration cost is a small linear solve per sample, which a token step of
     a few small matrix products hardly notices and a short chunk of a small model may.
+    ``jacobian_penalty``: in training, this weight times an estimate of
+    ``||df/dz||_F^2 / numel(z)`` at the solution is added to the loss (Bai et al. 2021,
+    "Stabilizing Equilibrium Models by Jacobian Regularization"): a map whose Jacobian is
+    smaller contracts faster, so every later solve needs fewer evaluations. 0: off.
     ``eval_chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
     chunks of this many tokens, each from the state the previous chunk's fixed point left
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
@@ -64,6 +68,7 @@ class FixedPointOptions:
     eval_chunk_length: int = 0
     eval_f_solver: str = ""
     sequential_f_solver: str = ""
+    jacobian_penalty: float = 0.0
 
     # What each field means, for --help.
     FIELD_HELP = {
@@ -82,6 +87,8 @@ class FixedPointOptions:
                                "is given up as diverged (0: never)",
         "divergence_growth": "see divergence_patience",
         "eval_nonconvergence": "inference: report (count unconverged samples) or error (raise)",
+        "jacobian_penalty": "training: weight of the Jacobian penalty |df/dz|_F^2 / numel at the solution, for a map "
+                            "that contracts faster (fewer solver iterations at inference; 0: off)",
         "eval_chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; trainers set their training length)",
     }
@@ -100,6 +107,9 @@ class FixedPointOptions:
         _check_choice("eval_nonconvergence", self.eval_nonconvergence, ("report", "error"))
         _check_positive("f_tol", self.f_tol)
         _check_positive("eval_f_tol", self.eval_f_tol)
+        if isinstance(self.jacobian_penalty, bool) or not isinstance(self.jacobian_penalty, (int, float)) \
+                or not 0.0 <= self.jacobian_penalty < float("inf"):
+            raise OptionError(f"jacobian_penalty must be a finite number >= 0, got {self.jacobian_penalty!r}")
         if isinstance(self.divergence_growth, bool) or not isinstance(self.divergence_growth, (int, float)) \
                 or not 1.0 < self.divergence_growth < float("inf"):
             raise OptionError(f"divergence_growth must be a finite number > 1, got {self.divergence_growth!r}")

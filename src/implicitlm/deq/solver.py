@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 from torchdeq.grad import backward_factory
+from torchdeq.loss import jac_reg
 from torchdeq.solver import get_solver
 
 from ..core.errors import NumericalFault
@@ -104,9 +105,12 @@ class FixedPointSolver:
         if not training:
             return self.evaluate(f, z0, max_iter, tol, restrict)
         if opts.unroll_steps > 0:
-            return self.unroll(f, z0, opts.unroll_steps)
-        z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol), restrict)
-        z = self._phantom(None, _damped(f), z_star.detach())[-1]
+            z, stats = self.unroll(f, z0, opts.unroll_steps)
+        else:
+            z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol), restrict)
+            z = self._phantom(None, _damped(f), z_star.detach())[-1]
+        if opts.jacobian_penalty > 0:
+            stats.jacobian_penalty = opts.jacobian_penalty * jacobian_frobenius(f, z)
         return z, stats
 
     def evaluate(
@@ -219,6 +223,15 @@ class FixedPointSolver:
             stop_mode=self.options.f_stop_mode,
             solver=self.options.f_solver,
         )
+
+
+def jacobian_frobenius(f: FixedPointFn, z: torch.Tensor) -> torch.Tensor:
+    """``||df/dz||_F^2 / z.numel()`` at ``z``, estimated with one random probe (Hutchinson,
+    torchdeq's ``jac_reg``), with the graph to train on it: one more pass of ``f`` and a
+    backward through it that the loss's backward differentiates again."""
+    z = z.detach().requires_grad_()
+    with torch.enable_grad():
+        return jac_reg(f(z), z, vecs=1, create_graph=True)
 
 
 def _damped(f: FixedPointFn) -> Callable[..., torch.Tensor]:

@@ -28,7 +28,8 @@ class FixedPointStats:
     is done); ``row_evaluations``: samples computed over all those calls: the honest cost
     where frozen samples are left out of the calls (as both modes of the models do), the
     batch size times ``evaluations`` where they are computed and dropped. ``solver``: the
-    name of the solver that produced them.
+    name of the solver that produced them. ``jacobian_penalty``: in training with the
+    option of that name, the term to add to the loss (with its graph; see ``penalised``).
     """
 
     iterations: torch.Tensor
@@ -41,6 +42,7 @@ class FixedPointStats:
     tol: float
     stop_mode: str
     solver: str
+    jacobian_penalty: torch.Tensor | None = None
 
     @property
     def residual(self) -> torch.Tensor:
@@ -59,7 +61,9 @@ class FixedPointStats:
 
     def summary(self) -> dict[str, float | str]:
         """Batch means, extremes and failure counts, and the solver's name, for logs."""
+        penalty = {} if self.jacobian_penalty is None else {"fp_jacobian_penalty": self.jacobian_penalty.item()}
         return {
+            **penalty,
             "fp_solver": self.solver,
             "fp_iterations_mean": self.iterations.float().mean().item(),
             "fp_iterations_max": self.iterations.max().item(),
@@ -73,6 +77,13 @@ class FixedPointStats:
             "fp_evaluations": float(self.evaluations),
             "fp_row_evaluations": float(self.row_evaluations),
         }
+
+
+def penalised(loss: torch.Tensor, stats: FixedPointStats | None) -> torch.Tensor:
+    """The loss to train on: ``loss`` plus the solve's Jacobian penalty, if it has one."""
+    if stats is None or stats.jacobian_penalty is None:
+        return loss
+    return loss + stats.jacobian_penalty
 
 
 def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:

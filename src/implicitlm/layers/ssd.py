@@ -153,6 +153,10 @@ class _ChunkStatePassing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_entering: torch.Tensor, grad_final: torch.Tensor):
         decays, entering = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # A backward that is itself differentiated (create_graph: a Jacobian penalty
+            # in training) cannot write into preallocated slots, which autograd does not record.
+            return _state_passing_gradients(grad_entering, grad_final, decays, entering)
         # The gradient with respect to the state leaving chunk c is that of chunk c's
         # contribution: computed straight into grad_contributions[:, c].
         grad_contributions = torch.empty_like(entering)
@@ -166,6 +170,17 @@ class _ChunkStatePassing(torch.autograd.Function):
         grad_leaving = grad_contributions[:, 0]
         torch.sum(grad_leaving * entering[:, 0], dim=(2, 4), keepdim=True, out=grad_decays[:, 0])
         return grad_contributions, grad_decays, torch.addcmul(grad_entering[:, 0], grad_leaving, decays[:, 0])
+
+
+def _state_passing_gradients(grad_entering, grad_final, decays, entering):
+    """``_ChunkStatePassing``'s backward in out-of-place operations, which autograd records."""
+    grad_contributions, grad_decays = [], []
+    grad_leaving = grad_final
+    for c in range(entering.shape[1] - 1, -1, -1):
+        grad_contributions.append(grad_leaving)
+        grad_decays.append((grad_leaving * entering[:, c]).sum(dim=(2, 4), keepdim=True))
+        grad_leaving = grad_entering[:, c] + grad_leaving * decays[:, c]
+    return torch.stack(grad_contributions[::-1], dim=1), torch.stack(grad_decays[::-1], dim=1), grad_leaving
 
 
 def ssd_scan(

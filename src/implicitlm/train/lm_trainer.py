@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.shards import TokenSampler, TokenShards, evaluation_windows
+from ..deq import penalised
 from ..data.tokenizer import load_tokenizer
 from ..eval.perplexity import perplexity
 from ..eval.plots import plot_learning_curves
@@ -369,9 +370,9 @@ def _optimiser_step(accelerator, model, batches, accumulation: int, batch_tokens
             output = model(window[:, :-1])
             # Every micro-batch holds the same number of tokens, so the mean of the
             # micro-batch means is the mean over the whole global batch.
-            loss = token_cross_entropy(output.logits, window[:, 1:], "aligned") / accumulation
-            accelerator.backward(loss)
-        total += loss.detach()
+            cross_entropy = token_cross_entropy(output.logits, window[:, 1:], "aligned")
+            accelerator.backward(penalised(cross_entropy, output.fixed_point) / accumulation)
+        total += cross_entropy.detach() / accumulation
         non_finite += non_finite_images(output)
 
     def recheck():

@@ -18,6 +18,7 @@ import torch
 from ..core.atomic_io import recover_replaced
 from ..data.groups import get_group
 from ..data.words import WordData, generate_words
+from ..deq import penalised
 from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, at_least, check_dataclass, check_known_keys, field_names,
 )
@@ -199,7 +200,7 @@ def _train_words(
     def forward_backward(model) -> StepOutcome:
         input_ids, labels = next(batches)
         output = model(input_ids, labels=labels)
-        accelerator.backward(output.loss)
+        accelerator.backward(penalised(output.loss, output.fixed_point))
 
         def recheck():
             again = model(input_ids, labels=labels)
