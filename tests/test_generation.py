@@ -262,7 +262,12 @@ def test_chunked_solve_stats_add_up_the_chunks_solves():
         third = model(ids[:, 6:], state=second.state)
     parts = [first.fixed_point, second.fixed_point, third.fixed_point]
     assert torch.equal(chunked.iterations, sum(part.iterations for part in parts))
-    assert torch.equal(chunked.rel_residual, torch.stack([part.rel_residual for part in parts]).amax(dim=0))
+    # A chunk reads a slice of the whole sequence's inputs, the separate call its own
+    # contiguous copy: the same sums, in another memory layout, may round differently in
+    # the last bit, and a residual of 1e-7 (a difference of two iterates) carries that
+    # rounding as a relative 1e-16 / 1e-7.
+    worst = torch.stack([part.rel_residual for part in parts]).amax(dim=0)
+    torch.testing.assert_close(chunked.rel_residual, worst, rtol=1e-8, atol=0)
     # No pass beyond the solves': each chunk's state is kept from the pass that gave its answer.
     assert chunked.evaluations == sum(part.evaluations for part in parts)
     assert chunked.row_evaluations == sum(part.row_evaluations for part in parts)
