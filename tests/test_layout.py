@@ -1,5 +1,6 @@
-"""The layout's rules that hold today: one exception base, and the bottom layers importing
-only downward (``core`` nothing of implicitlm; ``deq`` and ``layers`` only ``core``)."""
+"""The layout's rules that hold today: one exception base, the bottom layers importing
+only downward (``core`` nothing of implicitlm; ``deq`` and ``layers`` only ``core``), and the
+command line importing the library only inside the command that runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,21 @@ import implicitlm
 from implicitlm.core import ImplicitLMError
 
 SOURCE = Path(implicitlm.__file__).parent
-# Package -> the implicitlm packages it may import besides itself.
-MAY_IMPORT = {"core": set(), "deq": {"core"}, "layers": {"core"}}
+LAYOUT = Path(__file__).resolve().parents[1] / "docs" / "layout.md"
+
+
+def allowed_imports(layout: Path) -> dict[str, set[str]]:
+    """Folder or top-level module -> the implicitlm folders and modules it may import besides
+    itself, read from the table of ``docs/layout.md`` (the picture is the rule)."""
+    rules = {}
+    for line in layout.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            rules[cells[0].strip("`")] = {name.strip().strip("`") for name in cells[1].split(",") if name.strip()}
+    return rules
+
+
+MAY_IMPORT = allowed_imports(LAYOUT)
 # Not errors a user meets: the solver's way to end its own loop.
 INTERNAL = {"_SolveDone"}
 
@@ -43,17 +58,55 @@ def implicitlm_imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
-def test_the_bottom_layers_import_only_downward(package):
-    for path in sorted((SOURCE / package).rglob("*.py")):
-        wrong = implicitlm_imports(path) - MAY_IMPORT[package] - {package}
-        assert not wrong, f"{path.relative_to(SOURCE)} imports {sorted(wrong)}"
+def owner(path: Path) -> str:
+    """The folder of a module under ``src/implicitlm``, or the module's own name at the top."""
+    parts = path.relative_to(SOURCE).parts
+    return parts[0] if len(parts) > 1 else path.stem
 
 
-def test_the_import_check_can_fail(tmp_path):
+def test_imports_run_the_way_the_layout_says():
+    modules = sorted(SOURCE.rglob("*.py"))
+    assert {owner(path) for path in modules} <= set(MAY_IMPORT), "a folder or module without a row in docs/layout.md"
+    for path in modules:
+        wrong = implicitlm_imports(path) - MAY_IMPORT[owner(path)] - {owner(path)}
+        assert not wrong, f"{path.relative_to(SOURCE)} imports {sorted(wrong)}, which docs/layout.md does not allow"
+
+
+def test_the_layout_table_is_read_and_the_import_check_can_fail():
+    assert MAY_IMPORT["core"] == set() and MAY_IMPORT["deq"] == {"core"} and MAY_IMPORT["layers"] == {"core"}
+    assert len(MAY_IMPORT) >= 12
     module = SOURCE / "deq" / "solver.py"
     assert "core" in implicitlm_imports(module)
+    # The models import deq and layers, which neither of those may import back.
     assert implicitlm_imports(SOURCE / "models" / "implicit_lm.py") >= {"deq", "layers"}
+    assert "models" not in MAY_IMPORT["deq"] | MAY_IMPORT["layers"]
+
+
+def module_level_imports(path: Path) -> list[str]:
+    """What a module imports when it is imported (not inside its functions): module names,
+    relative ones with their leading dots."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            found.append("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return found
+
+
+def test_command_modules_import_the_library_only_inside_their_commands():
+    """A command group's module imports the standard library and its sibling command modules
+    at module level, nothing else: building the parser (``--help``) then loads no model,
+    data or training code, only the command that runs does."""
+    for path in sorted((SOURCE / "cli").glob("*.py")):
+        outside = [name for name in module_level_imports(path)
+                   if not (name.split(".")[0] in sys.stdlib_module_names or (name.startswith(".") and not name.startswith("..")))]
+        assert not outside, f"cli/{path.name} imports {outside} at module level"
+
+
+def test_the_module_level_import_check_can_fail():
+    assert "..deq" in module_level_imports(SOURCE / "models" / "implicit_lm.py")
+    assert "torch" in module_level_imports(SOURCE / "deq" / "solver.py")
 
 
 def test_every_error_derives_from_one_base():

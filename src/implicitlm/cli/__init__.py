@@ -1,0 +1,113 @@
+"""The ``implicitlm`` command line: one module per command group, each command parsing its
+arguments and calling the library; heavy imports happen inside the command that runs."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .arguments import Parser
+from .data import add_catbabi, add_corpus_build, add_tokenizer_train
+from .lm import add_lm_budget, add_lm_convergence, add_lm_demo, add_lm_downstream, add_lm_eval, add_train
+from .models import add_jacobian, add_models_import, add_models_list, add_models_show, add_report
+from .words import (
+    add_demo, add_words_budget, add_words_convergence, add_words_eval, add_words_generate,
+    add_words_train,
+)
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    _quiet_libraries()
+    from ..core.errors import NumericalFault
+    from ..train.guard import TrainingInterrupted
+
+    out = getattr(args, "out", None)
+    new_out = out is not None and not out.exists()
+    try:
+        args.run(args)
+    except USER_ERRORS as error:
+        # Bad input is reported in one line, never as a traceback, and leaves no partial output.
+        if new_out:
+            _remove_partial_output(out)
+        return _fail(error, 2)
+    except (NumericalFault, OSError) as error:
+        # Valid input, but the run cannot go on: NaN/Inf, a fatal non-convergence, a full disk.
+        return _fail(error, 1)
+    except TrainingInterrupted as stopped:
+        hint = "; continue with --resume" if hasattr(args, "resume") else ""
+        print(f"implicitlm: {stopped}{hint}", file=sys.stderr)
+        return stopped.exit_code
+    except KeyboardInterrupt:
+        print("implicitlm: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _remove_partial_output(out: Path) -> None:
+    """Remove the --out folder a command created before it met bad input, unless it already
+    holds a checkpoint: finished training steps are work, not partial output."""
+    if out.is_dir() and not any(out.glob("checkpoint*")):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _fail(error: BaseException, code: int) -> int:
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        message = f"{error.filename}: {error.strerror}"  # not "[Errno 17] File exists: 'x'"
+    else:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    print(f"implicitlm: error: {message}", file=sys.stderr)
+    return code
+
+
+def _quiet_libraries() -> None:
+    # Saving and loading a checkpoint is instant; the libraries' own progress bars are noise.
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    # Without a network the hub logs each of its retries as a warning before the request fails;
+    # the failure itself reaches the user as our one error line.
+    hub_logging.set_verbosity_error()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="implicitlm", description="Implicit language models.")
+    commands = parser.add_subparsers(title="commands")
+    add_demo(commands)
+    words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")
+    add_words_generate(words)
+    add_words_train(words)
+    add_words_eval(words)
+    add_words_budget(words)
+    add_words_convergence(words)
+    models = commands.add_parser("models", help="the paper's model presets; import from Hugging Face")
+    models = models.add_subparsers(title="commands")
+    add_models_list(models)
+    add_models_show(models)
+    add_models_import(models)
+    tokenizer = commands.add_parser("tokenizer", help="tokenizers for language modelling")
+    add_tokenizer_train(tokenizer.add_subparsers(title="commands"))
+    corpus = commands.add_parser("corpus", help="language-model corpora as token shards")
+    add_corpus_build(corpus.add_subparsers(title="commands"))
+    add_catbabi(commands)
+    add_train(commands)
+    lm = commands.add_parser("lm", help="language models: perplexity, the CPU demo").add_subparsers(title="commands")
+    add_lm_eval(lm)
+    add_lm_budget(lm)
+    add_lm_convergence(lm)
+    add_lm_demo(lm)
+    add_lm_downstream(lm)
+    add_report(commands)
+    add_jacobian(commands)
+    return parser

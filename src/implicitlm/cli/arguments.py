@@ -1,0 +1,115 @@
+"""The command line's parser class and the argument types its options share."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any, Callable
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse reporting a bad option in one line, as every other input error is (its
+    default prints the whole usage first). Subcommands inherit the class."""
+
+    # Set on a command taking --model / --train: returns the sections that list their keys
+    # (built when --help asks, so that other commands do not import the models).
+    option_sections: Callable[[], str] | None = None
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return text if self.option_sections is None else f"{text}\n{self.option_sections()}\n"
+
+    def _get_values(self, action, arg_strings):
+        # Before Python 3.12, argparse drops a value that is exactly "--" ("--hard-prob=--") as if
+        # it ended the options, and hands the option an empty list instead of refusing it.
+        if arg_strings == ["--"] and action.nargs is None:
+            raise argparse.ArgumentError(action, "expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
+
+def option_sections(trainer: str | None) -> str:
+    """The keys of --model and, for a trainer ("words" or "lm"), of --train, with their
+    defaults (before a preset changes them) and meanings."""
+    from ..models.loading import model_options_help
+    from ..core.schema import dataclass_defaults, option_help
+
+    sections = [model_options_help()]
+    if trainer is not None:
+        if trainer == "words":
+            from ..train.word_trainer import WordTrainConfig as config
+        else:
+            from ..train.lm_trainer import LMTrainConfig as config
+        title = "training options (--train KEY=VALUE; a preset's values replace these defaults):"
+        sections.append(option_help(title, dataclass_defaults(config), config.FIELD_HELP))
+    return "\n\n".join(sections)
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, the value parsed as JSON where it is JSON (numbers, booleans, lists,
+    objects), else kept as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+    # Nested too deep for the parser, or an integer of thousands of digits.
+    except (RecursionError, ValueError):
+        raise argparse.ArgumentTypeError(f"the value of {key!r} is too deeply nested or too long a number") from None
+
+
+def _number(text: str, convert, minimum, strict: bool, expected: str):
+    """``convert(text)``, at least ``minimum`` (above it when ``strict``), finite."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum and not (strict and value == minimum)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, 0, True, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, 0, False, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, 0.0, True, "a positive number")
+
+
+def fraction(text: str) -> float:
+    value = _number(text, float, 0.0, False, "a number in [0, 1]")
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def _list_of(text: str, item, expected: str) -> list:
+    try:
+        values = [item(v) for v in text.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {expected}, got {text!r}")
+    return values
+
+
+def int_list(text: str) -> list[int]:
+    return _list_of(text, positive_int, "positive integers")
+
+
+def position_list(text: str) -> list[int]:
+    return _list_of(text, non_negative_int, "integers >= 0")
+
+
+def float_list(text: str) -> list[float]:
+    return _list_of(text, positive_float, "positive numbers")

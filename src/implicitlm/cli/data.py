@@ -1,0 +1,130 @@
+"""``implicitlm tokenizer``, ``corpus`` and ``catbabi``: the data commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .arguments import fraction, int_list, non_negative_int, positive_int
+from .shared import add_budget_options, add_solver_flags, apply_solver_flags
+
+
+def add_tokenizer_train(commands) -> None:
+    p = commands.add_parser("train", help="train a byte-level BPE tokenizer on local text (offline)")
+    p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders")
+    p.add_argument("--out", type=Path, required=True, help="tokenizer folder (Hugging Face format)")
+    p.add_argument("--vocab-size", type=positive_int, default=32768)
+    p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
+    p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
+    p.set_defaults(run=_run_tokenizer_train)
+
+
+def _run_tokenizer_train(args) -> None:
+    from ..data.corpus import read_documents
+    from ..data.tokenizer import train_tokenizer
+
+    documents = read_documents(args.sources, text_field=args.text_field, pattern=args.pattern)
+    tokenizer = train_tokenizer(documents, args.vocab_size, args.out)
+    print(f"saved a tokenizer of {len(tokenizer)} tokens to {args.out}")
+
+
+def add_corpus_build(commands) -> None:
+    p = commands.add_parser("build", help="tokenize documents into packed, memory-mapped token shards")
+    p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders, or a hub dataset name")
+    p.add_argument("--tokenizer", required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
+    p.add_argument("--out", type=Path, required=True, help="shard folder")
+    held_out = p.add_mutually_exclusive_group()
+    held_out.add_argument("--test-fraction", type=fraction, default=0.001, help="share of documents held out (default 0.1%%)")
+    held_out.add_argument(
+        "--test-sources", nargs="+", metavar="SOURCE",
+        help="the test split's own documents (e.g. a validation file); all of the sources are then trained on",
+    )
+    p.add_argument("--shard-tokens", type=positive_int, default=2**24, help="tokens per shard file")
+    p.add_argument("--workers", type=positive_int, default=1, help="tokenizer processes")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the train/test split")
+    p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
+    p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.txt')")
+    p.add_argument("--split", default="train", help="split of a hub dataset")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted build")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished build")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_corpus_build)
+
+
+def _run_corpus_build(args) -> None:
+    from ..data.corpus import read_documents
+    from ..data.shards import TokenShards, write_shards
+    from ..data.tokenizer import load_tokenizer
+
+    def documents(sources):
+        return read_documents(sources, text_field=args.text_field, split=args.split, pattern=args.pattern)
+
+    write_shards(
+        documents(args.sources), load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
+        test_fraction=args.test_fraction, seed=args.seed, workers=args.workers, progress=not args.no_progress,
+        resume=args.resume, overwrite=args.overwrite,
+        test_documents=documents(args.test_sources) if args.test_sources else None,
+    )
+    train, test = TokenShards(args.out, "train"), TokenShards(args.out, "test")
+    print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out}")
+
+
+def add_catbabi(commands) -> None:
+    catbabi = commands.add_parser("catbabi", help="catbAbI: the 20 bAbI tasks as one language-modelling stream")
+    catbabi = catbabi.add_subparsers(title="commands")
+    p = catbabi.add_parser("build", help="bAbI v1.2 task files (en-valid or en-valid-10k) -> a folder for `train --data`")
+    p.add_argument("babi_dir", type=Path, help="folder of qaN_train.txt, qaN_valid.txt, qaN_test.txt")
+    p.add_argument("--out", type=Path, required=True, help="catbAbI folder: token shards, tokenizer, answer positions")
+    p.add_argument("--tasks", type=int_list, default=None, help="comma-separated task ids (default: all 20)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the story order")
+    p.add_argument("--overwrite", action="store_true", help="replace a built folder")
+    p.set_defaults(run=_run_catbabi_build)
+    p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the sample's task files")
+    p.set_defaults(run=_run_catbabi_sample)
+    p = catbabi.add_parser("eval", help="answer accuracy of a checkpoint, overall and per task")
+    p.add_argument("checkpoint", type=Path)
+    p.add_argument("--data", type=Path, required=True, help="catbAbI folder (implicitlm catbabi build)")
+    p.add_argument("--split", choices=["train", "valid", "test"], default="test", help="bAbI split (default: test)")
+    p.add_argument("--sequence-length", type=positive_int, default=256, help="window length")
+    p.add_argument("--stride", type=positive_int, default=None, help="window step; every answer sees at least "
+                   "sequence-length - stride tokens before it (default: half the window)")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    add_budget_options(p)
+    add_solver_flags(p)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--out", type=Path, required=True, help="folder for catbabi.json and catbabi.png")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_catbabi_eval)
+
+
+def _run_catbabi_build(args) -> None:
+    from ..data.catbabi import build_catbabi
+
+    tasks = args.tasks
+    summary = build_catbabi(args.babi_dir, args.out, tasks=tasks, seed=args.seed, overwrite=args.overwrite)
+    for split, counts in summary["splits"].items():
+        print(f"{split}: {counts['stories']:,} stories, {counts['answers']:,} answers")
+    print(f"valid stories: {summary['valid']}")
+    print(f"vocabulary: {summary['vocab_size']} tokens; wrote {args.out}")
+
+
+def _run_catbabi_sample(args) -> None:
+    from ..data.babi_sample import write_babi_sample
+
+    write_babi_sample(args.out)
+    print(f"wrote the bAbI-format sample to {args.out} (build it with --tasks 1,6,8,15,19)")
+
+
+def _run_catbabi_eval(args) -> None:
+    from ..eval.catbabi import answer_accuracy, format_task_table, write_catbabi_results
+    from ..models import load_model
+
+    model = load_model(args.checkpoint)
+    apply_solver_flags(model, args)
+    settings = {"split": args.split, "sequence_length": args.sequence_length, "mode": args.mode,
+                "max_iter": args.max_iter, "tol": args.tol}
+    result = answer_accuracy(model, args.data, **settings, stride=args.stride, batch_size=args.batch_size,
+                             progress=not args.no_progress)
+    print(format_task_table(result))
+    write_catbabi_results(args.out, args.checkpoint, model, result, data=str(args.data), **settings)
+    print(f"results: {args.out / 'catbabi.json'}, plot: {args.out / 'catbabi.png'}")

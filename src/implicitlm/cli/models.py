@@ -1,0 +1,128 @@
+"""``implicitlm models ...``, ``report`` and ``jacobian``: model presets, import and analysis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .arguments import key_value, non_negative_int, option_sections, position_list, positive_int
+from .shared import add_budget_options
+
+
+def add_models_list(commands) -> None:
+    p = commands.add_parser("list", help="every model preset with its size and parameter count")
+    p.set_defaults(run=_run_models_list)
+
+
+def _run_models_list(args) -> None:
+    from ..models.presets import model_preset_names, preset_summary
+
+    print(f"{'name':<26}{'arch':<8}{'layers':>7}{'d_model':>8}  {'variant':<14}{'eval iters':>10}{'params (M)':>12}")
+    for row in map(preset_summary, model_preset_names()):
+        eval_iterations = "-" if row["eval_iterations"] is None else row["eval_iterations"]
+        print(
+            f"{row['name']:<26}{row['architecture']:<8}{row['layers']:>7}{row['d_model']:>8}  {row['variant']:<14}"
+            f"{eval_iterations:>10}{row['parameters'] / 1e6:>12.1f}"
+        )
+
+
+def add_models_show(commands) -> None:
+    p = commands.add_parser("show", help="a preset's model options as JSON")
+    p.add_argument("name", help="preset name (see: implicitlm models list)")
+    p.set_defaults(run=_run_models_show)
+
+
+def _run_models_show(args) -> None:
+    from ..models.presets import model_preset
+
+    print(json.dumps(model_preset(args.name), indent=2))
+
+
+def add_models_import(commands) -> None:
+    p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama / Mamba (Mamba1) checkpoint (safetensors)")
+    p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
+    p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
+    p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.option_sections = lambda: option_sections(None)
+    p.set_defaults(run=_run_models_import)
+
+
+def _run_models_import(args) -> None:
+    from ..models.convert import from_hf
+    from ..models.loading import write_weights_digest
+
+    model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
+    model.save_pretrained(args.out)
+    write_weights_digest(args.out)
+    kind = "implicit" if model.config.implicit else "explicit"
+    print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
+    # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.
+    if (Path(args.source) / "tokenizer_config.json").is_file():
+        from ..data.tokenizer import load_tokenizer, save_tokenizer
+
+        save_tokenizer(load_tokenizer(args.source), Path(args.out))
+        print(f"copied the tokenizer from {args.source}")
+
+
+def add_report(commands) -> None:
+    p = commands.add_parser("report", help="gather the results of several runs into one Markdown table and figures")
+    p.add_argument("runs", nargs="+", type=Path, help="run folders (searched for result JSON files) or result files")
+    p.add_argument("--out", type=Path, default=Path("report"), help="folder for report.md and figures (default: report)")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> None:
+    from ..eval.report import write_report
+
+    report, figures = write_report(args.runs, args.out)
+    print(report.read_text())
+    print(f"report: {report}, figures: {', '.join(str(f) for f in figures)}")
+
+
+def add_jacobian(commands) -> None:
+    p = commands.add_parser(
+        "jacobian",
+        help="state-to-state Jacobian of an SSM layer (Theorem 1): diagonal explicit, dense implicit",
+        description=(
+            "dh_t/dh_(t-1) of one layer's SSM state (other state parts held fixed), at the states that token "
+            "sequences reach in sequential mode; reports the off-diagonal share ||J - diag J||_F / ||J||_F. "
+            "Computed in float64. One MODEL: <out>/jacobian.json and <out>/jacobian.png. Several: "
+            "<out>/<label>/jacobian.json (and .png) per model, all heatmaps side by side in <out>/jacobian.png."
+        ),
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="checkpoint folder, preset:NAME (random weights; implicitlm models list) or JSON model options "
+                        "(random weights)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--layer", type=non_negative_int, default=0, help="layer whose SSM state is analysed (default 0)")
+    p.add_argument("--coordinates", type=positive_int, default=64, help="state coordinates analysed, a seeded random choice")
+    p.add_argument("--positions", type=position_list, default=None, help="comma-separated token positions (default: 4 spread, the last included)")
+    p.add_argument("--length", type=positive_int, default=32, help="tokens per sequence")
+    p.add_argument("--count", type=positive_int, default=4, help="sequences")
+    p.add_argument("--words", default=None, metavar="GROUP", help="word-problem tokens over GROUP instead of random tokens")
+    p.add_argument("--method", choices=["ift", "unroll"], default="ift",
+                   help="implicit-function theorem at the fixed point, or autograd through the iterations")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random weights, tokens and coordinates")
+    # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
+    add_budget_options(p)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=_run_jacobian)
+
+
+def _run_jacobian(args) -> None:
+    from ..eval.jacobian import run_jacobian
+
+    records = run_jacobian(
+        args.models, args.out, layer=args.layer, coordinates=args.coordinates,
+        positions=args.positions, length=args.length, count=args.count,
+        words=args.words, method=args.method, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
+        progress=not args.no_progress,
+    )
+    print(f"{'model':<28}{'kind':<10}{'share mean':>12}{'median':>12}{'max':>12}")
+    for record in records:
+        kind = "implicit" if record["model"]["implicit"] else "explicit"
+        metrics = record["metrics"]
+        print(f"{record['label']:<28}{kind:<10}{metrics['off_diagonal_share_mean']:>12.3g}"
+              f"{metrics['off_diagonal_share_median']:>12.3g}{metrics['off_diagonal_share_max']:>12.3g}")
+    print(f"results: {args.out}, heatmaps: {args.out / 'jacobian.png'}")
