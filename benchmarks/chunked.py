@@ -16,7 +16,7 @@ import time
 import torch
 from common import Table
 
-from implicitlm.configs import load_preset
+from implicitlm.presets import load_preset
 from implicitlm.eval.words import held_out_words, simultaneous_budget, word_predictions
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
 from implicitlm.train.word_trainer import WordTrainConfig, train_words

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from common import Table, median_seconds, ratio, synchronize, verdict
-from implicitlm.configs import load_preset
+from implicitlm.presets import load_preset
 from implicitlm.data.groups import get_group
 from implicitlm.data.words import load_words, sidecar_path, write_generated_words
 from implicitlm.train.word_setup import word_model, word_train_config

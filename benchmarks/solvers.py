@@ -15,7 +15,7 @@ import os
 import torch
 from common import Table, median_seconds, ratio, synchronize, verdict
 
-from implicitlm.configs import load_preset
+from implicitlm.presets import load_preset
 from implicitlm.deq.options import SOLVERS
 from implicitlm.models import build_model, config_from_options, load_model
 

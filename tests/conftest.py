@@ -18,7 +18,7 @@ import huggingface_hub  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from implicitlm.configs import load_preset  # noqa: E402
+from implicitlm.presets import load_preset  # noqa: E402
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options  # noqa: E402
 from implicitlm.train.word_trainer import WordTrainConfig, train_words  # noqa: E402
 

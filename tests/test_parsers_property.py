@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from implicitlm.core.atomic_io import write_json
-from implicitlm.configs import load_preset
+from implicitlm.presets import load_preset
 from implicitlm.data import catbabi, shards as shards_module, tokenizer as tokenizer_module, words
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
 from implicitlm.data.catbabi import (

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from implicitlm.cli import main
-from implicitlm.configs import load_preset
+from implicitlm.presets import load_preset
 from implicitlm.models import build_model, config_from_options
-from implicitlm.models.presets import count_parameters, model_preset, model_preset_names
+from implicitlm.presets import count_parameters, model_preset, model_preset_names
 
 # SPEC §2, from the authors' configs: millions of parameters, (implicit, explicit).
 PAPER_PARAMETERS = {
@@ -99,7 +99,7 @@ def test_models_show_and_unknown_name(capsys):
 
 
 def test_a_shipped_preset_name_wins_over_a_file_of_that_name_in_the_working_directory(tmp_path, monkeypatch):
-    from implicitlm.configs import load_preset
+    from implicitlm.presets import load_preset
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "words_a5").write_text('{"train": {"group": "S3"}}')

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from implicitlm.cli import main
-from implicitlm.configs import load_preset, preset_names
+from implicitlm.presets import load_preset, preset_names
 from implicitlm.demo import DemoEval
 from implicitlm.models import ImplicitLlamaConfig, config_from_options
 from implicitlm.models.loading import model_option_names
@@ -307,7 +307,7 @@ def test_words_train_reports_a_bad_option_in_one_line_and_writes_nothing(tmp_pat
 )
 def test_a_demo_preset_is_checked_whole_before_anything_runs(tmp_path, capsys, command, preset, section, change, field):
     from implicitlm.cli import main
-    from implicitlm.configs import load_preset
+    from implicitlm.presets import load_preset
 
     values = load_preset(preset)
     values[section] = {**values.get(section, {}), **change}

@@ -15,7 +15,8 @@ from .data.groups import get_group
 from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
 from .core.schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
-from .train.word_setup import KINDS, word_model, word_train_config
+from .presets import KINDS
+from .train.word_setup import word_model, word_train_config
 from .train.word_trainer import train_words
 
 PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train", "eval")

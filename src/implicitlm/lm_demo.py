@@ -20,6 +20,7 @@ from .data.tokenizer import train_tokenizer
 from .eval.perplexity import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
+from .presets import merged_options
 from .core.schema import at_least, between, check_dataclass, check_known_keys, field_names
 from .train.lm_trainer import LMTrainConfig, held_out_curve, train_lm
 
@@ -44,7 +45,7 @@ class DemoCorpus:
 
 
 PRESET_SECTIONS = ("corpus", "model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train")
-KINDS = ("explicit", "implicit")
+KINDS = ("explicit", "implicit")  # in the order the demo trains them
 
 
 def stdlib_sources(max_bytes: int) -> list[Path]:
@@ -81,7 +82,7 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.
     trains = {
-        kind: LMTrainConfig.from_dict({**preset.get("train", {}), **preset.get(f"{kind}_train", {})}) for kind in KINDS
+        kind: LMTrainConfig.from_dict(merged_options(preset, "train", kind, {})) for kind in KINDS
     }
     for kind in KINDS:
         config_from_options(_model_options(preset, kind, corpus.vocab_size))
@@ -118,10 +119,7 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
 
 
 def _model_options(preset: dict[str, Any], kind: str, vocab_size: int) -> dict[str, Any]:
-    return {
-        **preset.get("model", {}), **preset.get(f"{kind}_model", {}),
-        "implicit": kind == "implicit", "vocab_size": vocab_size,
-    }
+    return {**merged_options(preset, "model", kind, {}), "implicit": kind == "implicit", "vocab_size": vocab_size}
 
 
 def format_lm_table(results: dict[str, Any]) -> str:

@@ -36,10 +36,9 @@ def add_train(commands) -> None:
 def _run_train(args) -> None:
     import torch
 
-    from ..configs import load_preset
     from ..data.shards import TokenShards
     from ..models import build_model, config_from_options, load_model
-    from ..models.presets import model_preset
+    from ..presets import load_preset, merged_options, model_kind, model_options_from
     from ..train.checkpoint import latest_checkpoint
     from ..train.lm_trainer import CHECKPOINTS, LMTrainConfig, resume_config, train_lm
 
@@ -50,19 +49,15 @@ def _run_train(args) -> None:
         train = resume_config(args.out, dict(args.train))
         model = load_model(latest_checkpoint(args.out / CHECKPOINTS))
     else:
-        train = LMTrainConfig.from_dict({**preset.get("train", {}), **dict(args.train)})
-        options = {}
-        if args.model_preset:
-            from_file = args.model_preset.endswith(".json")
-            options.update(load_preset(args.model_preset) if from_file else model_preset(args.model_preset))
-        # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
-        options["vocab_size"] = TokenShards(args.data, "train").vocab_size
+        command_line = dict(args.model)
+        base = model_options_from(args.model_preset) if args.model_preset else {}
         # A preset's "explicit_model" / "implicit_model" section holds the widths that give both
         # kinds the same number of parameters; the command line still has the last word.
-        shared, command_line = preset.get("model", {}), dict(args.model)
-        kind = "implicit" if {**options, **shared, **command_line}.get("implicit", True) else "explicit"
-        options.update({**shared, **preset.get(f"{kind}_model", {}), **command_line})
-        options.setdefault("label_alignment", "shifted")
+        kind = model_kind(preset, command_line, base)
+        train = LMTrainConfig.from_dict(merged_options(preset, "train", kind, dict(args.train)))
+        # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
+        base["vocab_size"] = TokenShards(args.data, "train").vocab_size
+        options = {"label_alignment": "shifted", **merged_options(preset, "model", kind, command_line, base)}
         torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
         model = build_model(config_from_options(options))
     metrics = train_lm(
@@ -179,7 +174,7 @@ def add_lm_demo(commands) -> None:
 
 
 def _run_lm_demo(args) -> None:
-    from ..configs import load_preset
+    from ..presets import load_preset
     from ..lm_demo import format_lm_table, run_lm_demo
 
     results = run_lm_demo(load_preset(args.preset), args.out, progress=not args.no_progress)

@@ -15,7 +15,7 @@ def add_models_list(commands) -> None:
 
 
 def _run_models_list(args) -> None:
-    from ..models.presets import model_preset_names, preset_summary
+    from ..presets import model_preset_names, preset_summary
 
     print(f"{'name':<26}{'arch':<8}{'layers':>7}{'d_model':>8}  {'variant':<14}{'eval iters':>10}{'params (M)':>12}")
     for row in map(preset_summary, model_preset_names()):
@@ -33,7 +33,7 @@ def add_models_show(commands) -> None:
 
 
 def _run_models_show(args) -> None:
-    from ..models.presets import model_preset
+    from ..presets import model_preset
 
     print(json.dumps(model_preset(args.name), indent=2))
 

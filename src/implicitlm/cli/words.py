@@ -22,7 +22,7 @@ def add_demo(commands) -> None:
 
 
 def _run_demo(args) -> None:
-    from ..configs import load_preset
+    from ..presets import load_preset
     from ..demo import format_table, run_demo
 
     results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
@@ -76,7 +76,7 @@ def add_words_train(commands) -> None:
 
 
 def _run_words_train(args) -> None:
-    from ..configs import load_preset
+    from ..presets import load_preset
     from ..data.groups import get_group
     from ..data.words import load_words
     from ..models import load_model

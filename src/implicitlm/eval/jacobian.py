@@ -32,12 +32,12 @@ from torch.func import jacrev
 from torch.nn.utils import parametrize
 from tqdm.auto import tqdm
 
-from ..configs import load_preset
 from ..data.groups import resolve_group
 from ..data.words import generate_words
 from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from ..models import build_model, config_from_options, load_model
-from ..models.presets import model_preset
+from ..presets import model_options_from
+from ..presets.options import PRESET_PREFIX
 from .plots import plot_heatmaps
 from .records import make_record, write_record
 
@@ -272,15 +272,10 @@ def analysis_model(spec: str, seed: int = 0):
     file of model options (its "model" section if it has one); the last two randomly
     initialised from ``seed``. Float64, so that the linear solve of "ift" and the small
     off-diagonal entries of an implicit model's J are not rounding."""
-    if spec.startswith("preset:"):
-        options = model_preset(spec.removeprefix("preset:"))
-    elif spec.endswith(".json"):
-        options = load_preset(spec)
-        options = options.get("model", options)
-    else:
+    if not (spec.startswith(PRESET_PREFIX) or spec.endswith(".json")):
         return load_model(spec).double().eval()
     torch.manual_seed(seed)
-    return build_model(config_from_options(options)).double().eval()
+    return build_model(config_from_options(model_options_from(spec))).double().eval()
 
 
 def analysis_tokens(model, length: int, count: int, seed: int = 0, words: str | None = None) -> torch.Tensor:
@@ -399,7 +394,7 @@ def _labels(specs: Sequence[str]) -> list[str]:
 
 
 def _name_parts(spec: str) -> list[str]:
-    if spec.startswith("preset:"):
-        return [spec.removeprefix("preset:")]
+    if spec.startswith(PRESET_PREFIX):
+        return [spec.removeprefix(PRESET_PREFIX)]
     path = Path(spec).with_suffix("") if spec.endswith(".json") else Path(spec)
     return [part for part in path.parts if part not in (path.anchor, ".", "..")]

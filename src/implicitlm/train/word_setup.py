@@ -1,9 +1,5 @@
-"""Word-problem models and training settings from a preset plus overrides.
-
-A preset has a shared ``model`` / ``train`` section and per-kind sections
-(``implicit_model``, ``explicit_train``, ...) that override it; command-line overrides
-come last.
-"""
+"""Word-problem models and training settings from a preset plus overrides, merged by the
+presets' one rule (shared section, then the kind's, then the command line)."""
 
 from __future__ import annotations
 
@@ -13,13 +9,12 @@ import torch
 
 from ..data.groups import get_group
 from ..models import ImplicitCausalLM, build_model, config_from_options
+from ..presets import merged_options
 from .word_trainer import WordTrainConfig
-
-KINDS = ("implicit", "explicit")
 
 
 def word_train_config(preset: dict[str, Any], kind: str, overrides: dict[str, Any] | None = None) -> WordTrainConfig:
-    return WordTrainConfig.from_dict({**preset.get("train", {}), **preset.get(f"{kind}_train", {}), **(overrides or {})})
+    return WordTrainConfig.from_dict(merged_options(preset, "train", kind, overrides or {}))
 
 
 def word_model(
@@ -27,9 +22,7 @@ def word_model(
 ) -> ImplicitCausalLM:
     """A freshly initialised model (seeded by ``train.seed``) whose vocabulary is the group's elements."""
     options = {
-        **preset.get("model", {}),
-        **preset.get(f"{kind}_model", {}),
-        **(overrides or {}),
+        **merged_options(preset, "model", kind, overrides or {}),
         "implicit": kind == "implicit",
         "vocab_size": get_group(train.group).order,
         "label_alignment": "aligned",

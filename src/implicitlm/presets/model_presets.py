@@ -1,6 +1,6 @@
 """The paper's models as presets: one JSON file per model size, three training variants each.
 
-A size file (``implicitlm/configs/models/<stem>.json``) holds, under "model", the options
+A size file (``implicitlm/presets/models/<stem>.json``) holds, under "model", the options
 of ``config_from_options`` that fix the architecture. A variant adds the fixed-point budget:
 
 - ``explicit``: one pass through the stack, no fixed point;
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .loading import build_model, config_from_options
+from ..models.loading import build_model, config_from_options
 
 VARIANTS = ("explicit", "bounded", "free")
 FREE_ITERATIONS = {"mamba2": 24, "llama": 32}
@@ -112,7 +112,7 @@ def _split(name: str) -> tuple[str, str]:
 @cache
 def _size_files() -> dict[str, dict[str, Any]]:
     """Stem -> size file, by family, then smallest first."""
-    folder = resources.files("implicitlm.configs").joinpath("models")
+    folder = resources.files("implicitlm.presets").joinpath("models")
     files = [p for p in folder.iterdir() if p.name.endswith(".json")]
     sizes = {p.name.removesuffix(".json"): json.loads(p.read_text()) for p in files}
     return dict(sorted(sizes.items(), key=lambda item: _size_key(item[1]["model"])))

@@ -1,4 +1,5 @@
-"""Presets shipped with the package, as JSON files beside this module."""
+"""Run presets: JSON files of options by section ("model", "train", "implicit_model", ...), shipped
+beside this module or given as a path."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from implicitlm.core.json_file import read_json_object
-from implicitlm.core.schema import option_error
+from ..core.json_file import read_json_object
+from ..core.schema import option_error
+
+PACKAGE = "implicitlm.presets"
 
 # A preset section holds a dict of options; its name ends with one of these ("implicit_model").
 SECTIONS = ("model", "train", "eval", "corpus")
 
 
 def preset_names() -> list[str]:
-    return sorted(p.name[: -len(".json")] for p in resources.files(__name__).iterdir() if p.name.endswith(".json"))
+    return sorted(p.name[: -len(".json")] for p in resources.files(PACKAGE).iterdir() if p.name.endswith(".json"))
 
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
@@ -28,7 +31,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     """
     path = Path(name_or_path)
     if name_or_path in preset_names():
-        source = resources.files(__name__) / f"{name_or_path}.json"
+        source = resources.files(PACKAGE) / f"{name_or_path}.json"
     elif path.suffix == ".json" or path.exists():
         source = path
     else:

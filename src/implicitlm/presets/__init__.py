@@ -1,0 +1,27 @@
+"""Presets: run presets (JSON files of options by section), the paper's model presets, and the
+one rule that merges them with the command line.
+
+- ``load_preset(name_or_path)`` / ``preset_names()``: run presets (``demo``, ``lm_wikitext2``, ...).
+- ``model_preset(name)`` / ``model_preset_names()``: the paper's sizes and variants
+  (``mamba2-130m-bounded``), as options of ``config_from_options``.
+- ``merged_options(preset, section, kind, command_line, base)``: the merge rule every command uses.
+- ``model_options_from(spec)``: ``preset:NAME`` or a JSON file -> model options.
+"""
+
+from .model_presets import count_parameters, model_preset, model_preset_names, preset_summary
+from .options import KINDS, merged_options, model_kind, model_options_from
+from .run_presets import SECTIONS, load_preset, preset_names
+
+__all__ = [
+    "KINDS",
+    "SECTIONS",
+    "count_parameters",
+    "load_preset",
+    "merged_options",
+    "model_kind",
+    "model_options_from",
+    "model_preset",
+    "model_preset_names",
+    "preset_names",
+    "preset_summary",
+]
