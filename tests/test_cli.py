@@ -141,11 +141,11 @@ def test_words_train_runs_and_checkpoints(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "command, train_config",
-    [(("words", "train"), "WordTrainConfig"), (("train",), "LMTrainConfig"), (("models", "import"), None)],
+    "command, trainer, train_config",
+    [(("words", "train"), "words", "WordTrainConfig"), (("train",), "lm", "LMTrainConfig"), (("models", "import"), None, None)],
     ids=["words-train", "lm-train", "models-import"],
 )
-def test_help_lists_every_model_and_training_key_with_its_default(command, train_config, capsys):
+def test_options_lists_every_model_and_training_key_with_its_default(command, trainer, train_config, capsys):
     import dataclasses
     import re
 
@@ -155,8 +155,13 @@ def test_help_lists_every_model_and_training_key_with_its_default(command, train
 
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])
-    out = capsys.readouterr().out
+    help_text = " ".join(capsys.readouterr().out.split())
     assert exit_info.value.code == 0
+    command_for_keys = "implicitlm options" + (f" --trainer {trainer}" if trainer else "")
+    assert help_text.endswith(command_for_keys), help_text[-200:]
+
+    assert main(command_for_keys.split()[1:]) == 0
+    out = capsys.readouterr().out
     listed = dict(re.findall(r"^  (\w+)\s+(\S+)\s+\S", out, flags=re.MULTILINE))
     model_keys = {name for family in CONFIG_CLASSES for name in model_option_names(family)} - {"architecture"}
     assert model_keys <= set(listed) and {f.name for f in dataclasses.fields(FixedPointOptions)} <= set(listed)

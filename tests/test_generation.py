@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import implicitlm  # noqa: F401  (registers the Auto classes)
+import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.deq import OptionError
 from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options

@@ -104,6 +104,43 @@ def test_command_modules_import_the_library_only_inside_their_commands():
         assert not outside, f"cli/{path.name} imports {outside} at module level"
 
 
+HELP_IMPORTS = """
+import argparse, json, sys
+from implicitlm.cli import build_parser, main
+
+def commands(parser, path=()):
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from commands(sub, (*path, name))
+
+for command in commands(build_parser()):
+    try:
+        main([*command, "--help"])
+    except SystemExit:
+        pass
+    heavy = [name for name in ("torch", "numpy", "transformers") if name in sys.modules]
+    if heavy:
+        print(json.dumps({"command": " ".join(command), "imported": heavy}))
+        break
+else:
+    print(json.dumps({"commands": sum(1 for _ in commands(build_parser()))}))
+"""
+
+
+def test_help_of_every_command_imports_no_torch():
+    """``--help`` answers from the parser alone: the root's and every subcommand's, each in
+    turn in one fresh interpreter, import neither torch, numpy nor transformers."""
+    import json
+    import subprocess
+
+    ran = subprocess.run([sys.executable, "-c", HELP_IMPORTS], capture_output=True, text=True, check=True)
+    result = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert "imported" not in result, f"implicitlm {result['command']} --help imports {result['imported']}"
+    assert result["commands"] >= 25
+
+
 def test_the_module_level_import_check_can_fail():
     assert "..deq" in module_level_imports(SOURCE / "models" / "implicit_lm.py")
     assert "torch" in module_level_imports(SOURCE / "deq" / "solver.py")

@@ -1,8 +1,8 @@
 """implicitlm: implicit language models (fixed points over depth, run as RNNs).
 
-Importing the package registers its configs and models with transformers' Auto classes.
+Importing ``implicitlm.models`` registers the configs and models with transformers' Auto
+classes. The package itself imports neither torch nor transformers, so that the command line
+answers ``--help`` at once.
 """
-
-from . import models  # noqa: F401  (registers the Auto classes)
 
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@ from typing import Sequence
 from .arguments import Parser
 from .data import add_catbabi, add_corpus_build, add_tokenizer_train
 from .lm import add_lm_budget, add_lm_convergence, add_lm_demo, add_lm_downstream, add_lm_eval, add_train
-from .models import add_jacobian, add_models_import, add_models_list, add_models_show, add_report
+from .models import add_jacobian, add_models_import, add_models_list, add_models_show, add_options, add_report
 from .words import (
     add_demo, add_words_budget, add_words_convergence, add_words_eval, add_words_generate,
     add_words_train,
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_models_list(models)
     add_models_show(models)
     add_models_import(models)
+    add_options(commands)
     tokenizer = commands.add_parser("tokenizer", help="tokenizers for language modelling")
     add_tokenizer_train(tokenizer.add_subparsers(title="commands"))
     corpus = commands.add_parser("corpus", help="language-model corpora as token shards")

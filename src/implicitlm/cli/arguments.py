@@ -5,23 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any, Callable
+from typing import Any
 
 
 class Parser(argparse.ArgumentParser):
     """argparse reporting a bad option in one line, as every other input error is (its
     default prints the whole usage first). Subcommands inherit the class."""
 
-    # Set on a command taking --model / --train: returns the sections that list their keys
-    # (built when --help asks, so that other commands do not import the models).
-    option_sections: Callable[[], str] | None = None
-
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def format_help(self) -> str:
-        text = super().format_help()
-        return text if self.option_sections is None else f"{text}\n{self.option_sections()}\n"
 
     def _get_values(self, action, arg_strings):
         # Before Python 3.12, argparse drops a value that is exactly "--" ("--hard-prob=--") as if
@@ -29,6 +21,13 @@ class Parser(argparse.ArgumentParser):
         if arg_strings == ["--"] and action.nargs is None:
             raise argparse.ArgumentError(action, "expected a value, got '--'")
         return super()._get_values(action, arg_strings)
+
+
+def options_epilog(trainer: str | None) -> str:
+    """Where a command taking --model (and --train) sends its reader for their keys: listing
+    them needs the model classes, which import torch, and --help answers without it."""
+    command = "implicitlm options" + (f" --trainer {trainer}" if trainer else "")
+    return f"the keys of --model{' and --train' if trainer else ''}, their defaults and meanings: {command}"
 
 
 def option_sections(trainer: str | None) -> str:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .arguments import int_list, key_value, non_negative_int, option_sections, positive_float, positive_int
+from .arguments import int_list, key_value, non_negative_int, options_epilog, positive_float, positive_int
 from .shared import (
     add_budget_options, add_convergence_options, add_solver_flags, add_sweep_options,
     apply_solver_flags, check_resume_or_overwrite, missed_cell, prepare_convergence, report_convergence,
@@ -29,7 +29,7 @@ def add_train(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true")
-    p.option_sections = lambda: option_sections("lm")
+    p.epilog = options_epilog("lm")
     p.set_defaults(run=_run_train)
 
 

@@ -1,11 +1,12 @@
-"""``implicitlm models ...``, ``report`` and ``jacobian``: model presets, import and analysis."""
+"""``implicitlm models ...``, ``options``, ``report`` and ``jacobian``: model presets and options,
+import and analysis."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .arguments import key_value, non_negative_int, option_sections, position_list, positive_int
+from .arguments import key_value, non_negative_int, option_sections, options_epilog, position_list, positive_int
 from .shared import add_budget_options
 
 
@@ -38,13 +39,19 @@ def _run_models_show(args) -> None:
     print(json.dumps(model_preset(args.name), indent=2))
 
 
+def add_options(commands) -> None:
+    p = commands.add_parser("options", help="every --model key (and --train key of a trainer) with its default and meaning")
+    p.add_argument("--trainer", choices=("words", "lm"), default=None, help="also the --train keys of this trainer")
+    p.set_defaults(run=lambda args: print(option_sections(args.trainer)))
+
+
 def add_models_import(commands) -> None:
     p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama / Mamba (Mamba1) checkpoint (safetensors)")
     p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
     p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
     p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
-    p.option_sections = lambda: option_sections(None)
+    p.epilog = options_epilog(None)
     p.set_defaults(run=_run_models_import)
 
 

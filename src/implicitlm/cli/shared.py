@@ -16,15 +16,13 @@ def add_budget_options(p) -> None:
 
 def add_solver_flags(p) -> None:
     """How an evaluation's solves run, besides their budget: ``apply_solver_flags`` sets them."""
-    from ..deq.options import SOLVERS
-
     p.add_argument("--fail-on-nonconvergence", action="store_true",
                    help="stop with exit code 1 if any sample or token misses the tolerance (default: count them)")
     p.add_argument("--chunk-length", type=non_negative_int, default=None,
                    help="simultaneous mode solves in chunks of this many tokens, carrying the state "
                         "(0: the whole sequence; default: the model's eval_chunk_length, its training length)")
     p.add_argument("--solver", default=None,
-                   help=f"fixed-point solver of every solve in this run: {', '.join(SOLVERS)} "
+                   help="fixed-point solver of every solve in this run, one of f_solver's (implicitlm options) "
                         "(default: the model's, per mode)")
 
 

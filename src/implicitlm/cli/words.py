@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .arguments import fraction, int_list, key_value, non_negative_int, option_sections, positive_int
+from .arguments import fraction, int_list, key_value, non_negative_int, options_epilog, positive_int
 from .shared import (
     add_budget_options, add_convergence_options, add_solver_flags, add_sweep_options,
     apply_solver_flags, check_resume_or_overwrite, missed_cell, prepare_convergence, progress_bar,
@@ -71,7 +71,7 @@ def add_words_train(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true")
-    p.option_sections = lambda: option_sections("words")
+    p.epilog = options_epilog("words")
     p.set_defaults(run=_run_words_train)
 
 
