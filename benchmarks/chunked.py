@@ -17,9 +17,10 @@ import torch
 from common import Table
 
 from implicitlm.presets import load_preset
-from implicitlm.eval.words import held_out_words, simultaneous_budget, word_predictions
+from implicitlm.tasks.words import held_out_words, simultaneous_budget, word_predictions
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
-from implicitlm.train.word_trainer import WordTrainConfig, train_words
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.trainer import train
 
 MULTIPLE = 16
 
@@ -27,22 +28,22 @@ MULTIPLE = 16
 def trained_s3(quick: bool):
     """The demo's implicit model and schedule (quick: half the steps at half the batch)."""
     preset = load_preset("demo")
-    train = {**preset["train"], **preset["implicit_train"]}
+    settings = {**preset["train"], **preset["implicit_train"]}
     if quick:
-        train.update(batch_size=64, unroll_steps=train["unroll_steps"] // 2, free_steps=train["free_steps"] // 2)
-    train = WordTrainConfig.from_dict(train)
-    torch.manual_seed(train.seed)
+        settings.update(batch_size=64, total_steps=settings["total_steps"] // 2, unroll_steps=settings["unroll_steps"] // 2)
+    config = TrainConfig.for_task("words", **settings)
+    torch.manual_seed(config.seed)
     model = ImplicitMamba2ForCausalLM(config_from_options({**preset["model"], "vocab_size": 6, "label_alignment": "aligned"}))
     with tempfile.TemporaryDirectory() as run:
-        train_words(model, train, run, progress=False)
-    return model.eval(), train
+        train(model, config, run, progress=False)
+    return model.eval(), config
 
 
 def run(quick: bool, device: str = "cpu") -> Table:
-    model, train = trained_s3(quick)
+    model, config = trained_s3(quick)
     model.to(device)
-    length = MULTIPLE * train.train_length
-    inputs, targets = held_out_words(train.group, length, 16 if quick else 64, seed=1)
+    length = MULTIPLE * config.sequence_length
+    inputs, targets = held_out_words(config.group, length, 16 if quick else 64, seed=1)
     table = Table(
         f"S3 words of {length} tokens ({MULTIPLE}x the training length), demo-size implicit Mamba2, {device}",
         ["solve", "budget", "s", "time / sequential", "iterations", "last-10 accuracy", "agreement with sequential",
@@ -51,11 +52,11 @@ def run(quick: bool, device: str = "cpu") -> Table:
     plain, anderson = "fixed_point_iter", "safeguarded_anderson"
     runs = {
         "sequential (RNN), baseline": ("sequential", 0, None, plain),
-        f"chunked, {train.train_length} tokens (default)": ("simultaneous", train.train_length, None, plain),
+        f"chunked, {config.sequence_length} tokens (default)": ("simultaneous", config.sequence_length, None, plain),
         "whole sequence, model's budget": ("simultaneous", 0, model.solver.options.eval_f_max_iter, plain),
         "whole sequence, budget 2L + 32": ("simultaneous", 0, None, plain),
         "sequential, safeguarded Anderson": ("sequential", 0, None, anderson),
-        f"chunked, {train.train_length} tokens, safeguarded Anderson": ("simultaneous", train.train_length, None, anderson),
+        f"chunked, {config.sequence_length} tokens, safeguarded Anderson": ("simultaneous", config.sequence_length, None, anderson),
     }
     results = {}
     for name, (mode, chunk, max_iter, solver) in runs.items():

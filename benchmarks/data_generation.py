@@ -19,9 +19,10 @@ import torch
 from common import Table, median_seconds, ratio, synchronize, verdict
 from implicitlm.presets import load_preset
 from implicitlm.data.groups import get_group
-from implicitlm.data.words import load_words, sidecar_path, write_generated_words
-from implicitlm.train.word_setup import word_model, word_train_config
-from implicitlm.train.word_trainer import file_batches
+from implicitlm.data.word_storage import load_words, sidecar_path, write_generated_words
+from implicitlm.train.batches import WordBatches
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.runs import word_model, word_train_config
 
 GROUP, LENGTH, BATCH = "S5", 256, 128
 AUTHORS_WORDS = 512 * 16384
@@ -83,10 +84,13 @@ def _generation(path: Path, words: int, storage: str, repeats: int) -> tuple[flo
 
 def _loader_tokens_per_s(path: Path, device: str, repeats: int) -> float:
     """Tokens/s of the trainer's own file batches (copies to ``device`` included)."""
-    batches = file_batches(load_words(path), BATCH, seed=0, device=torch.device(device))
+    words = load_words(path)
+    config = TrainConfig.for_task("words", group=words.group, sequence_length=LENGTH, batch_size=BATCH)
+    batches = WordBatches(config, words)
 
     def next_batch() -> None:
-        next(batches)
+        for tensor in next(batches):
+            tensor.to(device)
         synchronize(device)
 
     return BATCH * LENGTH / median_seconds(next_batch, repeats, warmup=3)

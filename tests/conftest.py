@@ -20,7 +20,8 @@ from hypothesis import settings  # noqa: E402
 
 from implicitlm.presets import load_preset  # noqa: E402
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options  # noqa: E402
-from implicitlm.train.word_trainer import WordTrainConfig, train_words  # noqa: E402
+from implicitlm.train.config import TrainConfig  # noqa: E402
+from implicitlm.train.trainer import train  # noqa: E402
 
 # Property tests draw the same examples on every run: CI is reproducible, and the
 # fuzzing run (tests/test_fuzz_parsers.py) is where fresh inputs come from.
@@ -61,21 +62,22 @@ def trained_s3(tmp_path_factory):
     """(model, run folder): the demo preset's implicit model after a short unroll + free schedule."""
     preset = load_preset("demo")
     run = tmp_path_factory.mktemp("trained_s3")
-    train = WordTrainConfig.from_dict(
-        {
+    config = TrainConfig.for_task(
+        "words",
+        **{
             **preset["train"],
             **preset["implicit_train"],
-            "train_length": TRAINED_LENGTH,
+            "sequence_length": TRAINED_LENGTH,
             "batch_size": 64,
+            "total_steps": 180,
             "unroll_steps": 150,
-            "free_steps": 30,
             "log_every": 50,
-        }
+        },
     )
-    torch.manual_seed(train.seed)
+    torch.manual_seed(config.seed)
     model = ImplicitMamba2ForCausalLM(
         config_from_options({**preset["model"], "vocab_size": 6, "label_alignment": "aligned"})
     )
-    train_words(model, train, run, progress=False)
+    train(model, config, run, progress=False)
     model.eval()
     return model, run

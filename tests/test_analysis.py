@@ -14,7 +14,7 @@ from implicitlm.cli import main
 from implicitlm.data.words import generate_words
 from implicitlm.eval.budget import budget_curves, budget_metrics, budget_sweep
 from implicitlm.eval.convergence import convergence_summary, token_iterations
-from implicitlm.eval.perplexity import perplexity, perplexity_by_length
+from implicitlm.tasks.lm import perplexity, perplexity_by_length
 from implicitlm.eval.records import make_record, write_record
 from implicitlm.eval.report import find_records, markdown_tables, write_report
 from implicitlm.eval.words import word_accuracy
@@ -189,7 +189,7 @@ def test_report_errors_name_the_folder(tmp_path, capsys):
 
 def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     _, run = trained_s3
-    checkpoint = str(run / "checkpoint")
+    checkpoint = str(run)  # a run folder: its latest checkpoint
     assert main(["words", "budget", checkpoint, "--lengths", "12,24", "--count", "16", "--budgets", "1,4,16",
                  "--solver", "anderson", "--out", str(tmp_path / "budget"), "--no-progress"]) == 0
     record = json.loads((tmp_path / "budget" / "word_budget.json").read_text())
@@ -201,8 +201,8 @@ def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     product = tmp_path / "product"
     assert main(["words", "train", "--out", str(product), "--no-progress", "--model", "hidden_size=16",
                  "--model", "state_size=8", "--model", "head_dim=8", "--train", "group=Z3xZ2", "--train", "hard_prob=0.5",
-                 "--train", "train_length=6", "--train", "batch_size=8", "--train", "bounded_steps=2"]) == 0
-    checkpoint = str(product / "checkpoint")
+                 "--train", "sequence_length=6", "--train", "batch_size=8", "--train", "total_steps=2"]) == 0
+    checkpoint = str(product)
     assert main(["words", "convergence", checkpoint, "--hard-prob", "0.5", "--lengths", "12",
                  "--count", "8", "--max-iter", "20", "--tol", "1e-3", "--out", str(tmp_path / "conv"), "--no-progress"]) == 0
     summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from implicitlm.cli import main
-from implicitlm.data.words import load_words, verify_targets
+from implicitlm.core.run_folder import latest_checkpoint
+from implicitlm.data.word_storage import load_words
+from implicitlm.data.words import verify_targets
 
 
 def run(capsys, *argv):
@@ -43,8 +45,10 @@ def test_unknown_group_is_a_clean_error(tmp_path, capsys):
 
 
 def test_misspelled_training_option_is_a_clean_error(tmp_path, capsys):
-    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--train", "bounded_step=3")
-    assert_clean_error(code, err, "bounded_step", "bounded_steps")
+    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--train", "total_step=3")
+    assert_clean_error(code, err, "total_step", "total_steps")
+    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--train", "train_length=3")
+    assert_clean_error(code, err, "'train_length' is now sequence_length")
 
 
 def test_misspelled_fixed_point_option_is_a_clean_error(tmp_path, capsys):
@@ -74,7 +78,7 @@ def test_eval_of_malformed_csv_is_a_clean_error(tmp_path, capsys, trained_s3):
     _, train_run = trained_s3
     bad = tmp_path / "bad.csv"
     bad.write_text("seed,input,target\n0,1 2 x,1 3 5\n")
-    code, _, err = run(capsys, "words", "eval", str(train_run / "checkpoint"), "--data", str(bad))
+    code, _, err = run(capsys, "words", "eval", str(train_run), "--data", str(bad))
     assert_clean_error(code, err, "bad.csv", "2")
 
 
@@ -84,7 +88,7 @@ def test_eval_of_malformed_csv_is_a_clean_error(tmp_path, capsys, trained_s3):
 )
 def test_eval_on_another_group_than_the_trained_one_is_refused(group, fragment, capsys, trained_s3):
     _, train_run = trained_s3
-    code, _, err = run(capsys, "words", "eval", str(train_run / "checkpoint"), "--group", group, "--lengths", "6")
+    code, _, err = run(capsys, "words", "eval", str(train_run), "--group", group, "--lengths", "6")
     assert_clean_error(code, err, f"--group {group}", fragment)
 
 
@@ -93,7 +97,7 @@ def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_
     rows = {}
     for name, flags in (("default", []), ("whole", ["--chunk-length", "0"]), ("six", ["--chunk-length", "6"])):
         out = tmp_path / name
-        code, _, _ = run(capsys, "words", "eval", str(train_run / "checkpoint"), "--lengths", "48", "--count", "16",
+        code, _, _ = run(capsys, "words", "eval", str(train_run), "--lengths", "48", "--count", "16",
                          "--no-progress", "--out", str(out), *flags)
         assert code == 0
         rows[name] = json.loads((out / "word_length.json").read_text())["rows"][0]
@@ -106,7 +110,7 @@ def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_
     _, train_run = trained_s3
     out = tmp_path / "eval"
     code, stdout, _ = run(
-        capsys, "words", "eval", str(train_run / "checkpoint"), "--multiples", "1,2", "--count", "32", "--out", str(out)
+        capsys, "words", "eval", str(train_run), "--multiples", "1,2", "--count", "32", "--out", str(out)
     )
     assert code == 0
     record = json.loads((out / "word_length.json").read_text())
@@ -131,27 +135,27 @@ def test_words_train_runs_and_checkpoints(tmp_path, capsys):
     out = tmp_path / "run"
     code, _, err = run(
         capsys, "words", "train", "--out", str(out), "--no-progress",
-        "--train", "group=Z3", "--train", "train_length=6", "--train", "batch_size=8",
-        "--train", "bounded_steps=3", "--train", "log_every=1",
+        "--train", "group=Z3", "--train", "sequence_length=6", "--train", "batch_size=8",
+        "--train", "total_steps=3", "--train", "log_every=1",
         "--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4", "--model", "head_dim=8",
     )
     assert code == 0, err
-    assert (out / "checkpoint" / "model.safetensors").is_file()
+    assert (out / "checkpoints" / "step_0000003" / "model.safetensors").is_file()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
 
 
 @pytest.mark.parametrize(
-    "command, trainer, train_config",
-    [(("words", "train"), "words", "WordTrainConfig"), (("train",), "lm", "LMTrainConfig"), (("models", "import"), None, None)],
+    "command, trainer",
+    [(("words", "train"), "words"), (("train",), "lm"), (("models", "import"), None)],
     ids=["words-train", "lm-train", "models-import"],
 )
-def test_options_lists_every_model_and_training_key_with_its_default(command, trainer, train_config, capsys):
+def test_options_lists_every_model_and_training_key_with_its_default(command, trainer, capsys):
     import dataclasses
     import re
 
     from implicitlm.deq.options import FixedPointOptions
     from implicitlm.models.loading import CONFIG_CLASSES, model_option_names
-    from implicitlm.train import lm_trainer, word_trainer
+    from implicitlm.train.config import OTHER_TASKS_FIELDS, TrainConfig
 
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--help"])
@@ -166,10 +170,14 @@ def test_options_lists_every_model_and_training_key_with_its_default(command, tr
     model_keys = {name for family in CONFIG_CLASSES for name in model_option_names(family)} - {"architecture"}
     assert model_keys <= set(listed) and {f.name for f in dataclasses.fields(FixedPointOptions)} <= set(listed)
     assert listed["eval_f_max_iter"] == str(FixedPointOptions.eval_f_max_iter)
-    if train_config is not None:
-        config = getattr(word_trainer if train_config == "WordTrainConfig" else lm_trainer, train_config)
-        for field in dataclasses.fields(config):
-            assert listed[field.name] == json.dumps(field.default, separators=(",", ":")), field.name
+    if trainer is not None:
+        defaults = TrainConfig.for_task(trainer)
+        for field in dataclasses.fields(TrainConfig):
+            if field.name == "task" or OTHER_TASKS_FIELDS.get(field.name, trainer) != trainer:
+                assert field.name not in listed, field.name
+            else:
+                default = getattr(defaults, field.name)
+                assert listed[field.name] == json.dumps(default, separators=(",", ":")), field.name
     else:
         assert "training options" not in out
 
@@ -180,10 +188,9 @@ def test_every_option_has_a_meaning():
     from implicitlm.deq.options import FixedPointOptions
     from implicitlm.models.loading import CONFIG_CLASSES, _own_defaults
     from implicitlm.models.configuration import ImplicitLMConfig
-    from implicitlm.train.lm_trainer import LMTrainConfig
-    from implicitlm.train.word_trainer import WordTrainConfig
+    from implicitlm.train.config import TrainConfig
 
-    for schema in (FixedPointOptions, LMTrainConfig, WordTrainConfig):
+    for schema in (FixedPointOptions, TrainConfig):
         assert set(schema.FIELD_HELP) == {f.name for f in dataclasses.fields(schema)}, schema.__name__
     for config in (ImplicitLMConfig, *CONFIG_CLASSES.values()):
         assert set(config.FIELD_HELP) == set(_own_defaults(config)), config.__name__
@@ -197,7 +204,7 @@ def test_a_device_or_fifo_given_as_a_file_is_named_as_such(tmp_path, capsys, spe
     if special == "fifo":
         path = str(tmp_path / "words.npy")
         os.mkfifo(path)
-    checkpoint = str(trained_s3[1] / "checkpoint")
+    checkpoint = str(trained_s3[1])
     for argv in (["words", "eval", checkpoint, "--data", path, "--no-progress"],
                  ["tokenizer", "train", path, "--out", str(tmp_path / "tok")]):
         code, _, err = run(capsys, *argv)
@@ -211,7 +218,7 @@ def test_a_load_problem_is_one_line_without_transformers_report_before_it(tmp_pa
     from safetensors.torch import load_file, save_file
 
     checkpoint = tmp_path / "checkpoint"
-    shutil.copytree(trained_s3[1] / "checkpoint", checkpoint)
+    shutil.copytree(latest_checkpoint(trained_s3[1]), checkpoint)
     (checkpoint / "model.safetensors.sha256").unlink(missing_ok=True)
     tensors = load_file(checkpoint / "model.safetensors")
     save_file({**tensors, "extra.weight": torch.zeros(2)}, checkpoint / "model.safetensors", metadata={"format": "pt"})
@@ -223,7 +230,7 @@ def test_words_eval_recovers_a_checkpoint_swap_cut_between_its_renames(tmp_path,
     import shutil
 
     run_dir = tmp_path / "run"
-    shutil.copytree(trained_s3[1] / "checkpoint", run_dir / ".checkpoint.old")  # what the kill left
+    shutil.copytree(latest_checkpoint(trained_s3[1]), run_dir / ".checkpoint.old")  # what the kill left
     code, out, _ = run(capsys, "words", "eval", str(run_dir / "checkpoint"), "--lengths", "6", "--count", "8", "--no-progress")
     assert code == 0 and "last10" in out and (run_dir / "checkpoint" / "config.json").is_file()
 
@@ -240,8 +247,8 @@ def test_an_unwritable_run_folder_is_named_not_a_temporary_file(tmp_path, capsys
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
     out = tmp_path / "run"
     code, _, err = run(capsys, "words", "train", "--out", str(out), "--no-progress", "--model", "hidden_size=16",
-                       "--model", "state_size=8", "--model", "head_dim=8", "--train", "bounded_steps=1",
-                       "--train", "train_length=4", "--train", "batch_size=4")
+                       "--model", "state_size=8", "--model", "head_dim=8", "--train", "total_steps=1",
+                       "--train", "sequence_length=4", "--train", "batch_size=4")
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1, err
-    assert lines[0] == f"implicitlm: error: {out.absolute() / 'checkpoint'}: Read-only file system"
+    assert lines[0] == f"implicitlm: error: {out.absolute() / 'checkpoints' / 'step_0000001'}: Read-only file system"

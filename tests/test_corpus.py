@@ -19,13 +19,9 @@ from transformers import AutoTokenizer
 
 from implicitlm.data.corpus import read_documents
 from implicitlm.core.errors import DataError
-from implicitlm.data.shards import (
-    TokenSampler,
-    TokenShards,
-    evaluation_windows,
-    token_dtype,
-    write_shards,
-)
+from implicitlm.data.shard_writer import write_shards
+from implicitlm.data.shards import TokenShards, token_dtype
+from implicitlm.data.token_windows import TokenSampler, evaluation_windows
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, train_tokenizer
 
 SHARD_TOKENS = 1000

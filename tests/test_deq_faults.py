@@ -13,7 +13,7 @@ from contractive import make_contractive
 from implicitlm.cli import main
 from implicitlm.deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, FixedPointStats, OptionError
 from implicitlm.eval.convergence import convergence_metrics, convergence_summary
-from implicitlm.eval.perplexity import perplexity
+from implicitlm.tasks.lm import perplexity
 from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options
 

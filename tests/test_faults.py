@@ -23,15 +23,17 @@ from implicitlm.cli import main
 from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train import checkpoint as checkpoint_module
+from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.train.checkpoint import read_meta
 from implicitlm.train.guard import TrainingInterrupted
-from implicitlm.train.word_trainer import WordTrainConfig, train_words
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.trainer import train
 
 from signals import signal_this_thread
 
 MODEL = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
-SETTINGS = ["group=S3", "train_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
-            "bounded_steps=4", "free_steps=4", "free_iters=6", "free_phantom_steps=2"]
+SETTINGS = ["group=S3", "sequence_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
+            "total_steps=8", "bounded_fraction=0.5", "free_iters=6", "free_phantom_steps=2"]
 
 
 def tiny_model():
@@ -47,7 +49,7 @@ def train_command(out: Path, *settings: str) -> list[str]:
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_model(run / "checkpoint").state_dict()
+    return load_model(run).state_dict()
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -75,9 +77,8 @@ def start_training(out: Path, *settings: str) -> subprocess.Popen:
 
 
 def wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
-    meta = out / "checkpoint" / "trainer.json"
     deadline = time.monotonic() + 120
-    while not meta.exists() and process.poll() is None and time.monotonic() < deadline:
+    while not any(out.glob("checkpoints/step_*/trainer.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert process.poll() is None, "the run ended before the fault could be injected"
 
@@ -94,10 +95,10 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_
     assert process.returncode == 128 + signal.SIGTERM
     assert err.strip().splitlines()[-1].startswith("implicitlm: stopped by SIGTERM after step")
     assert "Traceback" not in err
-    stopped_at = read_meta(out / "checkpoint")["step"]
+    stopped_at = read_meta(latest_checkpoint(out))["step"]
     assert 2 <= stopped_at < 8, "the run finished before the signal arrived"
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress"]) == 0
-    assert read_meta(out / "checkpoint")["step"] == 8
+    assert read_meta(latest_checkpoint(out))["step"] == 8
     assert logged_losses(out) == logged_losses(uninterrupted)
     assert_same_weights(weights(out), weights(uninterrupted))
 
@@ -108,7 +109,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninte
     wait_for_checkpoint(process, out)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
-    saved = read_meta(out / "checkpoint")["step"]
+    saved = read_meta(latest_checkpoint(out))["step"]
     assert saved % 2 == 0 and saved < 8
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress"]) == 0
     assert logged_losses(out) == logged_losses(uninterrupted)
@@ -126,12 +127,12 @@ def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_num
             signal_this_thread(signal_number)
 
     model.get_input_embeddings().register_forward_hook(signal_on_third_forward)
-    config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=6, log_every=1)
+    config = TrainConfig.for_task("words", group="S3", sequence_length=6, batch_size=8, total_steps=6, log_every=1)
     previous = signal.getsignal(signal_number)
     with pytest.raises(TrainingInterrupted) as stopped:
-        train_words(model, config, tmp_path, progress=False)
+        train(model, config, tmp_path, progress=False)
     assert stopped.value.step == 3 and stopped.value.exit_code == 128 + signal_number
-    assert read_meta(tmp_path / "checkpoint")["step"] == 3
+    assert read_meta(latest_checkpoint(tmp_path))["step"] == 3
     assert_same_weights(weights(tmp_path), model.state_dict())
     assert signal.getsignal(signal_number) is previous  # the handlers are the caller's again
 
@@ -157,19 +158,20 @@ def test_a_repeated_sigterm_is_recorded_and_a_second_sigint_interrupts():
 
 def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tmp_path):
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
     # What a kill between "move the old checkpoint aside" and "move the new one in" leaves.
-    os.replace(out / "checkpoint", out / ".checkpoint.old")
-    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "free_steps=4",
-                 "--train", "bounded_steps=4"]) == 0
-    assert read_meta(out / "checkpoint")["step"] == 8
+    checkpoint = latest_checkpoint(out)
+    os.replace(checkpoint, checkpoint.with_name(f".{checkpoint.name}.old"))
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=8",
+                 "--train", "bounded_fraction=0.5"]) == 0
+    assert read_meta(latest_checkpoint(out))["step"] == 8
 
 
 # ---------------------------------------------------------------- numerical faults
 
 
 def nan_at_fifth_forward(model, where: str) -> None:
-    """Makes the 5th training forward (step 4) non-finite: in its loss, or in every iterate.
+    """Makes the 5th training forward (step 4) non-finite: in its logits (so its loss), or in every iterate.
     Forwards without gradient (the loop trying updated weights before a checkpoint) are not counted."""
     calls = []
 
@@ -180,7 +182,7 @@ def nan_at_fifth_forward(model, where: str) -> None:
         if len(calls) != 5:
             return output
         if where == "loss":
-            output.loss = output.loss * float("nan")
+            output.logits = output.logits * float("nan")
             return output
         return output * float("nan")
 
@@ -192,10 +194,12 @@ def nan_at_fifth_forward(model, where: str) -> None:
 def test_nan_stops_training_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path, where, message):
     model = tiny_model()
     nan_at_fifth_forward(model, where)
-    config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=8, log_every=1, checkpoint_every=2)
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=6, batch_size=8, total_steps=8, log_every=1, checkpoint_every=2,
+    )
     with pytest.raises(NumericalFault, match=rf"step 4: .*{message}.*; last good checkpoint: .*checkpoint"):
-        train_words(model, config, tmp_path, progress=False)
-    assert read_meta(tmp_path / "checkpoint")["step"] == 4
+        train(model, config, tmp_path, progress=False)
+    assert read_meta(latest_checkpoint(tmp_path))["step"] == 4
     saved = weights(tmp_path)
     assert all(torch.isfinite(value).all() for value in saved.values())
     # The faulty step's update was never applied: memory still holds the checkpointed weights.
@@ -211,7 +215,7 @@ def test_an_overflowing_run_exits_1_with_one_line_and_never_checkpoints_blown_we
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert len(err) == 1 and err[0].startswith("implicitlm: error: ") and "step " in err[0]
-    if (tmp_path / "run" / "checkpoint").exists():
+    if latest_checkpoint(tmp_path / "run") is not None:
         # The checkpoint called good holds the weights of a working model, not 1e28s.
         assert max(float(value.abs().max()) for value in weights(tmp_path / "run").values()) < 100
 
@@ -221,7 +225,7 @@ def test_an_overflowing_run_exits_1_with_one_line_and_never_checkpoints_blown_we
 
 def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
     before = weights(out)
     real_save = torch.save
 
@@ -232,10 +236,10 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
-    code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"])
+    code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "No space left on device" in err[0]
-    assert read_meta(out / "checkpoint")["step"] == 2
+    assert read_meta(latest_checkpoint(out))["step"] == 2
     assert_same_weights(weights(out), before)
     staging = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".lock"]
     assert staging == []  # no staging left (the lock file stays, released)
@@ -246,12 +250,12 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
 
 def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, capsys, monkeypatch):
     from implicitlm.core.errors import DataError
-    from implicitlm.train import word_trainer
+    from implicitlm.train import batches
 
     def unreadable(*args, **kwargs):
         raise DataError("words.npy: row 7 holds token 9, outside the group's 6 elements")
 
-    monkeypatch.setattr(word_trainer, "generate_words", unreadable)
+    monkeypatch.setattr(batches, "generate_words", unreadable)
     out = tmp_path / "run"
     assert main(train_command(out)) == 2
     assert "row 7" in capsys.readouterr().err
@@ -260,17 +264,17 @@ def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, 
 
 def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, capsys, monkeypatch):
     from implicitlm.core.errors import DataError
-    from implicitlm.train import word_trainer
+    from implicitlm.train import batches
 
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
 
     def unreadable(*args, **kwargs):
         raise DataError("words.npy: truncated")
 
-    monkeypatch.setattr(word_trainer, "generate_words", unreadable)
-    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 2
-    assert read_meta(out / "checkpoint")["step"] == 2
+    monkeypatch.setattr(batches, "generate_words", unreadable)
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"]) == 2
+    assert read_meta(latest_checkpoint(out))["step"] == 2
 
 
 @pytest.mark.parametrize(
@@ -300,12 +304,13 @@ def test_nan_in_one_samples_iterates_stops_training(tmp_path, from_evaluation, m
 
     model.get_input_embeddings().register_forward_hook(count_steps)
     model.stack.register_forward_hook(nan_in_first_row)
-    config = WordTrainConfig(
-        group="S3", train_length=6, batch_size=8, bounded_steps=6, bounded_iters=4, log_every=1, checkpoint_every=1
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=6, batch_size=8, total_steps=6, bounded_iters=4, log_every=1,
+        checkpoint_every=1,
     )
     with pytest.raises(NumericalFault, match=rf"step 2: .*{message}"):
-        train_words(model, config, tmp_path, progress=False)
-    assert read_meta(tmp_path / "checkpoint")["step"] == 2
+        train(model, config, tmp_path, progress=False)
+    assert read_meta(latest_checkpoint(tmp_path))["step"] == 2
     assert_same_weights(weights(tmp_path), model.state_dict())
 
 
@@ -321,9 +326,9 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
     assert main(["words", "generate", "--group", "S3", "--length", "6", "--count", "20", "--out", str(words)]) == 0
     on_file = ["--data", str(words)]
     # 20 words in batches of 8: 2 batches an epoch, so 7 steps cross three epoch boundaries.
-    assert main([*train_command(tmp_path / "whole", "bounded_steps=7", "free_steps=0"), *on_file]) == 0
-    assert main([*train_command(tmp_path / "run", "bounded_steps=3", "free_steps=0"), *on_file]) == 0
-    resume = ["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress", "--train", "bounded_steps=7"]
+    assert main([*train_command(tmp_path / "whole", "total_steps=7", "bounded_fraction=1.0"), *on_file]) == 0
+    assert main([*train_command(tmp_path / "run", "total_steps=3", "bounded_fraction=1.0"), *on_file]) == 0
+    resume = ["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress", "--train", "total_steps=7"]
     capsys.readouterr()
     assert main(resume) == 2
     assert "trained on a word file" in capsys.readouterr().err
@@ -341,17 +346,17 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        (lambda run: torch.save({"optimizer": {}}, run / "checkpoint" / "training_state.pt"), "expected scheduler"),
+        (lambda run: torch.save({"optimizer": {}}, latest_checkpoint(run) / "training_state.pt"), "expected scheduler"),
         (lambda run: torch.save({"optimizer": {}, "scheduler": {}, "torch_rng": torch.zeros(3)},
-                                run / "checkpoint" / "training_state.pt"), "does not fit this run"),
-        (lambda run: (run / "checkpoint" / "trainer.json").write_text(
-            json.dumps({**read_meta(run / "checkpoint"), "step": "ten"})), "expected the step count"),
-        (lambda run: (run / "checkpoint" / "trainer.json").write_text('{"step": 2}'), "expected the training settings"),
-        (lambda run: (run / "checkpoint" / "trainer.json").write_text("[1]"), "expected a JSON object"),
-        (lambda run: (run / "checkpoint" / "trainer.json").write_text(
-            json.dumps({**read_meta(run / "checkpoint"), "train": {}})), "the training settings lack group, train_length"),
-        (lambda run: (run / "checkpoint" / "trainer.json").write_text(json.dumps(
-            {**read_meta(run / "checkpoint"), "train": {k: v for k, v in read_meta(run / "checkpoint")["train"].items()
+                                latest_checkpoint(run) / "training_state.pt"), "does not fit this run"),
+        (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(
+            json.dumps({**read_meta(latest_checkpoint(run)), "step": "ten"})), "expected the step count"),
+        (lambda run: (latest_checkpoint(run) / "trainer.json").write_text('{"step": 2}'), "expected the training settings"),
+        (lambda run: (latest_checkpoint(run) / "trainer.json").write_text("[1]"), "expected a JSON object"),
+        (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(
+            json.dumps({**read_meta(latest_checkpoint(run)), "train": {}})), "the training settings lack batch_size"),
+        (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(json.dumps(
+            {**read_meta(latest_checkpoint(run)), "train": {k: v for k, v in read_meta(latest_checkpoint(run))["train"].items()
                                                           if k != "lr"}})), "lack lr; a resume would run them at their defaults"),
     ],
     ids=["missing-keys", "wrong-state", "step-not-a-number", "no-settings", "meta-not-an-object", "empty-settings",
@@ -359,25 +364,25 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
 )
 def test_a_damaged_training_state_is_one_line_on_resume(tmp_path, capsys, damage, expected):
     run = tmp_path / "run"
-    assert main(train_command(run, "bounded_steps=2", "free_steps=0")) == 0
+    assert main(train_command(run, "total_steps=2", "bounded_fraction=1.0")) == 0
     damage(run)
     capsys.readouterr()
-    assert main(["words", "train", "--out", str(run), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 2
+    assert main(["words", "train", "--out", str(run), "--resume", "--no-progress", "--train", "total_steps=4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
 
 
 def test_a_learning_rate_given_on_resume_is_the_one_trained_with(tmp_path):
     out = tmp_path / "run"
-    settings = ("lr=0.001", "warmup_steps=0", "decay_fraction=0", "bounded_steps=3", "free_steps=0", "log_every=1")
+    settings = ("lr=0.001", "warmup_steps=0", "decay_fraction=0", "total_steps=3", "bounded_fraction=1.0", "log_every=1")
     assert main(train_command(out, *settings)) == 0
     resumed = ["words", "train", "--out", str(out), "--resume", "--no-progress",
-               "--train", "lr=0.005", "--train", "bounded_steps=5", "--train", "min_lr=0.0001"]
+               "--train", "lr=0.005", "--train", "total_steps=5", "--train", "min_lr=0.0001"]
     assert main(resumed) == 0
     rates = {row["step"]: row["lr"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     # The rate logged after a step is the next step's: constant, then the floor past the end.
     assert rates[1] == pytest.approx(0.001) and rates[3] == pytest.approx(0.005) and rates[4] == pytest.approx(0.0001)
-    assert read_meta(out / "checkpoint")["train"]["lr"] == 0.005
+    assert read_meta(latest_checkpoint(out))["train"]["lr"] == 0.005
 
 
 def test_a_second_run_on_a_folder_in_use_is_refused(tmp_path, capsys):
@@ -385,23 +390,23 @@ def test_a_second_run_on_a_folder_in_use_is_refused(tmp_path, capsys):
 
     out = tmp_path / "run"
     with run_folder_lock(out):  # a run in progress (here: this process)
-        assert main(train_command(out, "bounded_steps=1", "free_steps=0")) == 2
+        assert main(train_command(out, "total_steps=1", "bounded_fraction=1.0")) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "another run is writing to this folder" in err[0] and str(os.getpid()) in err[0]
         assert not (out / "metrics.jsonl").exists()
-    assert main(train_command(out, "bounded_steps=1", "free_steps=0")) == 0  # released with the run
+    assert main(train_command(out, "total_steps=1", "bounded_fraction=1.0")) == 0  # released with the run
 
 
-@pytest.mark.parametrize("entry", ["metrics.jsonl", "checkpoint", "tensorboard", "checkpoint/trainer.json"])
+@pytest.mark.parametrize("entry", ["metrics.jsonl", "checkpoints", "tensorboard", "checkpoints/step_0000001/trainer.json"])
 def test_symbolic_links_inside_a_run_folder_are_refused(tmp_path, capsys, entry):
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=1", "free_steps=0")) == 0
+    assert main(train_command(out, "total_steps=1", "bounded_fraction=1.0")) == 0
     outside = tmp_path / "elsewhere"
     (out / entry).rename(outside)
     (out / entry).symlink_to(outside)
     before = outside.read_bytes() if outside.is_file() else sorted(p.name for p in outside.iterdir())
     capsys.readouterr()
-    resume = ["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=2"]
+    resume = ["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=2"]
     assert main(resume) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a symbolic link inside a run folder" in err[0] and entry.split("/")[0] in err[0]
@@ -419,10 +424,10 @@ def test_symbolic_links_inside_a_run_folder_are_refused(tmp_path, capsys, entry)
 )
 def test_a_damaged_training_log_on_resume_is_one_line_naming_it(tmp_path, capsys, damage, message):
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=2", "free_steps=0", "log_every=1")) == 0
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0", "log_every=1")) == 0
     (out / "metrics.jsonl").write_bytes(damage)
     capsys.readouterr()
-    code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=3"])
+    code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=3"])
     err = capsys.readouterr().err.strip().splitlines()
     if message is None:
         assert code == 0 and [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 2]
@@ -432,14 +437,14 @@ def test_a_damaged_training_log_on_resume_is_one_line_naming_it(tmp_path, capsys
 
 def test_optimiser_moments_that_do_not_fit_the_parameters_are_refused_on_resume(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
-    state_file = out / "checkpoint" / "training_state.pt"
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
+    state_file = latest_checkpoint(out) / "training_state.pt"
     state = torch.load(state_file, weights_only=True)
     first = next(iter(state["optimizer"]["state"]))
     state["optimizer"]["state"][first]["exp_avg"] = torch.zeros(3, 5)
     torch.save(state, state_file)
     capsys.readouterr()
-    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=3"]) == 2
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit this run (optimiser state 'exp_avg' of shape (3, 5)" in err[0], err
 
@@ -449,7 +454,7 @@ def test_a_full_disk_while_writing_the_weights_is_one_line(tmp_path, capsys, mon
     from transformers import modeling_utils
 
     out = tmp_path / "run"
-    assert main(train_command(out, "bounded_steps=2", "free_steps=0")) == 0
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
     before = weights(out)
 
     def disk_full(*args, **kwargs):
@@ -457,7 +462,7 @@ def test_a_full_disk_while_writing_the_weights_is_one_line(tmp_path, capsys, mon
 
     monkeypatch.setattr(modeling_utils, "safe_save_file", disk_full)
     capsys.readouterr()
-    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "bounded_steps=4"]) == 1
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "No space left on device" in err[0] and "model.safetensors" in err[0], err
     assert_same_weights(weights(out), before)

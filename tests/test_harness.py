@@ -14,14 +14,15 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model, model_registry
 
 from implicitlm.cli import main
-from implicitlm.data.shards import write_shards
+from implicitlm.data.shard_writer import write_shards
 from implicitlm.data.downstream_sets import read_local_set
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.eval.downstream import paper_table, run_tasks
 from implicitlm.eval.harness import ImplicitLMHarness
 from implicitlm.eval.harness_sample import SAMPLE_TASKS, SAMPLE_TASKS_DIR
 from implicitlm.models import build_model, config_from_options
-from implicitlm.train.lm_trainer import LMTrainConfig, train_lm
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.trainer import train
 
 from contractive import make_contractive
 
@@ -53,8 +54,10 @@ def checkpoint(tmp_path_factory, tokenizer) -> Path:
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
         head_dim=8, chunk_size=16, fixed_point=dict(eval_f_max_iter=8),
     )))
-    config = LMTrainConfig(sequence_length=16, micro_batch_size=2, batch_tokens=32, total_steps=1, warmup_steps=1, eval_every=0)
-    train_lm(model, config, root / "shards", root / "out", progress=False)
+    config = TrainConfig.for_task(
+        "lm", sequence_length=16, batch_size=2, batch_tokens=32, total_steps=1, warmup_steps=1, eval_every=0,
+    )
+    train(model, config, root / "out", data=root / "shards", progress=False)
     return root / "out" / "checkpoints" / "step_0000001"
 
 

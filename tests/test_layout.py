@@ -11,8 +11,6 @@ import pkgutil
 import sys
 from pathlib import Path
 
-import pytest
-
 import implicitlm
 from implicitlm.core import ImplicitLMError
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,10 +20,13 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.data.corpus import read_documents
-from implicitlm.data.shards import TokenShards, write_shards
+from implicitlm.data.shard_writer import write_shards
+from implicitlm.data.shards import TokenShards
 from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
-from implicitlm.models import build_model, config_from_options
-from implicitlm.train.lm_trainer import LMTrainConfig, parameter_groups, train_lm
+from implicitlm.core.run_folder import latest_checkpoint
+from implicitlm.models import build_model, config_from_options, load_model
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.trainer import parameter_groups, train
 
 from contractive import make_contractive
 from signals import signal_this_thread
@@ -49,13 +53,13 @@ def tiny_model(implicit: bool = True, vocab: int = 320):
     return build_model(config_from_options(options))
 
 
-def train_config(**changes) -> LMTrainConfig:
+def train_config(**changes) -> TrainConfig:
     values = dict(
-        sequence_length=SEQUENCE, micro_batch_size=4, batch_tokens=4 * SEQUENCE, total_steps=4, lr=1e-2,
+        sequence_length=SEQUENCE, batch_size=4, batch_tokens=4 * SEQUENCE, total_steps=4, lr=1e-2,
         warmup_steps=1, log_every=1, checkpoint_every=2, keep_checkpoints=2, bounded_fraction=0.5, free_iters=6,
         free_phantom_steps=2,
     )
-    return LMTrainConfig(**{**values, **changes})
+    return TrainConfig.for_task("lm", **{**values, **changes})
 
 
 def logged(run_dir: Path, key: str) -> list:
@@ -63,7 +67,7 @@ def logged(run_dir: Path, key: str) -> list:
 
 
 def test_curriculum_switches_phase_and_budget_at_the_configured_step(shards, tmp_path):
-    train_lm(tiny_model(), train_config(), shards, tmp_path, progress=False)
+    train(tiny_model(), train_config(), tmp_path, data=shards, progress=False)
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
     assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
     assert all(n <= 4 for n in logged(tmp_path, "fp_iterations_max")[:2])
@@ -72,11 +76,11 @@ def test_curriculum_switches_phase_and_budget_at_the_configured_step(shards, tmp
 
 
 def test_gradient_accumulation_equals_one_large_batch(shards, tmp_path):
-    whole = train_config(micro_batch_size=4, total_steps=3, checkpoint_every=10)
-    split = train_config(micro_batch_size=2, total_steps=3, checkpoint_every=10)
+    whole = train_config(batch_size=4, total_steps=3, checkpoint_every=10)
+    split = train_config(batch_size=2, total_steps=3, checkpoint_every=10)
     assert split.accumulation_steps(1) == 2
-    train_lm(tiny_model(False), whole, shards, tmp_path / "whole", progress=False)
-    train_lm(tiny_model(False), split, shards, tmp_path / "split", progress=False)
+    train(tiny_model(False), whole, tmp_path / "whole", data=shards, progress=False)
+    train(tiny_model(False), split, tmp_path / "split", data=shards, progress=False)
     torch.testing.assert_close(logged(tmp_path / "split", "loss"), logged(tmp_path / "whole", "loss"), atol=1e-6, rtol=0)
 
 
@@ -86,7 +90,7 @@ def test_batch_that_does_not_divide_is_refused():
 
 
 def test_keeps_the_last_checkpoints_only(shards, tmp_path):
-    train_lm(tiny_model(), train_config(total_steps=6, checkpoint_every=1), shards, tmp_path, progress=False)
+    train(tiny_model(), train_config(total_steps=6, checkpoint_every=1), tmp_path, data=shards, progress=False)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000005", "step_0000006"]
 
 
@@ -136,7 +140,7 @@ def subprocess_env() -> dict[str, str]:
 
 
 def test_sigkill_after_a_checkpoint_then_resume_continues_exactly(shards, tmp_path):
-    settings = ["total_steps=10", "checkpoint_every=2", "keep_checkpoints=10", "micro_batch_size=8",
+    settings = ["total_steps=10", "checkpoint_every=2", "keep_checkpoints=10", "batch_size=8",
                 f"batch_tokens={8 * SEQUENCE * 4}"]
     assert main(cli_command(shards, tmp_path / "whole", *settings)) == 0
     command = [sys.executable, "-m", "implicitlm", *cli_command(shards, tmp_path / "killed", *settings)]
@@ -157,8 +161,8 @@ def test_sigkill_after_a_checkpoint_then_resume_continues_exactly(shards, tmp_pa
 @pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
 def test_two_processes_equal_one_process_with_the_same_global_batch(shards, tmp_path, distributed):
     settings = ["total_steps=3", "checkpoint_every=3", f"batch_tokens={4 * SEQUENCE}"]
-    assert main(cli_command(shards, tmp_path / "single", "micro_batch_size=4", *settings)) == 0
-    two = cli_command(shards, tmp_path / "two", "micro_batch_size=2", f"distributed={distributed}", *settings)
+    assert main(cli_command(shards, tmp_path / "single", "batch_size=4", *settings)) == 0
+    two = cli_command(shards, tmp_path / "two", "batch_size=2", f"distributed={distributed}", *settings)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm", *two]
     result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -166,7 +170,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(shards, tmp_
 
 
 def test_damaged_checkpoint_is_a_clear_error_on_resume(shards, tmp_path, capsys):
-    assert main(cli_command(shards, tmp_path, "total_steps=2", "checkpoint_every=2", "micro_batch_size=4",
+    assert main(cli_command(shards, tmp_path, "total_steps=2", "checkpoint_every=2", "batch_size=4",
                             f"batch_tokens={4 * SEQUENCE}")) == 0
     weights = tmp_path / "checkpoints" / "step_0000002" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
@@ -186,7 +190,7 @@ def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
         "corpus": {"max_bytes": 150_000, "vocab_size": 300, "test_fraction": 0.1},
         "model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8, "chunk_size": 16,
                   "fixed_point": {"eval_f_max_iter": 8}},
-        "train": {"sequence_length": SEQUENCE, "micro_batch_size": 4, "batch_tokens": 4 * SEQUENCE, "total_steps": 4,
+        "train": {"sequence_length": SEQUENCE, "batch_size": 4, "batch_tokens": 4 * SEQUENCE, "total_steps": 4,
                   "warmup_steps": 1, "bounded_fraction": 0.5, "free_iters": 6, "free_phantom_steps": 2,
                   "eval_every": 2, "eval_batches": 2, "checkpoint_every": 4},
     }
@@ -214,13 +218,32 @@ def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
 
 
 def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
-    bounded_only = ["total_steps=2", "bounded_fraction=1.0", "checkpoint_every=2", "micro_batch_size=4",
+    bounded_only = ["total_steps=2", "bounded_fraction=1.0", "checkpoint_every=2", "batch_size=4",
                     f"batch_tokens={4 * SEQUENCE}"]
     assert main(cli_command(shards, tmp_path, *bounded_only)) == 0
     more = ["--train", "total_steps=4", "--train", "bounded_fraction=0.5"]
     assert main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume", "--no-progress", *more]) == 0
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
     assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
+
+
+def test_a_checkpoint_of_the_former_lm_trainer_loads_and_resumes_exactly(shards, tmp_path):
+    """The former LM trainer's checkpoints lie where today's do, spell the batch size
+    ``micro_batch_size`` and hold no task, warm-up or word options."""
+    settings = ["total_steps=4", "checkpoint_every=2", "keep_checkpoints=2", "batch_size=4", f"batch_tokens={8 * SEQUENCE}"]
+    assert main(cli_command(shards, tmp_path / "whole", *settings)) == 0
+    assert main(cli_command(shards, tmp_path / "run", *settings)) == 0
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_0000004")  # as if stopped after step 2
+    meta_file = latest_checkpoint(tmp_path / "run") / "trainer.json"
+    meta = json.loads(meta_file.read_text())
+    former = {k: v for k, v in meta["train"].items() if k not in ("task", "unroll_steps", "unroll_depth", "group", "hard_prob")}
+    former["micro_batch_size"] = former.pop("batch_size")
+    meta_file.write_text(json.dumps({"step": meta["step"], "train": former, "processes": 1}))
+    assert main(["train", "--data", str(shards), "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 0
+    assert logged(tmp_path / "run", "loss") == logged(tmp_path / "whole", "loss")
+    resumed, uninterrupted = (load_model(tmp_path / run).state_dict() for run in ("run", "whole"))
+    for name in resumed:
+        assert torch.equal(resumed[name], uninterrupted[name]), name
 
 
 def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
@@ -231,7 +254,7 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "a tokenizer of 300 tokens" in out and "held-out tokens" in out
     assert main(cli_command(tmp_path / "shards", tmp_path / "run", "total_steps=1", "checkpoint_every=1",
-                            "micro_batch_size=2", f"batch_tokens={2 * SEQUENCE}")) == 0
+                            "batch_size=2", f"batch_tokens={2 * SEQUENCE}")) == 0
     checkpoint = tmp_path / "run" / "checkpoints" / "step_0000001"
     assert main(["lm", "eval", str(checkpoint), "--data", str(tmp_path / "shards"), "--multiples", "1,2",
                  "--batch-size", "2", "--max-tokens", str(4 * SEQUENCE), "--out", str(tmp_path / "ppl")]) == 0
@@ -253,7 +276,7 @@ def test_a_training_preset_gives_each_kind_its_own_widths_under_the_command_line
     preset = {
         "model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8, "chunk_size": 16},
         "explicit_model": {"hidden_size": 24, "head_dim": 12},
-        "train": {"sequence_length": SEQUENCE, "micro_batch_size": 2, "batch_tokens": 2 * SEQUENCE,
+        "train": {"sequence_length": SEQUENCE, "batch_size": 2, "batch_tokens": 2 * SEQUENCE,
                   "total_steps": 1, "checkpoint_every": 1},
     }
     (tmp_path / "preset.json").write_text(json.dumps(preset))
@@ -300,7 +323,7 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
     from implicitlm.train.guard import TrainingInterrupted
 
     config = train_config(total_steps=6, checkpoint_every=4, keep_checkpoints=4)
-    train_lm(tiny_model(), config, shards, tmp_path / "whole", progress=False)
+    train(tiny_model(), config, tmp_path / "whole", data=shards, progress=False)
     model, calls = tiny_model(), []
 
     def sigterm_on_third_forward(module, inputs, output):
@@ -310,9 +333,9 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
 
     model.get_input_embeddings().register_forward_hook(sigterm_on_third_forward)
     with pytest.raises(TrainingInterrupted, match="SIGTERM after step 3") as stopped:
-        train_lm(model, config, shards, tmp_path / "stopped", progress=False)
+        train(model, config, tmp_path / "stopped", data=shards, progress=False)
     assert stopped.value.checkpoint.name == "step_0000003" and stopped.value.checkpoint.is_dir()
-    train_lm(tiny_model(), config, shards, tmp_path / "stopped", resume=True, progress=False)
+    train(tiny_model(), config, tmp_path / "stopped", data=shards, resume=True, progress=False)
     assert logged(tmp_path / "stopped", "step") == list(range(6))
     assert logged(tmp_path / "stopped", "loss") == logged(tmp_path / "whole", "loss")
 
@@ -336,7 +359,7 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoin
     """Signalled all at once (``pkill -f``, a scheduler ending the job step), each worker
     gets SIGTERM twice, its own and the one torchrun forwards: the second must not lose
     the stop."""
-    settings = ["total_steps=200", "checkpoint_every=1000", "micro_batch_size=2", f"batch_tokens={4 * SEQUENCE}"]
+    settings = ["total_steps=200", "checkpoint_every=1000", "batch_size=2", f"batch_tokens={4 * SEQUENCE}"]
     two = cli_command(shards, tmp_path, *settings)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm", *two]
     process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -358,13 +381,13 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoin
 
 
 def test_a_fresh_run_never_lands_on_an_earlier_one(shards, tmp_path):
-    train_lm(tiny_model(), train_config(total_steps=6, keep_checkpoints=3), shards, tmp_path, progress=False)
+    train(tiny_model(), train_config(total_steps=6, keep_checkpoints=3), tmp_path, data=shards, progress=False)
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file() and "tensorboard" not in path.parts}
     with pytest.raises(FileExistsError, match="holds a training run .*--resume.*--overwrite"):
-        train_lm(tiny_model(), train_config(total_steps=2), shards, tmp_path, progress=False)
+        train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
     assert {path: path.read_bytes() for path in before} == before  # nothing appended, nothing pruned
     (tmp_path / "notes.txt").write_text("mine")
-    train_lm(tiny_model(), train_config(total_steps=2), shards, tmp_path, progress=False, overwrite=True)
+    train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False, overwrite=True)
     assert logged(tmp_path, "step") == [0, 1]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
@@ -373,7 +396,7 @@ def test_a_fresh_run_never_lands_on_an_earlier_one(shards, tmp_path):
 def test_train_command_refuses_an_earlier_run_in_one_line(shards, tmp_path, capsys):
     command = ["train", "--data", str(shards), "--out", str(tmp_path), "--no-progress", "--model", "hidden_size=16",
                "--model", "num_hidden_layers=1", "--model", "head_dim=8", "--model", "state_size=8",
-               "--train", f"sequence_length={SEQUENCE}", "--train", "micro_batch_size=2",
+               "--train", f"sequence_length={SEQUENCE}", "--train", "batch_size=2",
                "--train", f"batch_tokens={2 * SEQUENCE}", "--train", "total_steps=1", "--train", "eval_every=0"]
     assert main(command) == 0
     capsys.readouterr()
@@ -385,7 +408,7 @@ def test_train_command_refuses_an_earlier_run_in_one_line(shards, tmp_path, caps
 
 
 def test_the_cost_of_a_step_is_said_before_the_first_and_its_pace_after(shards, tmp_path, capsys):
-    train_lm(tiny_model(), train_config(total_steps=3, micro_batch_size=2, batch_tokens=4 * SEQUENCE), shards, tmp_path)
+    train(tiny_model(), train_config(total_steps=3, batch_size=2, batch_tokens=4 * SEQUENCE), tmp_path, data=shards)
     err = capsys.readouterr().err
     tokens = 4 * SEQUENCE
     expected = f"one step: {tokens} tokens = 2 micro-batch(es) of 2 x {SEQUENCE} tokens on each of 1 process(es); 3 steps = {3 * tokens} tokens"
@@ -394,39 +417,34 @@ def test_the_cost_of_a_step_is_said_before_the_first_and_its_pace_after(shards, 
 
 
 def test_paper_scale_defaults_are_warned_about_on_a_cpu_only():
-    from implicitlm.train.lm_trainer import unsuited_defaults
+    from implicitlm.train.trainer import unsuited_defaults
 
-    warning = unsuited_defaults(LMTrainConfig(), on_gpu=False)
+    warning = unsuited_defaults(TrainConfig.for_task("lm"), on_gpu=False)
     assert "batch_tokens=1,048,576, sequence_length=2,048" in warning and "--train batch_tokens=..." in warning
-    assert unsuited_defaults(LMTrainConfig(), on_gpu=True) is None
+    assert unsuited_defaults(TrainConfig.for_task("lm"), on_gpu=True) is None
     assert unsuited_defaults(train_config(), on_gpu=False) is None
-    assert "sequence_length" not in unsuited_defaults(LMTrainConfig(sequence_length=256), on_gpu=False)
+    assert "sequence_length" not in unsuited_defaults(TrainConfig.for_task("lm", sequence_length=256), on_gpu=False)
 
 
 def test_a_trained_checkpoint_carries_the_end_of_text_id_that_generate_stops_at(shards, tmp_path):
-    from implicitlm.models import load_model
-    from implicitlm.train.checkpoint import latest_checkpoint
-
-    train_lm(tiny_model(), train_config(total_steps=2), shards, tmp_path, progress=False)
-    model = load_model(latest_checkpoint(tmp_path / "checkpoints"))
+    train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
+    model = load_model(latest_checkpoint(tmp_path))
     eos = TokenShards(shards, "train").eos_token_id
     assert model.config.eos_token_id == model.generation_config.eos_token_id == eos
     assert model.generation_config.pad_token_id == eos
 
 
-def test_both_trainers_run_the_one_loop(shards, tmp_path, capsys):
+def test_both_tasks_run_the_one_loop(shards, tmp_path, capsys):
     """The loop's own records and messages are the same for word problems and language
     modelling: only the task's metrics differ (accuracy, perplexity)."""
-    from implicitlm.train.word_trainer import WordTrainConfig, train_words
-
     words = build_model(config_from_options(dict(
         vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, chunk_size=4,
         label_alignment="aligned",
     )))
-    train_words(words, WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=2, log_every=1),
-                tmp_path / "words")
+    config = TrainConfig.for_task("words", group="S3", sequence_length=6, batch_size=8, total_steps=2, log_every=1)
+    train(words, config, tmp_path / "words")
     words_err = capsys.readouterr().err
-    train_lm(tiny_model(), train_config(total_steps=2, bounded_fraction=1.0), shards, tmp_path / "lm")
+    train(tiny_model(), train_config(total_steps=2, bounded_fraction=1.0), tmp_path / "lm", data=shards)
     lm_err = capsys.readouterr().err
     loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "fp_budget", "fp_iterations_mean"}
     for run, own in (("words", "accuracy"), ("lm", "ppl")):
@@ -437,12 +455,11 @@ def test_both_trainers_run_the_one_loop(shards, tmp_path, capsys):
 
 def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_path):
     from implicitlm.core.errors import NumericalFault
-    from implicitlm.train.checkpoint import latest_checkpoint
 
     config = train_config(lr=1e30, warmup_steps=2, total_steps=6, checkpoint_every=1, keep_checkpoints=10)
     with pytest.raises(NumericalFault, match="not checkpointed|before its update"):
-        train_lm(tiny_model(), config, shards, tmp_path, progress=False)
-    saved = latest_checkpoint(tmp_path / "checkpoints")
+        train(tiny_model(), config, tmp_path, data=shards, progress=False)
+    saved = latest_checkpoint(tmp_path)
     if saved is not None:
         from safetensors.torch import load_file
 
@@ -452,8 +469,8 @@ def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_p
 def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
     import shutil
 
-    train_lm(tiny_model(), train_config(total_steps=1), shards, tmp_path / "run", progress=False)
-    checkpoint = latest_checkpoint_of(tmp_path / "run")
+    train(tiny_model(), train_config(total_steps=1), tmp_path / "run", data=shards, progress=False)
+    checkpoint = latest_checkpoint(tmp_path / "run")
     damaged = tmp_path / "damaged"
     shutil.copytree(shards, damaged)
     index = json.loads((damaged / "index.json").read_text())
@@ -467,12 +484,6 @@ def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
     assert main([*evaluate, "--data", str(damaged)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sha256 checksum differs" in err[0]
-
-
-def latest_checkpoint_of(run: Path) -> Path:
-    from implicitlm.train.checkpoint import latest_checkpoint
-
-    return latest_checkpoint(run / "checkpoints")
 
 
 @pytest.mark.parametrize("architecture", ["mamba2", "llama"])
@@ -492,7 +503,7 @@ def test_bf16_autocast_trains_and_evaluates_as_float32_does(shards, tmp_path, ar
     losses = {}
     for precision in ("no", "bf16"):
         run = tmp_path / precision
-        train_lm(model(), train_config(precision=precision, eval_every=4, eval_batches=1), shards, run, progress=False)
+        train(model(), train_config(precision=precision, eval_every=4, eval_batches=1), run, data=shards, progress=False)
         losses[precision] = logged(run, "loss")[:4], [v for v in logged(run, "test_loss") if v is not None]
     (train32, held32), (train16, held16) = losses["no"], losses["bf16"]
     assert len(held16) == len(held32) == 1 and all(math.isfinite(v) for v in train16 + held16)

@@ -8,6 +8,7 @@ import pytest
 
 from implicitlm.cli import main
 from implicitlm.core.memory import activation_bytes, readable
+from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.models import build_model, config_from_options
 from implicitlm.models.loading import parameter_count
 
@@ -51,12 +52,12 @@ def test_a_model_too_large_for_the_memory_is_refused_before_it_is_built():
 def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "group=S3",
-                 "--train", "bounded_steps=1", "--train", "train_length=4", "--train", "batch_size=4"]) == 0
-    config_file = run / "checkpoint" / "config.json"
+                 "--train", "total_steps=1", "--train", "sequence_length=4", "--train", "batch_size=4"]) == 0
+    config_file = latest_checkpoint(run) / "config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "num_hidden_layers": 1_000_000_000}))
     capsys.readouterr()
-    assert main(["words", "eval", str(run / "checkpoint"), "--lengths", "4", "--no-progress"]) == 2
+    assert main(["words", "eval", str(run), "--lengths", "4", "--no-progress"]) == 2
     line = one_error_line(capsys)
     assert "config.json: a model of" in line and "of memory" in line
 
@@ -65,7 +66,7 @@ def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, 
     "argv, fragment",
     [
         (["--train", "unroll_steps=1", "--train", "unroll_depth=1000000000"], "pass(es) kept for the gradient"),
-        (["--train", "batch_size=100000000", "--train", "train_length=100000"], "per batch"),
+        (["--train", "batch_size=100000000", "--train", "sequence_length=100000"], "per batch"),
         (["--model", "num_hidden_layers=100000000"], "parameters needs at least"),
     ],
     ids=["unroll-depth", "batch", "layers"],
@@ -73,15 +74,15 @@ def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, 
 def test_training_sizes_beyond_the_memory_are_refused_in_one_line(tmp_path, capsys, argv, fragment):
     code = main(["words", "train", "--out", str(tmp_path / "run"), "--no-progress", *SMALL, *argv])
     assert code == 2 and fragment in one_error_line(capsys)
-    assert not (tmp_path / "run" / "checkpoint").exists()
+    assert latest_checkpoint(tmp_path / "run") is None
 
 
 def test_test_words_beyond_the_memory_are_refused(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "bounded_steps=1",
-                 "--train", "train_length=4", "--train", "batch_size=4"]) == 0
+    assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "total_steps=1",
+                 "--train", "sequence_length=4", "--train", "batch_size=4"]) == 0
     capsys.readouterr()
-    assert main(["words", "eval", str(run / "checkpoint"), "--lengths", "1000000000", "--no-progress"]) == 2
+    assert main(["words", "eval", str(run), "--lengths", "1000000000", "--no-progress"]) == 2
     assert "test words of length 1,000,000,000 needs at least" in one_error_line(capsys)
 
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from implicitlm.core.atomic_io import write_json
 from implicitlm.presets import load_preset
-from implicitlm.data import catbabi, shards as shards_module, tokenizer as tokenizer_module, words
+from implicitlm.data import catbabi, shard_writer, tokenizer as tokenizer_module, word_csv, word_storage, words
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
 from implicitlm.data.catbabi import (
     SPLITS,
@@ -42,16 +42,11 @@ from implicitlm.data.catbabi import (
 from implicitlm.data.corpus import read_documents
 from implicitlm.core.errors import DataError
 from implicitlm.data.groups import get_group
-from implicitlm.data.shards import TokenShards, write_shards, write_token_streams
+from implicitlm.data.shard_writer import write_shards, write_token_streams
+from implicitlm.data.shards import TokenShards
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer
-from implicitlm.data.words import (
-    generate_words,
-    load_words,
-    prefix_products,
-    save_words,
-    sidecar_path,
-    write_generated_words,
-)
+from implicitlm.data.word_storage import load_words, save_words, sidecar_path, write_generated_words
+from implicitlm.data.words import generate_words, prefix_products
 
 # ---------------------------------------------------------------- parse targets
 
@@ -771,7 +766,8 @@ def test_failed_word_writes_leave_the_old_files(
     save_words(path, old_inputs, old_targets, {"group": "S3", "seed": 0})
     before = listing(tmp_path)
     new_inputs, new_targets = generate_words("S3", length=6, count=2, seed=1)
-    monkeypatch.setattr(words, "atomic_write", fail_on_call(failing_call, words.atomic_write))
+    writer = word_csv if filename == "w.csv" else word_storage  # the module that writes the format
+    monkeypatch.setattr(writer, "atomic_write", fail_on_call(failing_call, writer.atomic_write))
     try:
         save_words(path, new_inputs, new_targets, {"group": "S3", "seed": 1})
     except Injected:
@@ -871,7 +867,7 @@ def test_failed_shard_write_leaves_no_partial_shard_and_no_index(
     tokenizer = small_tokenizer()
     documents = ["a b c d " * 3] * 6
     settings = {"shard_tokens": 10, "test_fraction": 0.0, "progress": False}
-    real_atomic_write = shards_module.atomic_write
+    real_atomic_write = shard_writer.atomic_write
 
     def fail_half_way(path: Path, write: Callable[[Path], None]) -> None:
         if path.name == "shard_00001.bin":
@@ -881,7 +877,7 @@ def test_failed_shard_write_leaves_no_partial_shard_and_no_index(
     def _raise() -> None:
         raise Injected("disk full")
 
-    monkeypatch.setattr(shards_module, "atomic_write", fail_half_way)
+    monkeypatch.setattr(shard_writer, "atomic_write", fail_half_way)
     with pytest.raises(Injected):
         write_shards(documents, tokenizer, tmp_path, **settings)
     monkeypatch.undo()

@@ -17,9 +17,9 @@ from implicitlm.demo import DemoEval
 from implicitlm.models import ImplicitLlamaConfig, config_from_options
 from implicitlm.models.loading import model_option_names
 from implicitlm.core.schema import UNIT_INTERVAL, OptionError, at_least, check_field, conforms, expectation, one_of
-from implicitlm.train.lm_trainer import LMTrainConfig
-from implicitlm.train.word_setup import word_train_config
-from implicitlm.train.word_trainer import WordTrainConfig
+from implicitlm.core.run_folder import current_spelling
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.runs import word_train_config
 
 TINY = {"vocab_size": 8, "hidden_size": 16, "num_hidden_layers": 1}
 # Valid small options of each family, which the property tests change.
@@ -73,7 +73,7 @@ def test_a_failed_check_is_one_line_naming_the_field_and_value():
 
 
 def test_a_json_list_becomes_the_tuple_a_field_declares():
-    assert LMTrainConfig.from_dict({"betas": [0.8, 0.9]}).betas == (0.8, 0.9)
+    assert TrainConfig.for_task("lm", betas=[0.8, 0.9]).betas == (0.8, 0.9)
     assert DemoEval.from_dict({"length_multiples": [1, 3]}).length_multiples == (1, 3)
 
 
@@ -95,7 +95,7 @@ def test_a_json_list_becomes_the_tuple_a_field_declares():
 )
 def test_word_training_options_are_checked(values, message):
     with pytest.raises(OptionError) as caught:
-        WordTrainConfig.from_dict(values)
+        TrainConfig.for_task("words", **values)
     assert str(caught.value) == message
 
 
@@ -106,14 +106,52 @@ def test_word_training_options_are_checked(values, message):
         ({"betas": [0.9, 1.0]}, "'betas' must be a list of 2 numbers in [0, 1), got [0.9, 1.0]"),
         ({"distributed": "zero"}, "'distributed' must be one of 'ddp', 'fsdp', got 'zero'"),
         ({"bounded_fraction": 1.2}, "'bounded_fraction' must be a number in [0, 1], got 1.2"),
-        ({"checkpoint_every": 0}, "'checkpoint_every' must be an integer >= 1, got 0"),
+        ({"keep_checkpoints": 0}, "'keep_checkpoints' must be an integer >= 1, got 0"),
         ({"min_lr": float("nan")}, "'min_lr' must be a number >= 0, got nan"),
     ],
 )
 def test_lm_training_options_are_checked(values, fragment):
     with pytest.raises(OptionError) as caught:
-        LMTrainConfig.from_dict(values)
+        TrainConfig.for_task("lm", **values)
     assert str(caught.value) == f"training option {fragment}"
+
+
+@pytest.mark.parametrize(
+    "task, values, message",
+    [
+        ("words", {"train_length": 8}, "training option 'train_length' is now sequence_length"),
+        ("lm", {"micro_batch_size": 8}, "training option 'micro_batch_size' is now batch_size"),
+        ("words", {"bounded_steps": 8}, "training option 'bounded_steps' is now total_steps with bounded_fraction"),
+        ("lm", {"group": "S5"}, "training option 'group' is for the words task, not lm"),
+        ("words", {"eval_every": 10}, "training option 'eval_every' is for the lm task, not words"),
+        ("words", {"total_steps": 3, "unroll_steps": 4}, "unroll_steps=4 is more than total_steps=3"),
+        ("words", {"task": "lm"}, "training option 'task' is 'lm', but this command trains 'words'"),
+        ("catbabi", {}, "training option 'task' must be one of 'words', 'lm', got 'catbabi'"),
+    ],
+)
+def test_one_training_config_refuses_what_its_task_does_not_read(task, values, message):
+    with pytest.raises(OptionError) as caught:
+        TrainConfig.for_task(task, **values)
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_the_tasks_defaults_differ_where_the_tasks_do():
+    words, lm = TrainConfig.for_task("words"), TrainConfig.for_task("lm")
+    assert (words.sequence_length, words.batch_size, words.batch_tokens, words.betas) == (16, 128, 0, (0.9, 0.999))
+    assert (lm.sequence_length, lm.batch_size, lm.batch_tokens, lm.betas) == (2048, 8, 2**20, (0.9, 0.95))
+    assert words.accumulation_steps(world_size=2) == 1 and lm.accumulation_steps(world_size=2) == 2**20 // (2048 * 8 * 2)
+
+
+def test_settings_of_the_former_trainers_read_in_todays_spelling():
+    former_words = {"group": "S5", "train_length": 8, "unroll_steps": 10, "bounded_steps": 200, "free_steps": 3000}
+    settings = current_spelling(former_words)
+    assert settings == {"group": "S5", "sequence_length": 8, "unroll_steps": 10, "total_steps": 3210,
+                        "bounded_fraction": 200 / 3200, "task": "words"}
+    config = TrainConfig.for_task("words", **{k: v for k, v in settings.items() if k != "task"})
+    phases = config.curriculum(implicit=True).boundaries()
+    assert phases == [(0, "unroll"), (10, "bounded"), (210, "free")]
+    assert current_spelling({"micro_batch_size": 4, "total_steps": 9}) == {"batch_size": 4, "total_steps": 9, "task": "lm"}
+    assert current_spelling({"task": "lm", "batch_size": 4}) == {"task": "lm", "batch_size": 4}
 
 
 @pytest.mark.parametrize(
@@ -190,7 +228,7 @@ def test_shipped_presets_pass_the_schema(name):
         if "group" in preset.get("train", {}):
             word_train_config(preset, kind)
         else:
-            LMTrainConfig.from_dict({**preset.get("train", {}), **preset.get(f"{kind}_train", {})})
+            TrainConfig.for_task("lm", **{**preset.get("train", {}), **preset.get(f"{kind}_train", {})})
     if "eval" in preset:
         DemoEval.from_dict(preset["eval"])
 
@@ -241,14 +279,20 @@ def assert_fields_conform(config: Any) -> None:
         assert conforms(getattr(config, field.name), hints[field.name]), field.name
 
 
-@pytest.mark.parametrize("config_class", [WordTrainConfig, LMTrainConfig, DemoEval])
+@pytest.mark.parametrize(
+    "config_class, build",
+    [(TrainConfig, lambda values: TrainConfig.for_task("words", **values)),
+     (TrainConfig, lambda values: TrainConfig.for_task("lm", **values)),
+     (DemoEval, DemoEval.from_dict)],
+    ids=["words", "lm", "demo-eval"],
+)
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
-def test_any_json_training_options_give_a_config_or_an_option_error(config_class, data):
+def test_any_json_training_options_give_a_config_or_an_option_error(config_class, build, data):
     names = [field.name for field in dataclasses.fields(config_class)]
     values = data.draw(st.dictionaries(st.sampled_from(names), option_values, max_size=3))
     try:
-        config = config_class.from_dict(values)
+        config = build(values)
     except OptionError:
         return
     assert_fields_conform(config)

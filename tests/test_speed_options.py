@@ -7,7 +7,7 @@ import torch
 
 from implicitlm.deq import OptionError
 from implicitlm.train.speed import compile_stack, resolve_precision
-from implicitlm.train.word_trainer import WordTrainConfig
+from implicitlm.train.config import TrainConfig
 
 from test_train import tiny_model
 
@@ -42,9 +42,9 @@ def test_precision_resolves_to_full_precision_without_cuda():
     assert resolve_precision("bf16") == "bf16"
 
 
-def test_word_trainer_rejects_an_unknown_precision():
-    with pytest.raises(OptionError, match="precision must be one of"):
-        WordTrainConfig(precision="fp8")
+def test_the_trainer_rejects_an_unknown_precision():
+    with pytest.raises(OptionError, match="'precision' must be one of 'auto', 'no', 'bf16'"):
+        TrainConfig.for_task("words", precision="fp8")
 
 
 def test_bf16_autocast_forward_stays_close_to_float32():

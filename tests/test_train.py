@@ -1,8 +1,10 @@
-"""Curriculum, checkpoints and the word trainer's plumbing."""
+"""Curriculum, checkpoints and the trainer's plumbing on word problems."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,7 +15,8 @@ from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, M
 from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
 from implicitlm.train.curriculum import Curriculum, Phase
 from implicitlm.train.schedule import warmup_stable_sqrt_decay
-from implicitlm.train.word_trainer import WordTrainConfig, train_words
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.trainer import train
 
 
 def tiny_model(implicit: bool = True) -> ImplicitMamba2ForCausalLM:
@@ -48,21 +51,21 @@ def test_phase_options_are_validated():
 
 def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
     model = tiny_model()
-    config = WordTrainConfig(
-        group="S3", train_length=5, batch_size=4, bounded_steps=2, bounded_iters=3, free_steps=2, free_iters=7,
-        free_tol=1e-12, log_every=1,
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, bounded_iters=3,
+        free_iters=7, free_tol=1e-12, log_every=1,
     )
-    train_words(model, config, tmp_path, progress=False)
+    train(model, config, tmp_path, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["fp_evaluations"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
     assert model.solver.options.f_max_iter == 7
 
 
 def test_generated_batches_are_reproducible(tmp_path):
-    config = WordTrainConfig(group="S3", train_length=5, batch_size=4, bounded_steps=3, log_every=1)
+    config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
     losses = []
     for run in ("a", "b"):
-        train_words(tiny_model(), config, tmp_path / run, progress=False)
+        train(tiny_model(), config, tmp_path / run, progress=False)
         losses.append([json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()])
     assert losses[0] == losses[1]
 
@@ -149,11 +152,11 @@ def test_warmup_wins_where_it_overlaps_the_decay():
 
 
 def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
-    config = WordTrainConfig(
-        group="S3", train_length=5, batch_size=4, lr=0.01, min_lr=0.001, warmup_steps=0, decay_fraction=0.5,
-        bounded_steps=2, free_steps=2, free_iters=5, log_every=1,
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=5, batch_size=4, lr=0.01, min_lr=0.001, warmup_steps=0,
+        decay_fraction=0.5, total_steps=4, bounded_fraction=0.5, free_iters=5, log_every=1,
     )
-    train_words(tiny_model(), config, tmp_path, progress=False)
+    train(tiny_model(), config, tmp_path, progress=False)
     logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # Each row logs the rate of the next step; the decay spans the free phase's two steps.
     expected = [0.01 * rate for rate in learning_rates(0, 4, 2, 0.1)[1:]] + [0.001]
@@ -161,17 +164,17 @@ def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
 
 
 def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
-    config = WordTrainConfig(group="S3", train_length=5, batch_size=4, bounded_steps=3, log_every=1)
-    train_words(tiny_model(), config, tmp_path, progress=False)
+    config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
+    train(tiny_model(), config, tmp_path, progress=False)
     log = (tmp_path / "metrics.jsonl").read_bytes()
     with pytest.raises(FileExistsError, match="holds a training run"):
-        train_words(tiny_model(), config, tmp_path, progress=False)
+        train(tiny_model(), config, tmp_path, progress=False)
     assert (tmp_path / "metrics.jsonl").read_bytes() == log
-    train_words(tiny_model(), WordTrainConfig(group="S3", train_length=5, batch_size=4, bounded_steps=2, log_every=1),
-                tmp_path, progress=False, overwrite=True)
+    shorter = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=2, log_every=1)
+    train(tiny_model(), shorter, tmp_path, progress=False, overwrite=True)
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     command = ["words", "train", "--out", str(tmp_path), "--no-progress", "--model", "hidden_size=16", "--model", "head_dim=8",
-               "--train", "bounded_steps=1", "--train", "train_length=4", "--train", "batch_size=2"]
+               "--train", "total_steps=1", "--train", "sequence_length=4", "--train", "batch_size=2"]
     assert main(command) == 2
     assert "continue it with --resume or replace it with --overwrite" in capsys.readouterr().err
     assert main([*command, "--overwrite"]) == 0
@@ -185,10 +188,10 @@ def test_warmup_longer_than_the_run_keeps_its_slope_for_a_resume_with_more_steps
 def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    config = WordTrainConfig(group="S3", train_length=6, batch_size=8, bounded_steps=3, log_every=1)
-    train_words(tiny_model(), config, tmp_path, progress=False)
-    more = WordTrainConfig(**{**config.__dict__, "bounded_steps": 5})
-    train_words(tiny_model(), more, tmp_path, progress=False, resume=True)
+    config = TrainConfig.for_task("words", group="S3", sequence_length=6, batch_size=8, total_steps=3, log_every=1)
+    train(tiny_model(), config, tmp_path, progress=False)
+    more = dataclasses.replace(config, total_steps=5)
+    train(tiny_model(), more, tmp_path, progress=False, resume=True)
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
@@ -198,3 +201,78 @@ def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path
     assert sorted(scalars) == list(range(5))
     assert "phase" not in events.Tags()["scalars"]
 
+
+
+# ---------------------------------------------------------------- one trainer: former checkpoints, torchrun
+
+WORD_SETTINGS = {"group": "S3", "sequence_length": 6, "batch_size": 8, "lr": 0.01, "warmup_steps": 1, "log_every": 1,
+                 "total_steps": 4, "bounded_fraction": 0.5, "free_iters": 5, "free_phantom_steps": 2}
+
+
+def as_former_word_checkpoint(run) -> None:
+    """Rewrite a run's latest checkpoint as the former word trainer left its one checkpoint:
+    ``RUN/checkpoint``, settings spelt ``train_length`` / ``bounded_steps`` / ``free_steps``,
+    no batch position in the training state."""
+    from implicitlm.core.run_folder import latest_checkpoint
+
+    latest = latest_checkpoint(run)
+    latest.rename(run / "checkpoint")
+    (run / "checkpoints").rmdir()
+    meta = json.loads((run / "checkpoint" / "trainer.json").read_text())
+    settings = meta["train"]
+    after_warm_up = settings["total_steps"] - settings["unroll_steps"]
+    bounded = round(settings["bounded_fraction"] * after_warm_up)
+    former = {k: v for k, v in settings.items() if k in (
+        "group", "batch_size", "hard_prob", "lr", "min_lr", "weight_decay", "warmup_steps", "decay_fraction",
+        "grad_clip", "seed", "unroll_steps", "unroll_depth", "bounded_iters", "bounded_phantom_steps", "free_iters",
+        "free_phantom_steps", "free_tol", "log_every", "checkpoint_every", "precision", "compile")}
+    former.update(train_length=settings["sequence_length"], bounded_steps=bounded, free_steps=after_warm_up - bounded)
+    (run / "checkpoint" / "trainer.json").write_text(json.dumps({"step": meta["step"], "train": former, "data": None}))
+    state = load_training_state(run / "checkpoint")
+    del state["sampler"]
+    torch.save(state, run / "checkpoint" / "training_state.pt")
+
+
+def test_a_checkpoint_of_the_former_word_trainer_loads_and_resumes_exactly(tmp_path):
+    config = TrainConfig.for_task("words", **WORD_SETTINGS, checkpoint_every=2, keep_checkpoints=2)
+    train(tiny_model(), config, tmp_path / "whole", progress=False)
+    train(tiny_model(), config, tmp_path / "run", progress=False)
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_0000004")  # as if stopped after step 2
+    as_former_word_checkpoint(tmp_path / "run")
+    assert load_model(tmp_path / "run").num_parameters() == tiny_model().num_parameters()  # the run folder loads it
+    assert main(["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress",
+                 "--train", "total_steps=4", "--train", "bounded_fraction=0.5"]) == 0
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+              for run in ("run", "whole")]
+    assert losses[0] == losses[1]
+    resumed, uninterrupted = load_model(tmp_path / "run"), load_model(tmp_path / "whole")
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_0000004"]
+    for (name, a), (_, b) in zip(resumed.state_dict().items(), uninterrupted.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_words_train_under_torchrun_as_one_process_with_the_global_batch(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    model = ["--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4",
+             "--model", "head_dim=8"]
+
+    def command(out, batch_size):
+        settings = {**WORD_SETTINGS, "total_steps": 3, "batch_size": batch_size}
+        train_options = [arg for key, value in settings.items() for arg in ("--train", f"{key}={value}")]
+        return ["words", "train", "--out", str(tmp_path / out), "--no-progress", *model, *train_options]
+
+    assert main(command("single", 8)) == 0
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*launch, *command("two", 4)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+              for run in ("single", "two")]
+    for key in ("loss", "accuracy"):
+        torch.testing.assert_close([r[key] for r in logged[1]], [r[key] for r in logged[0]], atol=1e-5, rtol=0, msg=key)
+    for (name, a), (_, b) in zip(load_model(tmp_path / "two").state_dict().items(),
+                                 load_model(tmp_path / "single").state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)

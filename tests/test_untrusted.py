@@ -258,7 +258,6 @@ def test_import_of_a_foreign_checkpoint_with_a_bad_config_is_one_line(tmp_path, 
 
 
 def test_damaged_or_non_finite_weights_are_refused_at_load(tmp_path):
-    import torch
     from safetensors.torch import load_file, save_file
 
     from implicitlm.models import ModelLoadError, build_model, config_from_options, load_model

@@ -12,18 +12,12 @@ from implicitlm.cli import main
 from implicitlm.data import words
 from implicitlm.core.errors import DataError
 from implicitlm.data.word_dataset import WordDataset
-from implicitlm.data.words import (
-    DerivedTargets,
-    generate_words,
-    load_words,
-    save_words,
-    sidecar_path,
-    verify_targets,
-    write_generated_words,
-)
+from implicitlm.data.word_storage import load_words, save_words, sidecar_path, write_generated_words
+from implicitlm.data.words import DerivedTargets, generate_words, verify_targets
 from implicitlm.eval.words import word_accuracy
 from implicitlm.models import build_model, config_from_options
-from implicitlm.train.word_trainer import file_batches
+from implicitlm.train.batches import WordBatches
+from implicitlm.train.config import TrainConfig
 
 
 def write_pair(tmp_path, group="S5", length=12, count=30, seed=3, hard_prob=None):
@@ -98,9 +92,8 @@ def test_unknown_target_storage_is_refused(tmp_path):
 
 def test_trainer_batches_and_dataset_items_match(tmp_path):
     stored, derived = write_pair(tmp_path, count=20)
-    device = torch.device("cpu")
-    stored_batches = file_batches(stored, 8, seed=5, device=device)
-    derived_batches = file_batches(derived, 8, seed=5, device=device)
+    config = TrainConfig.for_task("words", group=stored.group, sequence_length=stored.inputs.shape[1], batch_size=8, seed=5)
+    stored_batches, derived_batches = WordBatches(config, stored), WordBatches(config, derived)
     for _ in range(5):  # past the end of the first epoch
         (x, y), (dx, dy) = next(stored_batches), next(derived_batches)
         assert dy.dtype == torch.int64
@@ -138,11 +131,11 @@ def test_cli_generates_derived_words_that_train(tmp_path, capsys):
     np.testing.assert_array_equal(derived.targets[:], stored.targets)
     code, err = run(
         capsys, "words", "train", "--out", str(tmp_path / "run"), "--no-progress", "--data", str(tmp_path / "derived.npy"),
-        "--train", "group=Z3", "--train", "train_length=6", "--train", "batch_size=8", "--train", "bounded_steps=2",
+        "--train", "group=Z3", "--train", "sequence_length=6", "--train", "batch_size=8", "--train", "total_steps=2",
         "--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4", "--model", "head_dim=8",
     )
     assert code == 0, err
-    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "step_0000002" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize(

@@ -18,16 +18,8 @@ from implicitlm.data import words
 from implicitlm.core.errors import DataError
 from implicitlm.data.groups import get_group
 from implicitlm.data.word_dataset import WordDataset
-from implicitlm.data.words import (
-    generate_words,
-    hard_token_mask,
-    load_words,
-    prefix_products,
-    save_words,
-    sidecar_path,
-    verify_targets,
-    write_generated_words,
-)
+from implicitlm.data.word_storage import load_words, save_words, sidecar_path, write_generated_words
+from implicitlm.data.words import generate_words, hard_token_mask, prefix_products, verify_targets
 
 # The reference's Cayley table of M over its elements E, A, B, X (rows: left operand).
 MONOID_M = {

@@ -16,8 +16,9 @@ from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
 from .core.schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
 from .presets import KINDS
-from .train.word_setup import word_model, word_train_config
-from .train.word_trainer import train_words
+from .core.run_folder import latest_checkpoint
+from .train.runs import word_model, word_train_config
+from .train.trainer import train
 
 PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train", "eval")
 
@@ -53,31 +54,31 @@ def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True)
     results: dict[str, Any] = {"models": {}}
     # Both kinds' settings and models first: a bad explicit section is reported before
     # minutes of implicit training, not after.
-    trains = {kind: word_train_config(preset, kind) for kind in KINDS}
-    models = {kind: word_model(preset, kind, trains[kind]) for kind in KINDS}
+    configs = {kind: word_train_config(preset, kind) for kind in KINDS}
+    models = {kind: word_model(preset, kind, configs[kind]) for kind in KINDS}
     for kind in KINDS:
-        train, model = trains[kind], models[kind]
+        config, model = configs[kind], models[kind]
         # The demo's folder is its own: running it again replaces its runs.
-        train_words(model, train, out_dir / kind, progress=progress, description=f"train {kind}", overwrite=True)
-        lengths = [train.train_length * m for m in evaluation.length_multiples]
+        train(model, config, out_dir / kind, progress=progress, description=f"train {kind}", overwrite=True)
+        lengths = [config.sequence_length * m for m in evaluation.length_multiples]
         budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}
         entry = {
             "parameters": sum(p.numel() for p in model.parameters()),
-            "train_steps": train.curriculum(model.config.implicit).total_steps,
-            "checkpoint": str(out_dir / kind / "checkpoint"),
-            "by_length": accuracy_by_length(model, train.group, lengths, evaluation.count, train.seed, **budget),
+            "train_steps": config.total_steps,
+            "checkpoint": str(latest_checkpoint(out_dir / kind)),
+            "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, **budget),
         }
         if model.config.implicit:
             # RNN mode on fewer words, which simultaneous mode solves too: the duality check.
-            both = agreement_by_length(model, train.group, lengths, evaluation.sequential_count, train.seed, **budget)
+            both = agreement_by_length(model, config.group, lengths, evaluation.sequential_count, config.seed, **budget)
             entry["sequential_by_length"] = [row["sequential"] for row in both]
             entry["mode_agreement"] = [
                 {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both
             ]
         results["models"][kind] = entry
         # Each model's result also as a record, for ``implicitlm report``.
-        word_length_record(model, entry["checkpoint"], entry["by_length"], out_dir / kind, train.group, "simultaneous", train.train_length)
-        results.update(group=train.group, train_length=train.train_length)
+        word_length_record(model, entry["checkpoint"], entry["by_length"], out_dir / kind, config.group, "simultaneous", config.sequence_length)
+        results.update(group=config.group, train_length=config.sequence_length)
     write_json(out_dir / "results.json", results)
     plot_accuracy_by_length(
         {k: v["by_length"] for k, v in results["models"].items()},

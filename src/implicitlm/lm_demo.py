@@ -15,14 +15,18 @@ from typing import Any
 
 from .core.atomic_io import write_json
 from .data.corpus import read_documents
-from .data.shards import TokenShards, evaluation_windows, write_shards
+from .data.shard_writer import write_shards
+from .data.shards import TokenShards
+from .data.token_windows import evaluation_windows
 from .data.tokenizer import train_tokenizer
-from .eval.perplexity import perplexity
+from .tasks.lm import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
 from .presets import merged_options
 from .core.schema import at_least, between, check_dataclass, check_known_keys, field_names
-from .train.lm_trainer import LMTrainConfig, held_out_curve, train_lm
+from .train.config import TrainConfig
+from .train.held_out import held_out_curve
+from .train.trainer import train
 
 @dataclass(frozen=True)
 class DemoCorpus:
@@ -81,8 +85,8 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.
-    trains = {
-        kind: LMTrainConfig.from_dict(merged_options(preset, "train", kind, {})) for kind in KINDS
+    configs = {
+        kind: TrainConfig.for_task("lm", **merged_options(preset, "train", kind, {})) for kind in KINDS
     }
     for kind in KINDS:
         config_from_options(_model_options(preset, kind, corpus.vocab_size))
@@ -95,21 +99,21 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
     }
     curves = {}
     for kind in KINDS:
-        train = trains[kind]
+        config = configs[kind]
         # The trained tokenizer may hold fewer tokens than asked for.
         model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
         # The demo's folder is its own: running it again replaces its runs.
-        train_lm(model, train, data_dir, out_dir / kind, progress=progress, overwrite=True)
-        held_out = perplexity(model, evaluation_windows(test_shards, train.sequence_length, train.micro_batch_size))
+        train(model, config, out_dir / kind, data=data_dir, progress=progress, overwrite=True)
+        held_out = perplexity(model, evaluation_windows(test_shards, config.sequence_length, config.batch_size))
         results["models"][kind] = {
             "parameters": model.num_parameters(),
-            "train_tokens": train.total_steps * train.batch_tokens,
+            "train_tokens": config.total_steps * config.batch_tokens,
             "test_perplexity": held_out["perplexity"],
             "test_loss": held_out["loss"],
             # The convergence behind the figure: fixed points that stopped above the tolerance.
             **{key: value for key, value in held_out.items() if key.startswith("fp_")},
         }
-        curves[kind] = held_out_curve(out_dir / kind, train.batch_tokens)
+        curves[kind] = held_out_curve(out_dir / kind, config.batch_tokens)
     write_json(out_dir / "results.json", results)
     plot_learning_curves(
         curves, out_dir / "perplexity.png", title="Python stdlib, held-out perplexity",

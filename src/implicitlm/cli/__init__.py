@@ -11,12 +11,10 @@ from typing import Sequence
 
 from .arguments import Parser
 from .data import add_catbabi, add_corpus_build, add_tokenizer_train
-from .lm import add_lm_budget, add_lm_convergence, add_lm_demo, add_lm_downstream, add_lm_eval, add_train
+from .evaluate import add_aliases, add_eval
+from .lm import add_lm_demo, add_lm_downstream, add_train
 from .models import add_jacobian, add_models_import, add_models_list, add_models_show, add_options, add_report
-from .words import (
-    add_demo, add_words_budget, add_words_convergence, add_words_eval, add_words_generate,
-    add_words_train,
-)
+from .words import add_demo, add_words_generate, add_words_train
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError)
@@ -88,9 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")
     add_words_generate(words)
     add_words_train(words)
-    add_words_eval(words)
-    add_words_budget(words)
-    add_words_convergence(words)
+    add_aliases(words, "words")  # words eval|budget|convergence: eval ... --task words
     models = commands.add_parser("models", help="the paper's model presets; import from Hugging Face")
     models = models.add_subparsers(title="commands")
     add_models_list(models)
@@ -104,11 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_catbabi(commands)
     add_train(commands)
     lm = commands.add_parser("lm", help="language models: perplexity, the CPU demo").add_subparsers(title="commands")
-    add_lm_eval(lm)
-    add_lm_budget(lm)
-    add_lm_convergence(lm)
+    add_aliases(lm, "lm")  # lm eval|budget|convergence: eval ... --task lm
     add_lm_demo(lm)
     add_lm_downstream(lm)
+    add_eval(commands)
     add_report(commands)
     add_jacobian(commands)
     return parser

@@ -34,16 +34,18 @@ def option_sections(trainer: str | None) -> str:
     """The keys of --model and, for a trainer ("words" or "lm"), of --train, with their
     defaults (before a preset changes them) and meanings."""
     from ..models.loading import model_options_help
-    from ..core.schema import dataclass_defaults, option_help
+    from ..core.schema import option_help
 
     sections = [model_options_help()]
     if trainer is not None:
-        if trainer == "words":
-            from ..train.word_trainer import WordTrainConfig as config
-        else:
-            from ..train.lm_trainer import LMTrainConfig as config
-        title = "training options (--train KEY=VALUE; a preset's values replace these defaults):"
-        sections.append(option_help(title, dataclass_defaults(config), config.FIELD_HELP))
+        from ..train.config import OTHER_TASKS_FIELDS, TrainConfig, task_defaults
+
+        title = f"training options of {trainer} (--train KEY=VALUE; a preset's values replace these defaults):"
+        defaults = {
+            name: value for name, value in task_defaults(trainer).items()
+            if name != "task" and OTHER_TASKS_FIELDS.get(name, trainer) == trainer
+        }
+        sections.append(option_help(title, defaults, TrainConfig.FIELD_HELP))
     return "\n\n".join(sections)
 
 

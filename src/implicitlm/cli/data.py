@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import fraction, int_list, non_negative_int, positive_int
-from .shared import add_budget_options, add_solver_flags, apply_solver_flags
+from .evaluate import add_aliases
 
 
 def add_tokenizer_train(commands) -> None:
@@ -52,7 +52,8 @@ def add_corpus_build(commands) -> None:
 
 def _run_corpus_build(args) -> None:
     from ..data.corpus import read_documents
-    from ..data.shards import TokenShards, write_shards
+    from ..data.shard_writer import write_shards
+    from ..data.shards import TokenShards
     from ..data.tokenizer import load_tokenizer
 
     def documents(sources):
@@ -81,20 +82,7 @@ def add_catbabi(commands) -> None:
     p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
     p.add_argument("--out", type=Path, required=True, help="folder for the sample's task files")
     p.set_defaults(run=_run_catbabi_sample)
-    p = catbabi.add_parser("eval", help="answer accuracy of a checkpoint, overall and per task")
-    p.add_argument("checkpoint", type=Path)
-    p.add_argument("--data", type=Path, required=True, help="catbAbI folder (implicitlm catbabi build)")
-    p.add_argument("--split", choices=["train", "valid", "test"], default="test", help="bAbI split (default: test)")
-    p.add_argument("--sequence-length", type=positive_int, default=256, help="window length")
-    p.add_argument("--stride", type=positive_int, default=None, help="window step; every answer sees at least "
-                   "sequence-length - stride tokens before it (default: half the window)")
-    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
-    add_budget_options(p)
-    add_solver_flags(p)
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--out", type=Path, required=True, help="folder for catbabi.json and catbabi.png")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=_run_catbabi_eval)
+    add_aliases(catbabi, "catbabi")  # catbabi eval: eval length --task catbabi
 
 
 def _run_catbabi_build(args) -> None:
@@ -113,18 +101,3 @@ def _run_catbabi_sample(args) -> None:
 
     write_babi_sample(args.out)
     print(f"wrote the bAbI-format sample to {args.out} (build it with --tasks 1,6,8,15,19)")
-
-
-def _run_catbabi_eval(args) -> None:
-    from ..eval.catbabi import answer_accuracy, format_task_table, write_catbabi_results
-    from ..models import load_model
-
-    model = load_model(args.checkpoint)
-    apply_solver_flags(model, args)
-    settings = {"split": args.split, "sequence_length": args.sequence_length, "mode": args.mode,
-                "max_iter": args.max_iter, "tol": args.tol}
-    result = answer_accuracy(model, args.data, **settings, stride=args.stride, batch_size=args.batch_size,
-                             progress=not args.no_progress)
-    print(format_task_table(result))
-    write_catbabi_results(args.out, args.checkpoint, model, result, data=str(args.data), **settings)
-    print(f"results: {args.out / 'catbabi.json'}, plot: {args.out / 'catbabi.png'}")

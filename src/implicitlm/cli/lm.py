@@ -7,12 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from .arguments import int_list, key_value, non_negative_int, options_epilog, positive_float, positive_int
-from .shared import (
-    add_budget_options, add_convergence_options, add_solver_flags, add_sweep_options,
-    apply_solver_flags, check_resume_or_overwrite, missed_cell, prepare_convergence, report_convergence,
-    require_implicit, run_sweep, training_settings,
-)
+from .arguments import key_value, non_negative_int, options_epilog, positive_float, positive_int
+from .shared import add_budget_options, add_solver_flags, apply_solver_flags, check_resume_or_overwrite
 
 
 def add_train(commands) -> None:
@@ -34,135 +30,16 @@ def add_train(commands) -> None:
 
 
 def _run_train(args) -> None:
-    import torch
-
-    from ..data.shards import TokenShards
-    from ..models import build_model, config_from_options, load_model
-    from ..presets import load_preset, merged_options, model_kind, model_options_from
-    from ..train.checkpoint import latest_checkpoint
-    from ..train.lm_trainer import CHECKPOINTS, LMTrainConfig, resume_config, train_lm
+    from ..train.runs import train_lm_run
 
     check_resume_or_overwrite(args)
-    preset = load_preset(args.config) if args.config else {}
-    if args.resume:
-        # The run's own settings, with any given on the command line on top.
-        train = resume_config(args.out, dict(args.train))
-        model = load_model(latest_checkpoint(args.out / CHECKPOINTS))
-    else:
-        command_line = dict(args.model)
-        base = model_options_from(args.model_preset) if args.model_preset else {}
-        # A preset's "explicit_model" / "implicit_model" section holds the widths that give both
-        # kinds the same number of parameters; the command line still has the last word.
-        kind = model_kind(preset, command_line, base)
-        train = LMTrainConfig.from_dict(merged_options(preset, "train", kind, dict(args.train)))
-        # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
-        base["vocab_size"] = TokenShards(args.data, "train").vocab_size
-        options = {"label_alignment": "shifted", **merged_options(preset, "model", kind, command_line, base)}
-        torch.manual_seed(train.seed)  # the initial weights are part of the run's seed
-        model = build_model(config_from_options(options))
-    metrics = train_lm(
-        model, train, args.data, args.out, resume=args.resume, progress=not args.no_progress, overwrite=args.overwrite
+    metrics = train_lm_run(
+        args.data, args.out, preset=args.config, model_preset=args.model_preset, model_options=dict(args.model),
+        train_options=dict(args.train), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
     )
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
-        print(f"checkpoints: {args.out / CHECKPOINTS}")
-
-
-def add_lm_eval(commands) -> None:
-    p = commands.add_parser("eval", help="held-out perplexity of a checkpoint by context length (length extrapolation)")
-    _add_lm_test_options(p)
-    add_budget_options(p)
-    add_solver_flags(p)
-    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
-    p.add_argument("--out", type=Path, default=None, help="folder for lm_length.json and lm_length.png")
-    p.set_defaults(run=_run_lm_eval)
-
-
-def _add_lm_test_options(p) -> None:
-    p.add_argument("checkpoint", type=Path)
-    p.add_argument("--data", type=Path, required=True, help="shard folder")
-    p.add_argument("--split", default="test")
-    lengths = p.add_mutually_exclusive_group()
-    lengths.add_argument("--lengths", type=int_list, default=None, help="comma-separated context lengths (default: the training context)")
-    lengths.add_argument("--multiples", type=int_list, default=None, help="context lengths as multiples of the training context, e.g. 1,2,4,8")
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--max-tokens", type=positive_int, default=None, help="tokens scored per length (default: the whole split)")
-    p.add_argument("--no-progress", action="store_true")
-
-
-def _lm_test_setup(args) -> tuple:
-    """The checkpoint's model, its training context, the held-out shards and the context lengths."""
-    from ..data.shards import TokenShards
-    from ..models import load_model
-
-    model = load_model(args.checkpoint)
-    train_length = training_settings(args.checkpoint).get("sequence_length")
-    if args.lengths:
-        lengths = args.lengths
-    elif train_length is None:
-        raise ValueError("the checkpoint does not record its training context; give --lengths")
-    else:
-        lengths = [train_length * m for m in args.multiples or [1]]
-    return model, train_length, TokenShards(args.data, args.split, verify=True), lengths
-
-
-def _run_lm_eval(args) -> None:
-    from ..eval.perplexity import lm_length_record, perplexity_by_length
-
-    model, train_length, shards, lengths = _lm_test_setup(args)
-    apply_solver_flags(model, args)
-    budget = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol}
-    rows = perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, not args.no_progress, **budget)
-    print(f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}")
-    for row in rows:
-        print(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{missed_cell(row)}")
-    if args.out:
-        lm_length_record(model, args.checkpoint, rows, args.out, args.mode, train_length)
-        print(f"results: {args.out / 'lm_length.json'}, plot: {args.out / 'lm_length.png'}")
-
-
-def add_lm_budget(commands) -> None:
-    p = commands.add_parser("budget", help="test-time compute: perplexity by iteration budget, a curve per context length")
-    _add_lm_test_options(p)
-    add_sweep_options(p, "lm_budget")
-    p.set_defaults(run=_run_lm_budget)
-
-
-def _run_lm_budget(args) -> None:
-    from ..eval.perplexity import perplexity_by_length
-
-    model, _, shards, lengths = _lm_test_setup(args)
-    require_implicit(model, "a budget sweep")
-
-    def evaluate(max_iter, tol):
-        budget = {"mode": args.mode, "max_iter": max_iter, "tol": tol, "warn": False}
-        return perplexity_by_length(model, shards, lengths, args.batch_size, args.max_tokens, **budget)
-
-    run_sweep(args, model, evaluate, "lm_budget", "perplexity", "test-time compute")
-
-
-def add_lm_convergence(commands) -> None:
-    p = commands.add_parser("convergence", help="iterations each token needs in sequential mode, on held-out text")
-    _add_lm_test_options(p)
-    add_convergence_options(p)
-    p.set_defaults(run=_run_lm_convergence, max_tokens=4096)
-
-
-def _run_lm_convergence(args) -> None:
-    from ..data.shards import evaluation_windows
-    from ..eval.convergence import convergence_summary, token_iterations
-
-    model, _, shards, lengths = _lm_test_setup(args)
-    prepare_convergence(model, args)
-    if len(lengths) != 1:
-        raise ValueError("convergence statistics take one context length")
-    # The split's leading windows, as many as --max-tokens fill.
-    windows = next(evaluation_windows(shards, lengths[0], max(1, args.max_tokens // lengths[0])))
-    iterations, residuals, max_iter, tol = token_iterations(
-        model, windows[:, :-1].numpy(), args.max_iter, args.tol, args.batch_size, not args.no_progress
-    )
-    summary = convergence_summary(iterations.ravel(), residuals.ravel(), max_iter, tol)
-    report_convergence(args, model, summary, "iterations per token (sequential mode)")
+        print(f"checkpoints: {args.out / 'checkpoints'}")
 
 
 def add_lm_demo(commands) -> None:

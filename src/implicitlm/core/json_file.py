@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .errors import DataError, first_line, not_utf8
 
@@ -40,19 +40,30 @@ def read_utf8(path: Path | Readable, what: str) -> str:
 
 def read_json_object(path: Path | Readable, what: str) -> dict[str, Any]:
     """The JSON object (a dict) held by ``path``, which holds ``what`` (e.g. "a shard index")."""
-    text = read_utf8(path, what)
-    try:
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{path}:{error.lineno}: expected JSON ({what}): {error.msg}") from None
-    except RecursionError:
-        raise DataError(f"{path}: expected JSON ({what}), got nesting too deep to read") from None
-    # An integer of more digits than Python converts, or a refused constant.
-    except ValueError as error:
-        raise DataError(f"{path}: expected JSON ({what}): {first_line(error)}") from None
+    value = parse_json(read_utf8(path, what), path, f"JSON ({what})", parse_constant=_refuse_constant)
     if not isinstance(value, dict):
         raise DataError(f"{path}: expected a JSON object ({what}), got {type(value).__name__}")
     return value
+
+
+def parse_json(
+    text: str, where: object, expected: str, line: int | None = None, parse_constant: Callable[[str], Any] | None = None
+) -> Any:
+    """``text`` parsed as JSON (``parse_constant`` as ``json.loads`` takes it), any fault a
+    one-line DataError naming ``where`` and ``expected`` (e.g. "a JSON object"). ``text`` is
+    the whole of ``where`` or, given ``line``, that line of it."""
+    located = where if line is None else f"{where}:{line}"
+    try:
+        return json.loads(text, parse_constant=parse_constant)
+    except json.JSONDecodeError as error:
+        # Of a whole file, the line the syntax breaks on.
+        at = f"{where}:{error.lineno}" if line is None else located
+        raise DataError(f"{at}: expected {expected}: {error.msg}") from None
+    except RecursionError:
+        raise DataError(f"{located}: expected {expected}, got nesting too deep to read") from None
+    # An integer of more digits than Python converts, or a refused constant.
+    except ValueError as error:
+        raise DataError(f"{located}: expected {expected}: {first_line(error)}") from None
 
 
 def _refuse_constant(name: str) -> Any:

@@ -17,7 +17,7 @@ The folder ``build_catbabi`` writes, which ``implicitlm train --data`` accepts::
 
     index.json, train/, test/, eval/   token shards (implicitlm.data.shards). Shard split
                                        "train" is bAbI train, "test" is bAbI valid (the
-                                       held-out split the LM trainer reports) and "eval" is
+                                       held-out split the trainer reports) and "eval" is
                                        bAbI test (see SHARD_SPLITS)
     tokenizer/                         the word-level tokenizer (Hugging Face format)
     answers.npz                        per bAbI split: ``{split}_positions``, where in the
@@ -46,12 +46,13 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
 from implicitlm.core.errors import DataError, first_line, quoted
 from implicitlm.core.json_file import read_utf8
-from implicitlm.data.shards import INDEX_FILE, PROGRESS_FILE, TokenShards, write_token_streams
+from implicitlm.data.shard_writer import PROGRESS_FILE, write_token_streams
+from implicitlm.data.shards import INDEX_FILE, TokenShards
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer
 
 TASKS = tuple(range(1, 21))
 SPLITS = ("train", "valid", "test")
-# bAbI split -> shard split. The LM trainer reports held-out perplexity on shard split "test";
+# bAbI split -> shard split. The trainer reports held-out perplexity on shard split "test";
 # that must be bAbI valid, so that bAbI test stays untouched until the final evaluation.
 SHARD_SPLITS = {"train": "train", "valid": "test", "test": "eval"}
 TASK_FILE = re.compile(r"^qa(\d+)_(?:.*_)?(train|valid|test)\.txt$")

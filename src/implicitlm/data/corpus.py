@@ -24,7 +24,6 @@ import bz2
 import contextlib
 import gzip
 import itertools
-import json
 import lzma
 import os
 import re
@@ -35,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from implicitlm.core.errors import DataError, first_line
-from implicitlm.core.json_file import check_regular
+from implicitlm.core.json_file import check_regular, parse_json
 
 Source = str | os.PathLike
 # Suffixes that mark a source as a file path, so that a missing one is reported as missing
@@ -140,17 +139,7 @@ def jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
         for line_number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            where = f"{path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{where}: expected a JSON object: {error.msg}") from None
-            except RecursionError:
-                raise DataError(f"{where}: expected a JSON object, got nesting too deep to read") from None
-            # An integer of more digits than Python converts.
-            except ValueError as error:
-                raise DataError(f"{where}: expected a JSON object: {first_line(error)}") from None
-            yield where, record
+            yield f"{path}:{line_number}", parse_json(line, path, "a JSON object", line_number)
 
 
 def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
+from ..tasks.base import Task, missed_cell
 from .plots import plot_curves
 from .records import make_record, write_record
 
@@ -85,3 +86,39 @@ def budget_record(
     write_record(out_dir, record)
     plot_curves(curves, Path(out_dir) / f"{experiment}.png", title, axes)
     return record
+
+
+def budget_by_task(
+    task: Task,
+    budgets: Iterable[int],
+    tols: Sequence[float | None] = (None,),
+    mode: str = "simultaneous",
+    solver: dict[str, Any] | None = None,
+    out: str | Path = ".",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The budget sweep of ``task``'s test sets on an implicit checkpoint: its ``rows``, the
+    printed ``table`` and the ``files`` written in ``out`` (``<task.budget_experiment>.json``
+    and its figure: the task's ``quality`` against the budget, a curve per test length).
+    ``solver``: ``configure_solver``'s keywords."""
+    model, test_sets = task.prepare("budget", solver)
+
+    def evaluate(max_iter, tol):
+        return [task.evaluate(model, s, mode=mode, max_iter=max_iter, tol=tol, warn=False) for s in test_sets]
+
+    rows = budget_sweep(evaluate, budgets, tols or [None], progress=progress)
+    title = f"{task.budget_title} ({mode} mode)"
+    budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title, mode=mode, **task.details())
+    files = Path(out) / f"{task.budget_experiment}.json", Path(out) / f"{task.budget_experiment}.png"
+    return {"rows": rows, "table": format_budget_table(rows, task.quality), "files": files}
+
+
+def format_budget_table(rows: list[dict[str, Any]], quality: str) -> str:
+    """A line per (test length, tolerance, budget): ``quality``, the iterations used, the misses."""
+    width = max(12, len(quality) + 2)
+    lines = [f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>{width}}{'iters used':>12}{'not converged':>15}"]
+    for row in rows:
+        tol = "model" if row["tol"] is None else f"{row['tol']:g}"
+        used = f"{row['fp_iterations_mean']:>12.2f}" if "fp_iterations_mean" in row else f"{'-':>12}"
+        lines.append(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}{missed_cell(row)}")
+    return "\n".join(lines)

@@ -1,21 +1,5 @@
-"""catbAbI answer accuracy: overall and per task, in either inference mode.
-
-The model reads a split's stream (see implicitlm.data.catbabi) in windows of
-``sequence_length`` tokens; an answer counts as right when the argmax of the logits at the
-"?" before it (a causal LM: logits at p predict token p + 1) is the answer token.
-
-Windows. A story runs on across window borders, and its answer rests on the facts before
-it, so an answer should be scored with as much of its story in the window as can be had.
-Windows start every ``stride`` tokens; an answer is scored in exactly one, the first whose
-last ``stride`` targets hold it (in the first window, any target). So every answer sees more
-than ``sequence_length - stride`` tokens before it (all the stream before it where that is
-shorter), and the stream is run about ``sequence_length / stride`` times over. A window
-ending at each answer would give every answer the full window, but bAbI asks a question
-every 20 or so tokens, so that costs about ``sequence_length / 20`` passes (13 at 256);
-the default stride, half the window, guarantees half the window for two passes.
-``stride = sequence_length`` gives the non-overlapping windows of training and perplexity.
-Only windows that score an answer are run.
-"""
+"""The catbAbI record: ``catbabi.json`` and its per-task figure (the scoring itself:
+``tasks.catbabi``)."""
 
 from __future__ import annotations
 
@@ -25,105 +9,11 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
-from tqdm.auto import tqdm
 
-from ..data.catbabi import SHARD_SPLITS, read_answers
-from ..data.shards import TokenShards
-from ..deq import warn_not_converged
 from .plots import save_figure
 from .records import make_record, write_record
 
 EXPERIMENT = "catbabi"
-
-
-def window_starts(positions: np.ndarray, stream_length: int, sequence_length: int, stride: int) -> np.ndarray:
-    """For each answer position, the start of the window that scores it (module docstring);
-    windows are ``min(sequence_length, stream_length)`` tokens long."""
-    if not 1 <= stride <= sequence_length:
-        raise ValueError(f"stride must lie in [1, sequence_length={sequence_length}], got {stride}")
-    length = min(sequence_length, stream_length)
-    # Window k scores targets kS + length - S + 1 .. kS + length; the first scores 1 .. length.
-    windows = np.maximum(0, -(-(positions - length) // stride))
-    # Near the end the window slides back to fit the stream, which only adds context.
-    return np.minimum(windows * stride, stream_length - length)
-
-
-@torch.no_grad()
-def answer_accuracy(
-    model,
-    data_dir: str | os.PathLike,
-    split: str = "test",
-    sequence_length: int = 256,
-    stride: int | None = None,
-    mode: str = "simultaneous",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    batch_size: int = 8,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Answer accuracy of ``model`` on bAbI split ``split`` of a built catbAbI folder.
-
-    Returns ``accuracy`` and ``answers`` over all tasks, ``tasks`` {task: {"accuracy",
-    "answers"}}, the ``stride`` used and the number of ``windows`` run, and for implicit
-    models the mean fixed-point iterations of those windows and how many of their fixed
-    points stopped above the tolerance (``ConvergenceTally.as_dict``).
-    """
-    answers = read_answers(data_dir, split)
-    shards = TokenShards(data_dir, SHARD_SPLITS[split], verify=True)
-    if model.config.vocab_size < shards.vocab_size:
-        raise ValueError(
-            f"{data_dir}: its vocabulary has {shards.vocab_size} tokens, more than the model's "
-            f"{model.config.vocab_size}: the model was trained on other data"
-        )
-    stream = torch.from_numpy(shards.read(0, len(shards)).astype(np.int64))
-    stride = max(1, sequence_length // 2) if stride is None else stride
-    starts = window_starts(answers.positions, len(stream), sequence_length, stride)
-    length = min(sequence_length, len(stream))
-    unique_starts = np.unique(starts)
-    expected = stream.numpy()[answers.positions]
-    device = next(model.parameters()).device
-    correct = np.zeros(len(answers.positions), dtype=bool)
-    iterations = []
-    was_training = model.training
-    model.eval()
-    try:
-        with model.track_convergence() as tally:
-            for first in tqdm(range(0, len(unique_starts), batch_size), desc="catbabi", disable=not progress):
-                batch = unique_starts[first : first + batch_size]
-                inputs = torch.stack([stream[start : start + length] for start in batch]).to(device)
-                output = model(inputs, mode=mode, max_iter=max_iter, tol=tol)
-                predictions = output.logits.argmax(-1).cpu().numpy()
-                # Answers come in stream order, so their window starts never decrease.
-                scored = slice(np.searchsorted(starts, batch[0]), np.searchsorted(starts, batch[-1], side="right"))
-                rows = np.searchsorted(batch, starts[scored])
-                columns = answers.positions[scored] - 1 - starts[scored]
-                correct[scored] = predictions[rows, columns] == expected[scored]
-                if output.fixed_point is not None:
-                    iterations.append(output.fixed_point.iterations.float().mean().item())
-    finally:
-        model.train(was_training)
-    result = {**_summary(correct, answers.tasks, iterations), "stride": stride, "windows": len(unique_starts)}
-    if iterations:
-        result.update(tally.as_dict())
-        warn_not_converged(tally, f"catbAbI {split} ({mode} mode)")
-    return result
-
-
-def _summary(correct: np.ndarray, tasks: np.ndarray, iterations: list[float]) -> dict[str, Any]:
-    if not len(correct):
-        raise ValueError("the split has no answers to score")
-    result: dict[str, Any] = {
-        "accuracy": float(correct.mean()),
-        "answers": len(correct),
-        "tasks": {
-            int(task): {"accuracy": float(correct[tasks == task].mean()), "answers": int((tasks == task).sum())}
-            for task in np.unique(tasks)
-        },
-    }
-    if iterations:
-        result["fp_iterations_mean"] = float(np.mean(iterations))
-    return result
 
 
 def write_catbabi_results(
@@ -160,12 +50,3 @@ def plot_task_accuracy(result: dict[str, Any], path: str | os.PathLike, title: s
     axis.legend(fontsize="small")
     figure.tight_layout()
     return save_figure(figure, path)
-
-
-def format_task_table(result: dict[str, Any]) -> str:
-    """Per-task accuracy and answer counts, then the overall line, as aligned text."""
-    lines = [f"{'task':>6}{'answers':>9}{'accuracy':>10}"]
-    for task, row in sorted(result["tasks"].items()):
-        lines.append(f"{task:>6}{row['answers']:>9}{row['accuracy']:>10.1%}")
-    lines.append(f"{'all':>6}{result['answers']:>9}{result['accuracy']:>10.1%}")
-    return "\n".join(lines)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..tasks.base import Task
 from .plots import plot_histograms
 from .records import make_record, write_record
 
@@ -122,3 +123,45 @@ def convergence_record(
     write_record(out_dir, record)
     plot_histograms(curves, Path(out_dir) / "convergence.png", title, axes)
     return record
+
+
+def convergence_by_task(
+    task: Task,
+    max_iter: int | None = None,
+    tol: float | None = None,
+    solver: dict[str, Any] | None = None,
+    out: str | Path = ".",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Per-token iterations of an implicit checkpoint on ``task``'s convergence inputs, in
+    sequential mode with the budget ``max_iter`` / ``tol`` (default: the model's), split into
+    hard and easy tokens where the task marks them. Returns the ``summary``, the printed
+    ``table`` and the ``files`` written in ``out`` (``convergence.json`` and its histogram).
+    ``solver``: ``configure_solver``'s keywords."""
+    model, inputs = task.prepare("convergence", solver)
+    iterations, residuals, hard = [], [], []
+    for tokens, mask in inputs:
+        counts, residual, used_max_iter, used_tol = token_iterations(model, tokens, max_iter, tol, task.batch_size, progress)
+        iterations.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
+    masks = None if any(mask is None for mask in hard) else np.concatenate([mask.ravel() for mask in hard])
+    summary = convergence_summary(np.concatenate(iterations), np.concatenate(residuals), used_max_iter, used_tol, masks)
+    convergence_record(model, task.checkpoint, summary, out, task.convergence_title, **task.details())
+    files = Path(out) / "convergence.json", Path(out) / "convergence.png"
+    return {"summary": summary, "table": format_convergence(summary), "files": files}
+
+
+def format_convergence(summary: dict[str, Any]) -> str:
+    """The budget and tolerance, then a line per token group (all, hard, easy) that has tokens."""
+    lines = [f"budget {summary['max_iter']}, tolerance {summary['tol']:g}"]
+    # unconverged / diverged: token counts short of the tolerance, after the whole budget / given up before it.
+    lines.append(f"{'tokens':<8}{'count':>9}{'mean':>8}{'median':>8}{'p90':>7}{'full budget':>13}{'unconverged':>13}"
+                 f"{'diverged':>10}")
+    for group in ("all", "hard", "easy"):
+        stats = summary.get(group)
+        if stats and stats["tokens"]:
+            lines.append(
+                f"{group:<8}{stats['tokens']:>9,}{stats['iterations_mean']:>8.2f}{stats['iterations_median']:>8.1f}"
+                f"{stats['iterations_p90']:>7.1f}{stats['share_full_budget']:>13.1%}{stats['unconverged']:>13,}"
+                f"{stats['diverged']:>10,}"
+            )
+    return "\n".join(lines)

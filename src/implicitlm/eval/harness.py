@@ -359,7 +359,7 @@ def _continuation_score(logprobs: torch.Tensor, continuation: list[int]) -> tupl
 
 def _tokenizer(tokenizer: Any, model: ImplicitCausalLM):
     """``tokenizer`` loaded if it is a name or folder; by default the one saved in the folder
-    the model was loaded from (its ``name_or_path``), as the LM trainer's checkpoints have it."""
+    the model was loaded from (its ``name_or_path``), as the trainer's LM checkpoints have it."""
     if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
         return tokenizer
     if tokenizer is None:

@@ -3,8 +3,8 @@
 A stack provides ``forward(z, u, states)``, ``step(z_t, u_t, states)``,
 ``initial_state(batch, ...)``, ``select_state(states, rows)``,
 ``replace_state_rows(states, rows, new)`` and a ``gradient_checkpointing`` flag; this module adds embedding, injection, the two inference
-modes, the head and the loss, and generation through transformers' ``GenerationMixin``;
-it knows nothing else about the stack.
+modes (the stack's passes in each: ``stack_passes``), the head and the loss, and generation
+through transformers' ``GenerationMixin``; it knows nothing else about the stack.
 
 Implicit: u = Linear(RMSNorm(embed(x))); z* = f(z*, u) from z = 0 with f the stack.
 Explicit: z = f(embed(x), None), once.
@@ -21,23 +21,16 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
-from ..deq import (
-    ConvergenceTally,
-    FixedPointSolver,
-    KeptState,
-    chain_chunks,
-    solve_sequence,
-    warn_not_converged,
-    with_retried_rows,
-)
+from ..deq import ConvergenceTally, FixedPointSolver, warn_not_converged
 from ..layers import RMSNorm
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
+from .stack_passes import StackPasses
 
 MODES = ("simultaneous", "sequential")
 
 
-class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
+class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     base_model_prefix = "model"
     # A recurrent state cannot be rolled back to an earlier token, so transformers refuses
     # the generation modes that would need it (assisted decoding).
@@ -226,140 +219,6 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         with parametrize.cached():
             _fill_parametrization_cache(self)
             yield
-
-    def _chunk_length(self, chunk_length: int | None) -> int:
-        """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
-        implicit model's evaluation chunks: training differentiates through one solve."""
-        if chunk_length is None:
-            chunk_length = self.solver.options.eval_chunk_length
-        elif isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or chunk_length < 0:
-            raise ValueError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
-        return chunk_length if self.config.implicit and not self.training else 0
-
-    def _simultaneous(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
-        retrying: bool = False,
-    ):
-        """``retrying``: a retry inside a chunked solve, whose convergence the outer solve
-        checks once all its retries are done (``eval_nonconvergence="error"``)."""
-        if not self.config.implicit:
-            z, state = self.stack(embedded, None, state, padding)
-            return z, None, state
-        if not chunk_length:
-            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol)
-        # The fixed point is causal: a chunk's tokens are settled by what precedes them, which
-        # the state read off the previous chunk's fixed point carries. Chunks are counted
-        # back from the end (the first one is the partial one): under left padding, every
-        # row's real tokens then fall into the same chunks as they would alone, whatever the
-        # padding, so a row's answer does not depend on its batch.
-        length = embedded.shape[1]
-        bounds = [0, *range(length % chunk_length or chunk_length, length + 1, chunk_length)]
-        pieces, chunk_stats = [], []
-        for start, end in zip(bounds, bounds[1:]):
-            part = slice(start, end)
-            chunk = (embedded[:, part], injection[:, part], None if padding is None else padding[:, part])
-            keep_state = use_cache or end < length
-            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False)
-            z, stats, state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter, tol)
-            pieces.append(z)
-            chunk_stats.append(stats)
-        stats = chain_chunks(chunk_stats)
-        if not retrying:
-            self.solver.require_convergence(stats, max_iter, "samples")
-        return torch.cat(pieces, dim=1), stats, state
-
-    def _retry_missed(self, chunk, state, solved, keep_state: bool, max_iter, tol):
-        """The rows of a chunk that missed the tolerance, solved again from the same state in
-        chunks of half its length, down to single tokens (where a simultaneous solve is the
-        sequential mode's token solve): tokens iterated together may cycle where they settle
-        one after another. Only those rows run again; each keeps whichever of its two solves
-        ended nearer its fixed point (lower residual)."""
-        z, stats, next_state = solved
-        embedded, injection, padding = chunk
-        missed = (~stats.converged).nonzero().flatten()
-        length = embedded.shape[1]
-        if length == 1 or len(missed) == 0:
-            return solved
-        rows = [None if t is None else t.index_select(0, missed) for t in (embedded, injection, padding)]
-        z_rows, retry, state_rows = self._simultaneous(
-            rows[0], rows[1], None if state is None else self.stack.select_state(state, missed), rows[2],
-            keep_state, max_iter, tol, chunk_length=length // 2, retrying=True,
-        )
-        better = retry.residual < stats.residual.index_select(0, missed)
-        improved = missed[better]
-        if keep_state:
-            kept = self.stack.select_state(state_rows, better.nonzero().flatten())
-            next_state = self.stack.replace_state_rows(next_state, improved, kept)
-        return z.index_copy(0, improved, z_rows[better]), with_retried_rows(stats, missed, retry, better), next_state
-
-    def _solve(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True
-    ):
-        """One simultaneous solve over the given tokens, from ``state``. ``check=False``: an
-        evaluation solve whose convergence its caller checks (a chunk, which may be retried).
-        With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
-        the pass that gave each sample's answer, as sequential mode does per token; training
-        reads it off the fixed point in one more pass, after the phantom-gradient steps."""
-        kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
-                         self.stack.replace_state_rows)
-        z0 = torch.zeros_like(embedded)
-        if self.training:
-            z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
-            if use_cache:
-                state = self.stack(z, injection, state, padding)[1]
-            return z, stats, state if use_cache else None
-        z, stats = self.solver.evaluate(kept.f, z0, max_iter, tol, kept.restrict, check=check,
-                                        on_improved=kept.improved if use_cache else None)
-        return z, stats, kept.state if use_cache else None
-
-    def _stack_state_map(self, injection: torch.Tensor, state, padding):
-        """rows (None: all) -> z -> (f(z, u), the state after the pass), on those rows."""
-        def on_rows(rows: torch.Tensor | None):
-            if rows is None:
-                return self._stack_map(injection, state, padding)
-            return self._stack_map(
-                injection.index_select(0, rows),
-                None if state is None else self.stack.select_state(state, rows),
-                None if padding is None else padding.index_select(0, rows),
-            )
-
-        return on_rows
-
-    def _stack_map(self, injection: torch.Tensor, state, padding):
-        """z -> (f(z, u), the state after the pass): one pass of the stack over the sequence."""
-        keep = None if padding is None else padding.unsqueeze(-1).to(injection.dtype)
-
-        def f(z: torch.Tensor):
-            z, states = self.stack(z, injection, state, padding)
-            # Padding positions held at 0: exactly fixed, so they neither count in a
-            # sample's residual nor delay its convergence.
-            return (z if keep is None else z * keep), states
-
-        return f
-
-    def _sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None):
-        batch, length, _ = embedded.shape
-        if state is None:
-            state = self.stack.initial_state(batch, embedded.device, embedded.dtype)
-        if not self.config.implicit:
-            outputs = []
-            for t in range(length):
-                z_t, state = self.stack.step(embedded[:, t], None, state)
-                outputs.append(z_t)
-            return torch.stack(outputs, dim=1), None, state
-        options = self.solver.options
-        z, state, stats = solve_sequence(
-            self.stack.step,
-            injection,
-            state,
-            self.solver,
-            self.config.hidden_size,
-            max_iter=options.eval_f_max_iter if max_iter is None else max_iter,
-            tol=options.eval_f_tol if tol is None else tol,
-            select_rows=self.stack.select_state,
-            replace_rows=self.stack.replace_state_rows,
-        )
-        return z, stats, state
 
     def prepare_inputs_for_generation(
         self,

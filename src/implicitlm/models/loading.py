@@ -16,6 +16,7 @@ from ..core.errors import DataError, ImplicitLMError, first_line, quoted
 from ..core.json_file import read_json_object
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
+from ..core.run_folder import model_folder
 from ..core.schema import OptionError, check_known_keys, dataclass_defaults, option_help
 from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
 from .implicit_lm import ImplicitCausalLM
@@ -129,13 +130,15 @@ def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> No
 
 
 def load_model(path: str | Path) -> ImplicitCausalLM:
-    """Load a saved model (config.json + model.safetensors); weights come from safetensors only.
+    """Load a saved model (config.json + model.safetensors), or a training run's latest
+    checkpoint; weights come from safetensors only.
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
     """
     path = Path(path)
     recover_replaced(path)  # a checkpoint swap cut between its two renames
+    path = model_folder(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")

@@ -19,11 +19,11 @@ from safetensors import SafetensorError
 
 from ..core.atomic_io import recover_replaced, staged_directory
 from ..core.errors import ImplicitLMError, first_line
+from ..core.run_folder import CHECKPOINTS, TRAINER_META, latest_checkpoint, step_directories
 from ..models import load_model
 from ..models.loading import write_weights_digest
 
 TRAINING_STATE = "training_state.pt"
-TRAINER_META = "trainer.json"
 
 
 class CheckpointError(ImplicitLMError, ValueError):
@@ -59,23 +59,18 @@ def save_checkpoint(
     return path
 
 
-def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The checkpoint of the highest step in ``folder`` (``step_NNNNNNN`` directories)."""
-    steps = _step_directories(Path(folder))
-    return steps[-1] if steps else None
+def run_checkpoint(run_dir: Path) -> Path:
+    """The latest checkpoint of the run in ``run_dir``, to resume from."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise CheckpointError(f"{run_dir}: nothing to resume (no checkpoint in {run_dir / CHECKPOINTS})")
+    return checkpoint
 
 
 def prune_checkpoints(folder: str | Path, keep: int) -> None:
     """Delete all but the ``keep`` latest checkpoints in ``folder``."""
-    for old in _step_directories(Path(folder))[:-keep]:
+    for old in step_directories(Path(folder))[:-keep]:
         shutil.rmtree(old)
-
-
-def _step_directories(folder: Path) -> list[Path]:
-    # Staging and retired directories start with a dot and never match.
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("step_*") if p.is_dir() and p.name[len("step_"):].isdigit())
 
 
 def load_training_state(path: str | Path) -> dict[str, Any]:
@@ -150,15 +145,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def saved_settings(checkpoint: Path, fields: list[str]) -> dict[str, Any]:
-    """The training settings a checkpoint records (its metadata's "train" section), which
-    must name every one of ``fields``: one left out would resume at its default without a word."""
+def saved_settings(checkpoint: Path) -> dict[str, Any]:
+    """The training settings a checkpoint records (its metadata's "train" section)."""
     settings = read_meta(checkpoint).get("train")
     if not isinstance(settings, dict):
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")
-    missing = [name for name in fields if name not in settings]
-    if missing:
-        raise CheckpointError(
-            f"{checkpoint / TRAINER_META}: the training settings lack {', '.join(missing)}; a resume would run them at their defaults"
-        )
     return settings

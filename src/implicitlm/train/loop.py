@@ -1,10 +1,10 @@
-"""The one training loop both trainers run (word problems and language modelling).
+"""The training loop, step by step, apart from how the trainer sets a run up.
 
-Per step: enter the curriculum's phase, forward and backward (the trainer's ``forward_backward``),
-clip, check that loss and gradient are finite before the update, step optimiser and
-scheduler, log, and checkpoint on schedule or on a stop signal. What differs between the
-trainers (batches, gradient accumulation, checkpoint layout, held-out evaluation, the
-metrics only they have) comes in as a ``TrainingTask``.
+Per step: enter the curriculum's phase, forward and backward (``forward_backward``), clip,
+check that loss and gradient are finite before the update, step optimiser and scheduler,
+log, and checkpoint on schedule or on a stop signal. What the run brings (its batches and
+gradient accumulation, its checkpoint writer, held-out evaluation, the metrics of its
+task) comes in as a ``TrainingTask``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from ..core.errors import DataError
 TENSORBOARD = "tensorboard"
 
 
-# What a training run writes into its folder (both trainers; the word trainer's "checkpoint",
-# the LM trainer's "checkpoints" and held-out curve).
+# What a training run writes into its folder ("checkpoint": the one checkpoint of a run of the
+# former word trainer).
 RUN_ENTRIES = ("metrics.jsonl", "tensorboard", "checkpoint", "checkpoints", "lm_training.json", "lm_training.png")
 
 

@@ -1,4 +1,4 @@
-"""The learning-rate schedule both trainers use: transformers' warmup-stable-decay."""
+"""The trainer's learning-rate schedule: transformers' warmup-stable-decay."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
-"""Speed options shared by the trainers: mixed precision and torch.compile."""
+"""Speed options of the trainer: mixed precision and torch.compile."""
 
 from __future__ import annotations
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-
-from ..core.schema import OptionError
-
-PRECISIONS = ("auto", "no", "bf16")
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise OptionError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
 
 def resolve_precision(precision: str) -> str:

@@ -1,0 +1,190 @@
+"""``implicitlm eval length|budget|convergence --task words|lm|catbabi``: one command per
+evaluation, over any task; and the old spellings (``words eval``, ``lm budget``, ``catbabi
+eval`` ...), the same commands with the task fixed and its own options only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .arguments import float_list, fraction, int_list, non_negative_int, positive_int
+from .shared import add_budget_options, add_solver_flags, solver_flags
+
+TASKS = ("words", "lm", "catbabi")
+# The options of the tasks, as the library names them; one not given (None) takes the task's default.
+TASK_OPTIONS = (
+    "data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "split", "max_tokens", "sequence_length",
+    "stride", "batch_size",
+)
+# The record each evaluation writes with --out, per task.
+RECORDS = {
+    "length": {"words": "word_length", "lm": "lm_length", "catbabi": "catbabi"},
+    "budget": {"words": "word_budget", "lm": "lm_budget", "catbabi": "catbabi_budget"},
+    "convergence": {"words": "convergence", "lm": "convergence"},
+}
+HELP = {
+    "length": "quality by test length (length extrapolation): word accuracy, perplexity by context, catbAbI answers",
+    "budget": "test-time compute: quality by iteration budget, a curve per test length",
+    "convergence": "iterations each token needs in sequential mode; hard vs easy tokens (words, lm)",
+}
+
+
+# The old spellings, per task: (command name, evaluation, the command's help).
+ALIASES = {
+    "words": (
+        ("eval", "length", "per-token accuracy of a checkpoint by test length (length extrapolation)"),
+        ("budget", "budget", "test-time compute: accuracy by iteration budget, a curve per test length"),
+        ("convergence", "convergence", "iterations each token needs in sequential mode; hard vs easy tokens"),
+    ),
+    "lm": (
+        ("eval", "length", "held-out perplexity of a checkpoint by context length (length extrapolation)"),
+        ("budget", "budget", "test-time compute: perplexity by iteration budget, a curve per context length"),
+        ("convergence", "convergence", "iterations each token needs in sequential mode, on held-out text"),
+    ),
+    "catbabi": (("eval", "length", "answer accuracy of a checkpoint, overall and per task"),),
+}
+
+
+def add_eval(commands) -> None:
+    evaluations = commands.add_parser("eval", help="evaluate a checkpoint on a task: --task words, lm or catbabi")
+    evaluations = evaluations.add_subparsers(title="commands")
+    add_length(evaluations)
+    add_budget(evaluations)
+    add_convergence(evaluations)
+
+
+def add_length(commands, name: str = "length", task: str | None = None, help: str | None = None) -> None:
+    """``eval length``, or its old spelling ``name`` for ``task`` (``help``: its own words)."""
+    p = _parser(commands, name, "length", task, help)
+    add_budget_options(p)
+    add_solver_flags(p)
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    # catbabi eval always wrote its record; the others write one when asked.
+    p.add_argument("--out", type=Path, default=None, required=task == "catbabi", help=_out_help("length", task))
+    p.set_defaults(run=_run_length)
+
+
+def add_budget(commands, name: str = "budget", task: str | None = None, help: str | None = None) -> None:
+    p = _parser(commands, name, "budget", task, help)
+    p.add_argument("--budgets", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="comma-separated max_iter values")
+    p.add_argument("--tols", type=float_list, default=None, help="comma-separated tolerances (default: the model's)")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    add_solver_flags(p)
+    p.add_argument("--out", type=Path, required=True, help=_out_help("budget", task))
+    p.set_defaults(run=_run_budget)
+
+
+def add_convergence(commands, name: str = "convergence", task: str | None = None, help: str | None = None) -> None:
+    p = _parser(commands, name, "convergence", task, help)
+    add_budget_options(p)
+    add_solver_flags(p)
+    p.add_argument("--out", type=Path, required=True, help=_out_help("convergence", task))
+    p.set_defaults(run=_run_convergence)
+
+
+def add_aliases(commands, task: str) -> None:
+    """The old spellings of ``task``'s evaluations in its command group (``words eval`` ...)."""
+    adders = {"length": add_length, "budget": add_budget, "convergence": add_convergence}
+    for name, evaluation, help in ALIASES[task]:
+        adders[evaluation](commands, name, task, help)
+
+
+def _run_length(args) -> None:
+    from ..eval.length import evaluate_by_length
+
+    _report(evaluate_by_length(_task(args), args.mode, args.max_iter, args.tol, solver_flags(args), args.out,
+                               progress=not args.no_progress))
+
+
+def _run_budget(args) -> None:
+    from ..eval.budget import budget_by_task
+
+    _report(budget_by_task(_task(args), args.budgets, args.tols, args.mode, solver_flags(args), args.out,
+                           progress=not args.no_progress))
+
+
+def _run_convergence(args) -> None:
+    from ..eval.convergence import convergence_by_task
+
+    _report(convergence_by_task(_task(args), args.max_iter, args.tol, solver_flags(args), args.out,
+                                progress=not args.no_progress))
+
+
+def _task(args):
+    """The task the command names, on its checkpoint, with the options given."""
+    from ..tasks import make_task
+
+    options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
+    return make_task(args.task, args.checkpoint, **options)
+
+
+def _report(result) -> None:
+    print(result["table"])
+    if result["files"]:
+        record, figure = result["files"]
+        print(f"results: {record}, plot: {figure}")
+
+
+def _parser(commands, name: str, evaluation: str, task: str | None, help: str | None):
+    if task is None:
+        p = commands.add_parser(name, help=HELP[evaluation], description=HELP[evaluation])
+        p.add_argument("--task", required=True, choices=TASKS, help="what the checkpoint is evaluated on")
+    else:
+        same = f"same as implicitlm eval {evaluation} --task {task}"
+        p = commands.add_parser(name, help=f"{help}; {same}", description=f"{help}; {same}")
+        p.set_defaults(task=task)
+    _add_task_options(p, task, evaluation)
+    return p
+
+
+def _add_task_options(p, task: str | None, evaluation: str) -> None:
+    """The options of ``task`` (of every task when None, each help naming the tasks it is for)."""
+
+    def takes(*tasks: str) -> str | None:
+        """The help's prefix for an option of ``tasks``, or None when ``task`` is not one."""
+        if task is None:
+            return f"({', '.join(tasks)}) " if len(tasks) < len(TASKS) else ""
+        return "" if task in tasks else None
+
+    p.add_argument("checkpoint", type=Path)
+    folders = {"words": "test words file(s) instead (repeatable)", "lm": "shard folder",
+               "catbabi": "catbAbI folder (implicitlm catbabi build)"}
+    data_help = folders.get(task) or "; ".join(f"{name}: {text}" for name, text in folders.items())
+    p.add_argument("--data", type=Path, action="append", default=None, required=task in ("lm", "catbabi"), help=data_help)
+    count = 64 if evaluation == "convergence" else 512
+    if (words := takes("words")) is not None:
+        p.add_argument("--group", default=None, help=f"{words}group of generated test words (default: from the checkpoint)")
+    if (both := takes("words", "lm")) is not None:
+        lengths = p.add_mutually_exclusive_group()
+        lengths.add_argument("--lengths", type=int_list, default=None,
+                             help=f"{both}comma-separated test lengths (lm: context lengths, default: the training context)")
+        lengths.add_argument("--multiples", type=int_list, default=None,
+                             help=f"{both}test lengths as multiples of the training length, e.g. 1,2,4,8")
+    if words is not None:
+        p.add_argument("--count", type=positive_int, default=None, help=f"{words}generated words per length (default: {count})")
+        p.add_argument("--seed", type=non_negative_int, default=None, help=f"{words}seed of the generated words (default: 0)")
+        p.add_argument("--hard-prob", type=fraction, default=None,
+                       help=f"{words}identity probability of the group part (A5xM; default: the training's)")
+    if (split := takes("lm", "catbabi")) is not None:
+        choices = ["train", "valid", "test"] if task == "catbabi" else None
+        p.add_argument("--split", default=None, choices=choices,
+                       help=f"{split}held-out split: of the shards (lm), bAbI train, valid or test (catbabi); default: test")
+    if (lm := takes("lm")) is not None:
+        scored = "tokens counted (default: 4096)" if evaluation == "convergence" else "tokens scored per length (default: the whole split)"
+        p.add_argument("--max-tokens", type=positive_int, default=None, help=f"{lm}{scored}")
+    if (catbabi := takes("catbabi")) is not None:
+        p.add_argument("--sequence-length", type=positive_int, default=None, help=f"{catbabi}window length (default: 256)")
+        p.add_argument("--stride", type=positive_int, default=None,
+                       help=f"{catbabi}window step; every answer sees at least sequence-length - stride tokens before it "
+                            "(default: half the window)")
+    batch = {"words": "256", "lm": "8", "catbabi": "8"}
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help=f"sequences per batch (default: {batch[task] if task else '256 for words, 8 for lm and catbabi'})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _out_help(evaluation: str, task: str | None) -> str:
+    records = RECORDS[evaluation]
+    if task is not None:
+        return f"folder for {records[task]}.json and {records[task]}.png"
+    names = list(dict.fromkeys(records.values()))
+    return f"folder for the task's record and figure ({' or '.join(names)}: .json and .png)"

@@ -1,0 +1,78 @@
+"""Where a training run keeps its checkpoints: ``RUN/checkpoints/step_NNNNNNN``, and, in runs
+of the former word trainer, the one folder ``RUN/checkpoint``. Loading a model from a run
+folder loads its latest checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .atomic_io import recover_replaced
+from .json_file import read_json_object
+
+CHECKPOINTS = "checkpoints"
+FORMER_CHECKPOINT = "checkpoint"
+# Beside a checkpoint's weights: its step, training settings and what it trained on.
+TRAINER_META = "trainer.json"
+
+
+def step_directories(folder: Path) -> list[Path]:
+    """The ``step_NNNNNNN`` checkpoints in ``folder``, oldest first; a replacement of one that
+    a killed process left half done is finished first. Staging and retired directories
+    start with a dot and never match."""
+    if not folder.is_dir():
+        return []
+    for retired in folder.glob(".step_*.old"):
+        recover_replaced(retired.with_name(retired.name[1:-len(".old")]))
+    return sorted(p for p in folder.glob("step_*") if p.is_dir() and p.name[len("step_"):].isdigit())
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's checkpoint of the highest step; a former word run's ``checkpoint`` folder
+    when the run has written none since."""
+    run_dir = Path(run_dir)
+    steps = step_directories(run_dir / CHECKPOINTS)
+    if steps:
+        return steps[-1]
+    former = run_dir / FORMER_CHECKPOINT
+    recover_replaced(former)  # a checkpoint swap cut between its two renames
+    return former if former.is_dir() else None
+
+
+def model_folder(path: str | Path) -> Path:
+    """``path`` when it holds a model (a config.json) or nothing a run leaves; else the run's
+    latest checkpoint."""
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    return latest_checkpoint(path) or path
+
+
+def training_settings(path: str | Path) -> dict[str, Any]:
+    """The training settings a checkpoint (or a run folder's latest) records, in today's
+    spelling; none for an imported or hand-made model."""
+    meta = Path(model_folder(path)) / TRAINER_META
+    if not meta.is_file():
+        return {}
+    settings = read_json_object(meta, "checkpoint metadata").get("train", {})
+    return current_spelling(settings) if isinstance(settings, dict) else {}
+
+
+def current_spelling(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Training settings as ``TrainConfig`` spells them: a checkpoint of the former word
+    trainer (``train_length``, phase step counts) or LM trainer (``micro_batch_size``)
+    resumes and evaluates as it was trained."""
+    settings = dict(settings)
+    if "task" in settings:
+        return settings
+    if "micro_batch_size" in settings:
+        settings["batch_size"] = settings.pop("micro_batch_size")
+        return {**settings, "task": "lm"}
+    phases = [settings.pop(name) for name in ("bounded_steps", "free_steps") if name in settings]
+    if "train_length" in settings:
+        settings["sequence_length"] = settings.pop("train_length")
+    if len(phases) == 2:
+        after_warm_up = sum(phases)
+        settings["total_steps"] = settings.get("unroll_steps", 0) + after_warm_up
+        settings["bounded_fraction"] = phases[0] / after_warm_up if after_warm_up else 1.0
+    return {**settings, "task": "words"}

@@ -1,0 +1,371 @@
+"""Writing a shard directory (its format: ``shards``): documents assigned to train or test,
+tokenized, packed into shards, and resumable after a crash.
+
+Document ``i`` goes to the test split when a hash of ``(seed, i)`` falls below
+``test_fraction``. If no document does, the last one does, so that a small corpus still gets
+a test split. A corpus with a held-out set of its own (WikiText's validation file) passes it as
+``test_documents`` instead, and every one of ``documents`` is trained on.
+
+Data that comes with its own splits (any names) is written by ``write_token_streams`` from
+documents given as token ids, each followed by eos as ``write_shards`` does.
+
+Resuming: after each shard, ``progress.json`` records per split the shards written and where
+the next shard starts (a document index and a token offset into that document). A resumed run
+reads the documents again from the start but tokenizes only those at or past their split's
+position, so it rebuilds the partly filled shards exactly: the output is byte-identical to
+an uninterrupted run's, whatever ``workers`` and ``batch_documents`` are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from implicitlm.core.atomic_io import atomic_write, write_json
+from implicitlm.core.errors import DataError, check_int
+from implicitlm.core.json_file import read_json_object
+from implicitlm.data.parallel_tokenize import Labelled, tokenized
+from implicitlm.data.shards import (
+    FORMAT_VERSION,
+    INDEX_FILE,
+    check_positive,
+    check_shard_records,
+    open_shard,
+    read_index,
+    token_dtype,
+)
+
+SPLITS = ("train", "test")
+PROGRESS_FILE = "progress.json"
+# atomic_write's temporary files, which a killed run can leave behind.
+TEMPORARY_PATTERNS = (f".{PROGRESS_FILE}.*.tmp", *(f"{split}/.shard_*.tmp" for split in SPLITS))
+OUTPUT_PATTERNS = (
+    INDEX_FILE,
+    PROGRESS_FILE,
+    f".{INDEX_FILE}.*.tmp",
+    *TEMPORARY_PATTERNS,
+    *(f"{split}/shard_*.bin" for split in SPLITS),
+)
+
+
+def write_shards(
+    documents: Iterable[str],
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | os.PathLike,
+    shard_tokens: int = 2**24,
+    test_fraction: float = 0.001,
+    seed: int = 0,
+    workers: int = 1,
+    batch_documents: int = 256,
+    progress: bool = True,
+    resume: bool = False,
+    overwrite: bool = False,
+    test_documents: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """Tokenize ``documents`` into train and test shards under ``out_dir``; returns the index.
+
+    The test split is ``test_documents`` when given (``test_fraction`` is then not used),
+    else a ``test_fraction`` share of ``documents``.
+
+    ``workers > 1`` tokenizes batches of ``batch_documents`` in that many processes. A
+    directory that holds finished shards is only replaced with ``overwrite=True``; one that
+    holds an unfinished run is continued with ``resume=True``, given the same documents,
+    tokenizer and settings (``resume=True`` on a finished directory returns its index).
+    """
+    check_positive(shard_tokens=shard_tokens, workers=workers, batch_documents=batch_documents)
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
+    out_dir = Path(out_dir)
+    # The settings record how the test split was chosen, so that resuming cannot switch.
+    settings = _settings(tokenizer, shard_tokens, None if test_documents is not None else test_fraction, seed)
+    finished = _finished_index(out_dir, settings, resume, overwrite)
+    if finished is not None:
+        return finished
+    saved = _saved_progress(out_dir, settings, resume, overwrite)
+    writers = {
+        split: _SplitWriter(out_dir, split, settings, saved["splits"][split] if saved else None)
+        for split in SPLITS
+    }
+    labelled = tqdm(
+        _assign_splits(documents, test_fraction, seed) if test_documents is None
+        else _given_splits(documents, test_documents),
+        desc="tokenize",
+        unit="doc",
+        disable=not progress,
+    )
+    unwritten = _unwritten(labelled, writers)
+    for index, split, tokens in tokenized(unwritten, tokenizer, workers, batch_documents):
+        if writers[split].add(index, tokens):
+            splits = {name: writer.state() for name, writer in writers.items()}
+            write_json(out_dir / PROGRESS_FILE, {**settings, "splits": splits})
+    return _finish(out_dir, settings, writers)
+
+
+def write_token_streams(
+    splits: dict[str, Iterable[np.ndarray]],
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | os.PathLike,
+    shard_tokens: int = 2**24,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write documents given as token ids, already assigned to named splits; returns the index.
+
+    For data with splits of its own (any names besides "train" and "test"): each document of
+    ``splits[name]`` is followed by eos and packed into that split's shards in the order
+    given, as ``write_shards`` does. There is no resuming: the whole write is one step.
+    """
+    check_positive(shard_tokens=shard_tokens)
+    out_dir = Path(out_dir)
+    settings = _token_settings(tokenizer, shard_tokens)
+    _finished_index(out_dir, settings, resume=False, overwrite=overwrite)
+    _remove(out_dir, (*OUTPUT_PATTERNS, *(f"{split}/shard_*.bin" for split in splits)))
+    writers = {split: _SplitWriter(out_dir, split, settings, None) for split in splits}
+    eos = np.array([settings["eos_token_id"]], dtype=np.uint32)
+    for split, documents in splits.items():
+        for index, tokens in enumerate(documents):
+            writers[split].count_document(index)
+            writers[split].add(index, np.concatenate([np.asarray(tokens, dtype=np.uint32), eos]))
+    return _finish(out_dir, settings, writers)
+
+
+def _settings(
+    tokenizer: PreTrainedTokenizerBase, shard_tokens: int, test_fraction: float | None, seed: int
+) -> dict[str, Any]:
+    """Everything the bytes written depend on, besides the documents."""
+    return {
+        **_token_settings(tokenizer, shard_tokens),
+        "test_fraction": test_fraction,
+        "seed": seed,
+    }
+
+
+def _token_settings(tokenizer: PreTrainedTokenizerBase, shard_tokens: int) -> dict[str, Any]:
+    """The settings that shards of already split documents depend on."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            f"tokenizer {tokenizer.name_or_path!r} has no eos token to separate documents with"
+        )
+    return {
+        "format_version": FORMAT_VERSION,
+        "dtype": token_dtype(len(tokenizer)).name,
+        "vocab_size": len(tokenizer),
+        "eos_token_id": int(tokenizer.eos_token_id),
+        "tokenizer": tokenizer.name_or_path,
+        "shard_tokens": shard_tokens,
+    }
+
+
+def _finished_index(
+    out_dir: Path, settings: dict[str, Any], resume: bool, overwrite: bool
+) -> dict[str, Any] | None:
+    index_path = out_dir / INDEX_FILE
+    if overwrite or not index_path.exists():
+        return None
+    if not resume:
+        raise DataError(f"{out_dir}: holds finished shards; replace them with --overwrite (overwrite=True)")
+    index = read_index(index_path)
+    _check_settings(index_path, index, settings)
+    return index
+
+
+def _saved_progress(
+    out_dir: Path, settings: dict[str, Any], resume: bool, overwrite: bool
+) -> dict[str, Any] | None:
+    """The progress record to continue from, or None after clearing the way for a fresh run."""
+    progress_path = out_dir / PROGRESS_FILE
+    if progress_path.exists() and not overwrite:
+        if not resume:
+            raise DataError(
+                f"{out_dir}: holds an unfinished run; continue it with --resume (resume=True) "
+                f"or start again with --overwrite (overwrite=True)"
+            )
+        saved = read_json_object(progress_path, "shard writing progress")
+        _check_settings(progress_path, saved, settings)
+        _check_progress(progress_path, saved, settings)
+        _remove(out_dir, TEMPORARY_PATTERNS)
+        return saved
+    # Shards of an earlier, longer run would otherwise outlive it under their old names.
+    _remove(out_dir, OUTPUT_PATTERNS)
+    return None
+
+
+def _finish(
+    out_dir: Path, settings: dict[str, Any], writers: dict[str, _SplitWriter]
+) -> dict[str, Any]:
+    """Write the last, partly filled shards and the index; returns the index."""
+    if not any(writer.documents for writer in writers.values()):
+        raise DataError(f"{out_dir}: no documents to write")
+    for writer in writers.values():
+        writer.finish()
+    splits = {name: writer.summary() for name, writer in writers.items()}
+    documents = sum(split["documents"] for split in splits.values())
+    index = {**settings, "documents": documents, "splits": splits}
+    write_json(out_dir / INDEX_FILE, index)
+    # A corpus smaller than one shard finishes without ever having written progress.
+    (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
+    return index
+
+
+def _check_settings(path: Path, saved: dict[str, Any], settings: dict[str, Any]) -> None:
+    changed = sorted(key for key, value in settings.items() if saved.get(key) != value)
+    if changed:
+        raise DataError(
+            f"{path}: was written with other settings ({', '.join(changed)}); "
+            f"start again with --overwrite (overwrite=True)"
+        )
+
+
+def _remove(out_dir: Path, patterns: Iterable[str]) -> None:
+    for pattern in patterns:
+        for path in out_dir.glob(pattern):
+            if path.is_dir():  # not a file this module wrote: left for its owner to look at
+                raise DataError(f"{path}: expected a shard file, got a directory")
+            path.unlink()
+
+
+def _assign_splits(documents: Iterable[str], test_fraction: float, seed: int) -> Iterator[Labelled]:
+    """Each document with its index and split, in order (see the module docstring)."""
+    previous: Labelled | None = None
+    any_test = False
+    for index, text in enumerate(documents):
+        # One document of lookahead: only the last one may be moved to the test split.
+        if previous is not None:
+            yield previous
+        split = "test" if _hashed_fraction(seed, index) < test_fraction else "train"
+        any_test = any_test or split == "test"
+        previous = (index, split, text)
+    if previous is not None:
+        index, split, text = previous
+        yield index, "test" if test_fraction > 0 and not any_test else split, text
+
+
+def _given_splits(documents: Iterable[str], test_documents: Iterable[str]) -> Iterator[Labelled]:
+    """Every training document, then every held-out one, indexed on from the last."""
+    splits = itertools.chain(
+        zip(itertools.repeat("train"), documents), zip(itertools.repeat("test"), test_documents)
+    )
+    for index, (split, text) in enumerate(splits):
+        yield index, split, text
+
+
+def _unwritten(
+    labelled: Iterable[Labelled], writers: dict[str, _SplitWriter]
+) -> Iterator[Labelled]:
+    """The documents whose tokens are not in written shards yet; counts every document."""
+    for index, split, text in labelled:
+        if writers[split].count_document(index):
+            yield index, split, text
+
+
+def _hashed_fraction(seed: int, index: int) -> float:
+    """A number in [0, 1) that looks uniformly random but depends only on (seed, index)."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+class _SplitWriter:
+    """Packs one split's documents into shards of exactly ``shard_tokens`` tokens (the last
+    may be shorter) and records where the next shard starts."""
+
+    def __init__(
+        self, out_dir: Path, split: str, settings: dict[str, Any], state: dict[str, Any] | None
+    ):
+        self.out_dir = out_dir
+        self.split = split
+        self.dtype = np.dtype(settings["dtype"]).newbyteorder("<")
+        self.vocab_size = settings["vocab_size"]
+        self.shard_tokens = settings["shard_tokens"]
+        state = state or {"shards": [], "next_document": 0, "next_token": 0}
+        self.shards: list[dict[str, Any]] = list(state["shards"])
+        # Where the next shard starts: a document index and a token offset into it.
+        self.next_document: int = state["next_document"]
+        self.next_token: int = state["next_token"]
+        self.documents = 0
+        self.buffer: list[np.ndarray] = []
+        self.buffered = 0
+
+    def count_document(self, index: int) -> bool:
+        """Count document ``index`` as this split's; whether its tokens are still to be added."""
+        self.documents += 1
+        return index >= self.next_document
+
+    def add(self, index: int, tokens: np.ndarray) -> bool:
+        """Buffer a document's tokens and write the shards they fill; whether there were any."""
+        # Only on a resumed run does the document the last shard ended in come again; the
+        # first next_token of its tokens are in that shard already.
+        start = self.next_token if index == self.next_document else 0
+        self.buffer.append(tokens[start:])
+        self.buffered += len(tokens) - start
+        if self.buffered < self.shard_tokens:
+            return False
+        # What stays buffered is the tail of this document: the buffer held less than a
+        # shard before it came.
+        buffered = np.concatenate(self.buffer)
+        whole = len(buffered) - len(buffered) % self.shard_tokens
+        for first in range(0, whole, self.shard_tokens):
+            self._write_shard(buffered[first : first + self.shard_tokens])
+        rest = buffered[whole:]
+        self.buffer, self.buffered = [rest], len(rest)
+        if len(rest):
+            self.next_document, self.next_token = index, len(tokens) - len(rest)
+        else:
+            self.next_document, self.next_token = index + 1, 0
+        return True
+
+    def finish(self) -> None:
+        if self.buffered:
+            self._write_shard(np.concatenate(self.buffer))
+        self.buffer, self.buffered = [], 0
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "next_document": self.next_document,
+            "next_token": self.next_token,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tokens": sum(shard["tokens"] for shard in self.shards),
+            "documents": self.documents,
+            "shards": self.shards,
+        }
+
+    def _write_shard(self, tokens: np.ndarray) -> None:
+        if int(tokens.max()) >= self.vocab_size:
+            raise ValueError(
+                f"token id {int(tokens.max())} is not below the tokenizer's length "
+                f"{self.vocab_size}, which sets the shard dtype"
+            )
+        data = np.ascontiguousarray(tokens, dtype=self.dtype)
+        name = f"{self.split}/shard_{len(self.shards):05d}.bin"
+        atomic_write(self.out_dir / name, data.tofile)
+        self.shards.append(
+            {"file": name, "tokens": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        )
+
+
+def _check_progress(path: Path, saved: dict[str, Any], settings: dict[str, Any]) -> None:
+    """A progress record to resume from: per split, written shards that are all there, whole."""
+    splits = saved.get("splits")
+    if not isinstance(splits, dict) or not all(isinstance(splits.get(split), dict) for split in SPLITS):
+        raise DataError(f"{path}: expected 'splits' to hold an object for each of {list(SPLITS)}")
+    dtype = np.dtype(settings["dtype"])
+    for name in SPLITS:
+        state = splits[name]
+        shards = state.get("shards")
+        if not isinstance(shards, list):
+            raise DataError(f"{path}: expected split {name!r} to hold a list of 'shards'")
+        check_shard_records(path, name, shards)
+        check_int(state.get("next_document"), path, f"splits.{name}.next_document")
+        check_int(state.get("next_token"), path, f"splits.{name}.next_token")
+        # The finished index will vouch for these shards' checksums: check them now.
+        for record in shards:
+            open_shard(path, record, dtype, verify=True)

@@ -1,0 +1,52 @@
+"""Length extrapolation over any task: a checkpoint's rows at each test length (word accuracy,
+perplexity by context, catbAbI answer accuracy), their table, and the task's record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..tasks.base import Task
+from .catbabi import write_catbabi_results
+from .perplexity import lm_length_record
+from .words import word_length_record
+
+
+def evaluate_by_length(
+    task: Task,
+    mode: str = "simultaneous",
+    max_iter: int | None = None,
+    tol: float | None = None,
+    solver: dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """``task``'s rows at each of its test lengths, with the budget ``max_iter`` / ``tol``
+    (default: the model's), the solver settings ``solver`` (``configure_solver``'s keywords).
+    Returns ``rows``, the printed ``table`` and, with ``out``, the ``files`` written there
+    (the task's record and its figure)."""
+    model, test_sets = task.prepare("length", solver)
+    rows = [
+        task.evaluate(model, test_set, mode=mode, max_iter=max_iter, tol=tol, progress=progress)
+        for test_set in tqdm(test_sets, desc="eval", disable=not progress)
+    ]
+    files = write_length_record(task, model, rows, out, mode, max_iter, tol) if out is not None else None
+    return {"rows": rows, "table": task.format_rows(rows), "files": files}
+
+
+def write_length_record(
+    task: Task, model, rows: list[dict[str, Any]], out: str | Path, mode: str, max_iter: int | None, tol: float | None
+) -> tuple[Path, Path]:
+    """Each task's own record of a length evaluation (``word_length``, ``lm_length``,
+    ``catbabi``): the JSON file and its figure."""
+    if task.name == "words":
+        word_length_record(model, task.checkpoint, rows, out, task.group, mode, task.train_length)
+    elif task.name == "lm":
+        lm_length_record(model, task.checkpoint, rows, out, mode, task.train_length)
+    elif task.name == "catbabi":
+        write_catbabi_results(out, task.checkpoint, model, rows[0], **task.record_settings(mode, max_iter, tol))
+    else:
+        raise ValueError(f"no length record for task {task.name!r}")
+    return Path(out) / f"{task.experiment}.json", Path(out) / f"{task.experiment}.png"

@@ -1,0 +1,29 @@
+"""Tasks: what an evaluation runs on. Each names its test data (word problems, a shard split,
+a catbAbI folder), scores a model on it and shows the rows; ``eval/`` runs the same length,
+budget and convergence evaluations over any of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .base import Task
+from .catbabi import CatbabiTask
+from .lm import LMTask
+from .words import WordsTask
+
+TASKS: dict[str, type[Task]] = {task.name: task for task in (WordsTask, LMTask, CatbabiTask)}
+
+
+def make_task(name: str, checkpoint: str | Path, **options: Any) -> Task:
+    """Task ``name`` on ``checkpoint`` with ``options`` (None: the task's default), which must
+    all be the task's own: another task's option is refused in one line."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
+    task = TASKS[name]
+    given = {key: value for key, value in options.items() if value is not None}
+    foreign = [key for key in given if key not in task.OPTIONS]
+    if foreign:
+        flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
+        raise ValueError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
+    return task(checkpoint, **given)

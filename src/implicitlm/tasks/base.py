@@ -1,0 +1,149 @@
+"""What an evaluation needs of a task: a ``Task`` names its checkpoint and its own options and
+gives the evaluations in ``eval/`` (by length, by iteration budget, per-token convergence)
+its evaluation sets, its metrics, its tables and the names of its records.
+
+A task is described before anything is read: ``load`` reads the checkpoint's model and
+settles the task's options against what its training recorded (a group, a training length),
+``evaluation_sets`` then reads or generates the data of each test length.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..core.run_folder import training_settings
+from ..models import load_model
+
+EVALUATIONS = ("length", "budget", "convergence")
+# What needs an implicit model, in an error's words: a sweep of its budget, its per-token iterations.
+NEEDS_IMPLICIT = {"budget": "a budget sweep", "convergence": "convergence statistics"}
+
+
+class Task(ABC):
+    """A task an evaluation runs on. Subclasses set the class attributes below and take their
+    options (``OPTIONS``) as keywords; an option left out (None) takes the task's default."""
+
+    name: ClassVar[str]  # "words", "lm", "catbabi": the value of --task
+    OPTIONS: ClassVar[tuple[str, ...]]  # the options it takes besides the checkpoint
+    EVALUATIONS: ClassVar[tuple[str, ...]] = EVALUATIONS  # the evaluations that make sense for it
+    BATCH_SIZE: ClassVar[int]
+    experiment: ClassVar[str]  # the record of a length evaluation: <experiment>.json and .png
+    budget_experiment: ClassVar[str]  # the record of a budget sweep
+    quality: ClassVar[str]  # the metric of a row that a budget sweep plots against the budget
+
+    def __init__(self, checkpoint: str | Path, batch_size: int | None = None):
+        self.checkpoint = Path(checkpoint)
+        self.batch_size = self.BATCH_SIZE if batch_size is None else batch_size
+        self.model = None
+
+    def require(self, evaluation: str) -> None:
+        """Refuse, in one line, an evaluation that makes no sense for this task."""
+        if evaluation not in self.EVALUATIONS:
+            raise ValueError(f"{evaluation} is not evaluated for --task {self.name}{self.refusal_hint(evaluation)}")
+
+    def refusal_hint(self, evaluation: str) -> str:
+        return ""
+
+    def load(self):
+        """The checkpoint's model, the task's options settled against its training settings."""
+        self.model = load_model(self.checkpoint)
+        self.resolve()
+        return self.model
+
+    def prepare(self, evaluation: str, solver: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
+        """(model, data) for ``evaluation``: the model loaded, the task's data (its test sets, or
+        for convergence its token arrays and masks), an implicit model where the evaluation needs
+        one, and the solver set up by ``solver`` (``configure_solver``'s keywords)."""
+        self.require(evaluation)
+        model = self.load()
+        data = self.convergence_inputs() if evaluation == "convergence" else self.evaluation_sets()
+        if evaluation in NEEDS_IMPLICIT:
+            require_implicit(model, NEEDS_IMPLICIT[evaluation])
+        configure_solver(model, **(solver or {}))
+        return model, data
+
+    def training(self) -> dict[str, Any]:
+        """The training settings the checkpoint records, none for an imported or hand-made
+        model (read after ``load_model``, which finishes a checkpoint swap that a killed run
+        left half done)."""
+        return training_settings(self.checkpoint)
+
+    def resolve(self) -> None:
+        """Check the options against the loaded model and its training settings."""
+
+    @abstractmethod
+    def evaluation_sets(self) -> list[Any]:
+        """The test data, one set per test length, in the order of the rows."""
+
+    @abstractmethod
+    def evaluate(
+        self, model, test_set: Any, mode: str = "simultaneous", max_iter: int | None = None, tol: float | None = None,
+        warn: bool = True, progress: bool = False,
+    ) -> dict[str, Any]:
+        """One row of metrics on ``test_set``, with its ``length`` and, for implicit models,
+        the fixed-point iterations and the misses of the tolerance. ``warn``: log a line when
+        fixed points missed it (a budget sweep, whose table shows them, turns it off);
+        ``progress``: a bar inside the set's evaluation, where the task has one."""
+
+    @abstractmethod
+    def format_rows(self, rows: list[dict[str, Any]]) -> str:
+        """The rows of a length evaluation as the aligned table the command prints."""
+
+    def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Token arrays (N, L) whose per-token iterations a convergence report counts, each with
+        a mask of its hard tokens (None where the task has no such split)."""
+        raise ValueError(f"convergence is not evaluated for --task {self.name}")
+
+    def details(self) -> dict[str, Any]:
+        """What a budget or convergence record names besides the model (e.g. the group)."""
+        return {}
+
+    @property
+    def budget_title(self) -> str:
+        return "test-time compute"
+
+    @property
+    def convergence_title(self) -> str:
+        return "iterations per token (sequential mode)"
+
+
+class FolderTask(Task):
+    """A task that reads the ``split`` (default: test) of one ``data`` folder, given once or as
+    a list of one."""
+
+    FOLDER: ClassVar[str]  # what the folder holds, for the error that asks for it
+
+    def __init__(self, checkpoint: str | Path, data: Any = None, split: str | None = None, batch_size: int | None = None):
+        super().__init__(checkpoint, batch_size)
+        folders = [data] if isinstance(data, (str, Path)) else list(data or [])
+        if len(folders) != 1:
+            raise ValueError(f"--task {self.name} reads one --data folder ({self.FOLDER}), got {len(folders) or 'none'}")
+        self.data, self.split = Path(folders[0]), "test" if split is None else split
+
+
+def require_implicit(model, what: str) -> None:
+    if not model.config.implicit:
+        raise ValueError(f"{what} needs an implicit model; this checkpoint is explicit")
+
+
+def configure_solver(
+    model, fail_on_nonconvergence: bool = False, chunk_length: int | None = None, solver: str | None = None
+) -> None:
+    """How an evaluation's solves run, besides their budget: stop at the first fixed point
+    above the tolerance (else count them), solve in chunks of ``chunk_length`` tokens (0: the
+    whole sequence), run ``solver`` in every solve."""
+    if fail_on_nonconvergence:
+        model.set_fixed_point_options(eval_nonconvergence="error")
+    if chunk_length is not None:
+        model.set_fixed_point_options(eval_chunk_length=chunk_length)
+    if solver is not None:
+        model.use_solver(solver)
+
+
+def missed_cell(row: dict[str, Any]) -> str:
+    """The "not converged" column: the share of fixed points above the tolerance ("-": explicit)."""
+    return f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"

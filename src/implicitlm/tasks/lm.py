@@ -1,0 +1,156 @@
+"""Language modelling as a task: held-out loss and perplexity of a causal language model on a
+shard split, overall and by context length; the split's leading windows for convergence."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..data.shards import TokenShards
+from ..data.token_windows import evaluation_windows
+from ..deq import warn_not_converged
+from ..models.loss import token_cross_entropy
+from .base import FolderTask, missed_cell
+
+# Tokens a convergence report counts unless --max-tokens says otherwise.
+CONVERGENCE_TOKENS = 4096
+
+
+@torch.no_grad()
+def perplexity(
+    model,
+    windows: Iterable[torch.Tensor],
+    mode: str = "simultaneous",
+    max_iter: int | None = None,
+    tol: float | None = None,
+    warn: bool = True,
+) -> dict[str, float]:
+    """Token-weighted mean loss and its exponential over ``windows`` ((b, L + 1) token
+    batches: inputs are the first L tokens, each predicts the next), in evaluation mode
+    with the evaluation budget unless ``max_iter`` / ``tol`` say otherwise. Implicit
+    models also report the mean fixed-point iterations used (per sequence in simultaneous
+    mode, per token in sequential mode) and how many fixed points stopped above the
+    tolerance, and why; ``warn``: say so in one logged line when any did."""
+    was_training = model.training
+    model.eval()
+    total_loss, total_tokens, iterations = 0.0, 0, []
+    try:
+        with model.track_convergence() as tally:
+            for window in windows:
+                window = window.to(model.device)
+                output = model(window[:, :-1], mode=mode, max_iter=max_iter, tol=tol)
+                targets = window[:, 1:]
+                total_loss += token_cross_entropy(output.logits, targets, "aligned").item() * targets.numel()
+                total_tokens += targets.numel()
+                if output.fixed_point is not None:
+                    iterations.append(output.fixed_point.iterations.float().flatten().cpu())
+    finally:
+        model.train(was_training)
+    if total_tokens == 0:
+        raise ValueError("no held-out tokens to evaluate")
+    loss = total_loss / total_tokens
+    result = {"loss": loss, "perplexity": math.exp(loss), "tokens": total_tokens}
+    if iterations:
+        result["fp_iterations_mean"] = torch.cat(iterations).mean().item()
+        result.update(tally.as_dict())
+        if warn:
+            warn_not_converged(tally, f"perplexity ({mode} mode)")
+    return result
+
+
+def perplexity_by_length(
+    model,
+    shards: TokenShards,
+    lengths: Iterable[int],
+    batch_size: int,
+    max_tokens: int | None = None,
+    progress: bool = False,
+    **budget: Any,
+) -> list[dict[str, Any]]:
+    """``perplexity_at_length`` at each length."""
+    return [
+        perplexity_at_length(model, shards, length, batch_size, max_tokens, **budget)
+        for length in tqdm(list(lengths), desc="eval", disable=not progress)
+    ]
+
+
+def perplexity_at_length(
+    model, shards: TokenShards, length: int, batch_size: int, max_tokens: int | None = None, **budget: Any
+) -> dict[str, Any]:
+    """``perplexity`` with contexts of ``length`` tokens, on the split's leading windows, as a
+    row with its ``length``.
+
+    ``max_tokens`` caps the tokens scored; every length then reads (about) the same leading
+    stretch of the split, so the lengths differ in context, not in text.
+    """
+    windows = evaluation_windows(shards, length, batch_size)
+    if max_tokens is not None:
+        windows = _leading_windows(windows, max(1, max_tokens // length))
+    return {"length": length, **perplexity(model, windows, **budget)}
+
+
+def _leading_windows(batches: Iterator[torch.Tensor], count: int) -> Iterator[torch.Tensor]:
+    for batch in batches:
+        if count <= 0:
+            return
+        yield batch[:count]
+        count -= len(batch)
+
+
+class LMTask(FolderTask):
+    """Language modelling on the ``split`` of a shard folder (``data``), with contexts of
+    ``lengths`` tokens (default: the training context, or ``multiples`` of it), scoring at
+    most ``max_tokens`` per length (default: the whole split); rows are ``perplexity``'s."""
+
+    name = "lm"
+    FOLDER = "token shards"
+    OPTIONS = ("data", "split", "lengths", "multiples", "batch_size", "max_tokens")
+    BATCH_SIZE = 8
+    experiment = "lm_length"
+    budget_experiment = "lm_budget"
+    quality = "perplexity"
+
+    def __init__(
+        self, checkpoint: str | Path, *, data: Any = None, split: str | None = None, lengths: list[int] | None = None,
+        multiples: list[int] | None = None, batch_size: int | None = None, max_tokens: int | None = None,
+    ):
+        super().__init__(checkpoint, data, split, batch_size)
+        self.lengths, self.multiples, self.max_tokens = lengths, multiples, max_tokens
+        self.train_length: int | None = None
+        self.shards: TokenShards | None = None
+
+    def resolve(self) -> None:
+        self.train_length = self.training().get("sequence_length")
+        if not self.lengths:
+            if self.train_length is None:
+                raise ValueError("the checkpoint does not record its training context; give --lengths")
+            self.lengths = [self.train_length * m for m in self.multiples or [1]]
+        self.shards = TokenShards(self.data, self.split, verify=True)
+
+    def evaluation_sets(self) -> list[int]:
+        return list(self.lengths)
+
+    def evaluate(self, model, test_set, mode="simultaneous", max_iter=None, tol=None, warn=True, progress=False):
+        return perplexity_at_length(
+            model, self.shards, test_set, self.batch_size, self.max_tokens, mode=mode, max_iter=max_iter, tol=tol, warn=warn
+        )
+
+    def format_rows(self, rows: list[dict[str, Any]]) -> str:
+        lines = [f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}"]
+        for row in rows:
+            lines.append(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{missed_cell(row)}")
+        return "\n".join(lines)
+
+    def convergence_inputs(self) -> list[tuple[np.ndarray, None]]:
+        """The split's leading windows of the one context length, as many as --max-tokens fill."""
+        if len(self.lengths) != 1:
+            raise ValueError("convergence statistics take one context length")
+        length = self.lengths[0]
+        max_tokens = CONVERGENCE_TOKENS if self.max_tokens is None else self.max_tokens
+        windows = next(evaluation_windows(self.shards, length, max(1, max_tokens // length)))
+        return [(windows[:, :-1].numpy(), None)]

@@ -1,0 +1,195 @@
+"""The one set of training options, for every task (word problems and language modelling).
+
+The class defaults are the paper's language-model settings; a task replaces some of them
+with its own (``TASK_DEFAULTS``: word problems train short words in large batches, without
+weight decay). A preset's values go on top of those, the command line's on top of the preset's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.schema import (
+    NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_dataclass, check_known_keys,
+    field_names, one_of,
+)
+from .curriculum import Curriculum, Phase
+
+TASKS = ("words", "lm")
+DISTRIBUTED = ("ddp", "fsdp")
+PRECISIONS = ("auto", "no", "bf16")
+WHAT = "training option"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: str = "lm"
+    sequence_length: int = 2048
+    batch_size: int = 8
+    batch_tokens: int = 2**20
+    total_steps: int = 1000
+    lr: float = 3e-3
+    min_lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    decay_fraction: float = 0.1
+    grad_clip: float = 1.0
+    # Curriculum (implicit models): the unroll warm-up, then bounded for a share of the rest, then free.
+    unroll_steps: int = 0
+    unroll_depth: int = 16
+    bounded_fraction: float = 0.9
+    bounded_iters: int = 4
+    bounded_phantom_steps: int = 1
+    free_iters: int = 24
+    free_phantom_steps: int = 4
+    free_tol: float = 0.05
+    precision: str = "auto"
+    distributed: str = "ddp"
+    activation_checkpointing: bool = False
+    compile: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    eval_batches: int = 8
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    # Word problems only.
+    group: str = "S3"
+    hard_prob: float | None = None
+
+    # The ranges of the fields above; their types are the annotations.
+    FIELD_RULES = {
+        "task": one_of(*TASKS), "sequence_length": at_least(1), "batch_size": at_least(1),
+        "batch_tokens": NON_NEGATIVE, "total_steps": at_least(1), "lr": POSITIVE, "min_lr": NON_NEGATIVE,
+        "betas": Rule("in [0, 1)", lambda betas: all(0 <= beta < 1 for beta in betas)),
+        "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "decay_fraction": UNIT_INTERVAL,
+        "grad_clip": POSITIVE, "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1),
+        "bounded_fraction": UNIT_INTERVAL, "bounded_iters": NON_NEGATIVE, "bounded_phantom_steps": at_least(1),
+        "free_iters": NON_NEGATIVE, "free_phantom_steps": at_least(1), "free_tol": POSITIVE,
+        "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
+        "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),
+        "checkpoint_every": NON_NEGATIVE, "keep_checkpoints": at_least(1), "hard_prob": UNIT_INTERVAL,
+    }
+    # What each field means, for `implicitlm options`.
+    FIELD_HELP = {
+        "task": "words (word problems) or lm (token shards); set by the command",
+        "sequence_length": "tokens per training sequence (the paper: 2048 for LMs, 16-256 for words)",
+        "batch_size": "sequences per forward on each process",
+        "batch_tokens": "tokens per optimiser step over all processes and micro-batches, reached by "
+                        "accumulation (the paper: 2^20); 0: one forward of batch_size sequences per process",
+        "total_steps": "optimiser steps, the unroll warm-up included",
+        "lr": "peak learning rate (AdamW)",
+        "min_lr": "learning rate at the end of the decay",
+        "betas": "AdamW betas",
+        "weight_decay": "AdamW weight decay (weight matrices and embeddings only)",
+        "warmup_steps": "steps of linear warm-up from 0 to lr",
+        "decay_fraction": "share of all steps, at the end, over which the rate falls to min_lr (1 - sqrt); 0: none",
+        "grad_clip": "gradient norm clipped to this",
+        "unroll_steps": "implicit: steps of the differentiable unroll warm-up, first (0: none, as the paper)",
+        "unroll_depth": "implicit: stack applications in each warm-up step",
+        "bounded_fraction": "implicit: share of the steps after the warm-up in the bounded phase; the rest is free",
+        "bounded_iters": "implicit: solver iterations per bounded step (the paper's 4)",
+        "bounded_phantom_steps": "implicit: phantom-gradient steps per bounded step (the paper's 1)",
+        "free_iters": "implicit: most solver iterations per free step",
+        "free_phantom_steps": "implicit: phantom-gradient steps per free step",
+        "free_tol": "implicit: relative residual at which a free-phase solve stops",
+        "precision": "auto (bf16 autocast on CUDA, full precision elsewhere), no (full precision), bf16 (autocast)",
+        "distributed": "under torchrun: ddp or fsdp",
+        "activation_checkpointing": "recompute each block in the backward pass (less memory, one more forward)",
+        "compile": "torch.compile the stack",
+        "seed": "seed of initialisation and of the data order (and of fresh training words)",
+        "log_every": "steps between metrics lines",
+        "eval_every": "lm: steps between held-out perplexities (0: none)",
+        "eval_batches": "lm: micro-batches per held-out evaluation",
+        "checkpoint_every": "steps between checkpoints (0: only at the end)",
+        "keep_checkpoints": "checkpoints kept (the oldest are removed)",
+        "group": "words: the group whose running products are the labels (S3, A5, S5, A5xM, Z60, ...)",
+        "hard_prob": "words, A5xM only: probability that a token is drawn from A5 (hard) rather than Z2 (easy)",
+    }
+
+    def __post_init__(self) -> None:
+        check_dataclass(self, WHAT)
+        if self.unroll_steps > self.total_steps:
+            raise OptionError(f"unroll_steps={self.unroll_steps} is more than total_steps={self.total_steps}")
+        defaults = task_defaults(self.task)
+        for name, task in OTHER_TASKS_FIELDS.items():
+            if task != self.task and getattr(self, name) != defaults[name]:
+                raise OptionError(f"training option '{name}' is for the {task} task, not {self.task}")
+
+    @classmethod
+    def for_task(cls, task: str, /, **values: Any) -> "TrainConfig":
+        """The task's defaults, then ``values``. A key that a former version spelt otherwise is
+        refused with its new spelling."""
+        for old, new in RENAMED.items():
+            if old in values:
+                raise OptionError(f"training option '{old}' is now {new}")
+        check_known_keys(values, field_names(cls), WHAT)
+        if values.get("task", task) != task:
+            raise OptionError(f"training option 'task' is {values['task']!r}, but this command trains {task!r}")
+        return cls(**{**TASK_DEFAULTS.get(task, {}), **values, "task": task})
+
+    def tokens_per_micro_batch(self) -> int:
+        return self.sequence_length * self.batch_size
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimiser step, so that one step sees ``batch_tokens`` tokens."""
+        if not self.batch_tokens:
+            return 1
+        per_micro_step = self.tokens_per_micro_batch() * world_size
+        if self.batch_tokens % per_micro_step:
+            raise OptionError(
+                f"batch_tokens={self.batch_tokens} is not a multiple of sequence_length x batch_size x "
+                f"processes = {per_micro_step}"
+            )
+        return self.batch_tokens // per_micro_step
+
+    def gradient_passes(self, implicit: bool) -> int:
+        """Passes of the stack whose graph a step keeps: the unroll's depth, or the phantom steps."""
+        if not implicit:
+            return 1
+        unroll = self.unroll_depth if self.unroll_steps else 0
+        return max(unroll, self.bounded_phantom_steps, self.free_phantom_steps)
+
+    def curriculum(self, implicit: bool) -> Curriculum:
+        if not implicit:
+            return Curriculum((Phase("explicit", self.total_steps),))
+        after_warm_up = self.total_steps - self.unroll_steps
+        bounded_steps = round(self.bounded_fraction * after_warm_up)
+        return Curriculum.unroll_bounded_free(
+            self.unroll_steps,
+            bounded_steps,
+            after_warm_up - bounded_steps,
+            unroll_depth=self.unroll_depth,
+            bounded=(self.bounded_iters, self.bounded_phantom_steps),
+            free=(self.free_iters, self.free_phantom_steps),
+            free_tol=self.free_tol,
+        )
+
+
+# Where a task's settings differ from the class defaults (the paper's LM settings).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "words": {
+        "sequence_length": 16, "batch_size": 128, "batch_tokens": 0, "total_steps": 500, "betas": (0.9, 0.999),
+        "weight_decay": 0.0, "warmup_steps": 50, "decay_fraction": 0.0, "bounded_fraction": 1.0,
+        "log_every": 25, "checkpoint_every": 0, "keep_checkpoints": 1,
+    },
+    "lm": {},
+}
+# Fields that only one task reads; the other task refuses them.
+OTHER_TASKS_FIELDS = {"group": "words", "hard_prob": "words", "eval_every": "lm", "eval_batches": "lm"}
+# Spellings of the two trainers this class replaced.
+RENAMED = {
+    "train_length": "sequence_length",
+    "micro_batch_size": "batch_size",
+    "bounded_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
+    "free_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
+}
+
+
+def task_defaults(task: str) -> dict[str, Any]:
+    """Every field's default for ``task``."""
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+    return {**defaults, **TASK_DEFAULTS.get(task, {}), "task": task}

@@ -1,0 +1,343 @@
+"""The one trainer, for every task, on accelerate: one process, or DDP / FSDP under torchrun.
+
+One optimiser step takes a global batch: ``batch_size`` sequences per process and
+micro-step, accumulated over as many micro-steps as ``batch_tokens`` asks (one when it is
+0). Under torchrun the same code runs data-parallel: accelerate sets up the process group
+and wraps the model; each process reads its own rows of every global batch.
+
+The curriculum is the unroll warm-up (if any), then bounded (4+1) for ``bounded_fraction``
+of the remaining steps, then free. A run resumes exactly from its latest checkpoint:
+weights, optimiser, scheduler, batch position and RNG state are all restored, so the
+losses after a resume are those the uninterrupted run would have produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..core.run_folder import CHECKPOINTS, current_spelling
+from ..data.shards import TokenShards
+from ..data.words import WordData
+from ..deq import penalised
+from ..models.loss import token_cross_entropy
+from .batches import TokenBatches, WordBatches
+from .checkpoint import (
+    CheckpointError, applying_training_state, prune_checkpoints, read_meta, restore_weights, run_checkpoint,
+    save_checkpoint, saved_settings,
+)
+from .config import TrainConfig
+from .guard import non_finite_images
+from .held_out import held_out_metrics, write_training_record
+from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
+from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
+from .schedule import apply_current_rate, warmup_stable_sqrt_decay
+from .speed import accelerator_for, compile_stack
+
+LOGGER = logging.getLogger("implicitlm")
+# The LM defaults are the paper's GPU settings; on a CPU a step of them takes minutes.
+PAPER_SCALE_DEFAULTS = ("batch_tokens", "sequence_length")
+TRAINING_STATE_KEYS = ("optimizer", "scheduler", "torch_rng")
+
+
+def train(
+    model,
+    config: TrainConfig,
+    out_dir: str | Path,
+    data: WordData | str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
+    description: str = "train",
+) -> dict[str, Any]:
+    """Train ``model`` in place; returns the last logged metrics.
+
+    ``data``: for ``task="words"`` a word file's ``WordData``, or None for fresh words drawn
+    from the seed; for ``task="lm"`` the folder of token shards (``implicitlm corpus build``).
+    Checkpoints go to ``out_dir/checkpoints/step_NNNNNNN`` (the last ``keep_checkpoints``
+    kept), logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``. ``resume``
+    continues from the latest checkpoint in ``out_dir`` (its weights replace the model's); a
+    fresh run refuses an ``out_dir`` that holds an earlier run, or, with ``overwrite``,
+    removes that run first. A SIGTERM or SIGINT ends the run after the current step with a
+    checkpoint (``TrainingInterrupted``); a non-finite loss or gradient ends it before the
+    update (``NumericalFault``), leaving the last checkpoint as it was.
+    """
+    out_dir = Path(out_dir)
+    accelerator = _accelerator(config, model, out_dir)
+    with run_folder_lock(out_dir, enabled=accelerator.is_main_process):
+        return _train(accelerator, model, config, data, out_dir, resume, progress, overwrite, description)
+
+
+def _train(
+    accelerator, model, config: TrainConfig, data, out_dir: Path, resume: bool, progress: bool, overwrite: bool,
+    description: str,
+) -> dict[str, Any]:
+    if not resume:
+        # Every process looks before the main one clears, so that all see the same folder.
+        refuse_earlier_run(out_dir, overwrite)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            clear_earlier_run(out_dir)
+        accelerator.wait_for_everyone()
+    require_training(model, config.batch_size, config.sequence_length, config.gradient_passes(model.config.implicit))
+    chunk_evaluations_at(model, config.sequence_length)
+    torch.manual_seed(config.seed)
+    batches = _batches(config, data, accelerator)
+    batches.prepare(model)
+    accumulation = config.accumulation_steps(accelerator.num_processes)
+    start_step, state, checkpoint = 0, None, None
+    if resume:
+        checkpoint = run_checkpoint(out_dir)
+        start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
+        _check_same_data(checkpoint, batches)
+    if config.activation_checkpointing:
+        model.activation_checkpointing_enable()
+    if config.compile:
+        compile_stack(model)
+    model = accelerator.prepare(model)
+    core = accelerator.unwrap_model(model)
+    optimizer = accelerator.prepare(
+        torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
+    )
+    curriculum = config.curriculum(core.config.implicit)
+    decay_steps = round(config.decay_fraction * curriculum.total_steps)
+    # Not handed to accelerate, which would step it once per process.
+    scheduler = warmup_stable_sqrt_decay(
+        optimizer, config.warmup_steps, curriculum.total_steps, decay_steps, config.min_lr / config.lr
+    )
+    if state is not None:
+        with applying_training_state(checkpoint, optimizer):
+            _restore_training_state(state, accelerator, model, optimizer, scheduler, config)
+            _restore_position(state, batches, start_step * accumulation, checkpoint)
+    test = TokenShards(data, "test", verify=True) if config.task == "lm" and config.eval_every else None
+    if accelerator.is_main_process:
+        if progress:
+            tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
+        warning = unsuited_defaults(config, on_gpu=torch.cuda.is_available())
+        if warning:
+            LOGGER.warning(warning)
+
+    def evaluate(step: int) -> dict[str, float] | None:
+        due = test is not None and ((step + 1) % config.eval_every == 0 or step == config.total_steps - 1)
+        return held_out_metrics(core, test, config) if due else None
+
+    task = TrainingTask(
+        curriculum=curriculum,
+        forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation),
+        task_metrics=(lambda outcome: _accuracy(accelerator, outcome)) if config.task == "words" else _perplexity,
+        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config),
+        grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
+        evaluate=evaluate, description=description,
+    )
+    metrics = run_training(task, accelerator, model, optimizer, scheduler, out_dir, start_step, checkpoint, progress)
+    if accelerator.is_main_process:
+        tokens_per_step = config.tokens_per_micro_batch() * accumulation * accelerator.num_processes
+        write_training_record(core, out_dir, config, tokens_per_step, run_checkpoint(out_dir))
+    return metrics
+
+
+def _batches(config: TrainConfig, data, accelerator) -> WordBatches | TokenBatches:
+    ranks = {"rank": accelerator.process_index, "world_size": accelerator.num_processes}
+    if config.task == "words":
+        if data is not None and not isinstance(data, WordData):
+            raise TypeError(f"words train on a WordData (or fresh words: None), got {type(data).__name__}")
+        return WordBatches(config, data, **ranks)
+    if data is None:
+        raise ValueError("language-model training needs the folder of its token shards")
+    return TokenBatches(config, TokenShards(data, "train"), **ranks)
+
+
+def step_cost(config: TrainConfig, accumulation: int, processes: int) -> str:
+    """What one optimiser step is, said before the first one."""
+    per_step = config.tokens_per_micro_batch() * accumulation * processes
+    return (
+        f"one step: {per_step:,} tokens = {accumulation} micro-batch(es) of {config.batch_size} x "
+        f"{config.sequence_length} tokens on each of {processes} process(es); "
+        f"{config.total_steps:,} steps = {config.total_steps * per_step:,} tokens"
+    )
+
+
+def unsuited_defaults(config: TrainConfig, on_gpu: bool) -> str | None:
+    """A warning where an LM size left at its default (the paper's GPU setting) cannot suit
+    a CPU, naming the option to set; None where nothing is amiss."""
+    if on_gpu or config.task != "lm":
+        return None
+    defaults = [name for name in PAPER_SCALE_DEFAULTS if getattr(config, name) == getattr(TrainConfig, name)]
+    if not defaults:
+        return None
+    settings = ", ".join(f"{name}={getattr(config, name):,}" for name in defaults)
+    return (
+        f"{settings}: the paper's GPU setting (the default), minutes per step on a CPU; set "
+        + " and ".join(f"--train {name}=..." for name in defaults)
+        + " or start from the lm_wikitext2 preset (--config lm_wikitext2)"
+    )
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on weight matrices (and the embedding), none on norm scales, biases,
+    SSM parameters (A_log, D, dt_bias) and weight norm's magnitudes: those are scales whose
+    size is their meaning, not capacity to regularise."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        magnitude = name.endswith("original0")  # weight norm's g
+        (decay if param.ndim >= 2 and not magnitude else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _accelerator(config: TrainConfig, model, out_dir: Path):
+    plugin = None
+    if config.distributed == "fsdp":
+        from accelerate import FullyShardedDataParallelPlugin
+
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=list(model._no_split_modules),
+            state_dict_type="FULL_STATE_DICT",
+        )
+    # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
+    return accelerator_for(
+        config.precision, fsdp_plugin=plugin, cpu=not torch.cuda.is_available(), **tracking_options(out_dir)
+    )
+
+
+def _optimiser_step(accelerator, model, batches, accumulation: int) -> StepOutcome:
+    """Forward and backward over ``accumulation`` micro-batches; gradients are synchronised
+    between processes on the last one only. The loss is the step's mean over all processes."""
+    total = torch.zeros((), device=accelerator.device)
+    output, non_finite = None, torch.zeros((), dtype=torch.long, device=accelerator.device)
+    tokens = 0
+    for micro_step in range(accumulation):
+        input_ids, labels = (tensor.to(accelerator.device) for tensor in next(batches))
+        last = micro_step == accumulation - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            output = model(input_ids)
+            # Every micro-batch holds the same number of labels, so the mean of the
+            # micro-batch means is the mean over the whole global batch.
+            cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
+            accelerator.backward(penalised(cross_entropy, output.fixed_point) / accumulation)
+        total += cross_entropy.detach() / accumulation
+        non_finite += non_finite_images(output)
+        tokens += input_ids.numel() * accelerator.num_processes
+
+    def recheck():
+        again = model(input_ids)
+        return token_cross_entropy(again.logits, labels, "aligned"), non_finite_images(again)
+
+    loss = accelerator.reduce(total, reduction="mean").item()
+    return StepOutcome(loss, output, non_finite, tokens, recheck, labels)
+
+
+def _accuracy(accelerator, outcome: StepOutcome) -> dict[str, float]:
+    """The share of the last micro-batch's labels predicted, over all processes (each holds
+    as many labels, so the mean of their shares is the share of the whole)."""
+    with torch.no_grad():
+        accuracy = (outcome.output.logits.argmax(-1) == outcome.labels).float().mean()
+    return {"loss": outcome.loss, "accuracy": accelerator.reduce(accuracy, reduction="mean").item()}
+
+
+def _perplexity(outcome: StepOutcome) -> dict[str, float]:
+    return {"loss": outcome.loss, "ppl": math.exp(min(outcome.loss, 50.0))}
+
+
+def _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir: Path, step: int, config: TrainConfig) -> Path:
+    path = out_dir / CHECKPOINTS / f"step_{step:07d}"
+    weights = accelerator.get_state_dict(model)  # gathered to the main process under FSDP
+    optimizer_state = _optimizer_state(accelerator, model, optimizer, config)
+    if accelerator.is_main_process:
+        training_state = {
+            "optimizer": optimizer_state,
+            "scheduler": scheduler.state_dict(),
+            "sampler": batches.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        meta = {
+            "step": step, "train": asdict(config), "processes": accelerator.num_processes,
+            "data": batches.description(),
+        }
+        core = accelerator.unwrap_model(model)
+        save_checkpoint(path, core, training_state=training_state, meta=meta, weights=weights, tokenizer=batches.tokenizer)
+        prune_checkpoints(out_dir / CHECKPOINTS, config.keep_checkpoints)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def _sharded(accelerator, config: TrainConfig) -> bool:
+    return config.distributed == "fsdp" and accelerator.num_processes > 1
+
+
+def _optimizer_state(accelerator, model, optimizer, config: TrainConfig) -> dict[str, Any]:
+    if _sharded(accelerator, config):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(model, optimizer.optimizer, options=options)
+    return optimizer.state_dict()
+
+
+def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer, scheduler, config) -> None:
+    if _sharded(accelerator, config):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        set_optimizer_state_dict(model, optimizer.optimizer, state["optimizer"], options=options)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    apply_current_rate(scheduler, config.lr)
+    torch.set_rng_state(state["torch_rng"])
+
+
+def _restore_position(state: dict[str, Any], batches, micro_batches_done: int, checkpoint: Path) -> None:
+    """The batch position the checkpoint recorded. The former word trainer recorded none:
+    its batches followed from the step, one micro-batch per step."""
+    if "sampler" in state:
+        batches.load_state_dict(state["sampler"])
+    elif isinstance(batches, WordBatches):
+        batches.load_state_dict({"micro_batches": micro_batches_done})
+    else:
+        raise CheckpointError(f"{checkpoint}: expected the sampler's position in the training state")
+
+
+def _check_same_data(checkpoint: Path, batches) -> None:
+    # Other words would silently change every batch after the resume.
+    saved, given = read_meta(checkpoint).get("data"), batches.description()
+    if isinstance(saved, dict) and given is not None and "inputs_sha256" not in saved:
+        given = {k: v for k, v in given.items() if k != "inputs_sha256"}  # a checkpoint from before the digest
+    if saved != given:
+        trained = f"a word file ({saved})" if saved else "fresh words"
+        now = f"a word file ({given})" if given else "fresh words"
+        raise CheckpointError(f"{checkpoint}: the run trained on {trained}; resuming on {now} would change its batches")
+
+
+def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig:
+    """The training settings of the run in ``out_dir`` (either former trainer's checkpoints
+    included), with ``overrides`` (e.g. more steps, a later switch to the free phase) applied."""
+    checkpoint = run_checkpoint(Path(out_dir))
+    settings = current_spelling(saved_settings(checkpoint))
+    task = settings.pop("task")
+    saved = {name: value for name, value in settings.items() if name in TrainConfig.__dataclass_fields__}
+    missing = sorted(set(TrainConfig.__dataclass_fields__) - set(saved) - {"task"} - _FORMER_DEFAULTS.get(task, set()))
+    if missing:
+        raise CheckpointError(
+            f"{checkpoint}: the training settings lack {', '.join(missing)}; a resume would run them at their defaults"
+        )
+    return TrainConfig.for_task(task, **{**saved, **overrides})
+
+
+# Fields the former trainers did not have: their checkpoints resume with the value they trained at.
+_FORMER_DEFAULTS = {
+    "words": {"betas", "batch_tokens", "distributed", "activation_checkpointing", "eval_every", "eval_batches",
+              "keep_checkpoints"},
+    "lm": {"unroll_steps", "unroll_depth", "group", "hard_prob"},
+}
