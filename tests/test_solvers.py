@@ -307,7 +307,7 @@ def test_convergence_command_takes_a_solver(tmp_path, capsys):
     assert main(common + ["--solver", "anderson", "--out", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "convergence.json").read_text())["solver"] == "anderson"
     assert main(common + ["--solver", "newton", "--out", str(tmp_path / "bad")]) == 2
-    assert "f_solver must be one of" in capsys.readouterr().err
+    assert "fixed-point option 'f_solver' must be one of" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- a solver per mode
@@ -338,7 +338,7 @@ def test_each_mode_runs_its_own_solver_and_training_keeps_f_solver():
 
 
 def test_an_unknown_mode_solver_is_refused_by_name():
-    with pytest.raises(OptionError, match="sequential_f_solver must be one of '', fixed_point_iter"):
+    with pytest.raises(OptionError, match="fixed-point option 'sequential_f_solver' must be one of '', 'fixed_point_iter'"):
         FixedPointOptions(sequential_f_solver="newton")
     with pytest.raises(ValueError, match="phase must be one of training, simultaneous, sequential"):
         FixedPointSolver(FixedPointOptions()).solve(lambda z: z, torch.zeros(1, 2), 3, 1e-3, phase="rnn")

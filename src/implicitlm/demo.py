@@ -14,7 +14,8 @@ from .core.atomic_io import write_json
 from .data.groups import get_group
 from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
-from .core.schema import POSITIVE, Rule, at_least, check_dataclass, check_known_keys, field_names
+from .core.options import Options
+from .core.schema import POSITIVE, Rule, at_least, check_known_keys
 from .presets import KINDS
 from .core.run_folder import latest_checkpoint
 from .train.runs import word_model, word_train_config
@@ -24,7 +25,7 @@ PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implic
 
 
 @dataclass(frozen=True)
-class DemoEval:
+class DemoEval(Options):
     length_multiples: tuple[int, ...] = (1, 2, 4, 8)
     count: int = 512
     # Sequential (RNN) mode runs token by token, so it is checked on fewer words.
@@ -32,19 +33,11 @@ class DemoEval:
     max_iter: int | None = None
     tol: float | None = None
 
-    # The ranges of the fields above; their types are the annotations.
+    WHAT = "demo eval option"
     FIELD_RULES = {
         "length_multiples": Rule("each >= 1 (at least one)", lambda multiples: len(multiples) and min(multiples) >= 1),
         "count": at_least(1), "sequential_count": at_least(1), "max_iter": at_least(1), "tol": POSITIVE,
     }
-
-    def __post_init__(self) -> None:
-        check_dataclass(self, "demo eval option")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "DemoEval":
-        check_known_keys(values, field_names(cls), "demo eval option")
-        return cls(**values)
 
 
 def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True) -> dict[str, Any]:

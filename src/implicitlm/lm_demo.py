@@ -23,29 +23,23 @@ from .tasks.lm import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
 from .presets import merged_options
-from .core.schema import at_least, between, check_dataclass, check_known_keys, field_names
+from .core.options import Options
+from .core.schema import at_least, between, check_known_keys
 from .train.config import TrainConfig
 from .train.held_out import held_out_curve
 from .train.trainer import train
 
+
 @dataclass(frozen=True)
-class DemoCorpus:
+class DemoCorpus(Options):
     """How much of the standard library to read, and the tokenizer trained on it."""
 
     max_bytes: int = 3_000_000
     vocab_size: int = 2048
     test_fraction: float = 0.02
 
-    # The ranges of the fields above; their types are the annotations.
+    WHAT = "lm demo corpus option"
     FIELD_RULES = {"max_bytes": at_least(1), "vocab_size": at_least(1), "test_fraction": between(0, 1)}
-
-    def __post_init__(self) -> None:
-        check_dataclass(self, "lm demo corpus option")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "DemoCorpus":
-        check_known_keys(values, field_names(cls), "lm demo corpus option")
-        return cls(**values)
 
 
 PRESET_SECTIONS = ("corpus", "model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train")

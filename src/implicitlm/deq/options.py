@@ -8,11 +8,10 @@ names the closest known one.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
 
-from ..core.schema import OptionError, check_known_keys, field_names
+from ..core.options import Options
+from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, one_of
 
 # Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, and our
 # safeguarded Anderson (deq/anderson.py).
@@ -21,7 +20,7 @@ STOP_MODES = ("rel", "abs")
 
 
 @dataclass(frozen=True)
-class FixedPointOptions:
+class FixedPointOptions(Options):
     """How to find the fixed point and how to differentiate through it.
 
     Training runs ``f_max_iter`` solver steps without gradient, then ``phantom_steps``
@@ -70,7 +69,15 @@ class FixedPointOptions:
     sequential_f_solver: str = ""
     jacobian_penalty: float = 0.0
 
-    # What each field means, for --help.
+    WHAT = "fixed-point option"
+    FIELD_RULES = {
+        "f_solver": one_of(*SOLVERS), "eval_f_solver": one_of("", *SOLVERS), "sequential_f_solver": one_of("", *SOLVERS),
+        "f_stop_mode": one_of(*STOP_MODES), "eval_nonconvergence": one_of("report", "error"),
+        "f_max_iter": at_least(0), "eval_f_max_iter": at_least(1), "phantom_steps": at_least(1),
+        "unroll_steps": at_least(0), "divergence_patience": at_least(0), "eval_chunk_length": at_least(0),
+        "f_tol": POSITIVE, "eval_f_tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
+        "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
+    }
     FIELD_HELP = {
         "f_solver": "solver: " + ", ".join(SOLVERS),
         "eval_f_solver": "inference in simultaneous mode: solver (empty: f_solver)",
@@ -90,61 +97,11 @@ class FixedPointOptions:
         "jacobian_penalty": "training: weight of the Jacobian penalty |df/dz|_F^2 / numel at the solution, for a map "
                             "that contracts faster (fewer solver iterations at inference; 0: off)",
         "eval_chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
-                             "(0: the whole sequence at once; trainers set their training length)",
+                             "(0: the whole sequence at once; the trainer sets its training length)",
     }
-
-    def __post_init__(self) -> None:
-        _check_choice("f_solver", self.f_solver, SOLVERS)
-        _check_choice("eval_f_solver", self.eval_f_solver, ("", *SOLVERS))
-        _check_choice("sequential_f_solver", self.sequential_f_solver, ("", *SOLVERS))
-        _check_choice("f_stop_mode", self.f_stop_mode, STOP_MODES)
-        _check_int("f_max_iter", self.f_max_iter, minimum=0)
-        _check_int("eval_f_max_iter", self.eval_f_max_iter, minimum=1)
-        _check_int("phantom_steps", self.phantom_steps, minimum=1)
-        _check_int("unroll_steps", self.unroll_steps, minimum=0)
-        _check_int("divergence_patience", self.divergence_patience, minimum=0)
-        _check_int("eval_chunk_length", self.eval_chunk_length, minimum=0)
-        _check_choice("eval_nonconvergence", self.eval_nonconvergence, ("report", "error"))
-        _check_positive("f_tol", self.f_tol)
-        _check_positive("eval_f_tol", self.eval_f_tol)
-        if isinstance(self.jacobian_penalty, bool) or not isinstance(self.jacobian_penalty, (int, float)) \
-                or not 0.0 <= self.jacobian_penalty < float("inf"):
-            raise OptionError(f"jacobian_penalty must be a finite number >= 0, got {self.jacobian_penalty!r}")
-        if isinstance(self.divergence_growth, bool) or not isinstance(self.divergence_growth, (int, float)) \
-                or not 1.0 < self.divergence_growth < float("inf"):
-            raise OptionError(f"divergence_growth must be a finite number > 1, got {self.divergence_growth!r}")
-        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not 0.0 < self.tau <= 1.0:
-            raise OptionError(f"tau must be a number in (0, 1], got {self.tau!r}")
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "FixedPointOptions":
-        check_known_keys(values, field_names(cls), "fixed-point option")
-        return cls(**values)
-
-    def replace(self, **changes: Any) -> "FixedPointOptions":
-        check_known_keys(changes, field_names(type(self)), "fixed-point option")
-        return dataclasses.replace(self, **changes)
 
     def solver_for(self, mode: str) -> str:
         """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""
         chosen = {"training": self.f_solver, "simultaneous": self.eval_f_solver,
                   "sequential": self.sequential_f_solver}[mode]
         return chosen or self.f_solver
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise OptionError(f"{name} must be one of {', '.join(c or repr(c) for c in choices)}; got {value!r}")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise OptionError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise OptionError(f"{name} must be a positive number, got {value!r}")

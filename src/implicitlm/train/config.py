@@ -11,20 +11,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.options import Options
 from ..core.schema import (
-    NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_dataclass, check_known_keys,
-    field_names, one_of,
+    NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_known_keys, field_names, one_of,
 )
 from .curriculum import Curriculum, Phase
 
 TASKS = ("words", "lm")
 DISTRIBUTED = ("ddp", "fsdp")
 PRECISIONS = ("auto", "no", "bf16")
-WHAT = "training option"
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Options):
     task: str = "lm"
     sequence_length: int = 2048
     batch_size: int = 8
@@ -60,7 +59,7 @@ class TrainConfig:
     group: str = "S3"
     hard_prob: float | None = None
 
-    # The ranges of the fields above; their types are the annotations.
+    WHAT = "training option"
     FIELD_RULES = {
         "task": one_of(*TASKS), "sequence_length": at_least(1), "batch_size": at_least(1),
         "batch_tokens": NON_NEGATIVE, "total_steps": at_least(1), "lr": POSITIVE, "min_lr": NON_NEGATIVE,
@@ -73,7 +72,6 @@ class TrainConfig:
         "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),
         "checkpoint_every": NON_NEGATIVE, "keep_checkpoints": at_least(1), "hard_prob": UNIT_INTERVAL,
     }
-    # What each field means, for `implicitlm options`.
     FIELD_HELP = {
         "task": "words (word problems) or lm (token shards); set by the command",
         "sequence_length": "tokens per training sequence (the paper: 2048 for LMs, 16-256 for words)",
@@ -110,8 +108,7 @@ class TrainConfig:
         "hard_prob": "words, A5xM only: probability that a token is drawn from A5 (hard) rather than Z2 (easy)",
     }
 
-    def __post_init__(self) -> None:
-        check_dataclass(self, WHAT)
+    def check(self) -> None:
         if self.unroll_steps > self.total_steps:
             raise OptionError(f"unroll_steps={self.unroll_steps} is more than total_steps={self.total_steps}")
         defaults = task_defaults(self.task)
@@ -126,7 +123,7 @@ class TrainConfig:
         for old, new in RENAMED.items():
             if old in values:
                 raise OptionError(f"training option '{old}' is now {new}")
-        check_known_keys(values, field_names(cls), WHAT)
+        check_known_keys(values, field_names(cls), cls.WHAT)
         if values.get("task", task) != task:
             raise OptionError(f"training option 'task' is {values['task']!r}, but this command trains {task!r}")
         return cls(**{**TASK_DEFAULTS.get(task, {}), **values, "task": task})
