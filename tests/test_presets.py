@@ -122,3 +122,47 @@ def test_catbabi_preset_gives_both_kinds_the_same_size(vocab_size):
     # in simultaneous mode, where a solve needs about the window's length in iterations.
     assert preset["model"]["num_hidden_layers"] == 1
     assert preset["model"]["fixed_point"]["eval_f_max_iter"] > preset["train"]["sequence_length"]
+
+
+# ---------------------------------------------------------------- registered and checkpoint presets
+
+
+def test_a_registered_preset_loads_by_name_as_a_copy_and_cannot_replace_a_shipped_one(capsys):
+    from implicitlm.presets import preset_names, register_preset
+    from implicitlm.presets.run_presets import _REGISTERED
+
+    mine = {"model": {"hidden_size": 16, "state_size": 8, "head_dim": 8}, "train": {"group": "Z3", "total_steps": 1}}
+    try:
+        register_preset("tiny_z3", mine)
+        mine["train"]["total_steps"] = 99  # later changes do not reach the registered copy
+        assert "tiny_z3" in preset_names() and load_preset("tiny_z3")["train"]["total_steps"] == 1
+        assert main(["words", "train", "--preset", "tiny_z3", "--out", "/dev/null/never", "--no-progress",
+                     "--train", "log_every=1", "--train", "lr=nan"]) == 2  # the preset's options go through the checks
+        with pytest.raises(ValueError, match="'demo' is a shipped preset"):
+            register_preset("demo", mine)
+        with pytest.raises(ValueError, match="preset section"):
+            register_preset("broken", {"train": [1]})
+    finally:
+        _REGISTERED.clear()
+    assert "tiny_z3" not in preset_names()
+
+
+def test_a_checkpoint_is_a_preset_of_its_own_model_and_training(tmp_path):
+    from implicitlm.models import load_model
+    from implicitlm.presets import model_options_from
+
+    first = ["words", "train", "--out", str(tmp_path / "first"), "--no-progress", "--model", "hidden_size=16",
+             "--model", "state_size=8", "--model", "head_dim=8", "--model", "expand=1", "--train", "group=Z3",
+             "--train", "sequence_length=5", "--train", "batch_size=4", "--train", "total_steps=2"]
+    assert main(first) == 0
+    preset = load_preset(str(tmp_path / "first"))
+    assert preset["model"]["architecture"] == "mamba2" and preset["model"]["expand"] == 1
+    assert preset["train"]["group"] == "Z3" and preset["train"]["total_steps"] == 2 and "task" not in preset["train"]
+    assert model_options_from(str(tmp_path / "first")) == preset["model"]
+    again = ["words", "train", "--preset", str(tmp_path / "first"), "--out", str(tmp_path / "again"), "--no-progress"]
+    assert main(again) == 0
+    first_config, again_config = (load_model(tmp_path / run).config.to_dict() for run in ("first", "again"))
+    assert {k: v for k, v in again_config.items() if k != "_name_or_path"} == {
+        k: v for k, v in first_config.items() if k != "_name_or_path"}
+    with pytest.raises(ValueError, match="not a model directory|unknown preset"):
+        load_preset(str(tmp_path / "missing"))

@@ -8,6 +8,7 @@ and the command line.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .model_presets import model_preset
@@ -34,8 +35,9 @@ def model_kind(preset: dict[str, Any], command_line: dict[str, Any], base: dict[
 
 def model_options_from(spec: str) -> dict[str, Any]:
     """Model options from a model preset's name (``mamba2-130m-bounded``, or ``preset:`` and the
-    name) or a JSON file (its "model" section if it has one, else the whole object)."""
-    if spec.endswith(".json"):
+    name), a JSON file (its "model" section if it has one, else the whole object) or a
+    checkpoint (or run folder) of this package."""
+    if spec.endswith(".json") or Path(spec).is_dir():
         options = load_preset(spec)
         return options.get("model", options)
     return model_preset(spec.removeprefix(PRESET_PREFIX))

@@ -1,14 +1,18 @@
-"""Run presets: JSON files of options by section ("model", "train", "implicit_model", ...), shipped
-beside this module or given as a path."""
+"""Run presets: options by section ("model", "train", "implicit_model", ...), from a JSON file
+shipped beside this module or given as a path, a preset registered by name in this process, or
+a checkpoint (or run folder), whose config and training settings start a new run alike."""
 
 from __future__ import annotations
 
+import copy
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..core.json_file import read_json_object
+from ..core.run_folder import model_folder, training_settings
 from ..core.schema import option_error
+from ..models.loading import CONFIG_CLASSES, model_option_names
 
 PACKAGE = "implicitlm.presets"
 
@@ -16,27 +20,70 @@ PACKAGE = "implicitlm.presets"
 SECTIONS = ("model", "train", "eval", "corpus")
 
 
-def preset_names() -> list[str]:
+# Presets registered in this process by register_preset, by name.
+_REGISTERED: dict[str, dict[str, Any]] = {}
+
+
+def shipped_preset_names() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in resources.files(PACKAGE).iterdir() if p.name.endswith(".json"))
 
 
+def preset_names() -> list[str]:
+    """The shipped presets and those registered in this process."""
+    return sorted({*shipped_preset_names(), *_REGISTERED})
+
+
+def register_preset(name: str, preset: Mapping[str, Any]) -> None:
+    """Make ``preset`` loadable by ``name`` in this process, as the shipped ones are (a copy:
+    later changes to ``preset`` do not reach it). A shipped name is not replaced."""
+    if name in shipped_preset_names():
+        raise ValueError(f"'{name}' is a shipped preset; register yours under another name")
+    _REGISTERED[name] = _checked(copy.deepcopy(dict(preset)), f"preset '{name}'")
+
+
 def load_preset(name_or_path: str) -> dict[str, Any]:
-    """A preset by name (see ``preset_names``) or a JSON file path, as a dict. A shipped
-    name wins over a file or folder of that name in the working directory (which once
-    trained another task without a word): a path is meant when it is written as one
-    (``./demo``, ``presets/demo``, ``demo.json``).
+    """A preset by name (see ``preset_names``), a JSON file path or a checkpoint (or run
+    folder, see ``checkpoint_preset``), as a dict. A registered or shipped name wins over a
+    file or folder of that name in the working directory (which once trained another task
+    without a word): a path is meant when it is written as one (``./demo``, ``presets/demo``,
+    ``demo.json``).
 
     A file that cannot be read, is not JSON or holds no JSON object raises a one-line
     ``DataError`` (a ValueError) naming it; a section that holds no object, an OptionError.
     """
     path = Path(name_or_path)
-    if name_or_path in preset_names():
+    if name_or_path in _REGISTERED:
+        return copy.deepcopy(_REGISTERED[name_or_path])
+    if name_or_path in shipped_preset_names():
         source = resources.files(PACKAGE) / f"{name_or_path}.json"
+    elif path.is_dir():
+        return checkpoint_preset(path)
     elif path.suffix == ".json" or path.exists():
         source = path
     else:
-        raise ValueError(f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file)")
-    preset = read_json_object(source, "a preset")
+        raise ValueError(
+            f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file or a checkpoint)"
+        )
+    return _checked(read_json_object(source, "a preset"), str(source))
+
+
+def checkpoint_preset(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's (or a run folder's latest) model options and training settings as a
+    preset's "model" and "train" sections: a new run from them builds the same architecture
+    and trains as that run did (the command line still has the last word)."""
+    folder = model_folder(path)
+    config = read_json_object(folder / "config.json", "a model config")
+    families = {cls.model_type: architecture for architecture, cls in CONFIG_CLASSES.items()}
+    if config.get("model_type") not in families:
+        raise ValueError(f"{folder / 'config.json'}: not a model of this package (model_type {config.get('model_type')!r})")
+    architecture = families[config["model_type"]]
+    names = set(model_option_names(architecture)) - {"architecture"}
+    preset = {"model": {"architecture": architecture, **{k: v for k, v in config.items() if k in names}}}
+    settings = {k: v for k, v in training_settings(folder).items() if k != "task"}
+    return {**preset, "train": settings} if settings else preset
+
+
+def _checked(preset: dict[str, Any], source: str) -> dict[str, Any]:
     for name, section in preset.items():
         if name.endswith(SECTIONS) and not isinstance(section, dict):
             raise option_error(f"{source}: preset section", name, "a dict", section)
