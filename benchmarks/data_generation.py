@@ -20,8 +20,7 @@ from common import Table, median_seconds, ratio, synchronize, verdict
 from implicitlm.presets import load_preset
 from implicitlm.data.groups import get_group
 from implicitlm.data.word_storage import load_words, sidecar_path, write_generated_words
-from implicitlm.train.batches import WordBatches
-from implicitlm.train.config import TrainConfig
+from implicitlm.tasks.words import WordBatches
 from implicitlm.train.runs import word_model, word_train_config
 
 GROUP, LENGTH, BATCH = "S5", 256, 128
@@ -85,8 +84,7 @@ def _generation(path: Path, words: int, storage: str, repeats: int) -> tuple[flo
 def _loader_tokens_per_s(path: Path, device: str, repeats: int) -> float:
     """Tokens/s of the trainer's own file batches (copies to ``device`` included)."""
     words = load_words(path)
-    config = TrainConfig.for_task("words", group=words.group, sequence_length=LENGTH, batch_size=BATCH)
-    batches = WordBatches(config, words)
+    batches = WordBatches(words.group, LENGTH, BATCH, data=words)
 
     def next_batch() -> None:
         for tensor in next(batches):

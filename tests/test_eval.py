@@ -12,8 +12,7 @@ from torch import nn
 from implicitlm.data.words import generate_words, prefix_products
 from implicitlm.eval.words import accuracy_by_length, word_accuracy
 from implicitlm.models.output import ImplicitLMOutput
-from implicitlm.train.batches import WordBatches
-from implicitlm.train.config import TrainConfig
+from implicitlm.tasks.words import WordBatches
 
 from stubs import ExplicitStub
 
@@ -66,7 +65,7 @@ def test_a_perfect_model_scores_one_at_every_length():
 
 
 def test_test_words_differ_from_training_words():
-    train_inputs, _ = next(WordBatches(TrainConfig.for_task("words", group="S3", sequence_length=8, batch_size=64), None))
+    train_inputs, _ = next(WordBatches("S3", sequence_length=8, batch_size=64))
     seen = {tuple(row) for row in train_inputs.tolist()}
     captured = []
 

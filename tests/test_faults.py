@@ -250,12 +250,12 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
 
 def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, capsys, monkeypatch):
     from implicitlm.core.errors import DataError
-    from implicitlm.train import batches
+    from implicitlm.tasks import words as word_task
 
     def unreadable(*args, **kwargs):
         raise DataError("words.npy: row 7 holds token 9, outside the group's 6 elements")
 
-    monkeypatch.setattr(batches, "generate_words", unreadable)
+    monkeypatch.setattr(word_task, "generate_words", unreadable)
     out = tmp_path / "run"
     assert main(train_command(out)) == 2
     assert "row 7" in capsys.readouterr().err
@@ -264,7 +264,7 @@ def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, 
 
 def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, capsys, monkeypatch):
     from implicitlm.core.errors import DataError
-    from implicitlm.train import batches
+    from implicitlm.tasks import words as word_task
 
     out = tmp_path / "run"
     assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
@@ -272,7 +272,7 @@ def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, c
     def unreadable(*args, **kwargs):
         raise DataError("words.npy: truncated")
 
-    monkeypatch.setattr(batches, "generate_words", unreadable)
+    monkeypatch.setattr(word_task, "generate_words", unreadable)
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"]) == 2
     assert read_meta(latest_checkpoint(out))["step"] == 2
 

@@ -16,8 +16,7 @@ from implicitlm.data.word_storage import load_words, save_words, sidecar_path, w
 from implicitlm.data.words import DerivedTargets, generate_words, verify_targets
 from implicitlm.eval.words import word_accuracy
 from implicitlm.models import build_model, config_from_options
-from implicitlm.train.batches import WordBatches
-from implicitlm.train.config import TrainConfig
+from implicitlm.tasks.words import WordBatches
 
 
 def write_pair(tmp_path, group="S5", length=12, count=30, seed=3, hard_prob=None):
@@ -92,8 +91,9 @@ def test_unknown_target_storage_is_refused(tmp_path):
 
 def test_trainer_batches_and_dataset_items_match(tmp_path):
     stored, derived = write_pair(tmp_path, count=20)
-    config = TrainConfig.for_task("words", group=stored.group, sequence_length=stored.inputs.shape[1], batch_size=8, seed=5)
-    stored_batches, derived_batches = WordBatches(config, stored), WordBatches(config, derived)
+    length = stored.inputs.shape[1]
+    stored_batches = WordBatches(stored.group, length, batch_size=8, seed=5, data=stored)
+    derived_batches = WordBatches(derived.group, length, batch_size=8, seed=5, data=derived)
     for _ in range(5):  # past the end of the first epoch
         (x, y), (dx, dy) = next(stored_batches), next(derived_batches)
         assert dy.dtype == torch.int64

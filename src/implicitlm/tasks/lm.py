@@ -1,5 +1,6 @@
-"""Language modelling as a task: held-out loss and perplexity of a causal language model on a
-shard split, overall and by context length; the split's leading windows for convergence."""
+"""Language modelling as a task: training batches of token windows, held-out loss and
+perplexity of a causal language model on a shard split, overall and by context length; the
+split's leading windows for convergence."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError
 from ..data.shards import TokenShards
-from ..data.token_windows import evaluation_windows
+from ..data.token_windows import TokenSampler, evaluation_windows
+from ..data.tokenizer import load_tokenizer
 from ..deq import warn_not_converged
 from ..models.loss import token_cross_entropy
 from .base import FolderTask, missed_cell
@@ -154,3 +157,51 @@ class LMTask(FolderTask):
         max_tokens = CONVERGENCE_TOKENS if self.max_tokens is None else self.max_tokens
         windows = next(evaluation_windows(self.shards, length, max(1, max_tokens // length)))
         return [(windows[:, :-1].numpy(), None)]
+
+
+class TokenBatches:
+    """Language modelling: windows of ``sequence_length + 1`` tokens from the training shards,
+    the first ``sequence_length`` as inputs, the last ``sequence_length`` as labels."""
+
+    def __init__(
+        self, shards: TokenShards, sequence_length: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+    ):
+        self.shards = shards
+        # A local tokenizer folder may not travel with the checkpoints, so they carry a copy;
+        # a hub name stays findable.
+        self.tokenizer = load_tokenizer(shards.tokenizer) if Path(shards.tokenizer).is_dir() else None
+        self.sampler = TokenSampler(shards, sequence_length, batch_size, seed=seed, rank=rank, world_size=world_size)
+
+    def __iter__(self) -> TokenBatches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        window = next(self.sampler)
+        return window[:, :-1], window[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+    def description(self) -> None:
+        return None
+
+    def prepare(self, model) -> None:
+        """The shards' vocabulary must fit the model; their eos id goes into its configs."""
+        if self.shards.vocab_size > model.config.vocab_size:
+            raise OptionError(
+                f"the shards' tokenizer has {self.shards.vocab_size} tokens, more than the model's vocab_size "
+                f"{model.config.vocab_size}"
+            )
+        mark_end_of_text(model, self.shards.eos_token_id)
+
+
+def mark_end_of_text(model, eos_token_id: int) -> None:
+    """The shards' eos id in the model's config and generation config, so that a trained
+    checkpoint's ``generate()`` stops at the end of a text and pads finished rows with it
+    (the shards have no padding token of their own)."""
+    for config in (model.config, model.generation_config):
+        config.eos_token_id = eos_token_id
+        config.pad_token_id = eos_token_id

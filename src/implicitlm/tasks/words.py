@@ -1,19 +1,22 @@
-"""Word problems (state tracking) as a task: test words of each length, generated or read
-from files, scored by per-token accuracy in either inference mode; the hard tokens of a
-product group's words split a convergence report."""
+"""Word problems (state tracking) as a task: training batches (fresh words or a word file, each
+process its own rows), test words of each length, generated or read from files, scored by
+per-token accuracy in either inference mode; the hard tokens of a product group's words split a
+convergence report."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..core.errors import OptionError
 from ..core.memory import activation_bytes, require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
-from ..data.words import generate_words, hard_token_mask
+from ..data.words import WordData, generate_words, hard_token_mask
 from ..deq import warn_not_converged
 from ..models.implicit_lm import MODES
 from .base import Task, missed_cell
@@ -239,3 +242,82 @@ def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:
         raise ValueError(f"--group {group}: the checkpoint was trained on {trained}; evaluate it on {trained}")
     if algebra.order != vocab_size:
         raise ValueError(f"--group {group}: {algebra.order} elements, but the model reads {vocab_size} tokens")
+
+
+class WordBatches:
+    """Word problems: fresh words drawn from ``(seed, micro-batch)``, or, from a word file, a
+    seeded shuffle per epoch (the rows of a batch read in sorted order, which a memory map
+    serves faster); labels derived here when the file does not store them."""
+
+    def __init__(
+        self, group: str, sequence_length: int, batch_size: int, seed: int = 0, data: WordData | None = None,
+        hard_prob: float | None = None, rank: int = 0, world_size: int = 1,
+    ):
+        self.group, self.sequence_length, self.batch_size, self.seed = group, sequence_length, batch_size, seed
+        self.data, self.hard_prob, self.rank, self.world_size = data, hard_prob, rank, world_size
+        self.global_rows = batch_size * world_size
+        if data is not None and data.inputs.shape[0] < self.global_rows:
+            raise ValueError(
+                f"training file has {data.inputs.shape[0]} sequences, fewer than the batch size {self.global_rows}"
+            )
+        self.position = 0  # micro-batches handed out so far
+        self.tokenizer = None  # a word's tokens are the group's elements
+
+    def __iter__(self) -> WordBatches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self._rows(self.position)
+        self.position += 1
+        return _to_tensors(inputs, targets)
+
+    def _rows(self, micro_batch: int) -> tuple[np.ndarray, np.ndarray]:
+        own = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        if self.data is None:
+            inputs, targets = generate_words(
+                get_group(self.group), self.sequence_length, self.global_rows,
+                seed=_micro_batch_seed(self.seed, micro_batch), hard_prob=self.hard_prob,
+            )
+            return inputs[own], targets[own]
+        count = self.data.inputs.shape[0]
+        epoch, index = divmod(micro_batch, count // self.global_rows)
+        order = np.random.default_rng([self.seed, epoch]).permutation(count)
+        rows = np.sort(order[index * self.global_rows:(index + 1) * self.global_rows][own])
+        return self.data.inputs[rows], self.data.targets[rows]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"micro_batches": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["micro_batches"])
+
+    def description(self) -> dict[str, Any] | None:
+        """What identifies the training words: None for fresh words drawn from the seed."""
+        if self.data is None:
+            return None
+        inputs = self.data.inputs
+        shape = {"group": self.data.group, "count": int(inputs.shape[0]), "length": int(inputs.shape[1])}
+        return {**shape, "inputs_sha256": _inputs_digest(inputs)}
+
+    def prepare(self, model) -> None:
+        order = get_group(self.group).order
+        if model.config.vocab_size < order:
+            raise OptionError(f"the model's vocab_size {model.config.vocab_size} is smaller than {self.group}'s {order} elements")
+
+
+def _micro_batch_seed(seed: int, micro_batch: int) -> int:
+    return int(np.random.SeedSequence([seed, micro_batch]).generate_state(1)[0])
+
+
+def _inputs_digest(inputs: np.ndarray, rows_per_chunk: int = 65536) -> str:
+    """SHA-256 of the words' element indices (as little-endian int64, whatever the file's
+    dtype), read in chunks so that a memory-mapped file is not loaded whole. The targets
+    follow from the inputs and the group."""
+    digest = hashlib.sha256()
+    for start in range(0, inputs.shape[0], rows_per_chunk):
+        digest.update(np.ascontiguousarray(inputs[start:start + rows_per_chunk], dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+def _to_tensors(inputs: np.ndarray, targets: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(inputs.astype(np.int64)), torch.from_numpy(targets.astype(np.int64))

@@ -29,7 +29,8 @@ from ..data.shards import TokenShards
 from ..data.words import WordData
 from ..deq import penalised
 from ..models.loss import token_cross_entropy
-from .batches import TokenBatches, WordBatches
+from ..tasks.lm import TokenBatches
+from ..tasks.words import WordBatches
 from .checkpoint import (
     CheckpointError, applying_training_state, prune_checkpoints, read_meta, restore_weights, run_checkpoint,
     save_checkpoint, saved_settings,
@@ -149,10 +150,12 @@ def _batches(config: TrainConfig, data, accelerator) -> WordBatches | TokenBatch
     if config.task == "words":
         if data is not None and not isinstance(data, WordData):
             raise TypeError(f"words train on a WordData (or fresh words: None), got {type(data).__name__}")
-        return WordBatches(config, data, **ranks)
+        return WordBatches(
+            config.group, config.sequence_length, config.batch_size, config.seed, data, config.hard_prob, **ranks
+        )
     if data is None:
         raise ValueError("language-model training needs the folder of its token shards")
-    return TokenBatches(config, TokenShards(data, "train"), **ranks)
+    return TokenBatches(TokenShards(data, "train"), config.sequence_length, config.batch_size, config.seed, **ranks)
 
 
 def step_cost(config: TrainConfig, accumulation: int, processes: int) -> str:
