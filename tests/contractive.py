@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from implicitlm.models.mamba2 import Mamba2Block
+from implicitlm.models.mamba2.modeling_mamba2 import Mamba2Block
 
 
 def make_contractive(model):

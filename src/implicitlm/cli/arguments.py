@@ -23,6 +23,17 @@ class Parser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
+def add_run_options(p, trainer: str) -> None:
+    """What both training commands take besides their data and presets: options, and what to
+    do with a run already in --out."""
+    p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--train", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
+    p.add_argument("--no-progress", action="store_true")
+    p.epilog = options_epilog(trainer)
+
+
 def options_epilog(trainer: str | None) -> str:
     """Where a command taking --model (and --train) sends its reader for their keys: listing
     them needs the model classes, which import torch, and --help answers without it."""

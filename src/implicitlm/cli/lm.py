@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .arguments import key_value, non_negative_int, options_epilog, positive_float, positive_int
+from .arguments import add_run_options, non_negative_int, positive_float, positive_int
 from .shared import add_budget_options, add_solver_flags, apply_solver_flags, check_resume_or_overwrite
 
 
@@ -18,14 +18,10 @@ def add_train(commands) -> None:
     p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
     p.add_argument(
         "--config", default=None,
-        help="training preset name or JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model')",
+        help="training preset name, JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model'), "
+             "or a checkpoint",
     )
-    p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
-    p.add_argument("--train", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
-    p.add_argument("--no-progress", action="store_true")
-    p.epilog = options_epilog("lm")
+    add_run_options(p, "lm")
     p.set_defaults(run=_run_train)
 
 

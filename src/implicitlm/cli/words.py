@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .arguments import fraction, key_value, non_negative_int, options_epilog, positive_int
+from .arguments import add_run_options, fraction, non_negative_int, positive_int
 from .shared import check_resume_or_overwrite
 
 
@@ -60,15 +60,10 @@ def _run_words_generate(args) -> None:
 def add_words_train(commands) -> None:
     p = commands.add_parser("train", help="train a model on a word problem")
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
-    p.add_argument("--preset", default=None, help="preset name or JSON with 'model' and 'train' sections")
+    p.add_argument("--preset", default=None, help="preset name, JSON with 'model' and 'train' sections, or a checkpoint")
     p.add_argument("--explicit", action="store_true", help="train the explicit model (one pass, no fixed point)")
     p.add_argument("--data", type=Path, default=None, help="training words (.npy or .csv); default: fresh words")
-    p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
-    p.add_argument("--train", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
-    p.add_argument("--no-progress", action="store_true")
-    p.epilog = options_epilog("words")
+    add_run_options(p, "words")
     p.set_defaults(run=_run_words_train)
 
 

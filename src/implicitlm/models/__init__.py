@@ -1,12 +1,12 @@
 """Configs and models (explicit and implicit); they know no trainer or evaluation."""
 
 from .auto import register_auto_classes
-from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
+from .configuration import ImplicitLMConfig
 from .implicit_lm import ImplicitCausalLM
-from .llama_lm import ImplicitLlamaForCausalLM
+from .llama import ImplicitLlamaConfig, ImplicitLlamaForCausalLM
 from .loading import ModelLoadError, build_model, config_from_options, load_model, model_option_names
-from .mamba1_lm import ImplicitMambaForCausalLM
-from .mamba2_lm import ImplicitMamba2ForCausalLM
+from .mamba import ImplicitMambaConfig, ImplicitMambaForCausalLM
+from .mamba2 import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
 from .output import ImplicitLMOutput
 
 register_auto_classes()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .configuration import ImplicitLlamaConfig, ImplicitMamba2Config, ImplicitMambaConfig
-from .llama_lm import ImplicitLlamaForCausalLM
-from .mamba1_lm import ImplicitMambaForCausalLM
-from .mamba2_lm import ImplicitMamba2ForCausalLM
+from .llama import ImplicitLlamaConfig, ImplicitLlamaForCausalLM
+from .mamba import ImplicitMambaConfig, ImplicitMambaForCausalLM
+from .mamba2 import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
 
 
 def register_auto_classes() -> None:

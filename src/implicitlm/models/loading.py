@@ -18,11 +18,11 @@ from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import model_folder
 from ..core.schema import OptionError, check_known_keys, dataclass_defaults, option_help
-from .configuration import ImplicitLlamaConfig, ImplicitLMConfig, ImplicitMamba2Config, ImplicitMambaConfig
+from .configuration import ImplicitLMConfig
 from .implicit_lm import ImplicitCausalLM
-from .llama_lm import ImplicitLlamaForCausalLM
-from .mamba1_lm import ImplicitMambaForCausalLM
-from .mamba2_lm import ImplicitMamba2ForCausalLM
+from .llama import ImplicitLlamaConfig, ImplicitLlamaForCausalLM
+from .mamba import ImplicitMambaConfig, ImplicitMambaForCausalLM
+from .mamba2 import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
 
 WEIGHTS = "model.safetensors"
 # Written beside the weights by checkpoints and imports; checked by load_model when present.

@@ -1,11 +1,13 @@
-"""Mamba2 blocks and the Mamba2 stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u))."""
+"""Mamba2 blocks, the Mamba2 stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u)) and the
+implicit / explicit Mamba2 causal language model ``ImplicitMamba2ForCausalLM``."""
 
 from __future__ import annotations
 
-from ..layers import Mamba2Dims, Mamba2Mixer
-from .configuration import ImplicitMamba2Config
-from .mixer_block import MixerBlock
-from .stack import BlockStack
+from ...layers import Mamba2Dims, Mamba2Mixer
+from ..implicit_lm import ImplicitCausalLM
+from ..mixer_block import MixerBlock
+from ..stack import BlockStack
+from .configuration_mamba2 import ImplicitMamba2Config
 
 
 def mamba2_dims(config: ImplicitMamba2Config) -> Mamba2Dims:
@@ -37,3 +39,11 @@ class Mamba2Block(MixerBlock):
 class Mamba2Stack(BlockStack):
     def __init__(self, config: ImplicitMamba2Config) -> None:
         super().__init__([Mamba2Block(config) for _ in range(config.num_hidden_layers)], config)
+
+
+class ImplicitMamba2ForCausalLM(ImplicitCausalLM):
+    config_class = ImplicitMamba2Config
+    _no_split_modules = ["Mamba2Block"]
+
+    def __init__(self, config: ImplicitMamba2Config) -> None:
+        super().__init__(config, Mamba2Stack(config), mamba2_dims(config).d_in_proj)

@@ -1,13 +1,15 @@
-"""Llama blocks and the Llama stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u))."""
+"""Llama blocks, the Llama stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u)) and the
+implicit / explicit Llama causal language model ``ImplicitLlamaForCausalLM``."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..layers import AttentionDims, CausalSelfAttention, KVCache, RMSNorm, SwiGLUMLP
-from .configuration import ImplicitLlamaConfig
-from .stack import BlockStack
+from ...layers import AttentionDims, CausalSelfAttention, KVCache, RMSNorm, SwiGLUMLP
+from ..implicit_lm import ImplicitCausalLM
+from ..stack import BlockStack
+from .configuration_llama import ImplicitLlamaConfig
 
 
 def attention_dims(config: ImplicitLlamaConfig) -> AttentionDims:
@@ -58,3 +60,11 @@ class LlamaBlock(nn.Module):
 class LlamaStack(BlockStack):
     def __init__(self, config: ImplicitLlamaConfig) -> None:
         super().__init__([LlamaBlock(config) for _ in range(config.num_hidden_layers)], config)
+
+
+class ImplicitLlamaForCausalLM(ImplicitCausalLM):
+    config_class = ImplicitLlamaConfig
+    _no_split_modules = ["LlamaBlock"]
+
+    def __init__(self, config: ImplicitLlamaConfig) -> None:
+        super().__init__(config, LlamaStack(config), attention_dims(config).injection_size)

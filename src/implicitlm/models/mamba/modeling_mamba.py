@@ -1,11 +1,13 @@
-"""Mamba1 blocks and the Mamba1 stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u))."""
+"""Mamba1 blocks, the Mamba1 stack f(z, u) = RMSNorm(Block_N(... Block_1(z, u) ..., u)) and the
+implicit / explicit Mamba (Mamba1) causal language model ``ImplicitMambaForCausalLM``."""
 
 from __future__ import annotations
 
-from ..layers import Mamba1Dims, Mamba1Mixer
-from .configuration import ImplicitMambaConfig
-from .mixer_block import MixerBlock
-from .stack import BlockStack
+from ...layers import Mamba1Dims, Mamba1Mixer
+from ..implicit_lm import ImplicitCausalLM
+from ..mixer_block import MixerBlock
+from ..stack import BlockStack
+from .configuration_mamba import ImplicitMambaConfig
 
 
 def mamba1_dims(config: ImplicitMambaConfig) -> Mamba1Dims:
@@ -30,3 +32,11 @@ class Mamba1Block(MixerBlock):
 class Mamba1Stack(BlockStack):
     def __init__(self, config: ImplicitMambaConfig) -> None:
         super().__init__([Mamba1Block(config) for _ in range(config.num_hidden_layers)], config)
+
+
+class ImplicitMambaForCausalLM(ImplicitCausalLM):
+    config_class = ImplicitMambaConfig
+    _no_split_modules = ["Mamba1Block"]
+
+    def __init__(self, config: ImplicitMambaConfig) -> None:
+        super().__init__(config, Mamba1Stack(config), mamba1_dims(config).d_in_proj)
