@@ -56,7 +56,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         return copy.deepcopy(_REGISTERED[name_or_path])
     if name_or_path in shipped_preset_names():
         source = resources.files(PACKAGE) / f"{name_or_path}.json"
-    elif path.is_dir():
+    elif path.is_dir() and path.suffix != ".json":
         return checkpoint_preset(path)
     elif path.suffix == ".json" or path.exists():
         source = path
