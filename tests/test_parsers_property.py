@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from implicitlm.core.atomic_io import write_json
 from implicitlm.presets import load_preset
+from implicitlm.presets.run_presets import SECTION_NAMES
 from implicitlm.data import catbabi, shard_writer, tokenizer as tokenizer_module, word_csv, word_storage, words
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
 from implicitlm.data.catbabi import (
@@ -179,7 +180,7 @@ def _resume_shards(folder: Path) -> None:
 
 
 def _build_preset(folder: Path) -> None:
-    write_json(folder / "p.json", {"group": "S3", "train": {"steps": 3, "lr": 1e-3}, "layers": [1, 2]})
+    write_json(folder / "p.json", {"train": {"group": "S3", "steps": 3, "lr": 1e-3}, "model": {"layers": [1, 2]}})
 
 
 TARGETS = [
@@ -566,7 +567,9 @@ JSON_VALUES = st.recursive(
 
 
 @ROUND_TRIP
-@given(preset=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5))
+@given(preset=st.dictionaries(
+    st.sampled_from(SECTION_NAMES), st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3), max_size=5,
+))
 def test_presets_read_back_equal(preset: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         write_json(Path(folder) / "p.json", preset)

@@ -166,3 +166,15 @@ def test_a_checkpoint_is_a_preset_of_its_own_model_and_training(tmp_path):
         k: v for k, v in first_config.items() if k != "_name_or_path"}
     with pytest.raises(ValueError, match="not a model directory|unknown preset"):
         load_preset(str(tmp_path / "missing"))
+
+
+def test_a_misspelt_preset_section_is_refused_not_ignored(tmp_path, capsys):
+    """The hostile probe: a preset whose sections are misspelt trained the default 24-layer model."""
+    preset = tmp_path / "p.json"
+    preset.write_text('{"modle": {"hidden_size": 8}, "trian": {"batch_size": 2}}')
+    assert main(["words", "train", "--preset", str(preset), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"implicitlm: error: {preset}: unknown preset section 'modle' (did you mean 'model'?)"]
+    assert not (tmp_path / "run").exists()
+    assert main(["train", "--data", str(tmp_path), "--config", str(preset), "--out", str(tmp_path / "lm")]) == 2
+    assert "unknown preset section 'modle'" in capsys.readouterr().err

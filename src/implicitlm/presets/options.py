@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .model_presets import model_preset
-from .run_presets import load_preset
+from .run_presets import KINDS, load_preset
 
-KINDS = ("implicit", "explicit")
 PRESET_PREFIX = "preset:"
 
 

@@ -11,13 +11,16 @@ from typing import Any, Mapping
 
 from ..core.json_file import read_json_object
 from ..core.run_folder import model_folder, training_settings
-from ..core.schema import option_error
+from ..core.schema import OptionError, check_known_keys, option_error
 from ..models.loading import CONFIG_CLASSES, model_option_names
 
 PACKAGE = "implicitlm.presets"
 
-# A preset section holds a dict of options; its name ends with one of these ("implicit_model").
+# A preset section holds a dict of options: one of these, shared by both kinds of model, or
+# one kind's own ("implicit_model", "explicit_train").
 SECTIONS = ("model", "train", "eval", "corpus")
+KINDS = ("implicit", "explicit")
+SECTION_NAMES = (*SECTIONS, *(f"{kind}_{section}" for kind in KINDS for section in SECTIONS))
 
 
 # Presets registered in this process by register_preset, by name.
@@ -84,7 +87,13 @@ def checkpoint_preset(path: str | Path) -> dict[str, Any]:
 
 
 def _checked(preset: dict[str, Any], source: str) -> dict[str, Any]:
+    """A misspelt section would be ignored and its options left at their defaults (a far
+    larger model than asked for): every section must be one this package reads."""
+    try:
+        check_known_keys(preset, SECTION_NAMES, "preset section")
+    except OptionError as error:
+        raise OptionError(f"{source}: {error}") from None
     for name, section in preset.items():
-        if name.endswith(SECTIONS) and not isinstance(section, dict):
+        if not isinstance(section, dict):
             raise option_error(f"{source}: preset section", name, "a dict", section)
     return preset
