@@ -42,18 +42,11 @@ def add_words_generate(commands) -> None:
 
 
 def _run_words_generate(args) -> None:
-    from ..data.word_storage import save_words, write_generated_words
-    from ..data.words import generate_words
+    from ..data.word_storage import write_generated_words
 
-    if args.out.suffix == ".csv":
-        if args.targets == "derived":
-            raise ValueError(f"{args.out}: --targets derived needs .npy storage; CSV files store their targets")
-        inputs, targets = generate_words(args.group, args.length, args.count, args.seed, args.hard_prob)
-        save_words(args.out, inputs, targets, {"group": args.group, "seed": args.seed, "hard_prob": args.hard_prob})
-    else:
-        write_generated_words(
-            args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True, targets=args.targets
-        )
+    write_generated_words(
+        args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True, targets=args.targets
+    )
     print(f"wrote {args.count} words of length {args.length} over {args.group} to {args.out}")
 
 

@@ -40,6 +40,7 @@ from implicitlm.data.words import (
     check_generation_args,
     check_labels,
     fill_words,
+    generate_words,
     is_probability,
     row_blocks,
     word_meta,
@@ -59,7 +60,8 @@ def write_generated_words(
     progress: bool = False,
     targets: str = "stored",
 ) -> WordData:
-    """Same data as ``generate_words``, generated straight into a memory-mapped file.
+    """Same data as ``generate_words``, generated straight into a memory-mapped file, or, for a
+    ``.csv`` path, written in the CSV format of *The Illusion of State* (generated in memory).
 
     ``targets="derived"`` stores only the inputs (half the size, and no products to
     compute here); reading derives the targets. The words are the same either way.
@@ -67,7 +69,12 @@ def write_generated_words(
     path = Path(path)
     _check_file_target(path)
     if path.suffix == ".csv":
-        raise ValueError(f"{path}: generate to .npy storage; export CSV with save_words")
+        if targets != "stored":
+            raise ValueError(f"{path}: targets={targets!r} needs .npy storage; CSV files store their targets")
+        algebra = resolve_group(group)
+        inputs, products = generate_words(algebra, length, count, seed, hard_prob)
+        save_words(path, inputs, products, {"group": algebra.name, "seed": seed, "hard_prob": hard_prob})
+        return load_words(path, algebra)
     if targets not in TARGET_STORAGE:
         raise ValueError(f"targets must be one of {', '.join(TARGET_STORAGE)}, got {targets!r}")
     algebra = resolve_group(group)
