@@ -276,3 +276,28 @@ def test_words_train_under_torchrun_as_one_process_with_the_global_batch(tmp_pat
     for (name, a), (_, b) in zip(load_model(tmp_path / "two").state_dict().items(),
                                  load_model(tmp_path / "single").state_dict().items()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_resume_accepts_the_runs_own_preset_and_refuses_another(tmp_path, capsys):
+    """``--resume --preset P`` with the preset the run started from continues it (a hostile
+    probe found it refused); a preset that says otherwise is refused, naming the option."""
+    preset = {"model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4, "head_dim": 8,
+                        "fixed_point": {"tau": 0.6, "eval_f_max_iter": 20}},
+              "train": {**WORD_SETTINGS, "total_steps": 2}}
+    (tmp_path / "p.json").write_text(json.dumps(preset))
+    start = ["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "p.json"), "--no-progress"]
+    assert main(start) == 0
+    assert main([*start, "--resume", "--train", "total_steps=3"]) == 0
+    assert json.loads((tmp_path / "run" / "checkpoints" / "step_0000003" / "trainer.json").read_text())["step"] == 3
+    capsys.readouterr()
+    for changed, named in ((dict(preset, model={**preset["model"], "hidden_size": 32}), "hidden_size=32"),
+                           (dict(preset, train={**preset["train"], "lr": 0.5}), "lr=0.5"),
+                           (dict(preset, model={**preset["model"], "fixed_point": {"tau": 0.9}}), "fixed_point.tau=0.9")):
+        (tmp_path / "other.json").write_text(json.dumps(changed))
+        assert main(["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "other.json"),
+                     "--resume", "--no-progress", "--train", "total_steps=3"]) == 2
+        assert f"the preset's {named} is not the run's" in capsys.readouterr().err
+    assert main([*start, "--resume"]) == 2  # the run now trains for 3 steps, the preset says 2
+    assert "the preset's total_steps=2 is not the run's 3" in capsys.readouterr().err
+    assert main([*start, "--resume", "--explicit"]) == 2
+    assert "its own model, an implicit one" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
 from ..models import ImplicitCausalLM, build_model, config_from_options, load_model
-from ..presets import load_preset, merged_options, model_kind, model_options_from
+from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
 from .config import TrainConfig
 from .trainer import resume_config, train
 
@@ -45,9 +45,11 @@ def train_words_run(
     """``implicitlm words train``: a fresh run from a preset (``explicit``: the explicit
     model), or, with ``resume``, the run in ``out_dir`` continued with its own model and
     settings (``train_options`` on top). ``data``: a word file; None trains on fresh words."""
-    if resume and (preset or model_options or explicit):
+    if resume and model_options:
         raise ValueError("--resume continues the run with its own model; only --train options may change")
     presets = load_preset(preset) if preset else {}
+    if resume and (preset or explicit):
+        require_the_runs_preset(out_dir, presets, explicit, changed=set(train_options or {}))
     kind = "explicit" if explicit else "implicit"
     config = resume_config(out_dir, train_options or {}) if resume else word_train_config(presets, kind, train_options)
     words = load_words(data, group=config.group) if data else None
@@ -55,6 +57,38 @@ def train_words_run(
         raise ValueError(f"{data}: words over {words.group}, but the training group is {config.group}")
     model = load_model(latest_checkpoint(out_dir)) if resume else word_model(presets, kind, config, model_options)
     return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress)
+
+
+# Fixed-point options the curriculum sets phase by phase, and the trainer from the training
+# length: a checkpoint holds the last phase's, whatever the preset said.
+SET_IN_TRAINING = ("f_max_iter", "phantom_steps", "f_tol", "unroll_steps", "eval_chunk_length")
+
+
+def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: bool, changed: set[str]) -> None:
+    """A resume continues the run with its own settings: a preset (and ``--explicit``) given
+    again is accepted where it says what the run trains with (``changed``: the training
+    options this resume sets anew), and refused in one line naming the first option where
+    it does not."""
+    run = checkpoint_preset(out_dir)
+    kind = "implicit" if run["model"].get("implicit", True) else "explicit"
+    if explicit != (kind == "explicit"):
+        raise ValueError(f"--resume continues the run with its own model, an {kind} one")
+    given = merged_options(preset, "train", kind, {})
+    recorded, wanted = TrainConfig.for_task("words", **run["train"]), TrainConfig.for_task("words", **given)
+    differing = [(key, getattr(wanted, key), getattr(recorded, key)) for key in given
+                 if key not in changed and getattr(wanted, key) != getattr(recorded, key)]
+    for key, value in merged_options(preset, "model", kind, {}).items():
+        if key == "fixed_point":
+            differing += [(f"fixed_point.{name}", option, run["model"][key].get(name)) for name, option in value.items()
+                          if name not in SET_IN_TRAINING and run["model"][key].get(name) != option]
+        elif run["model"].get(key) != value:
+            differing.append((key, value, run["model"].get(key)))
+    if differing:
+        key, value, own = differing[0]
+        raise ValueError(
+            f"--resume continues the run with its own settings; the preset's {key}={value!r} is not the run's {own!r} "
+            "(only --train options may change)"
+        )
 
 
 def train_lm_run(
