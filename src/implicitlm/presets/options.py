@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.json_file import read_json_object
 from .model_presets import model_preset
-from .run_presets import KINDS, load_preset
+from .run_presets import KINDS, checkpoint_preset, load_preset
 
 PRESET_PREFIX = "preset:"
 
@@ -36,7 +37,10 @@ def model_options_from(spec: str) -> dict[str, Any]:
     """Model options from a model preset's name (``mamba2-130m-bounded``, or ``preset:`` and the
     name), a JSON file (its "model" section if it has one, else the whole object) or a
     checkpoint (or run folder) of this package."""
-    if spec.endswith(".json") or Path(spec).is_dir():
-        options = load_preset(spec)
-        return options.get("model", options)
+    if spec.endswith(".json"):
+        options = read_json_object(Path(spec), "a preset")
+        # A file of sections is checked as every preset is; one of bare model options is the options.
+        return load_preset(spec)["model"] if "model" in options else options
+    if Path(spec).is_dir():
+        return checkpoint_preset(spec)["model"]
     return model_preset(spec.removeprefix(PRESET_PREFIX))
