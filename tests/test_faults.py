@@ -466,3 +466,23 @@ def test_a_full_disk_while_writing_the_weights_is_one_line(tmp_path, capsys, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "No space left on device" in err[0] and "model.safetensors" in err[0], err
     assert_same_weights(weights(out), before)
+
+
+def test_temporaries_a_killed_run_left_are_removed_by_the_next_run_on_the_folder(tmp_path, caplog):
+    """A SIGKILL during a checkpoint write leaves its staging folder (as large as the model and
+    optimiser state) and maybe a log's temporary; the next run holding the folder removes them
+    and says so in one line. Other files stay."""
+    out = tmp_path / "run"
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
+    staging = out / "checkpoints" / ".step_0000003.k1l2m3n4.tmp"
+    staging.mkdir()
+    (staging / "training_state.pt").write_bytes(b"")
+    (out / ".metrics.jsonl.a1b2c3.tmp").write_text('{"step": 2}')
+    (out / "notes.txt").write_text("mine")
+    caplog.clear()
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=3"]) == 0
+    assert not staging.exists() and not (out / ".metrics.jsonl.a1b2c3.tmp").exists()
+    assert (out / "notes.txt").read_text() == "mine" and latest_checkpoint(out).name == "step_0000003"
+    warnings = [record.getMessage() for record in caplog.records if "temporary" in record.getMessage()]
+    assert warnings == [f"{out}: removed 2 temporary file(s) a stopped run left: "
+                        ".metrics.jsonl.a1b2c3.tmp, checkpoints/.step_0000003.k1l2m3n4.tmp"]

@@ -4,6 +4,7 @@ folder loads its latest checkpoint."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -76,3 +77,18 @@ def current_spelling(settings: Mapping[str, Any]) -> dict[str, Any]:
         settings["total_steps"] = settings.get("unroll_steps", 0) + after_warm_up
         settings["bounded_fraction"] = phases[0] / after_warm_up if after_warm_up else 1.0
     return {**settings, "task": "words"}
+
+
+def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
+    """Remove the temporary files and folders (``.NAME.XXXX.tmp``, beside what they were to
+    replace) that a killed run left in ``run_dir`` and its ``checkpoints``; returns them. A
+    checkpoint's is the size of the model and its optimiser state. Only the run holding the
+    folder's lock may call this: another run's temporaries are work in progress."""
+    run_dir = Path(run_dir)
+    stale = sorted([*run_dir.glob(".*.tmp"), *(run_dir / CHECKPOINTS).glob(".*.tmp")])
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return stale

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..core.run_folder import CHECKPOINTS, current_spelling
+from ..core.run_folder import CHECKPOINTS, current_spelling, remove_stale_temporaries
 from ..data.shards import TokenShards
 from ..data.words import WordData
 from ..deq import penalised
@@ -74,6 +74,11 @@ def train(
     out_dir = Path(out_dir)
     accelerator = _accelerator(config, model, out_dir)
     with run_folder_lock(out_dir, enabled=accelerator.is_main_process):
+        if accelerator.is_main_process:
+            stale = remove_stale_temporaries(out_dir)
+            if stale:
+                names = ", ".join(str(path.relative_to(out_dir)) for path in stale)
+                LOGGER.warning(f"{out_dir}: removed {len(stale)} temporary file(s) a stopped run left: {names}")
         return _train(accelerator, model, config, data, out_dir, resume, progress, overwrite, description)
 
 
