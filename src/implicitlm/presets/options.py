@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.json_file import read_json_object
 from .model_presets import model_preset
-from .run_presets import KINDS, checkpoint_preset, load_preset
+from .run_presets import KINDS, check_sections, checkpoint_preset
 
 PRESET_PREFIX = "preset:"
 
@@ -40,7 +40,7 @@ def model_options_from(spec: str) -> dict[str, Any]:
     if spec.endswith(".json"):
         options = read_json_object(Path(spec), "a preset")
         # A file of sections is checked as every preset is; one of bare model options is the options.
-        return load_preset(spec)["model"] if "model" in options else options
+        return check_sections(options, spec)["model"] if "model" in options else options
     if Path(spec).is_dir():
         return checkpoint_preset(spec)["model"]
     return model_preset(spec.removeprefix(PRESET_PREFIX))

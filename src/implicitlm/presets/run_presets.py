@@ -41,7 +41,7 @@ def register_preset(name: str, preset: Mapping[str, Any]) -> None:
     later changes to ``preset`` do not reach it). A shipped name is not replaced."""
     if name in shipped_preset_names():
         raise ValueError(f"'{name}' is a shipped preset; register yours under another name")
-    _REGISTERED[name] = _checked(copy.deepcopy(dict(preset)), f"preset '{name}'")
+    _REGISTERED[name] = check_sections(copy.deepcopy(dict(preset)), f"preset '{name}'")
 
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         raise ValueError(
             f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file or a checkpoint)"
         )
-    return _checked(read_json_object(source, "a preset"), str(source))
+    return check_sections(read_json_object(source, "a preset"), str(source))
 
 
 def checkpoint_preset(path: str | Path) -> dict[str, Any]:
@@ -86,9 +86,10 @@ def checkpoint_preset(path: str | Path) -> dict[str, Any]:
     return {**preset, "train": settings} if settings else preset
 
 
-def _checked(preset: dict[str, Any], source: str) -> dict[str, Any]:
-    """A misspelt section would be ignored and its options left at their defaults (a far
-    larger model than asked for): every section must be one this package reads."""
+def check_sections(preset: dict[str, Any], source: str) -> dict[str, Any]:
+    """``preset``, every section of it one this package reads and a dict of options: a
+    misspelt section would be ignored and its options left at their defaults (a far larger
+    model than asked for)."""
     try:
         check_known_keys(preset, SECTION_NAMES, "preset section")
     except OptionError as error:

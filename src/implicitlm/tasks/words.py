@@ -5,6 +5,7 @@ convergence report."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,12 @@ class WordBatches:
             return None
         inputs = self.data.inputs
         shape = {"group": self.data.group, "count": int(inputs.shape[0]), "length": int(inputs.shape[1])}
-        return {**shape, "inputs_sha256": _inputs_digest(inputs)}
+        return {**shape, "inputs_sha256": self._inputs_sha256}
+
+    @functools.cached_property
+    def _inputs_sha256(self) -> str:
+        # Once per run: every checkpoint records it, and hashing reads the whole word file.
+        return _inputs_digest(self.data.inputs)
 
     def prepare(self, model) -> None:
         order = get_group(self.group).order

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from ..core.run_folder import latest_checkpoint
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
@@ -55,7 +54,7 @@ def train_words_run(
     words = load_words(data, group=config.group) if data else None
     if words is not None and words.group != get_group(config.group).name:
         raise ValueError(f"{data}: words over {words.group}, but the training group is {config.group}")
-    model = load_model(latest_checkpoint(out_dir)) if resume else word_model(presets, kind, config, model_options)
+    model = load_model(out_dir) if resume else word_model(presets, kind, config, model_options)
     return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress)
 
 
@@ -101,7 +100,7 @@ def train_lm_run(
     continued with its own settings (``train_options`` on top)."""
     if resume:
         config = resume_config(out_dir, train_options or {})
-        model = load_model(latest_checkpoint(out_dir))
+        model = load_model(out_dir)
         return train(model, config, out_dir, data=data, resume=True, progress=progress)
     presets = load_preset(preset) if preset else {}
     command_line = dict(model_options or {})

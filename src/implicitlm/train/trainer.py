@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.run_folder import CHECKPOINTS, current_spelling, remove_stale_temporaries
+from ..core.schema import field_names
 from ..data.shards import TokenShards
 from ..data.words import WordData
 from ..deq import penalised
@@ -334,8 +335,9 @@ def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig
     checkpoint = run_checkpoint(Path(out_dir))
     settings = current_spelling(saved_settings(checkpoint))
     task = settings.pop("task")
-    saved = {name: value for name, value in settings.items() if name in TrainConfig.__dataclass_fields__}
-    missing = sorted(set(TrainConfig.__dataclass_fields__) - set(saved) - {"task"} - _FORMER_DEFAULTS.get(task, set()))
+    fields = field_names(TrainConfig)
+    saved = {name: value for name, value in settings.items() if name in fields}
+    missing = sorted(set(fields) - set(saved) - {"task"} - _FORMER_DEFAULTS.get(task, set()))
     if missing:
         raise CheckpointError(
             f"{checkpoint}: the training settings lack {', '.join(missing)}; a resume would run them at their defaults"
