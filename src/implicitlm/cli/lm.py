@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 from .arguments import add_run_options, non_negative_int, positive_float, positive_int
-from .shared import add_budget_options, add_solver_flags, apply_solver_flags, check_resume_or_overwrite
+from .shared import (
+    add_budget_options, add_demo_command, add_solver_flags, apply_solver_flags, check_resume_or_overwrite,
+    print_run_summary, report_demo,
+)
 
 
 def add_train(commands) -> None:
@@ -33,26 +34,17 @@ def _run_train(args) -> None:
         args.data, args.out, preset=args.config, model_preset=args.model_preset, model_options=dict(args.model),
         train_options=dict(args.train), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
     )
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
-        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
-        print(f"checkpoints: {args.out / 'checkpoints'}")
+    print_run_summary(metrics, args.out)
 
 
 def add_lm_demo(commands) -> None:
-    p = commands.add_parser("demo", help="explicit vs implicit Mamba2 on Python's standard library, on CPU")
-    p.add_argument("--out", type=Path, default=Path("lm_demo_out"), help="output folder (default: lm_demo_out)")
-    p.add_argument("--preset", default="lm_demo", help="preset name or JSON file (default: lm_demo)")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=_run_lm_demo)
+    add_demo_command(commands, "explicit vs implicit Mamba2 on Python's standard library, on CPU", "lm_demo", _run_lm_demo)
 
 
 def _run_lm_demo(args) -> None:
-    from ..presets import load_preset
     from ..lm_demo import format_lm_table, run_lm_demo
 
-    results = run_lm_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
-    print(format_lm_table(results))
-    print(f"results: {args.out / 'results.json'}, plot: {args.out / 'perplexity.png'}")
+    report_demo(args, run_lm_demo, format_lm_table, "perplexity.png")
 
 
 def add_lm_downstream(commands) -> None:

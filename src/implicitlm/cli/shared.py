@@ -1,9 +1,12 @@
 """What the commands of several groups share: budget and solver flags, the resume/overwrite
-check."""
+check, the demo commands' options and report, a training run's summary."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
 
 from .arguments import non_negative_int, positive_float, positive_int
 
@@ -39,3 +42,29 @@ def apply_solver_flags(model, args) -> None:
 def check_resume_or_overwrite(args) -> None:
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one")
+
+
+def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> None:
+    """A ``demo`` command: a preset in, a table, ``results.json`` and a plot out."""
+    p = commands.add_parser("demo", help=help_text)
+    p.add_argument("--out", type=Path, default=Path(f"{preset}_out"), help=f"output folder (default: {preset}_out)")
+    p.add_argument("--preset", default=preset, help=f"preset name or JSON file (default: {preset})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=run)
+
+
+def report_demo(args, run_demo: Callable, format_table: Callable, plot: str) -> None:
+    """Run a demo command's library function and print its table and where its files are."""
+    from ..presets import load_preset
+
+    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
+    print(format_table(results))
+    print(f"results: {args.out / 'results.json'}, plot: {args.out / plot}")
+
+
+def print_run_summary(metrics: dict[str, Any], out: Path) -> None:
+    """A finished training run's last metrics and its checkpoints, printed once: under
+    torchrun by the first process only."""
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
+        print(f"checkpoints: {out / 'checkpoints'}")

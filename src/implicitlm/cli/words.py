@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .arguments import add_run_options, fraction, non_negative_int, positive_int
-from .shared import check_resume_or_overwrite
+from .shared import add_demo_command, check_resume_or_overwrite, print_run_summary, report_demo
 
 
 def add_demo(commands) -> None:
-    p = commands.add_parser("demo", help="implicit vs explicit Mamba2 on a word problem, accuracy by length")
-    p.add_argument("--out", type=Path, default=Path("demo_out"), help="output folder (default: demo_out)")
-    p.add_argument("--preset", default="demo", help="preset name or JSON file (default: demo)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(run=_run_demo)
+    add_demo_command(commands, "implicit vs explicit Mamba2 on a word problem, accuracy by length", "demo", _run_demo)
 
 
 def _run_demo(args) -> None:
-    from ..presets import load_preset
     from ..demo import format_table, run_demo
 
-    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
-    print(format_table(results))
-    print(f"results: {args.out / 'results.json'}, plot: {args.out / 'accuracy_by_length.png'}")
+    report_demo(args, run_demo, format_table, "accuracy_by_length.png")
 
 
 def add_words_generate(commands) -> None:
@@ -68,6 +60,5 @@ def _run_words_train(args) -> None:
         args.out, preset=args.preset, explicit=args.explicit, data=args.data, model_options=dict(args.model),
         train_options=dict(args.train), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
     )
-    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
-    print(f"checkpoints: {args.out / 'checkpoints'}")
+    print_run_summary(metrics, args.out)
 

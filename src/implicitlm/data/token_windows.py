@@ -69,11 +69,8 @@ class TokenSampler:
     def state_dict(self) -> dict[str, int]:
         """Where the sampler stands, as plain JSON-able numbers, for ``load_state_dict``."""
         return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "sequence_length": self.sequence_length,
-            "windows": self.windows,
+            "epoch": self.epoch, "position": self.position, "seed": self.seed,
+            "sequence_length": self.sequence_length, "windows": self.windows,
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:

@@ -67,15 +67,8 @@ def select_coordinates(model, layer: int = 0, coordinates: int | Sequence[int] =
 
 
 def state_jacobian(
-    model,
-    input_ids: torch.Tensor,
-    position: int,
-    layer: int = 0,
-    coordinates: int | Sequence[int] = 64,
-    method: str = "ift",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    seed: int = 0,
+    model, input_ids: torch.Tensor, position: int, layer: int = 0, coordinates: int | Sequence[int] = 64,
+    method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(J, coordinates): the k x k Jacobian of token ``position`` of the sequence
     ``input_ids`` (1-D), at the state its prefix leaves in sequential mode."""
@@ -89,16 +82,8 @@ def state_jacobian(
 
 
 def jacobian_analysis(
-    model,
-    input_ids: torch.Tensor,
-    positions: Sequence[int],
-    layer: int = 0,
-    coordinates: int | Sequence[int] = 64,
-    method: str = "ift",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    seed: int = 0,
-    progress: bool = False,
+    model, input_ids: torch.Tensor, positions: Sequence[int], layer: int = 0, coordinates: int | Sequence[int] = 64,
+    method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0, progress: bool = False,
 ) -> dict[str, Any]:
     """J at every position of every sequence of ``input_ids`` (count x length), summarised.
 
@@ -342,19 +327,9 @@ def plot_jacobians(records: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def run_jacobian(
-    specs: Sequence[str],
-    out_dir: str | Path,
-    layer: int = 0,
-    coordinates: int = 64,
-    positions: Sequence[int] | None = None,
-    length: int = 32,
-    count: int = 4,
-    words: str | None = None,
-    method: str = "ift",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    seed: int = 0,
-    progress: bool = False,
+    specs: Sequence[str], out_dir: str | Path, layer: int = 0, coordinates: int = 64,
+    positions: Sequence[int] | None = None, length: int = 32, count: int = 4, words: str | None = None,
+    method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0, progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Analyse each model (``analysis_model`` specs) on the same tokens; returns the records.
 

@@ -86,10 +86,7 @@ class CausalSelfAttention(nn.Module):
         return KVCache(keys=empty, values=empty)
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        injection: torch.Tensor | None = None,
-        state: KVCache | None = None,
+        self, hidden: torch.Tensor, injection: torch.Tensor | None = None, state: KVCache | None = None,
         padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
         """hidden: (b, l, hidden_size); injection: (b, l, injection_size) or None; state: the

@@ -13,20 +13,23 @@ import torch
 
 
 def causal_conv(
-    inputs: torch.Tensor,
-    state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
+    inputs: torch.Tensor, state: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
     padding: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """inputs: (b, l, c); state: (b, c, k), the inputs before the first token (zeros at the
-    start of a sequence); weight: (c, 1, k) as ``nn.Conv1d`` stores it. Output t sees inputs
-    t - k + 1 .. t only. ``padding``: (b, l) bool, True at real tokens, whose inputs the
-    caller has zeroed elsewhere. Returns (pre-activation output (b, l, c), next state (b, c, k))."""
+    """inputs: (b, l, c); state: (b, c, k), the inputs before the first token, or None for
+    the start of a sequence (zeros); weight: (c, 1, k) as ``nn.Conv1d`` stores it. Output t
+    sees inputs t - k + 1 .. t only. ``padding``: (b, l) bool, True at real tokens, whose
+    inputs the caller has zeroed elsewhere. Returns (pre-activation output (b, l, c), next
+    state (b, c, k))."""
     kernel = weight.shape[-1]
-    window = torch.cat([state[:, :, 1:].transpose(1, 2), inputs], dim=1)  # b, l + k - 1, c
-    if padding is not None:
-        window = _leading_padding_first(window, padding, kernel - 1)
+    if state is None:
+        window = torch.cat([inputs.new_zeros(inputs.shape[0], kernel - 1, inputs.shape[2]), inputs], dim=1)
+    else:
+        window = torch.cat([state[:, :, 1:].transpose(1, 2), inputs], dim=1)  # b, l + k - 1, c
+        # Without a state the window before the first token is zeros, as padding is: only
+        # padding after a state needs moving in front of it (not on every iteration of a solve).
+        if padding is not None:
+            window = _leading_padding_first(window, padding, kernel - 1)
     output = _ShiftedMultiplyAdd.apply(window, weight[:, 0, :], bias)
     # A copy, not a view: a view would keep the whole window alive inside the state.
     return output, window[:, -kernel:].transpose(1, 2).contiguous()

@@ -79,21 +79,14 @@ class Mamba1Mixer(nn.Module):
         )
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        injection: torch.Tensor | None = None,
-        state: Mamba1State | None = None,
+        self, hidden: torch.Tensor, injection: torch.Tensor | None = None, state: Mamba1State | None = None,
         padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Mamba1State]:
         """hidden: (b, l, d_model); injection: (b, l, d_in_proj) or None; state: the state
         before the first token (zeros when None); padding: (b, l) bool, True at real tokens,
         or None. Returns (output, state after the last token)."""
         d = self.dims
-        # Without a state the window before the first token is zeros, as padding is: only
-        # padding after a state needs moving in front of it (not on every iteration of a solve).
-        padding_after_state = None if state is None else padding
-        if state is None:
-            state = self.initial_state(hidden.shape[0], hidden.device, hidden.dtype)
+        conv_state, ssm_state = (None, None) if state is None else (state.conv, state.ssm)
         x, gate = self._project(hidden, injection)
         real = None if padding is None else padding.to(x.dtype).unsqueeze(-1)
         if real is not None:
@@ -101,12 +94,12 @@ class Mamba1Mixer(nn.Module):
             # of the inputs the state holds, and has dt = 0 (no decay, no input): left padding
             # leaves the state as it found it.
             x = x * real
-        x, conv = causal_conv(x, state.conv, self.conv1d.weight, self.conv1d.bias, padding_after_state)
+        x, conv = causal_conv(x, conv_state, self.conv1d.weight, self.conv1d.bias, padding)
         x = F.silu(x)
         dt, B, C = self._select(x)
         if real is not None:
             dt = dt * real
-        y, ssm = selective_scan_chunked(x, dt, decay_rates(self.A_log), B, C, d.chunk_size, state.ssm)
+        y, ssm = selective_scan_chunked(x, dt, decay_rates(self.A_log), B, C, d.chunk_size, ssm_state)
         return self._output(y, x, gate), Mamba1State(conv=conv, ssm=ssm)
 
     def step(

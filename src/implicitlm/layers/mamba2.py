@@ -91,10 +91,7 @@ class Mamba2Mixer(nn.Module):
         )
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        injection: torch.Tensor | None = None,
-        state: Mamba2State | None = None,
+        self, hidden: torch.Tensor, injection: torch.Tensor | None = None, state: Mamba2State | None = None,
         padding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Mamba2State]:
         """hidden: (b, l, d_model); injection: (b, l, d_in_proj) or None; state: the state
@@ -102,11 +99,7 @@ class Mamba2Mixer(nn.Module):
         or None. Returns (output, state after the last token)."""
         d = self.dims
         batch, length, _ = hidden.shape
-        # Without a state the window before the first token is zeros, as padding is: only
-        # padding after a state needs moving in front of it (not on every iteration of a solve).
-        padding_after_state = None if state is None else padding
-        if state is None:
-            state = self.initial_state(batch, hidden.device, hidden.dtype)
+        conv_state, ssm_state = (None, None) if state is None else (state.conv, state.ssm)
         gate, xbc, dt = self._project(hidden, injection)
         if padding is not None:
             # A padding token feeds zeros to the conv, which moves leading padding in front
@@ -114,7 +107,7 @@ class Mamba2Mixer(nn.Module):
             # leaves the state as it found it.
             real = padding.to(xbc.dtype).unsqueeze(-1)
             xbc, dt = xbc * real, dt * real
-        xbc, conv = causal_conv(xbc, state.conv, self.conv1d.weight, self.conv1d.bias, padding_after_state)
+        xbc, conv = causal_conv(xbc, conv_state, self.conv1d.weight, self.conv1d.bias, padding)
         xbc = F.silu(xbc)
         x, B, C = torch.split(xbc, [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
         x = x.reshape(batch, length, d.nheads, d.headdim)
@@ -125,7 +118,7 @@ class Mamba2Mixer(nn.Module):
             B.reshape(batch, length, d.ngroups, d.d_state),
             C.reshape(batch, length, d.ngroups, d.d_state),
             chunk_size=d.chunk_size,
-            initial_state=state.ssm,
+            initial_state=ssm_state,
         )
         y = y + x * self.D[:, None]
         out = self.out_proj(self.norm(y.reshape(batch, length, d.d_inner), gate))

@@ -29,14 +29,8 @@ def fused_ssd_kernel() -> Callable | None:
 
 
 def run_fused_ssd(
-    kernel: Callable,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    initial_state: torch.Tensor | None,
+    kernel: Callable, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    chunk_size: int, initial_state: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     y, final_state = kernel(
         x.contiguous(),

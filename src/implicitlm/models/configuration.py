@@ -55,30 +55,12 @@ class ImplicitLMConfig(PretrainedConfig):
     }
 
     def __init__(
-        self,
-        vocab_size: int = 50277,
-        hidden_size: int = 768,
-        num_hidden_layers: int = 24,
-        implicit: bool = True,
-        weight_norm: bool = True,
-        pad_vocab_size_multiple: int = 16,
-        layer_norm_epsilon: float = 1e-5,
-        initializer_range: float = 0.02,
-        label_alignment: str = "shifted",
-        fixed_point: dict[str, Any] | None = None,
-        tie_word_embeddings: bool = True,
-        **kwargs: Any,
+        self, vocab_size: int = 50277, hidden_size: int = 768, num_hidden_layers: int = 24, implicit: bool = True,
+        weight_norm: bool = True, pad_vocab_size_multiple: int = 16, layer_norm_epsilon: float = 1e-5,
+        initializer_range: float = 0.02, label_alignment: str = "shifted",
+        fixed_point: dict[str, Any] | None = None, tie_word_embeddings: bool = True, **kwargs: Any,
     ) -> None:
-        check_arguments(ImplicitLMConfig, locals())
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.implicit = implicit
-        self.weight_norm = weight_norm
-        self.pad_vocab_size_multiple = pad_vocab_size_multiple
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.initializer_range = initializer_range
-        self.label_alignment = label_alignment
+        set_arguments(self, ImplicitLMConfig, locals())
         self.fixed_point = FixedPointOptions.from_dict(fixed_point or {}).to_dict()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
@@ -95,10 +77,15 @@ class ImplicitLMConfig(PretrainedConfig):
         return FixedPointOptions.from_dict(self.fixed_point)
 
 
-def check_arguments(cls: type[ImplicitLMConfig], arguments: dict[str, Any]) -> None:
+def set_arguments(config: ImplicitLMConfig, cls: type[ImplicitLMConfig], arguments: dict[str, Any]) -> None:
     """Check the arguments of ``cls.__init__`` (``locals()`` on entry) that ``cls`` declares,
-    before anything is computed from them."""
-    check_fields(arguments, typing.get_type_hints(cls.__init__), cls.FIELD_RULES, WHAT)
+    before anything is computed from them, and set each as a field of ``config``; a field
+    that needs resolving (a default that depends on another) is set again after."""
+    hints = typing.get_type_hints(cls.__init__)
+    check_fields(arguments, hints, cls.FIELD_RULES, WHAT)
+    for name in hints:
+        if name != "return" and name != "kwargs":
+            setattr(config, name, arguments[name])
 
 
 def check_time_steps(config: ImplicitLMConfig) -> None:

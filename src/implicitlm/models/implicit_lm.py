@@ -1,10 +1,11 @@
 """Causal LM around a backbone stack, explicit (one pass) or implicit (fixed point over depth).
 
-A stack provides ``forward(z, u, states)``, ``step(z_t, u_t, states)``,
-``initial_state(batch, ...)``, ``select_state(states, rows)``,
-``replace_state_rows(states, rows, new)`` and a ``gradient_checkpointing`` flag; this module adds embedding, injection, the two inference
-modes (the stack's passes in each: ``stack_passes``), the head and the loss, and generation
-through transformers' ``GenerationMixin``; it knows nothing else about the stack.
+The stack (a ``BlockStack`` of the family's ``block_class``) provides ``forward(z, u,
+states)``, ``step(z_t, u_t, states)``, ``initial_state(batch, ...)``, ``select_state(states,
+rows)``, ``replace_state_rows(states, rows, new)`` and a ``gradient_checkpointing`` flag;
+this module adds embedding, injection, the two inference modes (the stack's passes in each:
+``stack_passes``), the head and the loss, and generation through transformers'
+``GenerationMixin``; it knows nothing else about the stack.
 
 Implicit: u = Linear(RMSNorm(embed(x))); z* = f(z*, u) from z = 0 with f the stack.
 Explicit: z = f(embed(x), None), once.
@@ -25,6 +26,7 @@ from ..deq import ConvergenceTally, FixedPointSolver, warn_not_converged
 from ..layers import RMSNorm
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
+from .stack import BlockStack
 from .stack_passes import StackPasses
 
 MODES = ("simultaneous", "sequential")
@@ -37,13 +39,19 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     _is_stateful = True
     supports_gradient_checkpointing = True
 
-    def __init__(self, config, stack: nn.Module, injection_size: int) -> None:
+    # Each family's block: built from the config, with an ``injection_size`` (the width of u).
+    block_class: type[nn.Module]
+
+    def __init__(self, config) -> None:
+        # The stack draws its random initialisation first, the embeddings after: the order
+        # a seed has always given, so a seed gives the same model as before.
+        stack = BlockStack(self.block_class, config)
         super().__init__(config)
         self.embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         self.stack = stack
         if config.implicit:
             self.injection_norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
-            self.injection = nn.Linear(config.hidden_size, injection_size, bias=False)
+            self.injection = nn.Linear(config.hidden_size, self.stack.layers[0].injection_size, bias=False)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.solver = FixedPointSolver(config.fixed_point_options)

@@ -25,6 +25,10 @@ class MixerBlock(nn.Module):
         with torch.no_grad():
             self.mixer.out_proj.weight.div_(config.num_hidden_layers**0.5)
 
+    @property
+    def injection_size(self) -> int:
+        return self.mixer.dims.d_in_proj
+
     def initial_state(self, batch: int, device=None, dtype=None) -> Any:
         return self.mixer.initial_state(batch, device, dtype)
 

@@ -20,9 +20,9 @@ from .configuration import ImplicitLMConfig
 class BlockStack(nn.Module):
     """The same object serves explicit and implicit models; implicit ones get weight norm."""
 
-    def __init__(self, layers: list[nn.Module], config: ImplicitLMConfig) -> None:
+    def __init__(self, block_class: type[nn.Module], config: ImplicitLMConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(block_class(config) for _ in range(config.num_hidden_layers))
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         # Set through the model's ``activation_checkpointing_enable()`` (transformers).
         self.gradient_checkpointing = False

@@ -47,17 +47,9 @@ def window_starts(positions: np.ndarray, stream_length: int, sequence_length: in
 
 @torch.no_grad()
 def answer_accuracy(
-    model,
-    data_dir: str | os.PathLike,
-    split: str = "test",
-    sequence_length: int = 256,
-    stride: int | None = None,
-    mode: str = "simultaneous",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    batch_size: int = 8,
-    progress: bool = False,
-    warn: bool = True,
+    model, data_dir: str | os.PathLike, split: str = "test", sequence_length: int = 256, stride: int | None = None,
+    mode: str = "simultaneous", max_iter: int | None = None, tol: float | None = None, batch_size: int = 8,
+    progress: bool = False, warn: bool = True,
 ) -> dict[str, Any]:
     """Answer accuracy of ``model`` on bAbI split ``split`` of a built catbAbI folder.
 

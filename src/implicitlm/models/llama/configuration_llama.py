@@ -6,7 +6,7 @@ from typing import Any
 
 from ...core.schema import POSITIVE, at_least, option_error
 from ...layers.mlp import swiglu_hidden_size
-from ..configuration import WHAT, ImplicitLMConfig, check_arguments
+from ..configuration import WHAT, ImplicitLMConfig, set_arguments
 
 
 class ImplicitLlamaConfig(ImplicitLMConfig):
@@ -31,18 +31,12 @@ class ImplicitLlamaConfig(ImplicitLMConfig):
     }
 
     def __init__(
-        self,
-        num_hidden_layers: int = 12,
-        num_attention_heads: int = 12,
-        num_key_value_heads: int | None = None,
-        intermediate_size: int | None = None,
-        rope_theta: float = 5e5,
-        **kwargs: Any,
+        self, num_hidden_layers: int = 12, num_attention_heads: int = 12, num_key_value_heads: int | None = None,
+        intermediate_size: int | None = None, rope_theta: float = 5e5, **kwargs: Any,
     ) -> None:
-        check_arguments(ImplicitLlamaConfig, locals())
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
-        self.rope_theta = rope_theta
+        set_arguments(self, ImplicitLlamaConfig, locals())
+        if num_key_value_heads is None:
+            self.num_key_value_heads = num_attention_heads
         super().__init__(num_hidden_layers=num_hidden_layers, **kwargs)
         # Resolved after the shared fields are set: the default depends on hidden_size.
         if intermediate_size is None:

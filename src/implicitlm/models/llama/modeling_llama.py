@@ -8,16 +8,13 @@ from torch import nn
 
 from ...layers import AttentionDims, CausalSelfAttention, KVCache, RMSNorm, SwiGLUMLP
 from ..implicit_lm import ImplicitCausalLM
-from ..stack import BlockStack
 from .configuration_llama import ImplicitLlamaConfig
 
 
 def attention_dims(config: ImplicitLlamaConfig) -> AttentionDims:
     return AttentionDims(
-        hidden_size=config.hidden_size,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        rope_theta=config.rope_theta,
+        hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads, rope_theta=config.rope_theta,
     )
 
 
@@ -39,6 +36,10 @@ class LlamaBlock(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, mean=0.0, std=config.initializer_range)
 
+    @property
+    def injection_size(self) -> int:
+        return self.self_attn.dims.injection_size
+
     def initial_state(self, batch: int, device=None, dtype=None) -> KVCache:
         return self.self_attn.initial_state(batch, device, dtype)
 
@@ -57,14 +58,7 @@ class LlamaBlock(nn.Module):
         return z + self.mlp(self.post_attention_layernorm(z)), state
 
 
-class LlamaStack(BlockStack):
-    def __init__(self, config: ImplicitLlamaConfig) -> None:
-        super().__init__([LlamaBlock(config) for _ in range(config.num_hidden_layers)], config)
-
-
 class ImplicitLlamaForCausalLM(ImplicitCausalLM):
     config_class = ImplicitLlamaConfig
+    block_class = LlamaBlock
     _no_split_modules = ["LlamaBlock"]
-
-    def __init__(self, config: ImplicitLlamaConfig) -> None:
-        super().__init__(config, LlamaStack(config), attention_dims(config).injection_size)

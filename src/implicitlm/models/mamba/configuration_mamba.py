@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from ...core.schema import POSITIVE, Rule, at_least
-from ..configuration import ImplicitLMConfig, check_arguments, check_time_steps
+from ..configuration import ImplicitLMConfig, check_time_steps, set_arguments
 
 
 class ImplicitMambaConfig(ImplicitLMConfig):
@@ -38,23 +38,10 @@ class ImplicitMambaConfig(ImplicitLMConfig):
     }
 
     def __init__(
-        self,
-        state_size: int = 16,
-        conv_kernel: int = 4,
-        expand: int = 2,
-        time_step_rank: int | str = "auto",
-        time_step_min: float = 1e-3,
-        time_step_max: float = 0.1,
-        chunk_size: int = 4,
-        **kwargs: Any,
+        self, state_size: int = 16, conv_kernel: int = 4, expand: int = 2, time_step_rank: int | str = "auto",
+        time_step_min: float = 1e-3, time_step_max: float = 0.1, chunk_size: int = 4, **kwargs: Any,
     ) -> None:
-        check_arguments(ImplicitMambaConfig, locals())
-        self.state_size = state_size
-        self.conv_kernel = conv_kernel
-        self.expand = expand
-        self.time_step_min = time_step_min
-        self.time_step_max = time_step_max
-        self.chunk_size = chunk_size
+        set_arguments(self, ImplicitMambaConfig, locals())
         super().__init__(**kwargs)
         # Resolved after the shared fields are set: "auto" depends on hidden_size.
         if time_step_rank == "auto":

@@ -6,18 +6,13 @@ from __future__ import annotations
 from ...layers import Mamba1Dims, Mamba1Mixer
 from ..implicit_lm import ImplicitCausalLM
 from ..mixer_block import MixerBlock
-from ..stack import BlockStack
 from .configuration_mamba import ImplicitMambaConfig
 
 
 def mamba1_dims(config: ImplicitMambaConfig) -> Mamba1Dims:
     return Mamba1Dims(
-        d_model=config.hidden_size,
-        dt_rank=config.time_step_rank,
-        d_state=config.state_size,
-        d_conv=config.conv_kernel,
-        expand=config.expand,
-        chunk_size=config.chunk_size,
+        d_model=config.hidden_size, dt_rank=config.time_step_rank, d_state=config.state_size,
+        d_conv=config.conv_kernel, expand=config.expand, chunk_size=config.chunk_size,
     )
 
 
@@ -29,14 +24,7 @@ class Mamba1Block(MixerBlock):
         super().__init__(config, mixer)
 
 
-class Mamba1Stack(BlockStack):
-    def __init__(self, config: ImplicitMambaConfig) -> None:
-        super().__init__([Mamba1Block(config) for _ in range(config.num_hidden_layers)], config)
-
-
 class ImplicitMambaForCausalLM(ImplicitCausalLM):
     config_class = ImplicitMambaConfig
+    block_class = Mamba1Block
     _no_split_modules = ["Mamba1Block"]
-
-    def __init__(self, config: ImplicitMambaConfig) -> None:
-        super().__init__(config, Mamba1Stack(config), mamba1_dims(config).d_in_proj)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.schema import POSITIVE, Rule, at_least, option_error
-from ..configuration import WHAT, ImplicitLMConfig, check_arguments, check_time_steps
+from ..configuration import WHAT, ImplicitLMConfig, check_time_steps, set_arguments
 
 
 class ImplicitMamba2Config(ImplicitLMConfig):
@@ -30,27 +30,11 @@ class ImplicitMamba2Config(ImplicitLMConfig):
     }
 
     def __init__(
-        self,
-        state_size: int = 128,
-        conv_kernel: int = 4,
-        expand: int = 2,
-        head_dim: int = 64,
-        n_groups: int = 1,
-        chunk_size: int = 256,
-        time_step_min: float = 1e-3,
-        time_step_max: float = 0.1,
-        a_init_range: tuple[float, float] = (1.0, 16.0),
-        **kwargs: Any,
+        self, state_size: int = 128, conv_kernel: int = 4, expand: int = 2, head_dim: int = 64, n_groups: int = 1,
+        chunk_size: int = 256, time_step_min: float = 1e-3, time_step_max: float = 0.1,
+        a_init_range: tuple[float, float] = (1.0, 16.0), **kwargs: Any,
     ) -> None:
-        check_arguments(ImplicitMamba2Config, locals())
-        self.state_size = state_size
-        self.conv_kernel = conv_kernel
-        self.expand = expand
-        self.head_dim = head_dim
-        self.n_groups = n_groups
-        self.chunk_size = chunk_size
-        self.time_step_min = time_step_min
-        self.time_step_max = time_step_max
+        set_arguments(self, ImplicitMamba2Config, locals())
         self.a_init_range = tuple(a_init_range)
         super().__init__(**kwargs)
 
