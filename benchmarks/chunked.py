@@ -17,7 +17,8 @@ import torch
 from common import Table
 
 from implicitlm.presets import load_preset
-from implicitlm.tasks.words import held_out_words, simultaneous_budget, word_predictions
+from implicitlm.tasks.word_scoring import simultaneous_budget, word_predictions
+from implicitlm.tasks.words import held_out_words
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train

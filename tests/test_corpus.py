@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import sys
 import types
@@ -17,6 +18,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from implicitlm.cli import main
 from implicitlm.data.corpus import read_documents
 from implicitlm.core.errors import DataError
 from implicitlm.data.shard_writer import write_shards
@@ -112,13 +114,16 @@ def test_reads_text_jsonl_parquet_and_directories_in_order(tmp_path):
     (tmp_path / "sub" / "b.jsonl").write_text('{"text": "j1", "id": 1}\n\n{"text": "j2"}\n')
     rows = [f"row {i}" for i in range(2500)]  # more than one record batch
     pq.write_table(pa.table({"text": rows, "n": list(range(2500))}), tmp_path / "c.parquet")
-    (tmp_path / "d.py").write_bytes(b"print('x')  # \xff invalid utf-8\n")
+    (tmp_path / "d.py").write_bytes(b"print('x')\n# \xff invalid utf-8\n")
     (tmp_path / ".git" / "config").write_text("not a document")
 
-    documents = list(read_documents(tmp_path))
+    documents = read_documents(tmp_path, errors="replace")
 
-    expected = ["first file\n", *rows, "print('x')  # \ufffd invalid utf-8\n", "j1", "j2"]
-    assert documents == expected
+    expected = ["first file\n", *rows, "print('x')\n# \ufffd invalid utf-8\n", "j1", "j2"]
+    assert list(documents) == expected
+    assert (documents.replaced_bytes, documents.replaced_lines) == (1, 1)
+    message = data_error(list, read_documents(tmp_path))
+    assert message.startswith(f"{tmp_path / 'd.py'}:2: got byte 0xff at offset 2, which is not UTF-8")
     assert list(read_documents(tmp_path, pattern="*.jsonl")) == ["j1", "j2"]
     assert list(read_documents([tmp_path / "sub" / "b.jsonl", tmp_path / "a.txt"])) == [
         "j1",
@@ -143,11 +148,12 @@ def test_compressed_files_read_as_their_inner_kind(compression, tmp_path):
         handle.write(b'{"text": "j1"}\n\n{"text": "j2"}\n')
 
     # The same documents as the uncompressed files give, line endings and U+FFFD included.
-    assert list(read_documents(tmp_path)) == [" = Title = \r\n body \ufffd line\n", "j1", "j2"]
+    assert list(read_documents(tmp_path, errors="replace")) == [" = Title = \r\n body \ufffd line\n", "j1", "j2"]
+    assert f"a.txt.{compression}:2: got byte 0xff" in data_error(list, read_documents(tmp_path))
 
     damaged = tmp_path / f"c.txt.{compression}"
     damaged.write_bytes((tmp_path / f"a.txt.{compression}").read_bytes()[:-6])
-    assert f"{damaged}: cannot read" in data_error(list, read_documents(damaged))
+    assert f"{damaged}: cannot read" in data_error(list, read_documents(damaged, errors="replace"))
     missing = tmp_path / f"missing.txt.{compression}"
     assert f"{missing}: no such file" in data_error(read_documents, missing)
     packed = tmp_path / f"d.parquet.{compression}"
@@ -177,6 +183,14 @@ def test_document_errors_name_the_file_and_line(tmp_path):
     assert "expected a column 'text'" in data_error(list, read_documents(columns))
 
     assert "no files match '*.md'" in data_error(read_documents, tmp_path, pattern="*.md")
+
+    not_utf8 = tmp_path / "bytes.jsonl"
+    not_utf8.write_bytes(b'{"text": "ok"}\n\n{"text": "\xe2\x82 cut"}\n')
+    assert f"{not_utf8}:3: got byte 0xe2 at offset 10" in data_error(list, read_documents(not_utf8))
+    replaced = read_documents(not_utf8, errors="replace")
+    assert list(replaced) == ["ok", "\ufffd cut"]
+    assert (replaced.replaced_bytes, replaced.replaced_lines) == (2, 1)
+    assert "errors must be one of strict, replace" in str(pytest.raises(ValueError, read_documents, not_utf8, errors="ignore").value)
 
 
 def test_hub_failure_becomes_one_data_error(monkeypatch):
@@ -434,3 +448,119 @@ def test_evaluation_windows_cover_the_test_split_in_order(written):
     assert 0 < len(batches[-1]) <= 7 and sum(map(len, batches)) == count
     joined = np.concatenate([batch.numpy() for batch in batches]).reshape(-1)
     assert np.array_equal(joined, shards.read(0, count * 16))
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_line(code: int, err: str) -> str:
+    """The one error line a refused command prints; it must exit with 2."""
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("implicitlm: error: "), err
+    return lines[0]
+
+
+def split_stream(shards: Path, split: str) -> list[int]:
+    tokens = TokenShards(shards, split)
+    return tokens.read(0, len(tokens)).tolist()
+
+
+def encoded(tokenizer, text: str) -> list[int]:
+    return [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+
+
+def test_bytes_that_are_not_utf8_are_one_line_naming_file_and_line_unless_replace_is_asked(
+    tokenizer, tmp_path, capsys
+):
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"fine\nabc\xff\xfedef\n")
+    tok, shards = tmp_path / "tok", tmp_path / "s"
+    train_tok = ["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", str(tok)]
+    build = ["corpus", "build", str(corpus), "--out", str(shards), "--no-progress", "--workers", "2"]
+    for command in (train_tok, [*build, "--tokenizer", tokenizer.name_or_path]):
+        message = error_line(*cli(capsys, *command)[::2])
+        assert f"{corpus}:2: got byte 0xff at offset 3, which is not UTF-8" in message
+        assert "--errors replace" in message
+    assert not tok.exists() and not shards.exists()
+
+    code, out, _ = cli(capsys, *train_tok, "--errors", "replace")
+    assert code == 0 and out.strip().endswith(f"to {tok} (replaced 2 undecodable bytes in 1 line)")
+    code, out, _ = cli(capsys, *build, "--tokenizer", str(tok), "--errors", "replace")
+    assert code == 0 and out.strip().endswith("; replaced 2 undecodable bytes in 1 line)")
+    replaced = load_tokenizer(tok)
+    assert split_stream(shards, "test") == encoded(replaced, "abc\ufffd\ufffddef\n")
+
+
+def test_a_source_without_text_is_refused_where_it_is_read(tokenizer, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("some text\nand more\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('\n{"text": ""}\n\n')
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"")
+    for source in map(str, (empty, blank, folder)):
+        out = tmp_path / "out"
+        commands = [
+            ["tokenizer", "train", source, "--vocab-size", "300", "--out", str(out)],
+            ["corpus", "build", source, "--tokenizer", tokenizer.name_or_path, "--out", str(out), "--no-progress"],
+            ["corpus", "build", str(text), "--test-sources", source, "--tokenizer", tokenizer.name_or_path,
+             "--out", str(out), "--no-progress"],
+        ]
+        for command in commands:
+            assert f"error: {source}: no text in it" in error_line(*cli(capsys, *command)[::2])
+            assert not out.exists()
+    # A source with text beside an empty file of it is read.
+    (folder / "b.txt").write_text("text")
+    assert list(read_documents(folder, require_text=True)) == ["", "text"]
+
+
+def held_out_line_count(lines: list[str], fraction: float) -> int:
+    """The documented rule: the fewest last lines that hold ``fraction`` of the characters."""
+    needed = math.ceil(fraction * sum(map(len, lines)))
+    count = 1
+    while sum(map(len, lines[-count:])) < needed:
+        count += 1
+    return count
+
+
+def test_a_one_file_corpus_trains_on_all_but_its_last_lines(tokenizer, texts, tmp_path, capsys):
+    words = " ".join(texts).split() * 4
+    lines = [f"{' '.join(words[i * 7 : i * 7 + 7])}\n" for i in range(3000)]
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(lines))
+    shards = tmp_path / "s"
+    code, out, _ = cli(capsys, "corpus", "build", str(corpus), "--tokenizer", tokenizer.name_or_path,
+                       "--out", str(shards), "--no-progress")
+    assert code == 0
+    held_out = held_out_line_count(lines, 0.001)
+    assert f"(held out: the last {held_out} of the last document's 3,000 lines)" in out
+    assert split_stream(shards, "train") == encoded(tokenizer, "".join(lines[:-held_out]))
+    assert split_stream(shards, "test") == encoded(tokenizer, "".join(lines[-held_out:]))
+    index = json.loads((shards / "index.json").read_text())
+    assert index["held_out_tail"] == {"lines": held_out, "of": 3000}
+    assert held_out < 10 and 0 < len(TokenShards(shards, "test")) < 0.01 * len(TokenShards(shards, "train"))
+
+    # Any corpus that draws no test document splits its last one so, however many it has; the
+    # first line always trains, and a last document of one line is held out whole.
+    index = write_shards(["one line", "a\nb\n"], tokenizer, tmp_path / "two", test_fraction=0.4, seed=1, **QUIET)
+    assert index["held_out_tail"] == {"lines": 1, "of": 2}
+    assert split_stream(tmp_path / "two", "train") == [*encoded(tokenizer, "one line"), *encoded(tokenizer, "a\n")]
+    index = write_shards(["a\nb", "one line"], tokenizer, tmp_path / "whole", test_fraction=0.001, **QUIET)
+    assert index["held_out_tail"] is None
+    assert split_stream(tmp_path / "whole", "test") == encoded(tokenizer, "one line")
+    # A corpus of one line has nothing left to train on: refused, not written with no training tokens.
+    one_line = tmp_path / "line.txt"
+    one_line.write_text("just one line of text\n")
+    code, _, err = cli(capsys, "corpus", "build", str(one_line), "--tokenizer", tokenizer.name_or_path,
+                       "--out", str(tmp_path / "line"), "--no-progress")
+    assert code == 2 and "nothing to train on" in err and err.count("\n") == 1
+    assert not (tmp_path / "line").exists()

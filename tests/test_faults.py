@@ -24,7 +24,7 @@ from implicitlm.core.errors import NumericalFault
 from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train import checkpoint as checkpoint_module
 from implicitlm.core.run_folder import latest_checkpoint
-from implicitlm.train.checkpoint import read_meta
+from implicitlm.core.run_folder import read_trainer_meta
 from implicitlm.train.guard import TrainingInterrupted
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
@@ -95,10 +95,10 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_
     assert process.returncode == 128 + signal.SIGTERM
     assert err.strip().splitlines()[-1].startswith("implicitlm: stopped by SIGTERM after step")
     assert "Traceback" not in err
-    stopped_at = read_meta(latest_checkpoint(out))["step"]
+    stopped_at = read_trainer_meta(latest_checkpoint(out))["step"]
     assert 2 <= stopped_at < 8, "the run finished before the signal arrived"
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress"]) == 0
-    assert read_meta(latest_checkpoint(out))["step"] == 8
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 8
     assert logged_losses(out) == logged_losses(uninterrupted)
     assert_same_weights(weights(out), weights(uninterrupted))
 
@@ -109,7 +109,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninte
     wait_for_checkpoint(process, out)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
-    saved = read_meta(latest_checkpoint(out))["step"]
+    saved = read_trainer_meta(latest_checkpoint(out))["step"]
     assert saved % 2 == 0 and saved < 8
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress"]) == 0
     assert logged_losses(out) == logged_losses(uninterrupted)
@@ -132,7 +132,7 @@ def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_num
     with pytest.raises(TrainingInterrupted) as stopped:
         train(model, config, tmp_path, progress=False)
     assert stopped.value.step == 3 and stopped.value.exit_code == 128 + signal_number
-    assert read_meta(latest_checkpoint(tmp_path))["step"] == 3
+    assert read_trainer_meta(latest_checkpoint(tmp_path))["step"] == 3
     assert_same_weights(weights(tmp_path), model.state_dict())
     assert signal.getsignal(signal_number) is previous  # the handlers are the caller's again
 
@@ -164,7 +164,7 @@ def test_a_checkpoint_swap_cut_between_its_two_renames_is_recovered_on_resume(tm
     os.replace(checkpoint, checkpoint.with_name(f".{checkpoint.name}.old"))
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=8",
                  "--train", "bounded_fraction=0.5"]) == 0
-    assert read_meta(latest_checkpoint(out))["step"] == 8
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 8
 
 
 # ---------------------------------------------------------------- numerical faults
@@ -199,7 +199,7 @@ def test_nan_stops_training_before_the_update_and_keeps_the_last_good_checkpoint
     )
     with pytest.raises(NumericalFault, match=rf"step 4: .*{message}.*; last good checkpoint: .*checkpoint"):
         train(model, config, tmp_path, progress=False)
-    assert read_meta(latest_checkpoint(tmp_path))["step"] == 4
+    assert read_trainer_meta(latest_checkpoint(tmp_path))["step"] == 4
     saved = weights(tmp_path)
     assert all(torch.isfinite(value).all() for value in saved.values())
     # The faulty step's update was never applied: memory still holds the checkpointed weights.
@@ -239,7 +239,7 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
     code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "No space left on device" in err[0]
-    assert read_meta(latest_checkpoint(out))["step"] == 2
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 2
     assert_same_weights(weights(out), before)
     staging = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".lock"]
     assert staging == []  # no staging left (the lock file stays, released)
@@ -274,7 +274,7 @@ def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, c
 
     monkeypatch.setattr(word_task, "generate_words", unreadable)
     assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"]) == 2
-    assert read_meta(latest_checkpoint(out))["step"] == 2
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 2
 
 
 @pytest.mark.parametrize(
@@ -310,7 +310,7 @@ def test_nan_in_one_samples_iterates_stops_training(tmp_path, from_evaluation, m
     )
     with pytest.raises(NumericalFault, match=rf"step 2: .*{message}"):
         train(model, config, tmp_path, progress=False)
-    assert read_meta(latest_checkpoint(tmp_path))["step"] == 2
+    assert read_trainer_meta(latest_checkpoint(tmp_path))["step"] == 2
     assert_same_weights(weights(tmp_path), model.state_dict())
 
 
@@ -350,13 +350,13 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
         (lambda run: torch.save({"optimizer": {}, "scheduler": {}, "torch_rng": torch.zeros(3)},
                                 latest_checkpoint(run) / "training_state.pt"), "does not fit this run"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(
-            json.dumps({**read_meta(latest_checkpoint(run)), "step": "ten"})), "expected the step count"),
+            json.dumps({**read_trainer_meta(latest_checkpoint(run)), "step": "ten"})), "expected the step count"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text('{"step": 2}'), "expected the training settings"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text("[1]"), "expected a JSON object"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(
-            json.dumps({**read_meta(latest_checkpoint(run)), "train": {}})), "the training settings lack batch_size"),
+            json.dumps({**read_trainer_meta(latest_checkpoint(run)), "train": {}})), "the training settings lack batch_size"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(json.dumps(
-            {**read_meta(latest_checkpoint(run)), "train": {k: v for k, v in read_meta(latest_checkpoint(run))["train"].items()
+            {**read_trainer_meta(latest_checkpoint(run)), "train": {k: v for k, v in read_trainer_meta(latest_checkpoint(run))["train"].items()
                                                           if k != "lr"}})), "lack lr; a resume would run them at their defaults"),
     ],
     ids=["missing-keys", "wrong-state", "step-not-a-number", "no-settings", "meta-not-an-object", "empty-settings",
@@ -382,7 +382,7 @@ def test_a_learning_rate_given_on_resume_is_the_one_trained_with(tmp_path):
     rates = {row["step"]: row["lr"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     # The rate logged after a step is the next step's: constant, then the floor past the end.
     assert rates[1] == pytest.approx(0.001) and rates[3] == pytest.approx(0.005) and rates[4] == pytest.approx(0.0001)
-    assert read_meta(latest_checkpoint(out))["train"]["lr"] == 0.005
+    assert read_trainer_meta(latest_checkpoint(out))["train"]["lr"] == 0.005
 
 
 def test_a_second_run_on_a_folder_in_use_is_refused(tmp_path, capsys):

@@ -82,7 +82,8 @@ def test_test_words_beyond_the_memory_are_refused(tmp_path, capsys):
     assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "total_steps=1",
                  "--train", "sequence_length=4", "--train", "batch_size=4"]) == 0
     capsys.readouterr()
-    assert main(["words", "eval", str(run), "--lengths", "1000000000", "--no-progress"]) == 2
+    # In chunks the words are read a window at a time; solved whole, a word's forward holds all of it.
+    assert main(["words", "eval", str(run), "--lengths", "1000000000", "--chunk-length", "0", "--no-progress"]) == 2
     assert "test words of length 1,000,000,000 needs at least" in one_error_line(capsys)
 
 
@@ -114,3 +115,48 @@ def test_a_jacobian_run_beyond_the_memory_is_refused(tmp_path, capsys):
                                               head_dim=8, implicit=False)}))
     code = main(["jacobian", str(spec), "--length", "100000", "--out", str(tmp_path / "out"), "--no-progress"])
     assert code == 2 and "4 sequence(s) of length 100,000 needs at least" in one_error_line(capsys)
+
+
+# A fresh process evaluates, and reports how far the command raised its peak resident size
+# (Linux's VmHWM, reset first) above what it held after the imports and a warm-up evaluation
+# of a few short words, and the estimate the command's memory check used.
+PEAK_GROWTH_SCRIPT = """
+import sys
+from implicitlm.cli import main
+from implicitlm.core.memory import peak_growth
+from implicitlm.tasks import words
+
+estimates = []
+measure = words.evaluation_bytes
+words.evaluation_bytes = lambda *args: estimates.append(measure(*args)) or estimates[-1]
+run, length = sys.argv[1], sys.argv[2]
+assert main(["words", "eval", run, "--lengths", "16", "--count", "4", "--no-progress"]) == 0
+codes = []
+print(peak_growth(lambda: codes.append(main(["words", "eval", run, "--lengths", length, "--count", "4", "--no-progress"]))),
+      estimates[-1], codes)
+"""
+
+
+def test_a_long_evaluation_runs_in_memory_that_does_not_grow_with_the_length_and_is_estimated(tmp_path):
+    """``words eval`` reads the words a window at a time, carrying the state: its peak
+    memory (the peak resident size of a fresh process, less what it held before the command)
+    at 2 * 10^5 tokens per word is that of a window, not of the whole words, and the estimate the memory
+    check uses is within 25% of it at both. An explicit model, whose forward is one pass,
+    keeps the test fast; four words in one batch make a window's working set (a few hundred
+    MB: the scan's intermediates) what the peak is made of."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    assert main(["words", "train", "--out", str(run), "--no-progress", "--explicit", *SMALL, "--train", "group=S3",
+                 "--train", "total_steps=1", "--train", "sequence_length=4", "--train", "batch_size=4"]) == 0
+    peaks = {}
+    for length in (10_000, 200_000):
+        done = subprocess.run([sys.executable, "-c", PEAK_GROWTH_SCRIPT, str(run), str(length)],
+                              capture_output=True, text=True, check=True)
+        measured, estimated = map(int, done.stdout.split()[-3:-1])
+        assert abs(estimated - measured) <= 0.25 * measured, (length, readable(measured), readable(estimated))
+        peaks[length] = measured
+    # 10^4 tokens are one window of 40,000 tokens, 2 * 10^5 windows of 65,536 and the state
+    # carried: one forward over the whole words would take 20 times the first peak.
+    assert peaks[200_000] < 3 * peaks[10_000]

@@ -20,7 +20,8 @@ from implicitlm.tasks import TASKS, make_task
 from implicitlm.tasks.base import EVALUATIONS
 from implicitlm.tasks.catbabi import answer_accuracy
 from implicitlm.tasks.lm import perplexity_by_length
-from implicitlm.tasks.words import held_out_words, word_accuracy
+from implicitlm.tasks.word_scoring import word_accuracy
+from implicitlm.tasks.words import held_out_words
 
 
 def tiny_model(vocab: int, alignment: str, implicit: bool = True):

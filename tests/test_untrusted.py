@@ -18,7 +18,10 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import implicitlm
+from implicitlm.cli import main
 from implicitlm.core.errors import DataError
+from implicitlm.core.run_folder import latest_checkpoint
+from implicitlm.core.weights_digest import write_weights_digest
 from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import ImplicitMamba2ForCausalLM, build_model, config_from_options, load_model
 from implicitlm.models.loading import ModelLoadError
@@ -64,6 +67,12 @@ def copy_of(saved: Path, tmp_path: Path, config: dict | list | None = None) -> P
     return path
 
 
+def rewrite_weights(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Replace ``path``'s weights, their digest recorded: a file from elsewhere, not a damaged one."""
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    write_weights_digest(path)
+
+
 def saved_config(saved: Path) -> dict:
     return json.loads((saved / "config.json").read_text())
 
@@ -101,18 +110,21 @@ def test_weights_that_do_not_fit_the_config_are_refused(saved, tmp_path):
     assert refusal(path) == f"{path}/model.safetensors: lacks weights the config needs: ['lm_head.weight']"
     shutil.rmtree(path)
     path = copy_of(saved, tmp_path)
-    save_file({**load_file(path / "model.safetensors"), "extra": torch.zeros(2)}, path / "model.safetensors",
-              metadata={"format": "pt"})
+    rewrite_weights(path, {**load_file(path / "model.safetensors"), "extra": torch.zeros(2)})
     assert refusal(path) == f"{path}/model.safetensors: holds weights the config has no place for: ['extra']"
     shutil.rmtree(path)
     path = copy_of(saved, tmp_path, {**saved_config(saved), "state_size": 16})
-    assert refusal(path).startswith(f"{path}: cannot load weights (")
+    message = refusal(path)  # before: "cannot load weights (... look at the above report!)", no report above
+    assert message.startswith(f"{path}/model.safetensors: ") and "conv1d.bias [48] (config.json: [64])" in message
+    assert message.endswith("look like implicit=true, weight_norm=true, num_hidden_layers=1, hidden_size=16, vocab_size<=16")
 
 
 def test_a_damaged_safetensors_file_is_refused(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert refusal(path) == f"{path}/model.safetensors: SHA-256 differs from model.safetensors.sha256: the weights are damaged"
+    (path / "model.safetensors.sha256").unlink()
     assert refusal(path).startswith(f"{path}: cannot load weights (")
 
 
@@ -222,6 +234,22 @@ def test_a_config_json_that_is_no_object_is_refused(saved, tmp_path, content, pr
     assert problem in refusal(path)
 
 
+# What transformers writes into a config.json, or a model's config holds, beside our fields.
+TRANSFORMERS_FIELDS = {
+    "transformers_version": "5.0.0", "architectures": ["ImplicitMamba2ForCausalLM"], "dtype": "float32",
+    "torch_dtype": "float32", "_name_or_path": "somewhere", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+    "use_cache": True, "return_dict": True, "output_hidden_states": False, "id2label": {"0": "a", "1": "b"},
+    "num_labels": 2, "auto_map": {},
+}
+
+
+@pytest.mark.parametrize("key", [*TRANSFORMERS_FIELDS, "to_dict"])
+def test_keys_that_transformers_writes_into_config_json_load(saved, tmp_path, key):
+    # "to_dict": every key a loaded model's config holds, not only those save_pretrained writes.
+    change = load_model(saved).config.to_dict() if key == "to_dict" else {key: TRANSFORMERS_FIELDS[key]}
+    assert load_model(copy_of(saved, tmp_path, {**saved_config(saved), **change})).config.hidden_size == 16
+
+
 # Bounded numbers: a config.json of huge but valid sizes would build a huge model first.
 config_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2, 40) | st.floats(-1, 40) | st.text(max_size=6),
@@ -258,7 +286,7 @@ def test_import_of_a_foreign_checkpoint_with_a_bad_config_is_one_line(tmp_path, 
 
 
 def test_damaged_or_non_finite_weights_are_refused_at_load(tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     from implicitlm.models import ModelLoadError, build_model, config_from_options, load_model
     from implicitlm.train.checkpoint import save_checkpoint
@@ -272,11 +300,93 @@ def test_damaged_or_non_finite_weights_are_refused_at_load(tmp_path):
     weights.write_bytes(bytes(data))
     with pytest.raises(ModelLoadError, match="SHA-256 differs from model.safetensors.sha256"):
         load_model(tmp_path / "ckpt")
-    # NaN weights in a folder without a digest (saved by transformers' save_pretrained).
+    # NaN weights with their digest: the file is as it was written.
     model.save_pretrained(tmp_path / "plain")
     tensors = load_file(tmp_path / "plain" / "model.safetensors")
     name = next(iter(tensors))
     tensors[name][0] = float("nan")
-    save_file(tensors, tmp_path / "plain" / "model.safetensors", metadata={"format": "pt"})
+    rewrite_weights(tmp_path / "plain", tensors)
     with pytest.raises(ModelLoadError, match=f"weight {name} holds NaN or Inf"):
         load_model(tmp_path / "plain")
+
+
+# ---------------------------------------------------------------- the command line on a checkpoint from elsewhere
+
+WORDS_RUN = ["--model", "hidden_size=16", "--model", "state_size=8", "--model", "head_dim=8", "--model", "num_hidden_layers=1",
+             "--train", "group=S3", "--train", "total_steps=1", "--train", "sequence_length=4", "--train", "batch_size=4"]
+DIGEST_WARNING = "no model.safetensors.sha256 beside the weights: loaded without checking them for damage"
+
+
+@pytest.fixture(scope="module")
+def words_checkpoint(tmp_path_factory) -> Path:
+    """The checkpoint of a one-step implicit S3 words run (hidden_size 16, one block)."""
+    run = tmp_path_factory.mktemp("words") / "run"
+    assert main(["words", "train", "--out", str(run), "--no-progress", *WORDS_RUN]) == 0
+    return latest_checkpoint(run)
+
+
+def words_eval(capsys, checkpoint: Path) -> tuple[int, list[str]]:
+    capsys.readouterr()
+    code = main(["words", "eval", str(checkpoint), "--lengths", "4", "--count", "8", "--no-progress"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def one_error_line(code: int, err: list[str]) -> str:
+    assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm: error: "), err
+    return err[0].removeprefix("implicitlm: error: ")
+
+
+def flip_low_bytes(weights: Path, count: int) -> None:
+    """Flip the lowest bit of ``count`` float32 weights: still a loadable file of finite weights."""
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # after the JSON header
+    for offset in torch.randperm((len(data) - start) // 4, generator=torch.Generator().manual_seed(0))[:count]:
+        data[start + 4 * int(offset)] ^= 0x01
+    weights.write_bytes(bytes(data))
+
+
+def test_words_eval_names_the_shapes_of_weights_from_another_config(words_checkpoint, tmp_path, capsys):
+    # Explicit weights of half the width, with their digest, in the implicit run's checkpoint.
+    explicit = tmp_path / "explicit"
+    build_model(config_from_options(dict(vocab_size=6, hidden_size=8, num_hidden_layers=1, state_size=8, head_dim=8,
+                                         implicit=False))).save_pretrained(explicit)
+    checkpoint = copy_of(words_checkpoint, tmp_path)
+    for name in ("model.safetensors", "model.safetensors.sha256"):
+        shutil.copy(explicit / name, checkpoint / name)
+    line = one_error_line(*words_eval(capsys, checkpoint))
+    # Before: "cannot load weights (RuntimeError: ... look at the above report!)", with no report above.
+    assert line.startswith(f"{checkpoint}/model.safetensors: ") and "above report" not in line
+    assert "first embeddings.weight [16, 8] (config.json: [16, 16]), stack.layers.0.norm.weight [8] (config.json: [16])" in line
+    assert line.endswith("the weights look like implicit=false, num_hidden_layers=1, hidden_size=8, vocab_size<=16")
+
+
+def test_save_pretrained_writes_the_digest_that_words_eval_checks(words_checkpoint, tmp_path, capsys):
+    checkpoint = copy_of(words_checkpoint, tmp_path)
+    (checkpoint / "model.safetensors.sha256").unlink()
+    load_model(checkpoint).save_pretrained(checkpoint)  # before: no digest written
+    assert (checkpoint / "model.safetensors.sha256").is_file()
+    flip_low_bytes(checkpoint / "model.safetensors", 1000)
+    line = one_error_line(*words_eval(capsys, checkpoint))
+    assert line == f"{checkpoint}/model.safetensors: SHA-256 differs from model.safetensors.sha256: the weights are damaged"
+
+
+def test_weights_without_their_digest_load_with_one_warning(words_checkpoint, tmp_path, capsys, caplog):
+    checkpoint = copy_of(words_checkpoint, tmp_path)
+    (checkpoint / "model.safetensors.sha256").unlink()
+    flip_low_bytes(checkpoint / "model.safetensors", 1000)
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        code, _ = words_eval(capsys, checkpoint)
+    # A warning, not an error: folders that transformers itself saves have no digest.
+    assert code == 0
+    warnings = [record.getMessage() for record in caplog.records if "sha256" in record.getMessage()]
+    assert warnings == [f"{checkpoint}: {DIGEST_WARNING}"]
+
+
+@pytest.mark.parametrize("key, value, hint", [
+    ("hiden_size", 8, "did you mean 'hidden_size'?"),
+    ("fixed_piont", {"eval_f_max_iter": 64}, "did you mean 'fixed_point'?"),
+])
+def test_words_eval_refuses_an_unknown_key_in_config_json(words_checkpoint, tmp_path, capsys, key, value, hint):
+    checkpoint = copy_of(words_checkpoint, tmp_path, {**saved_config(words_checkpoint), key: value})
+    line = one_error_line(*words_eval(capsys, checkpoint))
+    assert line == f"{checkpoint}/config.json: unknown model option '{key}' ({hint})"

@@ -335,3 +335,37 @@ def test_dataset_yields_int64_aligned_items(tmp_path: Path) -> None:
     assert item["input_ids"].shape == (10,)
     np.testing.assert_array_equal(item["input_ids"].numpy(), inputs[2])
     np.testing.assert_array_equal(item["labels"].numpy(), targets[2])
+
+
+# ---------------------------------------------------------------- evaluation in windows
+
+
+def test_test_words_drawn_in_windows_are_the_words_drawn_whole():
+    from implicitlm.data.words import TILE_POSITIONS, GeneratedWords
+
+    whole = generate_words("A5xM", length=40, count=6, seed=9, hard_prob=0.5)
+    np.testing.assert_array_equal(GeneratedWords("A5xM", 40, 6, seed=9, hard_prob=0.5).arrays()[0], whole[0])
+    long = GeneratedWords("S5", TILE_POSITIONS + 300, 3, seed=2)
+    inputs, targets = long.arrays()
+    np.testing.assert_array_equal(targets, prefix_products("S5", inputs))
+    bounds = [0, 1000, TILE_POSITIONS - 1, TILE_POSITIONS + 5, TILE_POSITIONS + 300]
+    windows = [long.window(start, end) for start, end in zip(bounds, bounds[1:])]
+    np.testing.assert_array_equal(np.concatenate([w[0] for w in windows], axis=1), inputs)
+    np.testing.assert_array_equal(np.concatenate([w[1] for w in windows], axis=1), targets)
+
+
+@pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
+def test_an_evaluation_in_windows_scores_exactly_as_one_forward_over_the_whole_words(trained_s3, monkeypatch, mode):
+    """Chunked solves carry the state from window to window: accuracy, iterations and every
+    convergence count are those of one forward per batch over the whole words."""
+    from implicitlm.tasks import word_scoring
+    from implicitlm.tasks.words import held_out_word_windows
+
+    model, _ = trained_s3
+    words = held_out_word_windows("S3", 101, 6, seed=3)
+    whole = word_scoring.word_accuracy(model, words, mode=mode, batch_size=4, max_iter=24, warn=False)
+    monkeypatch.setattr(word_scoring, "WINDOW_TOKENS", 4 * 24)  # windows of 2 chunks of 12 (sequential: 24 tokens)
+    assert word_scoring.evaluation_window(model, (mode,), 101, 4) == 24
+    windowed = word_scoring.word_accuracy(model, words, mode=mode, batch_size=4, max_iter=24, warn=False)
+    assert windowed == whole
+    assert whole["fp_fixed_points"] == (6 if mode == "simultaneous" else 6 * 101)

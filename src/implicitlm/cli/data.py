@@ -15,16 +15,36 @@ def add_tokenizer_train(commands) -> None:
     p.add_argument("--vocab-size", type=positive_int, default=32768)
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
     p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
+    _add_errors(p)
     p.set_defaults(run=_run_tokenizer_train)
+
+
+def _add_errors(p) -> None:
+    p.add_argument(
+        "--errors", choices=("strict", "replace"), default="strict",
+        help="bytes that are not UTF-8: an error naming the file and line (strict), or U+FFFD, counted (replace)",
+    )
 
 
 def _run_tokenizer_train(args) -> None:
     from ..data.corpus import read_documents
     from ..data.tokenizer import train_tokenizer
 
-    documents = read_documents(args.sources, text_field=args.text_field, pattern=args.pattern)
+    documents = read_documents(
+        args.sources, text_field=args.text_field, pattern=args.pattern, errors=args.errors, require_text=True
+    )
     tokenizer = train_tokenizer(documents, args.vocab_size, args.out)
-    print(f"saved a tokenizer of {len(tokenizer)} tokens to {args.out}")
+    replaced = _replaced(args, documents)
+    print(f"saved a tokenizer of {len(tokenizer)} tokens to {args.out}" + (f" ({replaced})" if replaced else ""))
+
+
+def _replaced(args, *documents) -> str:
+    """What --errors replace replaced, for the summary line; "" without it."""
+    if args.errors != "replace":
+        return ""
+    undecodable = sum(read.replaced_bytes for read in documents)
+    lines = sum(read.replaced_lines for read in documents)
+    return f"replaced {undecodable:,} undecodable byte{'s' * (undecodable != 1)} in {lines:,} line{'s' * (lines != 1)}"
 
 
 def add_corpus_build(commands) -> None:
@@ -33,7 +53,10 @@ def add_corpus_build(commands) -> None:
     p.add_argument("--tokenizer", required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
     p.add_argument("--out", type=Path, required=True, help="shard folder")
     held_out = p.add_mutually_exclusive_group()
-    held_out.add_argument("--test-fraction", type=fraction, default=0.001, help="share of documents held out (default 0.1%%)")
+    held_out.add_argument(
+        "--test-fraction", type=fraction, default=0.001,
+        help="share of documents held out (default 0.1%%); if none is drawn, the last lines of the last one",
+    )
     held_out.add_argument(
         "--test-sources", nargs="+", metavar="SOURCE",
         help="the test split's own documents (e.g. a validation file); all of the sources are then trained on",
@@ -44,6 +67,7 @@ def add_corpus_build(commands) -> None:
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
     p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.txt')")
     p.add_argument("--split", default="train", help="split of a hub dataset")
+    _add_errors(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted build")
     p.add_argument("--overwrite", action="store_true", help="replace a finished build")
     p.add_argument("--no-progress", action="store_true")
@@ -57,16 +81,33 @@ def _run_corpus_build(args) -> None:
     from ..data.tokenizer import load_tokenizer
 
     def documents(sources):
-        return read_documents(sources, text_field=args.text_field, split=args.split, pattern=args.pattern)
+        return read_documents(
+            sources, text_field=args.text_field, split=args.split, pattern=args.pattern,
+            errors=args.errors, require_text=True,
+        )
 
-    write_shards(
-        documents(args.sources), load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
+    train_documents = documents(args.sources)
+    test_documents = documents(args.test_sources) if args.test_sources else None
+    index = write_shards(
+        train_documents, load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
         test_fraction=args.test_fraction, seed=args.seed, workers=args.workers, progress=not args.no_progress,
-        resume=args.resume, overwrite=args.overwrite,
-        test_documents=documents(args.test_sources) if args.test_sources else None,
+        resume=args.resume, overwrite=args.overwrite, test_documents=test_documents,
     )
     train, test = TokenShards(args.out, "train"), TokenShards(args.out, "test")
-    print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out}")
+    read = [train_documents] if test_documents is None else [train_documents, test_documents]
+    notes = "; ".join(note for note in (_held_out(args, index), _replaced(args, *read)) if note)
+    print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out} ({notes})")
+
+
+def _held_out(args, index) -> str:
+    """How the held-out split was chosen, for the summary line."""
+    if args.test_sources:
+        return "held out: " + ", ".join(args.test_sources)
+    tail = index.get("held_out_tail")
+    if tail:
+        return f"held out: the last {tail['lines']:,} of the last document's {tail['of']:,} lines"
+    test, documents = index["splits"]["test"]["documents"], index["documents"]
+    return f"held out: {test:,} of {documents:,} documents"
 
 
 def add_catbabi(commands) -> None:

@@ -57,11 +57,9 @@ def add_models_import(commands) -> None:
 
 def _run_models_import(args) -> None:
     from ..models.convert import from_hf
-    from ..models.loading import write_weights_digest
 
     model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
-    model.save_pretrained(args.out)
-    write_weights_digest(args.out)
+    model.save_pretrained(args.out)  # with the weights' digest
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
     # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.

@@ -1,6 +1,6 @@
 """What every other part builds on: the exception hierarchy (one base class,
-``ImplicitLMError``), atomic file writes and JSON reading, option validation, memory checks.
-It imports nothing else of implicitlm."""
+``ImplicitLMError``), atomic file writes and JSON reading, option validation, memory checks,
+run folders and the weights' checksum. It imports nothing else of implicitlm."""
 
 from .errors import DataError, ImplicitLMError, NumericalFault, OptionError
 

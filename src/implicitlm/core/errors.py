@@ -9,7 +9,8 @@ answer.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import difflib
+from typing import Any, Iterable, Sequence
 
 # Values quoted in a message are cut to this many characters, so a message stays short.
 QUOTED_CHARS = 60
@@ -33,11 +34,18 @@ class NumericalFault(ImplicitLMError, RuntimeError):
     The message is one line naming where it happened and what was kept."""
 
 
-def check_header(header: dict[str, Any], keys: Iterable[str], version: int, source: object, what: str) -> None:
-    """``header`` (a file's JSON metadata) has every one of ``keys`` and format ``version``."""
-    missing = sorted(set(keys) - set(header))
+def check_header(
+    header: dict[str, Any], keys: Iterable[str], version: int, source: object, what: str, optional: Iterable[str] = ()
+) -> None:
+    """``header`` (a file's JSON metadata) has every one of ``keys`` and format ``version``,
+    and nothing but them and ``optional``: a misspelt key would otherwise be ignored."""
+    keys, known = set(keys), sorted({*keys, *optional})
+    missing = sorted(keys - set(header))
     if missing:
         raise DataError(f"{source}: expected keys {missing} in {what}")
+    for key in header:
+        if key not in known:
+            raise DataError(f"{source}: unknown key {quoted(key)} in {what}{closest_hint(key, known)}")
     found = header["format_version"]
     if isinstance(found, bool) or found != version:
         raise DataError(f"{source}: expected format_version {version}, got {quoted(found)}")
@@ -48,6 +56,12 @@ def check_int(value: Any, source: object, field: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise DataError(f"{source}: expected {field!r} to be an integer >= {minimum}, got {quoted(value)}")
     return value
+
+
+def closest_hint(key: Any, known: Sequence[str]) -> str:
+    """For a message about an unknown key: the known one it most likely misspells, or all."""
+    close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
+    return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
 
 
 def quoted(value: Any) -> str:

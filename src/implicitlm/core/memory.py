@@ -8,7 +8,10 @@ in one line that names the size.
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import os
+from typing import Callable
 
 import torch
 
@@ -41,6 +44,57 @@ def activation_bytes(batch: int, length: int, width: int, layers: int, graphs: i
     """A lower bound on what a forward keeps: one float per token, channel and block, for
     every pass whose graph autograd holds (``graphs``)."""
     return FLOAT_BYTES * batch * length * width * layers * graphs
+
+
+def tensor_bytes(value) -> int:
+    """Bytes of the tensors in ``value``: a tensor, or lists, tuples and dataclasses of them."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(item) for item in value)
+    if dataclasses.is_dataclass(value):
+        return sum(tensor_bytes(getattr(value, field.name)) for field in dataclasses.fields(value))
+    return 0
+
+
+def peak_growth(run: Callable[[], object], device: torch.device | str | None = None) -> int | None:
+    """How far ``run()`` raises the peak memory above what is in use before it: a measured
+    working set, where a formula would have to know every intermediate of every layer.
+    None where the machine cannot say (the peak resident size cannot be reset but on Linux)."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        return torch.cuda.max_memory_allocated(device) - before
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")  # resets the peak resident size (VmHWM) to the current one
+        before = _status_bytes("VmRSS")
+        run()
+        peak = _status_bytes("VmHWM") - before
+    except OSError:
+        return None
+    return_freed_memory()
+    return peak
+
+
+def return_freed_memory() -> None:
+    """Give freed memory back to the system: the allocator keeps freed blocks, scattered
+    among live ones, so that a loop of equal steps (a probe and the run it stands for, the
+    windows of an evaluation) would grow its peak step by step."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator keeps what it keeps
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field}")
 
 
 def readable(size: int) -> str:

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .atomic_io import recover_replaced
+from .errors import DataError, closest_hint, quoted
 from .json_file import read_json_object
 
 CHECKPOINTS = "checkpoints"
 FORMER_CHECKPOINT = "checkpoint"
 # Beside a checkpoint's weights: its step, training settings and what it trained on.
 TRAINER_META = "trainer.json"
+# What the trainers (today's and the two former ones) write into it.
+TRAINER_META_KEYS = ("step", "train", "data", "processes")
 
 
 def step_directories(folder: Path) -> list[Path]:
@@ -49,13 +52,25 @@ def model_folder(path: str | Path) -> Path:
     return latest_checkpoint(path) or path
 
 
+def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:
+    """A checkpoint's metadata (``trainer.json``): the step, the training settings, the data
+    and the processes it was trained with; any key besides these, a one-line DataError."""
+    file = Path(checkpoint) / TRAINER_META
+    meta = read_json_object(file, "checkpoint metadata")
+    for key in meta:
+        if key not in TRAINER_META_KEYS:
+            hint = closest_hint(key, TRAINER_META_KEYS)
+            raise DataError(f"{file}: unknown key {quoted(key)} in checkpoint metadata{hint}")
+    return meta
+
+
 def training_settings(path: str | Path) -> dict[str, Any]:
     """The training settings a checkpoint (or a run folder's latest) records, in today's
     spelling; none for an imported or hand-made model."""
-    meta = Path(model_folder(path)) / TRAINER_META
-    if not meta.is_file():
+    folder = Path(model_folder(path))
+    if not (folder / TRAINER_META).is_file():
         return {}
-    settings = read_json_object(meta, "checkpoint metadata").get("train", {})
+    settings = read_trainer_meta(folder).get("train", {})
     return current_spelling(settings) if isinstance(settings, dict) else {}
 
 

@@ -10,7 +10,6 @@ the field, e.g. ``training option 'lr' must be a number > 0, got 'abc'``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import types
@@ -18,7 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import OptionError, quoted
+from .errors import OptionError, closest_hint, quoted
 
 
 @dataclass(frozen=True)
@@ -160,9 +159,7 @@ def check_known_keys(values: Mapping[str, Any], known: Sequence[str], what: str)
     """Raise OptionError for the first key of ``values`` not in ``known``, naming the closest one."""
     for key in values:
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
-            hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
-            raise OptionError(f"unknown {what} '{key}'{hint}")
+            raise OptionError(f"unknown {what} '{key}'{closest_hint(key, known)}")
 
 
 def dataclass_defaults(schema: type) -> dict[str, Any]:

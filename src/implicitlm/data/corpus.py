@@ -4,8 +4,7 @@ A source is one of:
 
 - a ``.jsonl`` file: one document per non-blank line, a JSON object with the text in ``text_field``;
 - a ``.parquet`` file: one document per row of the column ``text_field``, read in record batches;
-- any other file: the whole file is one document, its line endings kept (UTF-8; undecodable
-  bytes become U+FFFD, as they do in JSONL);
+- any other file: the whole file is one document, its line endings kept;
 - any of these but Parquet compressed with xz, gzip or bzip2 (``train.txt.xz``,
   ``docs.jsonl.gz``): read through the decompressor, the suffix before the compression's
   choosing the kind;
@@ -13,6 +12,9 @@ A source is one of:
   order; hidden files and directories (names starting with ".") are skipped;
 - a name that is not a local path, such as ``"allenai/c4"``: the Hugging Face dataset of that
   name, streamed (``datasets.load_dataset(name, split=split, streaming=True)``).
+
+Text and JSONL files are UTF-8: a byte that is not raises a ``DataError`` naming the file and
+line, unless ``errors="replace"`` asks for U+FFFD in its place (``Documents`` counts them).
 
 The order of documents depends only on the sources, so every reading gives the same sequence.
 A malformed file raises a one-line ``DataError`` naming it (and the line or row).
@@ -28,12 +30,12 @@ import lzma
 import os
 import re
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from implicitlm.core.errors import DataError, first_line
+from implicitlm.core.errors import DataError, OptionError, first_line, not_utf8
 from implicitlm.core.json_file import check_regular, parse_json
 
 Source = str | os.PathLike
@@ -45,6 +47,9 @@ DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 # "name" or "owner/name", as the hub spells dataset ids.
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 PARQUET_BATCH_ROWS = 1024
+DECODE_ERRORS = ("strict", "replace")
+# A line of a file as text: (the line's bytes, the file, the line's number) -> str.
+Decoder = Callable[[bytes, Path, int], str]
 
 
 def read_documents(
@@ -52,25 +57,86 @@ def read_documents(
     text_field: str = "text",
     split: str = "train",
     pattern: str = "*",
-) -> Iterator[str]:
+    errors: str = "strict",
+    require_text: bool = False,
+) -> Documents:
     """The documents of ``sources``, in order (see the module docstring for the kinds).
 
     Sources are checked at once, so a missing path raises here; file contents are read lazily.
     ``split`` applies to hub datasets only, ``pattern`` (a glob on file names) to directories.
+    ``errors="replace"`` reads bytes that are not UTF-8 as U+FFFD instead of refusing the
+    file. ``require_text`` refuses a source without a character of text (an empty file) when
+    it has been read.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    parts = [_source_documents(source, text_field, split, pattern) for source in sources]
-    return itertools.chain.from_iterable(parts)
+    return Documents(sources, text_field, split, pattern, errors, require_text)
 
 
-def _source_documents(source: Source, text_field: str, split: str, pattern: str) -> Iterator[str]:
+class Documents(Iterator[str]):
+    """The documents of some sources (see ``read_documents``), read as they are iterated; counts
+    the undecodable bytes read so far that ``errors="replace"`` replaced, and their lines."""
+
+    def __init__(
+        self,
+        sources: Iterable[Source],
+        text_field: str,
+        split: str,
+        pattern: str,
+        errors: str,
+        require_text: bool,
+    ):
+        if errors not in DECODE_ERRORS:
+            raise OptionError(f"errors must be one of {', '.join(DECODE_ERRORS)}, got {errors!r}")
+        self.errors = errors
+        self.replaced_bytes = 0
+        self.replaced_lines = 0
+        sources = list(sources)
+        parts = [_source_documents(source, text_field, split, pattern, self.decode) for source in sources]
+        if require_text:
+            parts = [_with_text(source, part) for source, part in zip(sources, parts)]
+        self._documents = itertools.chain.from_iterable(parts)
+
+    def __next__(self) -> str:
+        return next(self._documents)
+
+    def decode(self, line: bytes, path: Path, line_number: int) -> str:
+        """Line ``line_number`` of the file ``path`` as text, by ``errors``."""
+        try:
+            return line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            if self.errors == "strict":
+                raise DataError(
+                    f"{path}:{line_number}: {not_utf8(error)}; --errors replace (errors='replace') "
+                    f"reads such bytes as U+FFFD"
+                ) from None
+        # surrogateescape turns each undecodable byte, and only those, into a lone surrogate.
+        escaped = line.decode("utf-8", errors="surrogateescape")
+        self.replaced_bytes += sum(1 for char in escaped if "\udc80" <= char <= "\udcff")
+        self.replaced_lines += 1
+        return line.decode("utf-8", errors="replace")
+
+
+def _with_text(source: Source, documents: Iterator[str]) -> Iterator[str]:
+    """``documents``, then a DataError if none of them held a character: a source without text
+    would otherwise give a tokenizer of bare bytes, or shards of nothing but eos."""
+    empty = True
+    for text in documents:
+        empty = empty and not text
+        yield text
+    if empty:
+        raise DataError(f"{source}: no text in it (an empty file, or only empty documents)")
+
+
+def _source_documents(
+    source: Source, text_field: str, split: str, pattern: str, decode: Decoder
+) -> Iterator[str]:
     path = Path(source)
     if path.is_dir():
         files = _files_under(path, pattern)
-        return itertools.chain.from_iterable(_file_documents(file, text_field) for file in files)
+        return itertools.chain.from_iterable(_file_documents(file, text_field, decode) for file in files)
     if path.is_file():
-        return _file_documents(path, text_field)
+        return _file_documents(path, text_field, decode)
     check_regular(path, "a corpus file or folder")
     if _is_hub_name(source):
         return _hub_documents(str(source), text_field, split)
@@ -98,21 +164,22 @@ def _files_under(directory: Path, pattern: str) -> list[Path]:
     return files
 
 
-def _file_documents(path: Path, text_field: str) -> Iterator[str]:
+def _file_documents(path: Path, text_field: str, decode: Decoder) -> Iterator[str]:
     compressed = path.suffix.lower() in DECOMPRESSORS
     kind = (Path(path.stem) if compressed else path).suffix.lower()
     with reading(path):
         if kind == ".jsonl":
-            for where, record in jsonl_records(path):
+            for where, record in jsonl_records(path, decode):
                 yield _text_of(record, text_field, where)
         elif kind == ".parquet":
             if compressed:  # Parquet compresses inside the file and needs to seek in it
                 raise DataError(f"{path}: compressed Parquet is not read; Parquet compresses its own columns")
             yield from _parquet_documents(path, text_field)
         else:
-            # Bytes decoded as they are: read_text would also turn "\r\n" into "\n".
-            with DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rb") as handle:
-                yield handle.read().decode("utf-8", errors="replace")
+            # Bytes decoded as they are, since read_text would also turn "\r\n" into "\n"; line
+            # by line, so that an undecodable byte is named by its line.
+            with _open_binary(path) as handle:
+                yield "".join(decode(line, path, line_number) for line_number, line in enumerate(handle, 1))
 
 
 @contextlib.contextmanager
@@ -132,11 +199,21 @@ def open_text(path: Path) -> IO[str]:
     return DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rt", encoding="utf-8", errors="replace")
 
 
-def jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
-    """(``"path:line"``, parsed value) for each non-blank line of a JSONL file, compressed or not;
-    use inside ``reading(path)``."""
-    with open_text(path) as handle:
-        for line_number, line in enumerate(handle, 1):
+def _open_binary(path: Path) -> IO[bytes]:
+    return DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rb")
+
+
+def _replacing(line: bytes, path: Path, line_number: int) -> str:
+    return line.decode("utf-8", errors="replace")
+
+
+def jsonl_records(path: Path, decode: Decoder = _replacing) -> Iterator[tuple[str, Any]]:
+    """(``"path:line"``, parsed value) for each non-blank line of a JSONL file, compressed or not,
+    its lines decoded by ``decode`` (by default undecodable bytes become U+FFFD); use inside
+    ``reading(path)``."""
+    with _open_binary(path) as handle:
+        for line_number, raw in enumerate(handle, 1):
+            line = decode(raw, path, line_number)
             if not line.strip():
                 continue
             yield f"{path}:{line_number}", parse_json(line, path, "a JSON object", line_number)

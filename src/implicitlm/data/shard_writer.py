@@ -2,9 +2,14 @@
 tokenized, packed into shards, and resumable after a crash.
 
 Document ``i`` goes to the test split when a hash of ``(seed, i)`` falls below
-``test_fraction``. If no document does, the last one does, so that a small corpus still gets
-a test split. A corpus with a held-out set of its own (WikiText's validation file) passes it as
-``test_documents`` instead, and every one of ``documents`` is trained on.
+``test_fraction``. If no document does, the last document is split by lines: its last lines
+that hold ``test_fraction`` of the corpus's characters (at least one line; never its first
+line) are the test split, and the lines before them a training document. So a small corpus
+still gets a test split, and a corpus of one file (one document) trains on most of it; a
+last document of one line is held out whole. The index then records the split's
+``held_out_tail``: the lines held out, and ``of`` how many. A corpus with a held-out set of
+its own (WikiText's validation file) passes it as ``test_documents`` instead, and every one
+of ``documents`` is trained on.
 
 Data that comes with its own splits (any names) is written by ``write_token_streams`` from
 documents given as token ids, each followed by eos as ``write_shards`` does.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -29,7 +35,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from implicitlm.core.atomic_io import atomic_write, write_json
-from implicitlm.core.errors import DataError, check_int
+from implicitlm.core.errors import DataError, check_header, check_int
 from implicitlm.core.json_file import read_json_object
 from implicitlm.data.parallel_tokenize import Labelled, tokenized
 from implicitlm.data.shards import (
@@ -93,8 +99,9 @@ def write_shards(
         split: _SplitWriter(out_dir, split, settings, saved["splits"][split] if saved else None)
         for split in SPLITS
     }
+    held_out_tail: dict[str, int] = {}
     labelled = tqdm(
-        _assign_splits(documents, test_fraction, seed) if test_documents is None
+        _assign_splits(documents, test_fraction, seed, held_out_tail) if test_documents is None
         else _given_splits(documents, test_documents),
         desc="tokenize",
         unit="doc",
@@ -105,7 +112,12 @@ def write_shards(
         if writers[split].add(index, tokens):
             splits = {name: writer.state() for name, writer in writers.items()}
             write_json(out_dir / PROGRESS_FILE, {**settings, "splits": splits})
-    return _finish(out_dir, settings, writers)
+    if writers["test"].documents and not writers["train"].documents:
+        raise DataError(
+            f"{out_dir}: nothing to train on: every document went to the test split (a last document of "
+            f"one line is held out whole); give more text, a lower test fraction or a held-out set (--test-sources)"
+        )
+    return _finish(out_dir, settings, writers, {"held_out_tail": held_out_tail or None})
 
 
 def write_token_streams(
@@ -186,7 +198,9 @@ def _saved_progress(
                 f"{out_dir}: holds an unfinished run; continue it with --resume (resume=True) "
                 f"or start again with --overwrite (overwrite=True)"
             )
-        saved = read_json_object(progress_path, "shard writing progress")
+        what = "shard writing progress"
+        saved = read_json_object(progress_path, what)
+        check_header(saved, ("format_version", "splits"), FORMAT_VERSION, progress_path, what, optional=settings)
         _check_settings(progress_path, saved, settings)
         _check_progress(progress_path, saved, settings)
         _remove(out_dir, TEMPORARY_PATTERNS)
@@ -197,16 +211,20 @@ def _saved_progress(
 
 
 def _finish(
-    out_dir: Path, settings: dict[str, Any], writers: dict[str, _SplitWriter]
+    out_dir: Path,
+    settings: dict[str, Any],
+    writers: dict[str, _SplitWriter],
+    split_record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the last, partly filled shards and the index; returns the index."""
+    """Write the last, partly filled shards and the index (with ``split_record``, how the
+    splits were chosen); returns the index."""
     if not any(writer.documents for writer in writers.values()):
         raise DataError(f"{out_dir}: no documents to write")
     for writer in writers.values():
         writer.finish()
     splits = {name: writer.summary() for name, writer in writers.items()}
     documents = sum(split["documents"] for split in splits.values())
-    index = {**settings, "documents": documents, "splits": splits}
+    index = {**settings, **(split_record or {}), "documents": documents, "splits": splits}
     write_json(out_dir / INDEX_FILE, index)
     # A corpus smaller than one shard finishes without ever having written progress.
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
@@ -230,20 +248,52 @@ def _remove(out_dir: Path, patterns: Iterable[str]) -> None:
             path.unlink()
 
 
-def _assign_splits(documents: Iterable[str], test_fraction: float, seed: int) -> Iterator[Labelled]:
-    """Each document with its index and split, in order (see the module docstring)."""
+def _assign_splits(
+    documents: Iterable[str], test_fraction: float, seed: int, held_out_tail: dict[str, int]
+) -> Iterator[Labelled]:
+    """Each document with its index and split, in order (see the module docstring); fills
+    ``held_out_tail`` when the last document is split."""
     previous: Labelled | None = None
     any_test = False
+    characters = 0
     for index, text in enumerate(documents):
-        # One document of lookahead: only the last one may be moved to the test split.
+        # One document of lookahead: only the last one may be split.
         if previous is not None:
             yield previous
         split = "test" if _hashed_fraction(seed, index) < test_fraction else "train"
         any_test = any_test or split == "test"
+        characters += len(text)
         previous = (index, split, text)
-    if previous is not None:
-        index, split, text = previous
-        yield index, "test" if test_fraction > 0 and not any_test else split, text
+    if previous is None:
+        return
+    if test_fraction == 0 or any_test:
+        yield previous
+        return
+    index, _, text = previous
+    start = _tail_start(text, math.ceil(test_fraction * characters))
+    if start:
+        held_out_tail.update(lines=_line_count(text[start:]), of=_line_count(text))
+        yield index, "train", text[:start]
+    yield index, "test", text[start:]
+
+
+def _tail_start(text: str, characters: int) -> int:
+    """Where the shortest run of whole last lines of ``text`` with at least ``characters``
+    characters starts, or the second line when even that run from it is shorter; 0 when
+    ``text`` is one line."""
+    start = len(text)
+    while True:
+        line_start = text.rfind("\n", 0, start - 1) + 1
+        if line_start == 0:
+            return 0 if start == len(text) else start
+        start = line_start
+        if len(text) - start >= characters:
+            return start
+
+
+def _line_count(text: str) -> int:
+    """Lines, each ended by "\\n" but perhaps the last."""
+    return text.count("\n") + (not text.endswith("\n"))
 
 
 def _given_splits(documents: Iterable[str], test_documents: Iterable[str]) -> Iterator[Labelled]:

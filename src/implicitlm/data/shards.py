@@ -3,8 +3,10 @@
 A shard directory holds::
 
     index.json                   format version, token dtype, vocabulary size, eos id, tokenizer,
-                                 the writing settings, and per split its shards (file, tokens,
-                                 sha256 of the bytes) with token and document totals
+                                 the writing settings, the lines of the last document held
+                                 out when it was split (``held_out_tail``), and per split its
+                                 shards (file, tokens, sha256 of the bytes) with token and
+                                 document totals
     train/shard_00000.bin, ...   raw little-endian tokens: uint16 when the vocabulary fits,
                                  else uint32
     test/shard_00000.bin, ...
@@ -37,6 +39,8 @@ from implicitlm.core.json_file import read_json_object
 FORMAT_VERSION = 1
 INDEX_FILE = "index.json"
 INDEX_KEYS = {"format_version", "dtype", "vocab_size", "eos_token_id", "tokenizer", "splits"}
+# What shard_writer records beside them: how the shards were written and the splits chosen.
+INDEX_OPTIONAL_KEYS = {"shard_tokens", "test_fraction", "seed", "held_out_tail", "documents"}
 TOKEN_DTYPES = ("uint16", "uint32")
 # Where a shard of split "name" lies: "name/shard_00000.bin", inside the directory.
 SHARD_FILE = re.compile(r"(?P<split>[^/\\]+)/shard_[0-9]{5,}\.bin")
@@ -111,7 +115,7 @@ def read_index(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"{path}: no shard index; write the shards with write_shards first")
     index = read_json_object(path, "a shard index")
-    check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index")
+    check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index", optional=INDEX_OPTIONAL_KEYS)
     dtype = index["dtype"]
     if dtype not in TOKEN_DTYPES:
         raise DataError(f"{path}: expected 'dtype' to be one of {', '.join(TOKEN_DTYPES)}, got {quoted(dtype)}")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from implicitlm.core.atomic_io import atomic_write
-from implicitlm.core.errors import DataError, check_header, check_int, first_line, quoted
+from implicitlm.core.errors import DataError, check_header, check_int, closest_hint, first_line, quoted
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
 from implicitlm.core.json_file import check_regular, read_json_object
 from implicitlm.data.word_csv import load_csv, save_csv
@@ -47,6 +47,9 @@ from implicitlm.data.words import (
 )
 
 TARGET_STORAGE = ("stored", "derived")
+# What a sidecar holds: what ``word_meta`` writes, and "targets" for a file of derived targets.
+REQUIRED_META_KEYS = ("group", "count", "length", "format_version")
+META_KEYS = ("group", "seed", "hard_prob", "targets", "count", "length", "format_version")
 NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -107,6 +110,10 @@ def save_words(
     _check_file_target(path)
     if not isinstance(meta, dict) or "group" not in meta:
         raise ValueError(f"{path}: meta must be a dict naming the 'group' of the words")
+    for key in meta:
+        if key not in META_KEYS:
+            # The reader refuses keys it does not know, so none may be written.
+            raise ValueError(f"{path}: unknown meta key {quoted(key)}{closest_hint(key, META_KEYS)}")
     algebra = resolve_group(meta["group"])
     # What is saved here has stored targets, even if it was read from a derived file.
     inputs, targets = np.asarray(inputs), np.asarray(targets)
@@ -287,7 +294,7 @@ def _read_meta(path: Path) -> tuple[dict[str, Any], FiniteAlgebra]:
     if not sidecar.exists():
         raise DataError(f"{path}: metadata file {sidecar} is missing")
     meta = read_json_object(sidecar, "word metadata")
-    check_header(meta, ("group", "count", "length", "format_version"), FORMAT_VERSION, sidecar, "word metadata")
+    check_header(meta, REQUIRED_META_KEYS, FORMAT_VERSION, sidecar, "word metadata", optional=META_KEYS)
     try:
         algebra = resolve_group(meta["group"])
     except ValueError as error:

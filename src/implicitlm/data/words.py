@@ -7,6 +7,7 @@ Labels are aligned with the inputs: ``targets[:, t] = inputs[:, 0] * ... * input
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,6 +22,11 @@ FORMAT_VERSION = 1
 # Words are generated and checked in row blocks of about this many tokens, so temporary
 # memory stays bounded however many words are requested.
 BLOCK_TOKENS = 2**22
+# Generated test words are drawn in tiles of every word's tokens at this many positions, each
+# tile from its own seed, so that any window of positions is drawn without the ones before
+# it. The first tile is drawn as ``generate_words`` draws a single row block: test words of
+# up to this many tokens are the same as before tiles, as long as they fill one block.
+TILE_POSITIONS = 8192
 
 
 class DerivedTargets:
@@ -103,15 +109,16 @@ def generate_words(
     return inputs, targets
 
 
-def prefix_products(group: str | FiniteAlgebra, inputs: np.ndarray) -> np.ndarray:
+def prefix_products(group: str | FiniteAlgebra, inputs: np.ndarray, before: np.ndarray | None = None) -> np.ndarray:
     """Running products of each row of ``inputs`` (shape (count, length)), whose entries
-    must be element indices of ``group``."""
+    must be element indices of ``group``; ``before``: each row's product of the tokens
+    before these (a window of longer words), none by default."""
     algebra = resolve_group(group)
     _check_element_array(algebra, inputs)
     targets = np.empty(inputs.shape, dtype=smallest_uint_dtype(algebra.order))
     if inputs.shape[1] == 0:
         return targets
-    targets[:, 0] = inputs[:, 0]
+    targets[:, 0] = inputs[:, 0] if before is None else algebra.table[before, inputs[:, 0]]
     # Sequential over positions by nature; each step is vectorised over all words.
     for t in range(1, inputs.shape[1]):
         targets[:, t] = algebra.table[targets[:, t - 1], inputs[:, t]]
@@ -254,3 +261,95 @@ def check_labels(path: Path, algebra: FiniteAlgebra, inputs: np.ndarray, labels:
     if wrong.size:
         row = first_row + int(wrong[0])
         raise DataError(f"{path}: word {row}: the stored labels are not the running products of its inputs")
+
+
+class WordWindows(ABC):
+    """A word set read in windows of positions, left to right (from position 0 again for
+    another pass): every word's tokens and labels at positions [start, end). Labels that are
+    not stored are running products carried from one window to the next, so a window costs
+    the memory of its own positions only, however long the words."""
+
+    def __init__(self, count: int, length: int, token_bytes: int) -> None:
+        self.count, self.length = count, length
+        self.token_bytes = token_bytes  # of one token, and of one label, in a window
+        self._read_to = 0
+        self._last_labels: np.ndarray | None = None
+
+    def window(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, labels) of every word at positions [start, end), each (count, end - start)."""
+        if start not in (0, self._read_to) or not start < end <= self.length:
+            raise ValueError(f"word windows are read left to right: positions [{start}, {end}) after {self._read_to}")
+        tokens = self._tokens(start, end)
+        labels = self._labels(start, end, tokens, None if start == 0 else self._last_labels)
+        self._read_to, self._last_labels = end, labels[:, -1].copy()
+        return tokens, labels
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets) of the whole words, in memory: for short words only."""
+        return self.window(0, self.length)
+
+    @abstractmethod
+    def _tokens(self, start: int, end: int) -> np.ndarray:
+        """Every word's tokens at positions [start, end)."""
+
+    @abstractmethod
+    def _labels(self, start: int, end: int, tokens: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+        """Every word's labels at positions [start, end), whose ``tokens`` follow tokens whose
+        running products are ``before`` (None at position 0)."""
+
+
+class GeneratedWords(WordWindows):
+    """``count`` random words of ``length`` tokens drawn as ``generate_words`` draws them
+    (``hard_prob`` likewise), tile by tile (``TILE_POSITIONS``) from ``seed``: the words
+    depend on the arguments only, not on the windows they are read in."""
+
+    def __init__(self, group: str | FiniteAlgebra, length: int, count: int, seed: int = 0, hard_prob: float | None = None):
+        self.algebra = resolve_group(group)
+        check_generation_args(self.algebra, length, count, seed, hard_prob)
+        super().__init__(count, length, smallest_uint_dtype(self.algebra.order).itemsize)
+        self.seed, self.hard_prob = seed, hard_prob
+        self._last_tile: tuple[int, np.ndarray] | None = None
+
+    @property
+    def tile_bytes(self) -> int:
+        """Memory of drawing one tile: its tokens and, with ``hard_prob``, the draws they are made of."""
+        draws = 4 + 2 * self.token_bytes if self.hard_prob is not None else 0  # a float32 and two token draws
+        return self.count * min(self.length, TILE_POSITIONS) * (self.token_bytes + draws)
+
+    def _tokens(self, start: int, end: int) -> np.ndarray:
+        first, last = start // TILE_POSITIONS, (end - 1) // TILE_POSITIONS
+        tiles = [self._tile(index) for index in range(first, last + 1)]
+        offset = first * TILE_POSITIONS
+        return (tiles[0] if len(tiles) == 1 else np.concatenate(tiles, axis=1))[:, start - offset:end - offset]
+
+    def _tile(self, index: int) -> np.ndarray:
+        # Consecutive windows share a tile at their border: the last one is kept for the next.
+        if self._last_tile is None or self._last_tile[0] != index:
+            seed = np.random.SeedSequence(self.seed) if index == 0 else np.random.SeedSequence(self.seed, spawn_key=(index,))
+            width = min(TILE_POSITIONS, self.length - index * TILE_POSITIONS)
+            tokens = _sample_tokens(self.algebra, np.random.default_rng(seed), (self.count, width), self.hard_prob)
+            self._last_tile = (index, tokens)
+        return self._last_tile[1]
+
+    def _labels(self, start: int, end: int, tokens: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+        return prefix_products(self.algebra, tokens, before)
+
+
+class StoredWords(WordWindows):
+    """Words held in arrays or memory-mapped files, with their labels (``WordData``'s
+    inputs and targets), read a window at a time."""
+
+    def __init__(self, inputs: np.ndarray, targets: np.ndarray | DerivedTargets):
+        if inputs.ndim != 2 or targets.shape != inputs.shape:
+            raise ValueError(f"expected inputs and targets of one shape (count, length), got {inputs.shape} and {targets.shape}")
+        super().__init__(int(inputs.shape[0]), int(inputs.shape[1]), inputs.dtype.itemsize)
+        self.inputs, self.targets = inputs, targets
+
+    def _tokens(self, start: int, end: int) -> np.ndarray:
+        return np.asarray(self.inputs[:, start:end])
+
+    def _labels(self, start: int, end: int, tokens: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+        # Derived targets would compute each word's labels from all its tokens: carried here instead.
+        if isinstance(self.targets, DerivedTargets):
+            return prefix_products(self.targets.algebra, tokens, before)
+        return np.asarray(self.targets[:, start:end])

@@ -1,5 +1,5 @@
 """Word-problem accuracy by sequence length, in either inference mode: the demo's tables and
-the ``word_length`` record (the metrics themselves: ``tasks.words``)."""
+the ``word_length`` record (the metrics themselves: ``tasks.word_scoring``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any, Iterable
 from tqdm.auto import tqdm
 
 from ..data.groups import get_group
-from ..tasks.words import held_out_words, mode_agreement, word_accuracy
+from ..tasks.word_scoring import mode_agreement, word_accuracy
+from ..tasks.words import held_out_words
 from .plots import plot_accuracy_by_length
 from .records import make_record, write_record
 

@@ -14,6 +14,8 @@ Explicit: z = f(embed(x), None), once.
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -22,6 +24,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
+from ..core.weights_digest import WEIGHTS, write_weights_digest
 from ..deq import ConvergenceTally, FixedPointSolver, warn_not_converged
 from ..layers import RMSNorm
 from .loss import token_cross_entropy
@@ -65,6 +68,14 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         # The recurrent state travels as the stack's own per-layer objects (``state``),
         # not as a transformers Cache.
         return False
+
+    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
+        """transformers' ``save_pretrained``, and the SHA-256 of the weights beside them, which
+        ``load_model`` checks: whoever saves a model (a checkpoint, an import, a user) writes it."""
+        super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
+        # A sharded or variant save has no model.safetensors, which is all load_model reads.
+        if is_main_process and (Path(save_directory) / WEIGHTS).is_file():
+            write_weights_digest(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from transformers import GenerationConfig, PretrainedConfig
 from transformers.utils import logging as transformers_logging
 
 from ..core.atomic_io import recover_replaced
@@ -18,15 +21,14 @@ from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import model_folder
 from ..core.schema import OptionError, check_known_keys, dataclass_defaults, option_help
+from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_digest, weights_sha256
 from .configuration import ImplicitLMConfig
 from .implicit_lm import ImplicitCausalLM
 from .llama import ImplicitLlamaConfig, ImplicitLlamaForCausalLM
 from .mamba import ImplicitMambaConfig, ImplicitMambaForCausalLM
 from .mamba2 import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
 
-WEIGHTS = "model.safetensors"
-# Written beside the weights by checkpoints and imports; checked by load_model when present.
-WEIGHTS_DIGEST = "model.safetensors.sha256"
+LOGGER = logging.getLogger("implicitlm")
 
 # The ``architecture`` model option names the backbone family.
 CONFIG_CLASSES: dict[str, type[ImplicitLMConfig]] = {
@@ -45,6 +47,18 @@ WEIGHT_PROBLEMS = {
     "missing_keys": "lacks weights the config needs",
     "unexpected_keys": "holds weights the config has no place for",
 }
+
+
+# Keys of a config.json that transformers writes or reads beside a family's own fields: those
+# of a default config (model_type, transformers_version, architectures, dtype, ...), the
+# generation settings it still takes from a config (token ids, use_cache, ...), and those it
+# reads under names a default config does not hold (an older transformers wrote some of them).
+TRANSFORMERS_KEYS = frozenset(PretrainedConfig().to_dict()) | frozenset(GenerationConfig().to_dict()) | {
+    "torch_dtype", "auto_map", "num_labels", "name_or_path", "_commit_hash", "attn_implementation",
+    "experts_implementation",
+}
+# How many of the tensors whose shapes differ from the config's a message names.
+SHAPES_NAMED = 3
 
 
 class ModelLoadError(ImplicitLMError, ValueError):
@@ -75,9 +89,13 @@ def _own_defaults(cls: type[ImplicitLMConfig]) -> dict[str, Any]:
 
 def model_option_names(architecture: str = "mamba2") -> list[str]:
     """Every option ``config_from_options`` accepts for that architecture, ``architecture`` included."""
-    names = ["architecture"]
-    # The family's own fields, then those it passes on to the shared base class.
-    for cls in _config_class(architecture).__mro__:
+    return ["architecture", *_field_names(_config_class(architecture))]
+
+
+def _field_names(config_class: type[ImplicitLMConfig]) -> list[str]:
+    """The fields of a family's config: its own, then those it passes on to the shared base class."""
+    names = []
+    for cls in config_class.__mro__:
         if issubclass(cls, ImplicitLMConfig):
             names += [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "kwargs")]
     return list(dict.fromkeys(names))
@@ -105,11 +123,16 @@ def parameter_count(config: ImplicitLMConfig) -> int:
     meta device, from models of one and two blocks (building every block of a config that
     asks for millions would itself take the time and memory this is to check)."""
     def count(layers: int) -> int:
-        with torch.device("meta"):
-            return MODEL_CLASSES[config.model_type](_with_layers(config, layers)).num_parameters()
+        return _meta_model(_with_layers(config, layers)).num_parameters()
 
     one = count(1)
     return one if config.num_hidden_layers == 1 else one + (count(2) - one) * (config.num_hidden_layers - 1)
+
+
+def _meta_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
+    """The model ``config`` describes: its tensors' shapes, without their data."""
+    with torch.device("meta"):
+        return MODEL_CLASSES[config.model_type](config)
 
 
 def _with_layers(config: ImplicitLMConfig, layers: int) -> ImplicitLMConfig:
@@ -146,7 +169,7 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
     _require_weights(config, config_file)
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
-    _check_weights_digest(path)
+    checked = _check_weights_digest(path)
     try:
         with _own_load_report():
             model, report = MODEL_CLASSES[config.model_type].from_pretrained(
@@ -154,7 +177,9 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
             )
     # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
     except Exception as error:
-        raise ModelLoadError(f"{path}: cannot load weights ({first_line(error)})") from None
+        # transformers' message about shapes points at a report it printed (or, quietened, did not).
+        message = _shape_mismatch(path, config) or f"{path}: cannot load weights ({first_line(error)})"
+        raise ModelLoadError(message) from None
     for kind, problem in WEIGHT_PROBLEMS.items():
         if report[kind]:
             raise ModelLoadError(f"{path / WEIGHTS}: {problem}: {quoted(sorted(report[kind]))}")
@@ -162,7 +187,45 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
         # NaN weights evaluate to some accuracy without a word: refused at the door.
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ModelLoadError(f"{path / WEIGHTS}: weight {name} holds NaN or Inf")
+    if not checked:
+        # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
+        LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")
     return model
+
+
+def _shape_mismatch(path: Path, config: ImplicitLMConfig) -> str | None:
+    """A line naming the first tensors of ``path``'s weights whose shapes differ from those the
+    config gives them, and what the file's shapes show of the config that wrote it; None when
+    the shapes agree (or the file's header cannot be read)."""
+    try:
+        with safe_open(path / WEIGHTS, "pt") as weights:
+            found = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except (SafetensorError, OSError):
+        return None
+    expected = {name: list(tensor.shape) for name, tensor in _meta_model(config).state_dict().items()}
+    differing = [name for name in expected if name in found and found[name] != expected[name]]
+    if not differing:
+        return None
+    named = ", ".join(f"{name} {found[name]} (config.json: {expected[name]})" for name in differing[:SHAPES_NAMED])
+    return (f"{path / WEIGHTS}: {len(differing)} tensor(s) of other shapes than config.json gives them, first "
+            f"{named}; the weights look like {_shapes_config(found)}")
+
+
+def _shapes_config(shapes: dict[str, list[int]]) -> str:
+    """The config fields that tensor names and shapes show: an injection only in an implicit
+    model, weight-normalised weights only where weight_norm applies, the blocks by their
+    index, the embedding's width and rows (the vocabulary padded up)."""
+    implicit = "injection.weight" in shapes
+    fields = [f"implicit={str(implicit).lower()}"]
+    if implicit:
+        fields.append(f"weight_norm={str(any('.parametrizations.' in name for name in shapes)).lower()}")
+    layers = [int(match[1]) for name in shapes if (match := re.match(r"stack\.layers\.(\d+)\.", name))]
+    if layers:
+        fields.append(f"num_hidden_layers={max(layers) + 1}")
+    embedding = shapes.get("embeddings.weight", [])
+    if len(embedding) == 2:
+        fields += [f"hidden_size={embedding[1]}", f"vocab_size<={embedding[0]}"]
+    return ", ".join(fields)
 
 
 @contextlib.contextmanager
@@ -177,28 +240,14 @@ def _own_load_report():
         transformers_logging.set_verbosity(level)
 
 
-def write_weights_digest(folder: str | Path) -> None:
-    """Record the SHA-256 of ``folder``'s weights beside them: safetensors has no checksum,
-    so a flipped byte in the data would load as a slightly different model."""
-    folder = Path(folder)
-    (folder / WEIGHTS_DIGEST).write_text(_sha256(folder / WEIGHTS) + "\n")
-
-
-def _check_weights_digest(path: Path) -> None:
-    digest_file = path / WEIGHTS_DIGEST
-    if not digest_file.is_file():
-        return  # a folder saved elsewhere (transformers' save_pretrained) has none
-    recorded = digest_file.read_text(encoding="utf-8", errors="replace").strip()
-    if _sha256(path / WEIGHTS) != recorded:
+def _check_weights_digest(path: Path) -> bool:
+    """Whether ``path``'s weights were checked against a recorded digest (they match)."""
+    recorded = recorded_weights_digest(path)
+    if recorded is None:
+        return False
+    if weights_sha256(path) != recorded:
         raise ModelLoadError(f"{path / WEIGHTS}: SHA-256 differs from {WEIGHTS_DIGEST}: the weights are damaged")
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return True
 
 
 def _read_config(config_file: Path) -> ImplicitLMConfig:
@@ -210,8 +259,13 @@ def _read_config(config_file: Path) -> ImplicitLMConfig:
     model_type = values.get("model_type")
     if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
         raise ModelLoadError(f"{config_file}: model_type {quoted(model_type)} is not one of {sorted(MODEL_CLASSES)}")
+    config_class = MODEL_CLASSES[model_type].config_class
     try:
-        config = MODEL_CLASSES[model_type].config_class.from_dict(values)
+        # PretrainedConfig keeps an unknown key as an attribute: a misspelt field would leave
+        # the field at its default without a word.
+        check_known_keys({k: v for k, v in values.items() if k not in TRANSFORMERS_KEYS}, _field_names(config_class),
+                         "model option")
+        config = config_class.from_dict(values)
         config.check_consistency()
         return config
     except OptionError as error:

@@ -60,10 +60,11 @@ class Task(ABC):
         one, and the solver set up by ``solver`` (``configure_solver``'s keywords)."""
         self.require(evaluation)
         model = self.load()
-        data = self.convergence_inputs() if evaluation == "convergence" else self.evaluation_sets()
         if evaluation in NEEDS_IMPLICIT:
             require_implicit(model, NEEDS_IMPLICIT[evaluation])
+        # Before the data: what a test set's evaluation takes depends on the chunk length.
         configure_solver(model, **(solver or {}))
+        data = self.convergence_inputs() if evaluation == "convergence" else self.evaluation_sets()
         return model, data
 
     def training(self) -> dict[str, Any]:

@@ -14,134 +14,25 @@ import numpy as np
 import torch
 
 from ..core.errors import OptionError
-from ..core.memory import activation_bytes, require
+from ..core.memory import require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
-from ..data.words import WordData, generate_words, hard_token_mask
-from ..deq import warn_not_converged
-from ..models.implicit_lm import MODES
+from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
 from .base import Task, missed_cell
+from .word_scoring import evaluation_bytes, word_accuracy
 
 # Test words come from seeds far from any training step's seed sequence.
 TEST_SEED_OFFSET = 1_000_000_007
 
 
-# Simultaneous mode carries a token's state about one position further per iteration, so
-# a word's fixed point takes about as many iterations as it has tokens; the slowest words
-# of a trained S3 model took up to 1.5 times that (186 on average at 128 tokens, up to
-# 250), hence twice the length plus a margin.
-SIMULTANEOUS_BUDGET_PER_TOKEN = 2
-SIMULTANEOUS_BUDGET_MARGIN = 32
-
-
-def simultaneous_budget(model, length: int) -> int:
-    """The evaluation budget of a simultaneous solve over words of ``length`` tokens: the
-    model's own, or twice the length plus a margin where that is more; a model that solves
-    in chunks (``eval_chunk_length``) needs that for a chunk's length only. Converged words
-    stop early, so a generous budget costs only where it is needed."""
-    return max(
-        model.solver.options.eval_f_max_iter,
-        SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once(model, length) + SIMULTANEOUS_BUDGET_MARGIN,
-    )
-
-
-def solved_at_once(model, length: int) -> int:
-    """How many tokens of a ``length``-token word one simultaneous solve takes: a chunk's worth."""
-    return min(length, model.solver.options.eval_chunk_length or length)
-
-
-def word_accuracy(
-    model,
-    inputs: np.ndarray,
-    targets: np.ndarray,
-    mode: str = "simultaneous",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    batch_size: int = 256,
-    last: int = 10,
-    warn: bool = True,
-) -> dict[str, Any]:
-    """Per-token accuracy over the last ``last`` tokens of each word (the authors' metric)
-    and over all tokens but the first, whose label is its own input (a model that copies it
-    would score 1 / length for free); for implicit models, the fixed-point iterations and
-    how many fixed points stopped above the tolerance, and why.
-
-    Budget: ``max_iter`` if given; else in simultaneous mode ``simultaneous_budget`` (it
-    grows with the length), in sequential mode the model's per-token evaluation budget.
-    ``warn``: log a one-line warning when fixed points stopped above the tolerance (a
-    budget sweep, which shows the share itself, turns it off)."""
-    return word_predictions(model, inputs, targets, mode, max_iter, tol, batch_size, last, warn)[1]
-
-
-def mode_agreement(
-    model,
-    inputs: np.ndarray,
-    targets: np.ndarray,
-    max_iter: int | None = None,
-    tol: float | None = None,
-    batch_size: int = 256,
-) -> dict[str, Any]:
-    """The duality check: both inference modes of an implicit model on the same words.
-
-    ``argmax_agreement``: the share of tokens whose predicted label is the same in
-    simultaneous and in sequential (RNN) mode; ``simultaneous`` / ``sequential``: each
-    mode's ``word_accuracy`` row. ``max_iter``: the budget of both (default: each mode's own)."""
-    predictions, rows = {}, {}
-    for mode in MODES:
-        predictions[mode], rows[mode] = word_predictions(model, inputs, targets, mode, max_iter, tol, batch_size)
-    agreement = (predictions["simultaneous"] == predictions["sequential"]).float().mean().item()
-    return {"length": int(inputs.shape[1]), "sequences": int(inputs.shape[0]), "argmax_agreement": agreement, **rows}
-
-
-def word_predictions(
-    model, inputs, targets, mode: str, max_iter, tol, batch_size: int, last: int = 10, warn: bool = True
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """(predicted labels (N, L), ``word_accuracy``'s row): the predictions too, for
-    comparisons between solves."""
-    length = int(inputs.shape[1])
-    if length < 2:
-        raise ValueError("word accuracy needs words of at least 2 tokens: token 1's label is its input")
-    if max_iter is None and mode == "simultaneous" and model.config.implicit:
-        max_iter = simultaneous_budget(model, length)
-    model.eval()
-    device = next(model.parameters()).device
-    predictions, correct, iterations, residuals = [], [], [], []
-    with torch.no_grad(), model.track_convergence() as tally:
-        for start in range(0, len(inputs), batch_size):
-            x = torch.from_numpy(inputs[start : start + batch_size].astype(np.int64)).to(device)
-            # Sliced per batch: targets may be derived from the inputs as they are read.
-            y = torch.from_numpy(targets[start : start + batch_size].astype(np.int64))
-            output = model(x, mode=mode, max_iter=max_iter, tol=tol)
-            predictions.append(output.logits.argmax(-1).cpu())
-            correct.append(predictions[-1] == y)
-            if output.fixed_point is not None:
-                iterations.append(output.fixed_point.iterations.float().cpu().flatten())
-                residuals.append(output.fixed_point.rel_residual.cpu().flatten())
-    predicted = torch.cat(predictions)
-    hits = torch.cat(correct)[:, 1:].float()
-    row: dict[str, Any] = {
-        "length": length,
-        "sequences": int(inputs.shape[0]),
-        f"accuracy_last{last}": hits[:, -last:].mean().item(),
-        "accuracy": hits.mean().item(),
-    }
-    if iterations:
-        options = model.solver.options
-        row["fp_max_iter"] = options.eval_f_max_iter if max_iter is None else max_iter
-        row["fp_tol"] = options.eval_f_tol if tol is None else tol
-        if mode == "simultaneous":
-            row["fp_chunk_length"] = solved_at_once(model, length)
-        row["fp_iterations_mean"] = torch.cat(iterations).mean().item()
-        row["fp_rel_residual_mean"] = torch.cat(residuals).mean().item()
-        row.update(tally.as_dict())
-        if warn:
-            warn_not_converged(tally, f"{mode} mode, length {length}")
-    return predicted, row
-
-
 def held_out_words(group: str, length: int, count: int, seed: int = 0, hard_prob: float | None = None):
     """(inputs, targets) of fresh test words, seeded far from any training step's seeds."""
-    return generate_words(group, length, count, seed=TEST_SEED_OFFSET + seed, hard_prob=hard_prob)
+    return held_out_word_windows(group, length, count, seed, hard_prob).arrays()
+
+
+def held_out_word_windows(group: str, length: int, count: int, seed: int = 0, hard_prob: float | None = None) -> GeneratedWords:
+    """``held_out_words``, drawn a window at a time as an evaluation reads them."""
+    return GeneratedWords(group, length, count, seed=TEST_SEED_OFFSET + seed, hard_prob=hard_prob)
 
 
 # Generated words per length unless --count says otherwise: for accuracy, for a convergence report.
@@ -182,10 +73,11 @@ class WordsTask(Task):
         if self.hard_prob is None:
             self.hard_prob = train.get("hard_prob")
 
-    def evaluation_sets(self, count: int = COUNT) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(inputs, targets) of each ``data`` file, or of fresh words at each requested length."""
+    def evaluation_sets(self, count: int = COUNT) -> list[WordWindows]:
+        """The words of each ``data`` file, or fresh words at each requested length, read a
+        window at a time as they are evaluated."""
         if self.data:
-            return [(words.inputs, words.targets) for words in (load_words(path, self.group) for path in self.data)]
+            return [StoredWords(words.inputs, words.targets) for words in (load_words(path, self.group) for path in self.data)]
         if self.multiples:
             if not self.train_length:
                 raise ValueError("--multiples needs the training length, which the checkpoint does not record; give --lengths")
@@ -195,12 +87,12 @@ class WordsTask(Task):
         else:
             raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
         count = count if self.count is None else self.count
-        _require_test_words(self.model, max(lengths), count, self.batch_size)
-        return [held_out_words(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
+        return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
     def evaluate(self, model, test_set, mode="simultaneous", max_iter=None, tol=None, warn=True, progress=False):
-        inputs, targets = test_set
-        return word_accuracy(model, inputs, targets, mode, max_iter, tol, self.batch_size, warn=warn)
+        require(f"{test_set.count} test words of length {test_set.length:,}",
+                evaluation_bytes(model, test_set, mode, self.batch_size))
+        return word_accuracy(model, test_set, None, mode, max_iter, tol, self.batch_size, warn=warn, progress=progress)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         # Token 1 is left out of "all": its label is its input.
@@ -213,8 +105,11 @@ class WordsTask(Task):
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         # Hard vs easy only where the group is a product, whose first factor the mask reads.
         product = len(get_group(self.group).factor_orders) > 1
+        words = self.evaluation_sets(CONVERGENCE_COUNT)
+        for each in words:
+            require(f"{each.count} test words of length {each.length:,}", 2 * each.count * each.length * each.token_bytes)
         return [(inputs, hard_token_mask(self.group, inputs) if product else None)
-                for inputs, _ in self.evaluation_sets(CONVERGENCE_COUNT)]
+                for inputs, _ in (each.arrays() for each in words)]
 
     def details(self) -> dict[str, Any]:
         return {"group": self.group}
@@ -226,13 +121,6 @@ class WordsTask(Task):
     @property
     def convergence_title(self) -> str:
         return f"{self.group}: iterations per token (sequential mode)"
-
-
-def _require_test_words(model, length: int, count: int, batch_size: int) -> None:
-    """The test words (inputs and labels) and one batch's forward at the longest length."""
-    config = model.config
-    needed = 2 * 8 * count * length + activation_bytes(min(batch_size, count), length, config.hidden_size, config.num_hidden_layers)
-    require(f"{count} test words of length {length:,}", needed)
 
 
 def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:

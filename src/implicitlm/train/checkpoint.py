@@ -19,9 +19,8 @@ from safetensors import SafetensorError
 
 from ..core.atomic_io import recover_replaced, staged_directory
 from ..core.errors import ImplicitLMError, first_line
-from ..core.run_folder import CHECKPOINTS, TRAINER_META, latest_checkpoint, step_directories
+from ..core.run_folder import CHECKPOINTS, TRAINER_META, latest_checkpoint, read_trainer_meta, step_directories
 from ..models import load_model
-from ..models.loading import write_weights_digest
 
 TRAINING_STATE = "training_state.pt"
 
@@ -50,7 +49,6 @@ def save_checkpoint(
             # safetensors reports a full disk or a failed write as its own error type, with
             # the OS error inside the text: as an OSError it ends the run in one line.
             raise OSError(f"{staging / 'model.safetensors'}: cannot write ({first_line(error)})") from None
-        write_weights_digest(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if training_state is not None:
@@ -115,7 +113,7 @@ def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tup
     saved = load_model(checkpoint)
     if _architecture(saved.config) != _architecture(model.config):
         raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
-    step = read_meta(checkpoint).get("step")
+    step = read_trainer_meta(checkpoint).get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got {step!r}")
     state = load_training_state(checkpoint)
@@ -134,20 +132,9 @@ def _architecture(config) -> dict[str, Any]:
     return {k: v for k, v in config.to_diff_dict().items() if k not in _NOT_ARCHITECTURE}
 
 
-def read_meta(path: str | Path) -> dict[str, Any]:
-    file = Path(path) / TRAINER_META
-    try:
-        meta = json.loads(file.read_text())
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{file}: unreadable checkpoint metadata ({error})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{file}: expected a JSON object of checkpoint metadata, got {type(meta).__name__}")
-    return meta
-
-
 def saved_settings(checkpoint: Path) -> dict[str, Any]:
     """The training settings a checkpoint records (its metadata's "train" section)."""
-    settings = read_meta(checkpoint).get("train")
+    settings = read_trainer_meta(checkpoint).get("train")
     if not isinstance(settings, dict):
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")
     return settings

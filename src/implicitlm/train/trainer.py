@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..core.run_folder import CHECKPOINTS, current_spelling, remove_stale_temporaries
+from ..core.run_folder import CHECKPOINTS, current_spelling, read_trainer_meta, remove_stale_temporaries
 from ..core.schema import field_names
 from ..data.shards import TokenShards
 from ..data.words import WordData
@@ -33,7 +33,7 @@ from ..models.loss import token_cross_entropy
 from ..tasks.lm import TokenBatches
 from ..tasks.words import WordBatches
 from .checkpoint import (
-    CheckpointError, applying_training_state, prune_checkpoints, read_meta, restore_weights, run_checkpoint,
+    CheckpointError, applying_training_state, prune_checkpoints, restore_weights, run_checkpoint,
     save_checkpoint, saved_settings,
 )
 from .config import TrainConfig
@@ -320,7 +320,7 @@ def _restore_position(state: dict[str, Any], batches, micro_batches_done: int, c
 
 def _check_same_data(checkpoint: Path, batches) -> None:
     # Other words would silently change every batch after the resume.
-    saved, given = read_meta(checkpoint).get("data"), batches.description()
+    saved, given = read_trainer_meta(checkpoint).get("data"), batches.description()
     if isinstance(saved, dict) and given is not None and "inputs_sha256" not in saved:
         given = {k: v for k, v in given.items() if k != "inputs_sha256"}  # a checkpoint from before the digest
     if saved != given:

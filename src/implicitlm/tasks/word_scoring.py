@@ -1,0 +1,290 @@
+"""Scoring a model on word problems: per-token accuracy (and last-10 accuracy) in either
+inference mode, read in windows of the words that carry each word's state from one window to
+the next, so an evaluation at any length runs in bounded memory; and that memory, estimated."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..core.memory import activation_bytes, peak_growth, return_freed_memory, tensor_bytes
+from ..data.words import StoredWords, WordWindows
+from ..deq import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
+from ..models.implicit_lm import MODES
+
+# Simultaneous mode carries a token's state about one position further per iteration, so
+# a word's fixed point takes about as many iterations as it has tokens; the slowest words
+# of a trained S3 model took up to 1.5 times that (186 on average at 128 tokens, up to
+# 250), hence twice the length plus a margin.
+SIMULTANEOUS_BUDGET_PER_TOKEN = 2
+SIMULTANEOUS_BUDGET_MARGIN = 32
+
+
+def simultaneous_budget(model, length: int) -> int:
+    """The evaluation budget of a simultaneous solve over words of ``length`` tokens: the
+    model's own, or twice the length plus a margin where that is more; a model that solves
+    in chunks (``eval_chunk_length``) needs that for a chunk's length only. Converged words
+    stop early, so a generous budget costs only where it is needed."""
+    return max(
+        model.solver.options.eval_f_max_iter,
+        SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once(model, length) + SIMULTANEOUS_BUDGET_MARGIN,
+    )
+
+
+def solved_at_once(model, length: int) -> int:
+    """How many tokens of a ``length``-token word one simultaneous solve takes: a chunk's worth."""
+    return min(length, model.solver.options.eval_chunk_length or length)
+
+
+# Tokens one forward of a word evaluation reads (words per batch times positions per window):
+# a window's tensors stay this size however long the words.
+WINDOW_TOKENS = 2**16
+
+
+# What the evaluation holds per position of a batch's window besides the forward: the tokens
+# and labels as int64, the predictions, and whether each is right.
+PER_POSITION_BYTES = 8 + 8 + 8 + 1
+
+
+def evaluation_window(model, modes: tuple[str, ...], length: int, rows: int) -> int:
+    """Positions of a ``length``-token word that one forward of ``rows`` words reads in each of
+    ``modes``, the state carried from window to window. A simultaneous solve in chunks reads
+    whole chunks (windows are counted back from the end, as the chunks are, so the answers
+    are those of one forward over the whole words); one over the whole sequence
+    (``eval_chunk_length`` 0) reads all of it."""
+    if "simultaneous" in modes and model.config.implicit:
+        chunk = solved_at_once(model, length)
+        return min(length, chunk * max(1, WINDOW_TOKENS // (rows * chunk)))
+    return min(length, max(1, WINDOW_TOKENS // rows))
+
+
+def window_bounds(length: int, window: int) -> list[int]:
+    """The positions where windows of ``window`` tokens start, counted back from the end (the
+    first window is the partial one), and the length."""
+    return [0, *range(length % window or window, length + 1, window)]
+
+
+def word_accuracy(
+    model,
+    inputs: np.ndarray | WordWindows,
+    targets: np.ndarray | None = None,
+    mode: str = "simultaneous",
+    max_iter: int | None = None,
+    tol: float | None = None,
+    batch_size: int = 256,
+    last: int = 10,
+    warn: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Per-token accuracy over the last ``last`` tokens of each word (the authors' metric)
+    and over all tokens but the first, whose label is its own input (a model that copies it
+    would score 1 / length for free); for implicit models, the fixed-point iterations and
+    how many fixed points stopped above the tolerance, and why. The words: ``inputs`` and
+    ``targets`` (arrays), or a ``WordWindows`` set, read a window at a time
+    (``evaluation_window``) in memory that does not grow with their length.
+
+    Budget: ``max_iter`` if given; else in simultaneous mode ``simultaneous_budget`` (it
+    grows with the length), in sequential mode the model's per-token evaluation budget.
+    ``warn``: log a one-line warning when fixed points stopped above the tolerance (a
+    budget sweep, which shows the share itself, turns it off); ``progress``: a bar over the
+    windows."""
+    words = _word_windows(inputs, targets)
+    score = WordScore(model, mode, max_iter, tol, words.length, last)
+    _read_in_windows(model, words, batch_size, [score], progress=progress)
+    return score.row(warn)
+
+
+def mode_agreement(
+    model,
+    inputs: np.ndarray,
+    targets: np.ndarray,
+    max_iter: int | None = None,
+    tol: float | None = None,
+    batch_size: int = 256,
+) -> dict[str, Any]:
+    """The duality check: both inference modes of an implicit model on the same words.
+
+    ``argmax_agreement``: the share of tokens whose predicted label is the same in
+    simultaneous and in sequential (RNN) mode; ``simultaneous`` / ``sequential``: each
+    mode's ``word_accuracy`` row. ``max_iter``: the budget of both (default: each mode's own)."""
+    words = _word_windows(inputs, targets)
+    scores = [WordScore(model, mode, max_iter, tol, words.length) for mode in MODES]
+    agreeing = 0
+
+    def compare(predictions: list[torch.Tensor], *_) -> None:
+        nonlocal agreeing
+        agreeing += int((predictions[0] == predictions[1]).sum())
+
+    _read_in_windows(model, words, batch_size, scores, compare)
+    rows = {score.mode: score.row() for score in scores}
+    agreement = agreeing / (words.count * words.length)
+    return {"length": words.length, "sequences": words.count, "argmax_agreement": agreement, **rows}
+
+
+def word_predictions(
+    model, inputs, targets, mode: str, max_iter, tol, batch_size: int, last: int = 10, warn: bool = True
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(predicted labels (N, L), ``word_accuracy``'s row): the predictions too, for
+    comparisons between solves (they take memory in proportion to the words)."""
+    words = _word_windows(inputs, targets)
+    predicted = torch.empty(words.count, words.length, dtype=torch.long)
+    score = WordScore(model, mode, max_iter, tol, words.length, last)
+
+    def keep(predictions: list[torch.Tensor], rows: slice, positions: slice) -> None:
+        predicted[rows, positions] = predictions[0]
+
+    _read_in_windows(model, words, batch_size, [score], keep)
+    return predicted, score.row(warn)
+
+
+def _word_windows(inputs: np.ndarray | WordWindows, targets: np.ndarray | None) -> WordWindows:
+    return inputs if isinstance(inputs, WordWindows) else StoredWords(inputs, targets)
+
+
+class WordScore:
+    """One inference mode's running score on a word set read window by window: the state
+    each batch's words carry to their next window, their fixed-point stats chained over the
+    windows (simultaneous mode: a word's fixed point is all its windows' chunks together, as
+    in one forward over the whole word) or summed (sequential mode: one per token), and the
+    hits of all tokens but the first and of the last ``last``."""
+
+    def __init__(self, model, mode: str, max_iter: int | None, tol: float | None, length: int, last: int = 10):
+        if length < 2:
+            raise ValueError("word accuracy needs words of at least 2 tokens: token 1's label is its input")
+        if max_iter is None and mode == "simultaneous" and model.config.implicit:
+            max_iter = simultaneous_budget(model, length)
+        self.model, self.mode, self.max_iter, self.tol, self.length, self.last = model, mode, max_iter, tol, length, last
+        self.states: dict[int, Any] = {}
+        self.chained: dict[int, FixedPointStats] = {}
+        self.tally = ConvergenceTally()
+        self.hits = self.hits_last = self.words = 0
+        self.iterations = self.rel_residual = 0.0
+
+    def read(self, batch: int, tokens: torch.Tensor, labels: torch.Tensor, start: int, more: bool) -> torch.Tensor:
+        """The predicted labels of batch ``batch``'s words at positions ``start`` on (their
+        ``tokens``), counted against ``labels``; ``more``: a window of these words follows."""
+        carried = {} if batch not in self.states else {"state": self.states.pop(batch)}
+        if more:
+            carried["use_cache"] = True
+        output = self.model(tokens, mode=self.mode, max_iter=self.max_iter, tol=self.tol, **carried)
+        if more:
+            # Copied: a state read off a forward may be a view that keeps its whole window's tensors alive.
+            self.states[batch] = self.model.stack.select_state(output.state, torch.arange(tokens.shape[0], device=tokens.device))
+        predicted = output.logits.argmax(-1).cpu()
+        positions = torch.arange(start, start + tokens.shape[1])
+        correct = predicted == labels
+        self.hits += int(correct[:, positions >= 1].sum())
+        self.hits_last += int(correct[:, positions >= max(1, self.length - self.last)].sum())
+        if start == 0:
+            self.words += tokens.shape[0]
+        stats = output.fixed_point
+        if stats is not None and self.mode == "simultaneous":
+            earlier = self.chained.pop(batch, None)
+            stats = stats if earlier is None else chain_chunks([earlier, stats])
+            if more:
+                self.chained[batch] = stats
+        if stats is not None and not (self.mode == "simultaneous" and more):
+            self.tally.add(stats)
+            self.iterations += float(stats.iterations.double().sum())
+            self.rel_residual += float(stats.rel_residual.double().sum())
+        return predicted
+
+    def row(self, warn: bool = True) -> dict[str, Any]:
+        """``word_accuracy``'s row, once every window of every word was read."""
+        last = min(self.last, self.length - 1)
+        row: dict[str, Any] = {
+            "length": self.length,
+            "sequences": self.words,
+            f"accuracy_last{self.last}": self.hits_last / (self.words * last),
+            "accuracy": self.hits / (self.words * (self.length - 1)),
+        }
+        if self.tally.fixed_points:
+            options = self.model.solver.options
+            row["fp_max_iter"] = options.eval_f_max_iter if self.max_iter is None else self.max_iter
+            row["fp_tol"] = options.eval_f_tol if self.tol is None else self.tol
+            if self.mode == "simultaneous":
+                row["fp_chunk_length"] = solved_at_once(self.model, self.length)
+            row["fp_iterations_mean"] = self.iterations / self.tally.fixed_points
+            row["fp_rel_residual_mean"] = self.rel_residual / self.tally.fixed_points
+            row.update(self.tally.as_dict())
+            if warn:
+                warn_not_converged(self.tally, f"{self.mode} mode, length {self.length}")
+        return row
+
+
+def _read_in_windows(model, words: WordWindows, batch_size: int, scores: list[WordScore], on_read=None,
+                     progress: bool = False) -> None:
+    """Every window of ``words`` read by each of ``scores`` (modes), batch by batch: windows
+    outside, so that a window's tokens are drawn or read once. ``on_read(predictions,
+    rows, positions)``: each batch's predictions of each score, as they are made."""
+    rows = min(batch_size, words.count)
+    window = evaluation_window(model, tuple(score.mode for score in scores), words.length, rows)
+    bounds = window_bounds(words.length, window)
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for start, end in tqdm(list(zip(bounds, bounds[1:])), desc="windows", disable=not progress or len(bounds) < 3):
+            return_freed_memory()
+            tokens, labels = words.window(start, end)
+            for batch, first in enumerate(range(0, words.count, batch_size)):
+                part = slice(first, first + batch_size)
+                x = torch.from_numpy(tokens[part].astype(np.int64)).to(device)
+                y = torch.from_numpy(labels[part].astype(np.int64))
+                predictions = [score.read(batch, x, y, start, end < words.length) for score in scores]
+                if on_read is not None:
+                    on_read(predictions, part, slice(start, end))
+
+
+def evaluation_bytes(model, words: WordWindows, mode: str, batch_size: int) -> int:
+    """The peak memory ``word_accuracy`` takes on ``words`` beyond the model: a window of
+    every word's tokens and labels (and the tile they are drawn from), the state every word
+    carries between windows, and one forward's tensors over a batch's window."""
+    rows = min(batch_size, words.count)
+    window = evaluation_window(model, (mode,), words.length, rows)
+    tokens = 2 * words.count * window * words.token_bytes + getattr(words, "tile_bytes", 0)
+    carried = words.count * carried_state_bytes(model, words.length) if window < words.length else 0
+    return tokens + carried + forward_bytes(model, mode, rows, window, words.length)
+
+
+def carried_state_bytes(model, length: int) -> int:
+    """What one word's state takes after ``length`` tokens, read off the stack's state after
+    one token and after two: a recurrence's does not grow, attention's cache grows by a
+    token's keys and values."""
+    config = model.config
+    parameter = next(model.parameters())
+    hidden = torch.zeros((1, 2, config.hidden_size), device=parameter.device, dtype=parameter.dtype)
+    with torch.no_grad():
+        injection = model.injection(hidden) if config.implicit else None
+        sizes = [tensor_bytes(model.stack(hidden[:, :t], None if injection is None else injection[:, :t])[1]) for t in (1, 2)]
+    return sizes[0] + (sizes[1] - sizes[0]) * (length - 1)
+
+
+def forward_bytes(model, mode: str, rows: int, window: int, length: int) -> int:
+    """One forward's working set over a batch's window, measured: the peak of a forward over a
+    batch's window (at most ``WINDOW_TOKENS`` positions of it, whole chunks, scaled to the
+    window), at one fixed-point iteration, whose memory later ones reuse. Measured at the
+    evaluation's own sizes: the allocator keeps or returns memory by the size of a request,
+    so a smaller probe scaled up is off by as much as twice. Scaled linearly beyond the probe,
+    as a recurrence grows (attention's scores do not: a whole-sequence solve of an attention
+    model beyond the probe is estimated low)."""
+    config = model.config
+    # Whole chunks; a whole-sequence solve (one chunk the length of the words) at the probe's length.
+    chunk = solved_at_once(model, length) if mode == "simultaneous" and config.implicit else 1
+    unit = max(1, min(chunk, WINDOW_TOKENS // rows))
+    positions = min(window, unit * max(1, WINDOW_TOKENS // (rows * unit)))
+    device = next(model.parameters()).device
+    tokens = torch.zeros((rows, positions), dtype=torch.long, device=device)
+
+    def one_batch() -> None:
+        with torch.no_grad():
+            output = model(tokens, mode=mode, max_iter=1, tol=math.inf, use_cache=window < length)
+            output.logits.argmax(-1)
+
+    measured = peak_growth(one_batch, device)
+    if measured is None:
+        return activation_bytes(rows, window, config.hidden_size, config.num_hidden_layers)
+    return int(window / positions * measured) + rows * window * PER_POSITION_BYTES
