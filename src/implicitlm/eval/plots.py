@@ -134,8 +134,11 @@ def plot_histograms(curves: list[dict[str, Any]], path: str | Path, title: str, 
     width = 0.8 / max(len(curves), 1)
     figure, axis = plt.subplots(figsize=(7, 4))
     for i, curve in enumerate(curves):
-        positions = [x + (i - (len(curves) - 1) / 2) * width for x in curve["x"]]
-        axis.bar(positions, curve["y"], width=width, label=curve["label"])
+        # Empty bins are left out: a log axis cannot show them, and they would stretch the x
+        # axis to the budget however few iterations the tokens took.
+        shown = [(x, y) for x, y in zip(curve["x"], curve["y"]) if y > 0]
+        positions = [x + (i - (len(curves) - 1) / 2) * width for x, _ in shown]
+        axis.bar(positions, [y for _, y in shown], width=width, label=curve["label"])
     axis.set_yscale("log")
     axis.grid(alpha=0.3, axis="y")
     return _finish(figure, axis, path, title, axes, legend=bool(curves))
