@@ -39,16 +39,22 @@ def check_header(
 ) -> None:
     """``header`` (a file's JSON metadata) has every one of ``keys`` and format ``version``,
     and nothing but them and ``optional``: a misspelt key would otherwise be ignored."""
-    keys, known = set(keys), sorted({*keys, *optional})
+    keys = set(keys)
     missing = sorted(keys - set(header))
     if missing:
         raise DataError(f"{source}: expected keys {missing} in {what}")
-    for key in header:
-        if key not in known:
-            raise DataError(f"{source}: unknown key {quoted(key)} in {what}{closest_hint(key, known)}")
+    check_header_keys(header, sorted({*keys, *optional}), source, what)
     found = header["format_version"]
     if isinstance(found, bool) or found != version:
         raise DataError(f"{source}: expected format_version {version}, got {quoted(found)}")
+
+
+def check_header_keys(header: dict[str, Any], known: Sequence[str], source: object, what: str) -> None:
+    """Every key of ``header`` (a file's JSON metadata) is one of ``known``: a misspelt key
+    would otherwise be ignored."""
+    for key in header:
+        if key not in known:
+            raise DataError(f"{source}: unknown key {quoted(key)} in {what}{closest_hint(key, known)}")
 
 
 def check_int(value: Any, source: object, field: str, minimum: int = 0) -> int:

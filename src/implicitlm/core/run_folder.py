@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .atomic_io import recover_replaced
-from .errors import DataError, closest_hint, quoted
+from .errors import check_header_keys
 from .json_file import read_json_object
 
 CHECKPOINTS = "checkpoints"
@@ -57,10 +57,7 @@ def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:
     and the processes it was trained with; any key besides these, a one-line DataError."""
     file = Path(checkpoint) / TRAINER_META
     meta = read_json_object(file, "checkpoint metadata")
-    for key in meta:
-        if key not in TRAINER_META_KEYS:
-            hint = closest_hint(key, TRAINER_META_KEYS)
-            raise DataError(f"{file}: unknown key {quoted(key)} in checkpoint metadata{hint}")
+    check_header_keys(meta, TRAINER_META_KEYS, file, "checkpoint metadata")
     return meta
 
 
