@@ -22,6 +22,12 @@ def add_train(commands) -> None:
         help="training preset name, JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model'), "
              "or a checkpoint",
     )
+    p.add_argument(
+        "--init-from", type=Path, default=None, metavar="CHECKPOINT",
+        help="start from this checkpoint's (or run's) model and weights, --model options on top (implicit=true turns "
+             "an explicit model implicit, its injection set from block 1); on the same shards the batches go on where "
+             "its run stopped, so the new run sees further tokens",
+    )
     add_run_options(p, "lm")
     p.set_defaults(run=_run_train)
 
@@ -32,7 +38,8 @@ def _run_train(args) -> None:
     check_resume_or_overwrite(args)
     metrics = train_lm_run(
         args.data, args.out, preset=args.config, model_preset=args.model_preset, model_options=dict(args.model),
-        train_options=dict(args.train), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+        train_options=dict(args.train), init_from=args.init_from, resume=args.resume, overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
     print_run_summary(metrics, args.out)
 

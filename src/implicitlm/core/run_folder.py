@@ -17,7 +17,7 @@ FORMER_CHECKPOINT = "checkpoint"
 # Beside a checkpoint's weights: its step, training settings and what it trained on.
 TRAINER_META = "trainer.json"
 # What the trainers (today's and the two former ones) write into it.
-TRAINER_META_KEYS = ("step", "train", "data", "processes")
+TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from")
 
 
 def step_directories(folder: Path) -> list[Path]:
@@ -54,7 +54,8 @@ def model_folder(path: str | Path) -> Path:
 
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:
     """A checkpoint's metadata (``trainer.json``): the step, the training settings, the data
-    and the processes it was trained with; any key besides these, a one-line DataError."""
+    and the processes it was trained with, and the checkpoint a warm-started run began from;
+    any key besides these, a one-line DataError."""
     file = Path(checkpoint) / TRAINER_META
     meta = read_json_object(file, "checkpoint metadata")
     check_header_keys(meta, TRAINER_META_KEYS, file, "checkpoint metadata")

@@ -114,6 +114,28 @@ def from_hf_mamba(source: HFSource, implicit: bool = False, **option_overrides: 
     return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
 
 
+def initialise_from(model: ImplicitCausalLM, source: ImplicitCausalLM) -> ImplicitCausalLM:
+    """``model``'s weights set from a trained ``source`` of this package, of the same family
+    and widths (solver options may differ). Every weight ``source`` has is copied; an
+    implicit ``model`` started from an explicit ``source`` gets its injection from block 1,
+    as from a transformers checkpoint, so that its first iteration begins from the explicit
+    model's first block. An implicit ``source`` cannot start an explicit model: its blocks
+    were trained to read the injection, which an explicit model does not have."""
+    if model.config.model_type != source.config.model_type:
+        raise ModelLoadError(f"cannot start a model of type {model.config.model_type} from one of type {source.config.model_type}")
+    if source.config.implicit and not model.config.implicit:
+        raise ModelLoadError("cannot start an explicit model from an implicit one (its blocks read the injection)")
+    weights = {}
+    for name in sorted(_plain_names(source)):  # sorted: the first misfit named is always the same
+        module_name, _, attribute = name.rpartition(".")
+        weights[name] = getattr(source.get_submodule(module_name), attribute)
+    with torch.no_grad():
+        _copy_weights(model, weights)
+        if model.config.implicit and not source.config.implicit:
+            _set_injection(model, FIRST_PROJECTIONS[model.config.model_type])
+    return model
+
+
 IMPORTERS: dict[str, Callable[..., ImplicitCausalLM]] = {
     "mamba2": from_hf_mamba2,
     "llama": from_hf_llama,
@@ -196,6 +218,19 @@ def _llama_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torc
     return layer.input_layernorm.weight, projection
 
 
+FIRST_PROJECTIONS = {
+    "implicit_mamba2": _mamba_first_projection,
+    "implicit_mamba": _mamba_first_projection,
+    "implicit_llama": _llama_first_projection,
+}
+
+
+def _set_injection(model: ImplicitCausalLM, first_projection: Callable) -> None:
+    norm_weight, projection_weight = first_projection(model)
+    _set_weight(model.injection_norm, "weight", norm_weight)
+    _set_weight(model.injection, "weight", projection_weight)
+
+
 def _convert(
     hf: PreTrainedModel,
     options: dict[str, Any],
@@ -217,9 +252,7 @@ def _convert(
     with torch.no_grad():
         _copy_weights(model, weights)
         if model.config.implicit:
-            norm_weight, projection_weight = first_projection(model)
-            _set_weight(model.injection_norm, "weight", norm_weight)
-            _set_weight(model.injection, "weight", projection_weight)
+            _set_injection(model, first_projection)
     return model.eval()
 
 
@@ -247,9 +280,12 @@ def _pad_rows(embedding: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _copy_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Set every backbone weight by its plain name (``...in_proj.weight``), all present."""
-    # The injection has no explicit counterpart; it is set from block 1 afterwards.
-    expected = {name for name in _plain_names(model) if not name.startswith(("injection.", "injection_norm."))}
+    """Set every weight by its plain name (``...in_proj.weight``), all present; the
+    injection only where ``weights`` has one."""
+    # An explicit source has no counterpart of the injection; it is set from block 1 afterwards.
+    injection = ("injection.", "injection_norm.")
+    has_injection = any(name.startswith(injection) for name in weights)
+    expected = {name for name in _plain_names(model) if has_injection or not name.startswith(injection)}
     if expected != weights.keys():
         missing, unexpected = sorted(expected - weights.keys()), sorted(weights.keys() - expected)
         raise ModelLoadError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ from safetensors import SafetensorError
 
 from ..core.atomic_io import recover_replaced, staged_directory
 from ..core.errors import ImplicitLMError, first_line
-from ..core.run_folder import CHECKPOINTS, TRAINER_META, latest_checkpoint, read_trainer_meta, step_directories
-from ..models import load_model
+from ..core.run_folder import (
+    CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories,
+)
+from ..models import ImplicitCausalLM, load_model
+from ..models.convert import initialise_from
 
 TRAINING_STATE = "training_state.pt"
 
@@ -138,3 +142,21 @@ def saved_settings(checkpoint: Path) -> dict[str, Any]:
     if not isinstance(settings, dict):
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")
     return settings
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a new run's weights came from: a checkpoint (or a run's latest), and the batch
+    position its run had reached (None for a model saved without training state)."""
+
+    checkpoint: Path
+    data_position: dict[str, Any] | None
+
+
+def warm_start(model: ImplicitCausalLM, source: str | Path) -> WarmStart:
+    """``model`` initialised from the weights at ``source`` (``models.convert.initialise_from``:
+    explicit to implicit included); returns where they came from."""
+    checkpoint = model_folder(source)
+    initialise_from(model, load_model(checkpoint))
+    position = load_training_state(checkpoint).get("sampler") if (checkpoint / TRAINING_STATE).is_file() else None
+    return WarmStart(checkpoint, position)

@@ -14,6 +14,7 @@ from ..data.shards import TokenShards
 from ..data.word_storage import load_words
 from ..models import ImplicitCausalLM, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
+from .checkpoint import warm_start
 from .config import TrainConfig
 from .trainer import resume_config, train
 
@@ -93,25 +94,40 @@ def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: boo
 def train_lm_run(
     data: Path, out_dir: Path, preset: str | None = None, model_preset: str | None = None,
     model_options: dict[str, Any] | None = None, train_options: dict[str, Any] | None = None,
-    resume: bool = False, overwrite: bool = False, progress: bool = True,
+    init_from: Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     """``implicitlm train``: a language model on the token shards in ``data``, from a run
     preset and a model preset (name or JSON), or, with ``resume``, the run in ``out_dir``
-    continued with its own settings (``train_options`` on top)."""
+    continued with its own settings (``train_options`` on top). ``init_from``: a checkpoint
+    (or run) whose model and weights the run starts from, with ``model_options`` on top
+    (``implicit=true`` turns an explicit model implicit); the preset gives the training
+    settings only, as its model widths are the checkpoint's."""
     if resume:
+        if init_from is not None:
+            raise ValueError("--resume continues the run from its own weights; --init-from starts a new run")
         config = resume_config(out_dir, train_options or {})
         model = load_model(out_dir)
         return train(model, config, out_dir, data=data, resume=True, progress=progress)
+    if init_from is not None and model_preset is not None:
+        raise ValueError("--init-from builds the checkpoint's model; --model-preset cannot choose another")
     presets = load_preset(preset) if preset else {}
     command_line = dict(model_options or {})
-    base = model_options_from(model_preset) if model_preset else {}
+    source = init_from if init_from is not None else model_preset
+    base = model_options_from(str(source)) if source is not None else {}
     # A preset's "explicit_model" / "implicit_model" section holds the widths that give both
     # kinds the same number of parameters; the command line still has the last word.
-    kind = model_kind(presets, command_line, base)
+    kind = model_kind({} if init_from else presets, command_line, base)
     config = TrainConfig.for_task("lm", **merged_options(presets, "train", kind, train_options or {}))
-    # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
-    base["vocab_size"] = TokenShards(data, "train").vocab_size
-    options = {"label_alignment": "shifted", **merged_options(presets, "model", kind, command_line, base)}
+    vocab_size = TokenShards(data, "train").vocab_size
+    if init_from is not None:
+        options = {**base, **command_line}
+        if options["vocab_size"] != vocab_size:
+            raise ValueError(f"{init_from}: a model of {options['vocab_size']} tokens, but the shards' tokenizer has {vocab_size}")
+    else:
+        # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
+        base["vocab_size"] = vocab_size
+        options = {"label_alignment": "shifted", **merged_options(presets, "model", kind, command_line, base)}
     torch.manual_seed(config.seed)  # the initial weights are part of the run's seed
     model = build_model(config_from_options(options))
-    return train(model, config, out_dir, data=data, overwrite=overwrite, progress=progress)
+    start = warm_start(model, init_from) if init_from is not None else None
+    return train(model, config, out_dir, data=data, overwrite=overwrite, progress=progress, warm_start=start)

@@ -33,7 +33,7 @@ from ..models.loss import token_cross_entropy
 from ..tasks.lm import TokenBatches
 from ..tasks.words import WordBatches
 from .checkpoint import (
-    CheckpointError, applying_training_state, prune_checkpoints, restore_weights, run_checkpoint,
+    CheckpointError, WarmStart, applying_training_state, prune_checkpoints, restore_weights, run_checkpoint,
     save_checkpoint, saved_settings,
 )
 from .config import TrainConfig
@@ -59,6 +59,7 @@ def train(
     progress: bool = True,
     overwrite: bool = False,
     description: str = "train",
+    warm_start: WarmStart | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place; returns the last logged metrics.
 
@@ -70,7 +71,9 @@ def train(
     fresh run refuses an ``out_dir`` that holds an earlier run, or, with ``overwrite``,
     removes that run first. A SIGTERM or SIGINT ends the run after the current step with a
     checkpoint (``TrainingInterrupted``); a non-finite loss or gradient ends it before the
-    update (``NumericalFault``), leaving the last checkpoint as it was.
+    update (``NumericalFault``), leaving the last checkpoint as it was. ``warm_start``: where
+    the model's weights came from (``checkpoint.warm_start``); the batches go on from that
+    run's position when they can, so that on the same data the new run sees further tokens.
     """
     out_dir = Path(out_dir)
     accelerator = _accelerator(config, model, out_dir)
@@ -80,12 +83,12 @@ def train(
             if stale:
                 names = ", ".join(str(path.relative_to(out_dir)) for path in stale)
                 LOGGER.warning(f"{out_dir}: removed {len(stale)} temporary file(s) a stopped run left: {names}")
-        return _train(accelerator, model, config, data, out_dir, resume, progress, overwrite, description)
+        return _train(accelerator, model, config, data, out_dir, resume, progress, overwrite, description, warm_start)
 
 
 def _train(
     accelerator, model, config: TrainConfig, data, out_dir: Path, resume: bool, progress: bool, overwrite: bool,
-    description: str,
+    description: str, warm_start: WarmStart | None,
 ) -> dict[str, Any]:
     if not resume:
         # Every process looks before the main one clears, so that all see the same folder.
@@ -101,10 +104,14 @@ def _train(
     batches.prepare(model)
     accumulation = config.accumulation_steps(accelerator.num_processes)
     start_step, state, checkpoint = 0, None, None
+    origin = None if warm_start is None else str(warm_start.checkpoint)
     if resume:
         checkpoint = run_checkpoint(out_dir)
         start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
         _check_same_data(checkpoint, batches)
+        origin = read_trainer_meta(checkpoint).get("initialised_from")
+    elif warm_start is not None:
+        _continue_batch_order(batches, warm_start)
     if config.activation_checkpointing:
         model.activation_checkpointing_enable()
     if config.compile:
@@ -140,7 +147,7 @@ def _train(
         curriculum=curriculum,
         forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation),
         task_metrics=(lambda outcome: _accuracy(accelerator, outcome)) if config.task == "words" else _perplexity,
-        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config),
+        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config, origin),
         grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
         evaluate=evaluate, description=description,
     )
@@ -259,7 +266,9 @@ def _perplexity(outcome: StepOutcome) -> dict[str, float]:
     return {"loss": outcome.loss, "ppl": math.exp(min(outcome.loss, 50.0))}
 
 
-def _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir: Path, step: int, config: TrainConfig) -> Path:
+def _checkpoint(
+    accelerator, model, optimizer, scheduler, batches, out_dir: Path, step: int, config: TrainConfig, origin: str | None,
+) -> Path:
     path = out_dir / CHECKPOINTS / f"step_{step:07d}"
     weights = accelerator.get_state_dict(model)  # gathered to the main process under FSDP
     optimizer_state = _optimizer_state(accelerator, model, optimizer, config)
@@ -274,6 +283,8 @@ def _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir: Path
             "step": step, "train": asdict(config), "processes": accelerator.num_processes,
             "data": batches.description(),
         }
+        if origin is not None:
+            meta["initialised_from"] = origin
         core = accelerator.unwrap_model(model)
         save_checkpoint(path, core, training_state=training_state, meta=meta, weights=weights, tokenizer=batches.tokenizer)
         prune_checkpoints(out_dir / CHECKPOINTS, config.keep_checkpoints)
@@ -316,6 +327,21 @@ def _restore_position(state: dict[str, Any], batches, micro_batches_done: int, c
         batches.load_state_dict({"micro_batches": micro_batches_done})
     else:
         raise CheckpointError(f"{checkpoint}: expected the sampler's position in the training state")
+
+
+def _continue_batch_order(batches, warm_start: WarmStart) -> None:
+    """The batches from the position the warm start's run reached, when its batch order is
+    this run's (the same seed, window length and number of windows); else from the start."""
+    source = warm_start.checkpoint
+    if warm_start.data_position is None:
+        LOGGER.info(f"{source}: no batch position saved; the batches start from the beginning")
+        return
+    try:
+        batches.load_state_dict(warm_start.data_position)
+    except (KeyError, ValueError) as error:
+        LOGGER.warning(f"{source}: its run's batch order is not this run's ({error}); the batches start from the beginning")
+    else:
+        LOGGER.info(f"{source}: the batches go on where its run stopped ({warm_start.data_position})")
 
 
 def _check_same_data(checkpoint: Path, batches) -> None:
