@@ -24,7 +24,6 @@ from ..core.run_folder import (
     CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories,
 )
 from ..models import ImplicitCausalLM, load_model
-from ..models.convert import initialise_from
 
 TRAINING_STATE = "training_state.pt"
 
@@ -156,6 +155,10 @@ class WarmStart:
 def warm_start(model: ImplicitCausalLM, source: str | Path) -> WarmStart:
     """``model`` initialised from the weights at ``source`` (``models.convert.initialise_from``:
     explicit to implicit included); returns where they came from."""
+    # Imported here: convert imports transformers' model classes, a second's start-up that
+    # every command would pay (the trainer is imported by the command line's error handling).
+    from ..models.convert import initialise_from
+
     checkpoint = model_folder(source)
     initialise_from(model, load_model(checkpoint))
     position = load_training_state(checkpoint).get("sampler") if (checkpoint / TRAINING_STATE).is_file() else None
