@@ -141,9 +141,16 @@ def test_a_long_evaluation_runs_in_memory_that_does_not_grow_with_the_length_and
     """``words eval`` reads the words a window at a time, carrying the state: its peak
     memory (the peak resident size of a fresh process, less what it held before the command)
     at 2 * 10^5 tokens per word is that of a window, not of the whole words, and the estimate the memory
-    check uses is within 25% of it at both. An explicit model, whose forward is one pass,
+    check uses is within 10% of it at both. An explicit model, whose forward is one pass,
     keeps the test fast; four words in one batch make a window's working set (a few hundred
-    MB: the scan's intermediates) what the peak is made of."""
+    MB: the scan's intermediates) what the peak is made of.
+
+    The process runs with a fixed mmap threshold: glibc's default raises the threshold after
+    each large free and keeps later blocks in its heaps, so that at 2 * 10^5 tokens the resident
+    peak was 505-561 MiB from run to run, against 287 MiB live, and the probe the estimate is
+    made of 340-495 MiB: the test measured the allocator, not the estimate. With large blocks mapped
+    and unmapped as they are freed, the resident size is what is live, the same in every run."""
+    import os
     import subprocess
     import sys
 
@@ -153,9 +160,10 @@ def test_a_long_evaluation_runs_in_memory_that_does_not_grow_with_the_length_and
     peaks = {}
     for length in (10_000, 200_000):
         done = subprocess.run([sys.executable, "-c", PEAK_GROWTH_SCRIPT, str(run), str(length)],
+                              env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)},
                               capture_output=True, text=True, check=True)
         measured, estimated = map(int, done.stdout.split()[-3:-1])
-        assert abs(estimated - measured) <= 0.25 * measured, (length, readable(measured), readable(estimated))
+        assert abs(estimated - measured) <= 0.1 * measured, (length, readable(measured), readable(estimated))
         peaks[length] = measured
     # 10^4 tokens are one window of 40,000 tokens, 2 * 10^5 windows of 65,536 and the state
     # carried: one forward over the whole words would take 20 times the first peak.
