@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import platform
 import sys
@@ -19,30 +20,14 @@ from pathlib import Path
 
 import torch
 
-import chunked
-import data_generation
-import decoding
-import generation
-import mixer
-import multiple_choice
-import scoring
-import solvers
-import training_step
 from implicitlm.core.atomic_io import atomic_write
 
+# The section modules of this folder, each imported only when it runs: multiple_choice needs
+# lm-eval, which a GPU machine set up for the GPU check (scripts/gpu-check.sh) lacks.
 # training_step last: torch.compile leaves its compiler threads and caches in the process,
 # which slows the eager sections measured after it.
-SECTIONS = {
-    "mixer": mixer.run,
-    "decoding": decoding.run,
-    "generation": generation.run,
-    "chunked": chunked.run,
-    "scoring": scoring.run,
-    "multiple_choice": multiple_choice.run,
-    "solvers": solvers.run,
-    "data_generation": data_generation.run,
-    "training_step": training_step.run,
-}
+SECTIONS = ["mixer", "decoding", "generation", "chunked", "scoring", "multiple_choice", "solvers",
+            "data_generation", "precision", "training_step"]
 
 
 def machine(device: str) -> str:
@@ -72,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header, flush=True)
     tables = []
     for name in names:
-        table = SECTIONS[name](args.quick, args.device).markdown()
+        table = importlib.import_module(name).run(args.quick, args.device).markdown()
         print(table, flush=True)
         tables.append(table)
     if args.out:

@@ -35,6 +35,20 @@ torch.set_num_threads(1)
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+# The device of the tests marked ``device`` (pyproject.toml): the GPU check
+# (benchmarks/gpu_check.py) runs them with IMPLICITLM_TEST_DEVICE=cuda; cpu everywhere else.
+DEVICE_VARIABLE = "IMPLICITLM_TEST_DEVICE"
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """The device a ``device``-marked test builds its models and tensors on."""
+    name = os.environ.get(DEVICE_VARIABLE, "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(f"{DEVICE_VARIABLE}={name}, but no CUDA device is available")
+    return name
+
+
 @pytest.fixture
 def offline_hub(monkeypatch, tmp_path):
     """No network: data must come from local files, and lm-eval or datasets may not fetch more."""

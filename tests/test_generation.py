@@ -47,9 +47,10 @@ def test_sequential_run_resumes_exactly_from_its_state(architecture, implicit):
     assert torch.equal(torch.cat([head.logits, tail.logits], dim=1), whole.logits)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
-def test_parallel_prefill_then_recurrent_decoding_equals_full_forward(architecture, implicit):
-    model, ids = make_model(architecture, implicit), tokens(2, 9, seed=2)
+def test_parallel_prefill_then_recurrent_decoding_equals_full_forward(architecture, implicit, device):
+    model, ids = make_model(architecture, implicit).to(device), tokens(2, 9, seed=2).to(device)
     with torch.no_grad():
         reference = model(ids, mode="sequential")
         prefill = model(ids[:, :5], mode="simultaneous", use_cache=True)
@@ -62,9 +63,10 @@ def test_parallel_prefill_then_recurrent_decoding_equals_full_forward(architectu
     torch.testing.assert_close(torch.cat([prefill.logits, decoded.logits], dim=1), reference.logits, atol=tolerance, rtol=0)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
-def test_greedy_generation_equals_argmax_of_a_full_sequential_forward(architecture, implicit):
-    model, prompt = make_model(architecture, implicit), tokens(3, 5, seed=3)
+def test_greedy_generation_equals_argmax_of_a_full_sequential_forward(architecture, implicit, device):
+    model, prompt = make_model(architecture, implicit).to(device), tokens(3, 5, seed=3).to(device)
     generated = model.generate(prompt, max_new_tokens=7)
     assert generated.shape == (3, 12) and torch.equal(generated[:, :5], prompt)
     with torch.no_grad():
@@ -97,11 +99,12 @@ def test_sampling_is_reproducible_under_a_seed_and_respects_top_k():
     assert torch.equal(wide[0], wide[1]) and not torch.equal(wide[0], wide[2])
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
-def test_beam_search_scores_equal_the_log_probability_of_its_sequences(architecture, implicit):
+def test_beam_search_scores_equal_the_log_probability_of_its_sequences(architecture, implicit, device):
     # Beams are reordered at every step; a state that did not follow its beam would give
     # scores that a fresh forward pass over the returned sequence does not reproduce.
-    model, prompt = make_model(architecture, implicit), tokens(2, 4, seed=11)
+    model, prompt = make_model(architecture, implicit).to(device), tokens(2, 4, seed=11).to(device)
     out = model.generate(
         prompt, max_new_tokens=5, num_beams=3, length_penalty=0.0, return_dict_in_generate=True, output_scores=True
     )
@@ -113,9 +116,10 @@ def test_beam_search_scores_equal_the_log_probability_of_its_sequences(architect
     torch.testing.assert_close(out.sequences_scores.double(), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
-def test_generation_continues_from_a_given_state(architecture, implicit):
-    model, ids = make_model(architecture, implicit), tokens(2, 6, seed=12)
+def test_generation_continues_from_a_given_state(architecture, implicit, device):
+    model, ids = make_model(architecture, implicit).to(device), tokens(2, 6, seed=12).to(device)
     whole = model.generate(ids, max_new_tokens=4)
     with torch.no_grad():
         head = model(ids[:, :4], mode="sequential")

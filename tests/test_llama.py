@@ -116,13 +116,14 @@ def tail(x: torch.Tensor | None, start: int) -> torch.Tensor | None:
     return None if x is None else x[:, start:]
 
 
+@pytest.mark.device
 @ATTENTION_CASES
-def test_attention_steps_match_parallel(kv_heads, with_injection):
-    attention = make_attention(kv_heads, seed=0)
-    hidden, injection = inputs(attention, with_injection, seed=1)
+def test_attention_steps_match_parallel(kv_heads, with_injection, device):
+    attention = make_attention(kv_heads, seed=0).to(device)
+    hidden, injection = (None if t is None else t.to(device) for t in inputs(attention, with_injection, seed=1))
 
     out, cache = attention(hidden, injection)
-    empty = attention.initial_state(BATCH, dtype=torch.float64)
+    empty = attention.initial_state(BATCH, device=device, dtype=torch.float64)
     out_steps, cache_steps = run_steps(attention, hidden, injection, empty)
 
     assert out.shape == hidden.shape and cache.keys.shape == (BATCH, kv_heads, LENGTH, HIDDEN // HEADS)
@@ -216,10 +217,11 @@ def contractive_model(tol: float) -> ImplicitLlamaForCausalLM:
     return make_contractive(model)
 
 
-def test_simultaneous_and_sequential_reach_the_same_fixed_point():
+@pytest.mark.device
+def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     tol = 1e-10
-    model = contractive_model(tol)
-    ids = token_ids(2, 7, seed=7)
+    model = contractive_model(tol).to(device)
+    ids = token_ids(2, 7, seed=7).to(device)
     with torch.no_grad():
         parallel = model(ids, mode="simultaneous")
         sequential = model(ids, mode="sequential")
@@ -231,9 +233,10 @@ def test_simultaneous_and_sequential_reach_the_same_fixed_point():
     assert all(cache.length == 7 for cache in sequential.state)
 
 
-def test_explicit_sequential_equals_simultaneous():
-    model = make_model(implicit=False, initializer_range=0.3).double().eval()
-    ids = token_ids(2, 9, seed=8)
+@pytest.mark.device
+def test_explicit_sequential_equals_simultaneous(device):
+    model = make_model(implicit=False, initializer_range=0.3).double().eval().to(device)
+    ids = token_ids(2, 9, seed=8).to(device)
     with torch.no_grad():
         parallel = model(ids)
         sequential = model(ids, mode="sequential")
@@ -252,9 +255,10 @@ def test_explicit_sequential_equals_simultaneous():
     [(False, {}), (True, dict(f_max_iter=2, phantom_steps=1))],
     ids=["explicit", "implicit-phantom"],
 )
-def test_gradient_reaches_every_parameter(implicit, options):
-    model = make_model(implicit, seed=9, fixed_point=options).train()
-    ids = token_ids(2, 5, seed=10)
+@pytest.mark.device
+def test_gradient_reaches_every_parameter(implicit, options, device):
+    model = make_model(implicit, seed=9, fixed_point=options).train().to(device)
+    ids = token_ids(2, 5, seed=10).to(device)
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name

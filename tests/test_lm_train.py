@@ -486,6 +486,10 @@ def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
     assert len(err) == 1 and "sha256 checksum differs" in err[0]
 
 
+# The trainer runs where accelerate puts it, on CUDA wherever there is a GPU: the `device`
+# fixture only skips it where cuda is asked for and missing; the GPU check runs it on CUDA.
+@pytest.mark.device
+@pytest.mark.usefixtures("device")
 @pytest.mark.parametrize("architecture", ["mamba2", "llama"])
 def test_bf16_autocast_trains_and_evaluates_as_float32_does(shards, tmp_path, architecture):
     """The trainers' ``precision="bf16"`` (what "auto" picks on CUDA) runs its autocast on the

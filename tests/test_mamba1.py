@@ -101,13 +101,15 @@ def mixer_inputs(with_injection: bool, seed: int) -> tuple[torch.Tensor, torch.T
     return randn(BATCH, LENGTH, DIMS.d_model, seed=seed), injection
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("with_injection", [False, True], ids=["plain", "injected"])
-def test_mixer_steps_match_parallel(with_injection):
-    mixer = make_mixer(seed=0)
-    hidden, injection = mixer_inputs(with_injection, seed=1)
+def test_mixer_steps_match_parallel(with_injection, device):
+    mixer = make_mixer(seed=0).to(device)
+    hidden, injection = (None if t is None else t.to(device) for t in mixer_inputs(with_injection, seed=1))
 
     out, state = mixer(hidden, injection)
-    out_steps, state_steps = run_steps(mixer, hidden, injection, mixer.initial_state(BATCH, dtype=torch.float64))
+    empty = mixer.initial_state(BATCH, device=device, dtype=torch.float64)
+    out_steps, state_steps = run_steps(mixer, hidden, injection, empty)
 
     assert out.shape == hidden.shape
     torch.testing.assert_close(out_steps, out, **F64)
@@ -206,9 +208,10 @@ def token_ids(batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def test_explicit_sequential_equals_simultaneous():
-    model = make_model(implicit=False).double().eval()
-    ids = token_ids(2, 9, seed=1)
+@pytest.mark.device
+def test_explicit_sequential_equals_simultaneous(device):
+    model = make_model(implicit=False).double().eval().to(device)
+    ids = token_ids(2, 9, seed=1).to(device)
     with torch.no_grad():
         parallel = model(ids, use_cache=True)
         sequential = model(ids, mode="sequential")
@@ -219,9 +222,10 @@ def test_explicit_sequential_equals_simultaneous():
         torch.testing.assert_close(step_state.conv, parallel_state.conv, **F64)
 
 
-def test_simultaneous_and_sequential_reach_the_same_fixed_point():
-    model = contractive_model(tol=1e-8)
-    ids = token_ids(2, 7, seed=2)
+@pytest.mark.device
+def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
+    model = contractive_model(tol=1e-8).to(device)
+    ids = token_ids(2, 7, seed=2).to(device)
     with torch.no_grad():
         parallel = model(ids, mode="simultaneous")
         sequential = model(ids, mode="sequential")
@@ -244,10 +248,11 @@ def test_parallel_prefill_then_recurrent_decoding_equals_a_sequential_run():
     torch.testing.assert_close(torch.cat([prefill.logits, decoded.logits], dim=1), reference.logits, rtol=0, atol=1e-8)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
-def test_gradient_reaches_every_parameter(implicit):
-    model = make_model(implicit, seed=4, fixed_point=dict(f_max_iter=2, phantom_steps=1)).train()
-    ids = token_ids(2, 6, seed=5)
+def test_gradient_reaches_every_parameter(implicit, device):
+    model = make_model(implicit, seed=4, fixed_point=dict(f_max_iter=2, phantom_steps=1)).train().to(device)
+    ids = token_ids(2, 6, seed=5).to(device)
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name

@@ -17,13 +17,13 @@ BATCH, LENGTH = 2, 11  # 11: two full chunks and a partial one
 TOL = dict(rtol=1e-10, atol=1e-10)  # float64 throughout; the two forms differ only by rounding
 
 
-def make_mixer(seed: int) -> Mamba2Mixer:
+def make_mixer(seed: int, device: str = "cpu") -> Mamba2Mixer:
     torch.manual_seed(seed)
-    return Mamba2Mixer(DIMS).double()
+    return Mamba2Mixer(DIMS).double().to(device)
 
 
-def randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+def randn(*shape, seed: int, device: str = "cpu") -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(device)
 
 
 def run_steps(mixer: Mamba2Mixer, hidden, injection, state: Mamba2State):
@@ -39,25 +39,29 @@ def assert_states_close(a: Mamba2State, b: Mamba2State) -> None:
     torch.testing.assert_close(a.ssm, b.ssm, **TOL)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("with_injection", [False, True], ids=["plain", "injected"])
-def test_steps_match_parallel_from_zero_state(with_injection):
-    mixer = make_mixer(seed=0)
-    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=1)
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=2) if with_injection else None
+def test_steps_match_parallel_from_zero_state(with_injection, device):
+    mixer = make_mixer(seed=0, device=device)
+    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=1, device=device)
+    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=2, device=device) if with_injection else None
 
     out, state = mixer(hidden, injection)
-    out_steps, state_steps = run_steps(mixer, hidden, injection, mixer.initial_state(BATCH, dtype=torch.float64))
+    out_steps, state_steps = run_steps(
+        mixer, hidden, injection, mixer.initial_state(BATCH, dtype=torch.float64, device=device)
+    )
 
     assert out.shape == hidden.shape
     torch.testing.assert_close(out_steps, out, **TOL)
     assert_states_close(state_steps, state)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("with_injection", [False, True], ids=["plain", "injected"])
-def test_steps_continue_a_parallel_prefix(with_injection):
-    mixer = make_mixer(seed=3)
-    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=4)
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=5) if with_injection else None
+def test_steps_continue_a_parallel_prefix(with_injection, device):
+    mixer = make_mixer(seed=3, device=device)
+    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=4, device=device)
+    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=5, device=device) if with_injection else None
     half = LENGTH // 2
 
     out_full, state_full = mixer(hidden, injection)

@@ -57,11 +57,12 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: 
 # ---------------------------------------------------------------- the two modes
 
 
-def test_simultaneous_and_sequential_reach_the_same_fixed_point():
+@pytest.mark.device
+def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     # 1e-6: reached within the budget by the contractive model, tight enough for 1e-3 agreement.
     tol = 1e-6
-    model = contractive_model(tol)
-    ids = token_ids(2, 7, seed=1)
+    model = contractive_model(tol).to(device)
+    ids = token_ids(2, 7, seed=1).to(device)
     with torch.no_grad():
         parallel = model(ids, mode="simultaneous")
         sequential = model(ids, mode="sequential")
@@ -74,9 +75,10 @@ def test_simultaneous_and_sequential_reach_the_same_fixed_point():
     assert_logits_close(sequential.logits, parallel.logits, relative=1e-3)
 
 
-def test_explicit_sequential_equals_simultaneous():
-    model = make_model(implicit=False).double().eval()
-    ids = token_ids(2, 9, seed=2)
+@pytest.mark.device
+def test_explicit_sequential_equals_simultaneous(device):
+    model = make_model(implicit=False).double().eval().to(device)
+    ids = token_ids(2, 9, seed=2).to(device)
     with torch.no_grad():
         parallel = model(ids)
         sequential = model(ids, mode="sequential")
@@ -219,9 +221,10 @@ def test_training_reduces_loss_on_a_fixed_batch(implicit):
     ],
     ids=["explicit", "implicit-unroll", "implicit-phantom"],
 )
-def test_gradient_reaches_every_parameter(implicit, options):
-    model = make_model(implicit, seed=13, fixed_point=options).train()
-    ids = token_ids(2, 5, seed=14)
+@pytest.mark.device
+def test_gradient_reaches_every_parameter(implicit, options, device):
+    model = make_model(implicit, seed=13, fixed_point=options).train().to(device)
+    ids = token_ids(2, 5, seed=14).to(device)
     model(ids, labels=ids).loss.backward()
     missing = [name for name, param in model.named_parameters() if param.grad is None]
     assert missing == []

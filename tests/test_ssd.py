@@ -92,11 +92,12 @@ def test_step_does_not_modify_its_state():
     assert torch.equal(state, before)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("length, chunk", [(7, 3), (2, 4)])
-def test_gradients_match_recurrence(length, chunk):
-    inputs = random_inputs(2, length, 4, 2, 2, 3, seed=5)
-    weights = torch.randn(2, length, 4, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    weights_state = torch.randn(2, 4, 2, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+def test_gradients_match_recurrence(length, chunk, device):
+    inputs = [t.to(device) for t in random_inputs(2, length, 4, 2, 2, 3, seed=5)]
+    weights = torch.randn(2, length, 4, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(device)
+    weights_state = torch.randn(2, 4, 2, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64).to(device)
 
     def grads(run):
         leaves = [t.clone().requires_grad_() for t in inputs]
@@ -112,9 +113,10 @@ def test_gradients_match_recurrence(length, chunk):
         torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("length", [5, 128, 200])
-def test_scan_matches_recurrence_whatever_chunk_it_picks(length):
-    x, dt, A, B, C, state = random_inputs(1, length, 2, 3, 1, 4, seed=8)
+def test_scan_matches_recurrence_whatever_chunk_it_picks(length, device):
+    x, dt, A, B, C, state = (t.to(device) for t in random_inputs(1, length, 2, 3, 1, 4, seed=8))
     y, final = ssd_scan(x, dt, A, B, C, chunk_size=256, initial_state=state)
     y_ref, final_ref = ssd_reference(x, dt, A, B, C, initial_state=state)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
@@ -134,7 +136,7 @@ def test_missing_kernel_falls_back_with_one_notice(monkeypatch):
     monkeypatch.setattr(ssd_module, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(ssd_module, "fused_ssd_kernel", lambda: None)
     monkeypatch.setattr(ssd_kernel, "_notified", False)
-    x, dt, A, B, C, state = random_inputs(1, 9, 2, 3, 1, 4, seed=9)
+    x, dt, A, B, C, state = random_inputs(1, 9, 2, 3, 1, 4, seed=9, dtype=torch.float32)
     with pytest.warns(UserWarning, match="pure-PyTorch") as notices:
         first = ssd_scan(x, dt, A, B, C, chunk_size=4, initial_state=state)
         second = ssd_scan(x, dt, A, B, C, chunk_size=4, initial_state=state)
@@ -155,14 +157,18 @@ def test_kernel_is_called_with_its_own_conventions(monkeypatch):
 
     monkeypatch.setattr(ssd_module, "KERNEL_DEVICES", ("cpu",))
     monkeypatch.setattr(ssd_module, "fused_ssd_kernel", lambda: kernel)
-    x, dt, A, B, C, state = random_inputs(1, 9, 2, 3, 1, 4, seed=10)
+    x, dt, A, B, C, state = random_inputs(1, 9, 2, 3, 1, 4, seed=10, dtype=torch.float32)
     y, final = ssd_scan(x, dt, A, B, C, chunk_size=256, initial_state=state)
     assert calls == [(256, True, False, torch.float32)]
     y_ref, final_ref = ssd_reference(x, dt, A, B, C, initial_state=state)
     torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(final, final_ref, rtol=1e-6, atol=1e-6)
+    # float64 asks for more than the kernel's float32 sums: the pure scan runs it.
+    ssd_scan(*(t.double() for t in (x, dt, A, B, C)), chunk_size=256, initial_state=state.double())
+    assert len(calls) == 1
 
 
+@pytest.mark.device
 @pytest.mark.skipif(
     not torch.cuda.is_available() or ssd_kernel.fused_ssd_kernel() is None, reason="needs CUDA and mamba_ssm"
 )

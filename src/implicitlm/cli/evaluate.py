@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import float_list, fraction, int_list, non_negative_int, positive_int
-from .shared import add_budget_options, add_solver_flags, solver_flags
+from .shared import add_budget_options, add_dtype_option, add_solver_flags, solver_flags
 
 TASKS = ("words", "lm", "catbabi")
 # The options of the tasks, as the library names them; one not given (None) takes the task's default.
@@ -114,7 +114,7 @@ def _task(args):
     from ..tasks import make_task
 
     options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
-    return make_task(args.task, args.checkpoint, **options)
+    return make_task(args.task, args.checkpoint, dtype=args.dtype, **options)
 
 
 def _report(result) -> None:
@@ -179,6 +179,7 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
     batch = {"words": "256", "lm": "8", "catbabi": "8"}
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"sequences per batch (default: {batch[task] if task else '256 for words, 8 for lm and catbabi'})")
+    add_dtype_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .arguments import add_run_options, non_negative_int, positive_float, positive_int
 from .shared import (
-    add_budget_options, add_demo_command, add_solver_flags, apply_solver_flags, check_resume_or_overwrite,
+    add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, apply_solver_flags, check_resume_or_overwrite,
     print_run_summary, report_demo,
 )
 
@@ -73,7 +73,7 @@ def add_lm_downstream(commands) -> None:
     p.add_argument("--max-length", type=positive_int, default=None, help="context window in tokens (default: 2048)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: as saved)")
+    add_dtype_option(p)
     p.add_argument("--out", type=Path, required=True, help="folder for downstream.json and downstream.png")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_lm_downstream)

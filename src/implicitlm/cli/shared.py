@@ -16,6 +16,11 @@ def add_budget_options(p) -> None:
     p.add_argument("--tol", type=positive_float, default=None, help="fixed-point tolerance (default: the model's)")
 
 
+def add_dtype_option(p) -> None:
+    p.add_argument("--dtype", default=None,
+                   help="the model's dtype: float32, bfloat16, float16 or float64 (default: as saved)")
+
+
 def add_solver_flags(p) -> None:
     """How an evaluation's solves run, besides their budget: ``apply_solver_flags`` sets them."""
     p.add_argument("--fail-on-nonconvergence", action="store_true",

@@ -45,6 +45,11 @@ class FixedPointOptions(Options):
     ``||df/dz||_F^2 / numel(z)`` at the solution is added to the loss (Bai et al. 2021,
     "Stabilizing Equilibrium Models by Jacobian Regularization"): a map whose Jacobian is
     smaller contracts faster, so every later solve needs fewer evaluations. 0: off.
+    Every tolerance (``f_tol``, ``eval_f_tol``, a call's ``tol``) is raised to the
+    residual floor of the precision the map computes in (``solver.residual_floor``: twice
+    its machine epsilon, 1.6e-2 in bfloat16, 2.0e-3 in float16): a half-precision map's
+    rounding keeps the residual above its epsilon's order, and a lower tolerance would
+    make every solve spin to its budget. The stats record the tolerance that was held.
     ``eval_chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
     chunks of this many tokens, each from the state the previous chunk's fixed point left
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same

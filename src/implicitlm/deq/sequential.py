@@ -51,6 +51,7 @@ def solve_sequence(
         kept = KeptState(_token_map(step, injection[:, t], state, select_rows), select_rows, replace_rows)
         z_t, stats = solver.solve(kept.f, z0, max_iter, tol, kept.restrict, phase="sequential",
                                   on_improved=kept.improved)
+        tol = stats.tol  # the tolerance the solve held, raised to its precision's floor
         state = kept.state
         outputs.append(z_t)
         iterations.append(stats.iterations)

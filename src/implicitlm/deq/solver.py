@@ -151,16 +151,23 @@ class FixedPointSolver:
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
         stop_mode = self.options.f_stop_mode
+        tol = max(tol, residual_floor(computed_dtype(z0)))
+        # The solver's iterates, and so its residual norms and its small linear solves
+        # (Anderson, Broyden), in at least float32, whatever the model's precision: a
+        # half-precision norm of a few thousand entries, or a least-squares system in
+        # bfloat16, loses the digits the stop test reads. The map itself runs in its own dtype.
+        work = torch.promote_types(z0.dtype, torch.float32)
+        f, restrict = _iterated_in(work, z0.dtype, f), _restricted_in(work, z0.dtype, restrict)
         tracker = _RowTracker(f, restrict, max_iter, tol, stop_mode, self.options, on_improved)
         with torch.no_grad(), contextlib.suppress(_SolveDone):
-            self._solvers[phase](tracker, x0=z0, max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
+            self._solvers[phase](tracker, x0=z0.to(work), max_iter=max_iter, tol=0.0, stop_mode=stop_mode)
         never_finite = ~torch.isfinite(tracker.best_abs)
         if bool(never_finite.any()):
             raise NumericalFault(
                 f"fixed-point solve: f(z) was NaN or infinite at every evaluation for {int(never_finite.sum())} "
                 f"of {never_finite.numel()} samples; there is no finite iterate to return"
             )
-        return tracker.best, FixedPointStats(
+        return tracker.best.to(z0.dtype), FixedPointStats(
             iterations=tracker.iterations(),
             abs_residual=tracker.best_abs,
             rel_residual=tracker.best_rel,
@@ -194,8 +201,8 @@ class FixedPointSolver:
         for _ in range(steps):
             z_prev, z = z, f(z)
         with torch.no_grad():
-            abs_residual = (z - z_prev).flatten(1).norm(dim=1)
-            rel_residual = abs_residual / (z.flatten(1).norm(dim=1) + 1e-9)
+            abs_residual = row_norms(z - z_prev)
+            rel_residual = abs_residual / (row_norms(z) + 1e-9)
         return z, FixedPointStats(
             iterations=torch.full((z0.shape[0],), steps, device=z0.device),
             abs_residual=abs_residual,
@@ -232,6 +239,49 @@ def jacobian_frobenius(f: FixedPointFn, z: torch.Tensor) -> torch.Tensor:
     z = z.detach().requires_grad_()
     with torch.enable_grad():
         return jac_reg(f(z), z, vecs=1, create_graph=True)
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """Each sample's Euclidean norm, accumulated in at least float32 (a half-precision sum
+    of squares over a sequence overflows float16 and rounds away bfloat16's last digits)."""
+    return torch.linalg.vector_norm(x.flatten(1), dim=1, dtype=torch.promote_types(x.dtype, torch.float32))
+
+
+# The lowest relative residual a solve is held to, in units of the map's machine epsilon.
+# f(z) is rounded at every element, so |f(z) - z| / |f(z)| stalls at the rounding of one
+# evaluation: measured 0.2-0.4 eps in bfloat16 and float16 and up to 0.9 eps in float32, for
+# 1- and 2-block models of every family (benchmarks/RESULTS.md, "Half precision"); twice
+# the epsilon leaves room for deeper stacks, which round more often per evaluation.
+RESIDUAL_FLOOR_EPSILONS = 2.0
+
+
+def residual_floor(dtype: torch.dtype) -> float:
+    """The lowest tolerance a solve whose map computes in ``dtype`` is held to: a lower one
+    would not be reached, and every solve would spin to its budget (bfloat16: 1.6e-2,
+    float16: 2.0e-3, float32: 2.4e-7; float64: below any tolerance in use)."""
+    return RESIDUAL_FLOOR_EPSILONS * torch.finfo(dtype).eps
+
+
+def computed_dtype(z: torch.Tensor) -> torch.dtype:
+    """The precision the map computes in: autocast's, where it is on for ``z``'s device
+    (the iterate stays float32 but every matrix product rounds to bfloat16), else ``z``'s."""
+    device = z.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return z.dtype
+
+
+def _iterated_in(work: torch.dtype, model: torch.dtype, f: FixedPointFn) -> FixedPointFn:
+    """``f`` taking and giving iterates in ``work``, run in the model's dtype ``model``."""
+    if work == model:
+        return f
+    return lambda z: f(z.to(model)).to(work)
+
+
+def _restricted_in(work: torch.dtype, model: torch.dtype, restrict: RestrictFn | None) -> RestrictFn | None:
+    if restrict is None or work == model:
+        return restrict
+    return lambda rows: _iterated_in(work, model, restrict(rows))
 
 
 def _damped(f: FixedPointFn) -> Callable[..., torch.Tensor]:
@@ -275,8 +325,8 @@ class _RowTracker:
         rows = self.active
         z_rows, fz_rows = self._evaluate(z, rows)
         self.calls += 1
-        abs_res = (fz_rows - z_rows).flatten(1).norm(dim=1)
-        rel_res = abs_res / (fz_rows.flatten(1).norm(dim=1) + 1e-9)
+        abs_res = row_norms(fz_rows - z_rows)
+        rel_res = abs_res / (row_norms(fz_rows) + 1e-9)
         residual = rel_res if self.relative else abs_res
         self._keep_best(rows, fz_rows, abs_res, rel_res, residual)
         finite = torch.isfinite(residual)

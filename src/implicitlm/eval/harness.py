@@ -44,11 +44,11 @@ from tqdm.auto import tqdm
 from ..data.tokenizer import load_tokenizer
 from ..deq import ConvergenceTally, warn_not_converged
 from ..models import ImplicitCausalLM, load_model
+from ..models.loading import torch_dtype
 from ..models.implicit_lm import MODES
 
 MODEL_NAME = "implicitlm"
 DEFAULT_MAX_LENGTH = 2048  # the paper's training context
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 AUTO_BATCH = "auto"
 DEFAULT_MAX_BATCH_SIZE = 64  # lm-eval's, for its own Hugging Face model
 
@@ -86,7 +86,7 @@ class ImplicitLMHarness(TemplateLM):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         self.model = load_model(pretrained) if isinstance(pretrained, (str, Path)) else pretrained
-        self.model.to(device=_device(device), dtype=_torch_dtype(dtype)).eval()
+        self.model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
         self.tokenizer = _tokenizer(tokenizer, self.model)
         self.mode, self.max_iter, self.tol = mode, max_iter, tol
         self.batch_size = _batch_size(batch_size)
@@ -384,14 +384,6 @@ def _device(name: str | None) -> torch.device:
         logging.getLogger(__name__).warning("device %s: no CUDA device here, running on the CPU", name)
         return torch.device("cpu")
     return device
-
-
-def _torch_dtype(name: str | None) -> torch.dtype | None:
-    if name is None:
-        return None
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
-    return getattr(torch, name)
 
 
 def _batch_size(value: Any) -> int | str:

@@ -4,7 +4,7 @@ A record is a dict::
 
     experiment   what was measured ("word_length", "lm_length", "jacobian", ...)
     checkpoint   the model folder it was measured on (or a preset name for random models)
-    model        architecture, implicit or not, parameter count; for an implicit model the
+    model        architecture, implicit or not, parameter count, dtype; for an implicit model the
                  fixed-point options it was measured with and the solver of each mode
     metrics      flat {name: number}: the figures a comparison table shows
     curves       optional [{"label", "x", "y"}]: the series a comparison figure overlays,
@@ -31,6 +31,7 @@ def model_summary(model) -> dict[str, Any]:
         "architecture": config.model_type.removeprefix("implicit_"),
         "implicit": bool(config.implicit),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(model.dtype).removeprefix("torch."),
     }
     if config.implicit:
         options = model.solver.options

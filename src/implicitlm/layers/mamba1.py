@@ -20,15 +20,15 @@ from torch import nn
 
 from .causal_conv import causal_conv, causal_conv_step
 from .selective_scan import selective_scan_chunked, selective_scan_step
-from .ssm_parameters import decay_rates, initial_dt_bias
+from .ssm_parameters import decay_rates, initial_dt_bias, ssm_state_dtype
 
 
 @dataclass
 class Mamba1State:
     """Recurrent state of one mixer: the last ``d_conv`` conv inputs and the SSM state."""
 
-    conv: torch.Tensor  # (b, d_inner, d_conv)
-    ssm: torch.Tensor  # (b, d_inner, d_state)
+    conv: torch.Tensor  # (b, d_inner, d_conv), in the model's dtype
+    ssm: torch.Tensor  # (b, d_inner, d_state), in ssm_state_dtype: float32 at least
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Mamba1Mixer(nn.Module):
         d = self.dims
         return Mamba1State(
             conv=torch.zeros(batch, d.d_inner, d.d_conv, device=device, dtype=dtype),
-            ssm=torch.zeros(batch, d.d_inner, d.d_state, device=device, dtype=dtype),
+            ssm=torch.zeros(batch, d.d_inner, d.d_state, device=device, dtype=ssm_state_dtype(dtype)),
         )
 
     def forward(

@@ -18,15 +18,15 @@ from torch import nn
 from .causal_conv import causal_conv, causal_conv_step
 from .norms import GatedRMSNorm
 from .ssd import ssd_scan, ssd_step
-from .ssm_parameters import decay_rates, initial_dt_bias
+from .ssm_parameters import decay_rates, initial_dt_bias, ssm_state_dtype
 
 
 @dataclass
 class Mamba2State:
     """Recurrent state of one mixer: the last ``d_conv`` conv inputs and the SSM state."""
 
-    conv: torch.Tensor  # (b, conv_dim, d_conv)
-    ssm: torch.Tensor  # (b, heads, headdim, d_state)
+    conv: torch.Tensor  # (b, conv_dim, d_conv), in the model's dtype
+    ssm: torch.Tensor  # (b, heads, headdim, d_state), in ssm_state_dtype: float32 at least
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Mamba2Mixer(nn.Module):
         d = self.dims
         return Mamba2State(
             conv=torch.zeros(batch, d.conv_dim, d.d_conv, device=device, dtype=dtype),
-            ssm=torch.zeros(batch, d.nheads, d.headdim, d.d_state, device=device, dtype=dtype),
+            ssm=torch.zeros(batch, d.nheads, d.headdim, d.d_state, device=device, dtype=ssm_state_dtype(dtype)),
         )
 
     def forward(

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .ssd_kernel import fused_ssd_kernel, notify_fallback_once, run_fused_ssd
+from .ssm_parameters import ssm_state_dtype
 
 
 def segment_sum(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,8 @@ def ssd_chunked(
 
     x: (b, l, h, p); dt: (b, l, h), already softplus'd; A: (h,), negative;
     B, C: (b, l, g, n) with h divisible by g; initial_state: (b, h, p, n) or None.
-    Returns y: (b, l, h, p) and the state after the last token: (b, h, p, n).
+    Returns y: (b, l, h, p) and the state after the last token: (b, h, p, n), in
+    ``ssm_state_dtype`` (float32 for a half-precision x).
 
     Heads of one group share B and C, so every product with B or C runs once per group
     with that group's heads side by side (never repeated per head): C B^T costs a
@@ -103,16 +105,20 @@ def ssd_chunked(
     weighted = (xdt * decay_to_end.unsqueeze(-1)).view(*shape, groups, per_group * headdim).transpose(2, 3)
     chunk_states = B.transpose(-1, -2) @ weighted                             # b c g n (r p)
 
-    # Scan across chunks: the state entering each chunk, one short step per chunk.
+    # Scan across chunks: the state entering each chunk, one short step per chunk, carried
+    # in the state's dtype (at least float32, as mamba_ssm's state passing): in half
+    # precision every chunk would round the state again, and the rounding compounds.
+    work = ssm_state_dtype(x.dtype)
     if initial_state is None:
-        initial_state = x.new_zeros(batch, heads, headdim, d_state)
+        initial_state = x.new_zeros(batch, heads, headdim, d_state, dtype=work)
     # Contiguous, so every state of the scan is, and each copy into the output is a block copy.
-    initial = initial_state.view(batch, groups, per_group, headdim, d_state).permute(0, 1, 4, 2, 3).contiguous()
-    chunk_decay = torch.exp(cum_decay[:, :, -1]).to(x.dtype).view(batch, chunks, groups, 1, per_group, 1)
-    entering, final = _ChunkStatePassing.apply(chunk_states.unflatten(-1, (per_group, headdim)), chunk_decay, initial)
+    initial = initial_state.to(work).view(batch, groups, per_group, headdim, d_state).permute(0, 1, 4, 2, 3).contiguous()
+    chunk_decay = torch.exp(cum_decay[:, :, -1]).to(work).view(batch, chunks, groups, 1, per_group, 1)
+    contributions = chunk_states.unflatten(-1, (per_group, headdim)).to(work)
+    entering, final = _ChunkStatePassing.apply(contributions, chunk_decay, initial)
 
     # Between chunks: the entering state read out by C, decayed to each position.
-    y_across = (C @ entering.flatten(-2)).view(*shape[:2], groups, chunk_size, per_group, headdim)
+    y_across = (C @ entering.flatten(-2).to(x.dtype)).view(*shape[:2], groups, chunk_size, per_group, headdim)
     decay_from_start = torch.exp(cum_decay).to(x.dtype).view(*shape, groups, per_group).transpose(2, 3)  # b c g l r
     y_across = y_across * decay_from_start.unsqueeze(-1)
     y_within = y_within.view(*shape[:2], groups, per_group, chunk_size, headdim).transpose(3, 4)
@@ -184,8 +190,10 @@ def ssd_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``ssd_chunked``'s contract on the fastest path at hand: mamba_ssm's fused kernel on
     CUDA when it imports (one notice when it does not), else the pure-PyTorch scan with a
-    chunk length chosen for the device and ``chunk_size`` as its upper bound."""
-    if x.device.type in KERNEL_DEVICES:
+    chunk length chosen for the device and ``chunk_size`` as its upper bound. float64 takes
+    the pure scan everywhere: the kernel accumulates in float32, and a float64 model (a test
+    oracle, a Jacobian analysis) asks for more."""
+    if x.device.type in KERNEL_DEVICES and x.dtype != torch.float64:
         kernel = fused_ssd_kernel()
         if kernel is not None:
             return run_fused_ssd(kernel, x, dt, A, B, C, chunk_size, initial_state)
@@ -198,18 +206,23 @@ def ssd_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the recurrence. state: (b, h, p, n); x: (b, h, p); dt: (b, h); B, C: (b, g, n).
 
-    Returns (y: (b, h, p), new state); the input state is not modified. The heads of a
-    group share its B and C by broadcasting, not by copies: a decoding step is a handful
-    of small operations, each paid for in overhead.
+    Returns (y: (b, h, p) in the dtype of x, new state in ``ssm_state_dtype``); the input
+    state is not modified. The heads of a group share its B and C by broadcasting, not by
+    copies: a decoding step is a handful of small operations, each paid for in overhead.
+    The update runs in the state's dtype (float32 for half-precision inputs, as the chunked
+    scan's state and mamba_ssm's step kernel): a bfloat16 state rounded at every token
+    loses the small contributions of a long sequence.
     """
     batch, heads, head_dim, d_state = state.shape
     groups = B.shape[1]
     grouped = (batch, groups, heads // groups, head_dim, d_state)
+    out_dtype, work = x.dtype, ssm_state_dtype(x.dtype)
+    dt, x, B, C = dt.to(work), x.to(work), B.to(work), C.to(work)
     decay = torch.exp(dt * A).view(*grouped[:3], 1, 1)
     step_input = (dt.unsqueeze(-1) * x).view(*grouped[:4], 1)
-    state = torch.addcmul(state.view(grouped) * decay, step_input, B.view(batch, groups, 1, 1, d_state))
+    state = torch.addcmul(state.to(work).view(grouped) * decay, step_input, B.view(batch, groups, 1, 1, d_state))
     y = torch.matmul(state.view(batch, groups, -1, d_state), C.view(batch, groups, d_state, 1))
-    return y.view(batch, heads, head_dim), state.view(batch, heads, head_dim, d_state)
+    return y.view(batch, heads, head_dim).to(out_dtype), state.view(batch, heads, head_dim, d_state)
 
 
 def ssd_reference(
@@ -220,7 +233,7 @@ def ssd_reference(
     batch, length, heads, headdim = x.shape
     state = initial_state
     if state is None:
-        state = x.new_zeros(batch, heads, headdim, B.shape[-1])
+        state = x.new_zeros(batch, heads, headdim, B.shape[-1], dtype=ssm_state_dtype(x.dtype))
     ys = []
     for t in range(length):
         y, state = ssd_step(state, x[:, t], dt[:, t], A, B[:, t], C[:, t])

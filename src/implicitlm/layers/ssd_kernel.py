@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from .ssm_parameters import ssm_state_dtype
+
 _notified = False
 
 
@@ -42,7 +44,9 @@ def run_fused_ssd(
         initial_states=None if initial_state is None else initial_state.contiguous(),
         return_final_states=True,
     )
-    return y, final_state.to(x.dtype)
+    # The state in ``ssm_state_dtype``, as the pure scan gives it: the kernel's state passing
+    # accumulates in float32 too, so this is no rounding of a half-precision state.
+    return y, final_state.to(ssm_state_dtype(x.dtype))
 
 
 def notify_fallback_once(reason: str) -> None:

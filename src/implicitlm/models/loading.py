@@ -152,13 +152,28 @@ def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> No
     require(f"{where}a model of {parameters:,} parameters", FLOAT_BYTES * parameters)
 
 
-def load_model(path: str | Path) -> ImplicitCausalLM:
+# The dtypes a model can be loaded or cast to, by the names the command line and lm-eval use.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def torch_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """The torch dtype named ``name`` (one of ``DTYPES``, or a dtype itself); None stays None."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+    return getattr(torch, name)
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype | None = None) -> ImplicitCausalLM:
     """Load a saved model (config.json + model.safetensors), or a training run's latest
-    checkpoint; weights come from safetensors only.
+    checkpoint; weights come from safetensors only. ``dtype`` (a name of ``DTYPES`` or a
+    torch dtype): the model's parameters in it (default: as saved).
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
     """
+    dtype = torch_dtype(dtype)
     path = Path(path)
     recover_replaced(path)  # a checkpoint swap cut between its two renames
     path = model_folder(path)
@@ -190,7 +205,8 @@ def load_model(path: str | Path) -> ImplicitCausalLM:
     if not checked:
         # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
         LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")
-    return model
+    # Cast after the checks, which read the weights as saved.
+    return model if dtype is None else model.to(dtype)
 
 
 def _shape_mismatch(path: Path, config: ImplicitLMConfig) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..models.loading import torch_dtype
 from .base import Task
 from .catbabi import CatbabiTask
 from .lm import LMTask
@@ -15,9 +16,10 @@ from .words import WordsTask
 TASKS: dict[str, type[Task]] = {task.name: task for task in (WordsTask, LMTask, CatbabiTask)}
 
 
-def make_task(name: str, checkpoint: str | Path, **options: Any) -> Task:
+def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **options: Any) -> Task:
     """Task ``name`` on ``checkpoint`` with ``options`` (None: the task's default), which must
-    all be the task's own: another task's option is refused in one line."""
+    all be the task's own: another task's option is refused in one line. ``dtype``: the
+    model's, for any task (None: as saved)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
     task = TASKS[name]
@@ -26,4 +28,8 @@ def make_task(name: str, checkpoint: str | Path, **options: Any) -> Task:
     if foreign:
         flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
         raise ValueError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
-    return task(checkpoint, **given)
+    made = task(checkpoint, **given)
+    if dtype is not None:
+        torch_dtype(dtype)  # refused here, before any data is read
+        made.dtype = dtype
+    return made

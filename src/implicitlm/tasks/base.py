@@ -34,6 +34,9 @@ class Task(ABC):
     experiment: ClassVar[str]  # the record of a length evaluation: <experiment>.json and .png
     budget_experiment: ClassVar[str]  # the record of a budget sweep
     quality: ClassVar[str]  # the metric of a row that a budget sweep plots against the budget
+    # The dtype the model is evaluated in (a name of models.loading.DTYPES; None: as saved).
+    # Every task takes it (``make_task``), so it is no task's own option.
+    dtype: str | None = None
 
     def __init__(self, checkpoint: str | Path, batch_size: int | None = None):
         self.checkpoint = Path(checkpoint)
@@ -50,7 +53,7 @@ class Task(ABC):
 
     def load(self):
         """The checkpoint's model, the task's options settled against its training settings."""
-        self.model = load_model(self.checkpoint)
+        self.model = load_model(self.checkpoint, dtype=self.dtype)
         self.resolve()
         return self.model
 
