@@ -93,8 +93,12 @@ def tokens(tokenizer, batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, len(tokenizer), (batch, length), generator=generator)
 
 
+def largest_difference(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((actual.double().cpu() - reference.double().cpu()).abs().max())
+
+
 def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((actual.double().cpu() - reference.double().cpu()).abs().max() / reference.abs().max())
+    return largest_difference(actual, reference) / float(reference.abs().max())
 
 
 def reference_logits(reference, ids: torch.Tensor) -> torch.Tensor:
@@ -213,6 +217,8 @@ def lm_eval_adapter(model, reference, ids, tokenizer):
     return actual, expected, lm.convergence.as_dict(), scale
 
 
+# Each path returns (its output, the float64 model's, its convergence: stats or a tally) and,
+# where the output is not logits, the scale its error is measured against.
 PATHS = [parallel, chunked, sequential, prefill_then_decode, greedy, sampling, beams, left_padding, lm_eval_adapter]
 
 
@@ -227,7 +233,7 @@ def test_every_path_in_every_dtype_agrees_with_float64(family, implicit, dtype, 
     actual, expected, convergence, *scale = path(model, reference, ids, tokenizer)
     assert actual.dtype in (dtype, torch.float32, torch.float64) and bool(torch.isfinite(actual).all())
     scale = float(scale[0]) if scale else float(expected.abs().max())
-    error = relative_error(actual, expected) * float(expected.abs().max()) / scale
+    error = largest_difference(actual, expected) / scale
     assert error <= bound(dtype, implicit), f"{error / torch.finfo(dtype).eps:.1f} epsilons"
     if implicit:
         _assert_converged(convergence)
