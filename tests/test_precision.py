@@ -28,6 +28,7 @@ import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.cli import main
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.deq import FixedPointOptions, FixedPointSolver
+from implicitlm.deq import solver as deq_solver
 from implicitlm.deq.solver import residual_floor
 from implicitlm.layers.ssd import ssd_chunked, ssd_reference
 from implicitlm.models import build_model, config_from_options
@@ -302,13 +303,18 @@ def contraction(z: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_a_tolerance_below_the_precisions_floor_is_raised_to_it_and_the_solve_stops(dtype):
+def test_a_tolerance_below_the_precisions_floor_is_raised_to_it_and_the_solve_stops(dtype, caplog, monkeypatch):
     """The default evaluation tolerance, 1e-3, is below bfloat16's floor: without the floor
     every bfloat16 solve would spin to its budget; with it, each stops in a few iterations,
-    and the stats say which tolerance was held."""
+    the stats say which tolerance was held, and one line (once, not at every solve) says why."""
     solver = FixedPointSolver(FixedPointOptions(eval_f_max_iter=200))
     z0 = torch.zeros(4, 512, dtype=dtype)
-    z, stats = solver.evaluate(contraction, z0, tol=1e-6)
+    monkeypatch.setattr(deq_solver, "_RAISED_TOLERANCES", set())  # as in a fresh process
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        z, stats = solver.evaluate(contraction, z0, tol=1e-6)
+        solver.evaluate(contraction, z0, tol=1e-6)
+    [line] = [record.getMessage() for record in caplog.records]
+    assert "below what a" in line and f"{residual_floor(dtype):.3g}" in line
     assert stats.tol == residual_floor(dtype) == 2 * torch.finfo(dtype).eps
     assert bool(stats.converged.all()) and int(stats.iterations.max()) < 40
     exact, _ = solver.evaluate(contraction, z0.double(), tol=1e-12)

@@ -49,7 +49,8 @@ class FixedPointOptions(Options):
     residual floor of the precision the map computes in (``solver.residual_floor``: twice
     its machine epsilon, 1.6e-2 in bfloat16, 2.0e-3 in float16): a half-precision map's
     rounding keeps the residual above its epsilon's order, and a lower tolerance would
-    make every solve spin to its budget. The stats record the tolerance that was held.
+    make every solve spin to its budget. The stats record the tolerance that was held, and
+    one warning per process names a raised one.
     ``eval_chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
     chunks of this many tokens, each from the state the previous chunk's fixed point left
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same

@@ -44,7 +44,7 @@ from torchdeq.solver import get_solver
 from ..core.errors import NumericalFault
 from .anderson import safeguarded_anderson
 from .options import SOLVERS, FixedPointOptions
-from .stats import FixedPointStats
+from .stats import LOGGER, FixedPointStats
 
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
 # rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
@@ -151,7 +151,7 @@ class FixedPointSolver:
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
         stop_mode = self.options.f_stop_mode
-        tol = max(tol, residual_floor(computed_dtype(z0)))
+        tol = held_tolerance(tol, computed_dtype(z0))
         # The solver's iterates, and so its residual norms and its small linear solves
         # (Anderson, Broyden), in at least float32, whatever the model's precision: a
         # half-precision norm of a few thousand entries, or a least-squares system in
@@ -260,6 +260,23 @@ def residual_floor(dtype: torch.dtype) -> float:
     would not be reached, and every solve would spin to its budget (bfloat16: 1.6e-2,
     float16: 2.0e-3, float32: 2.4e-7; float64: below any tolerance in use)."""
     return RESIDUAL_FLOOR_EPSILONS * torch.finfo(dtype).eps
+
+
+_RAISED_TOLERANCES: set[tuple[torch.dtype, float]] = set()
+
+
+def held_tolerance(tol: float, dtype: torch.dtype) -> float:
+    """``tol``, or the floor of ``dtype`` where it is lower: said once per process for each
+    (dtype, tolerance), not at every solve."""
+    floor = residual_floor(dtype)
+    if tol >= floor:
+        return tol
+    if (dtype, tol) not in _RAISED_TOLERANCES:
+        _RAISED_TOLERANCES.add((dtype, tol))
+        name = str(dtype).removeprefix("torch.")
+        LOGGER.warning(f"fixed-point tolerance {tol:g} is below what a {name} map can reach: holding {floor:.3g} "
+                       f"(twice {name}'s machine epsilon)")
+    return floor
 
 
 def computed_dtype(z: torch.Tensor) -> torch.dtype:
