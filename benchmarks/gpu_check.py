@@ -1,4 +1,4 @@
-"""The GPU check: every CUDA path, in order of value, in one command for a GPU lent for minutes.
+"""The GPU check: every CUDA path, in order of value, in one command for a GPU at hand for minutes only.
 
     bash scripts/gpu-check.sh --prepare                     # here (network): wheels into .gpuwheels/
     bash scripts/gpu-check.sh [--out DIR] [--budget S]      # on the GPU machine (no network)
@@ -11,7 +11,8 @@ the pure scan and a float64 oracle, outputs and gradients, fp32 and bf16), bench
 (benchmarks/run.py --quick), training (the 130M preset's step, bf16 autocast), decoding
 (ms/token near the start and deep into a sequence), words (a short A5xM run at length 256).
 ``report.md`` and ``summary.json`` are rewritten after every step, so a run cut off still
-leaves what it measured; the output folder holds at most 8 files (what the device tool returns).
+leaves what it measured; the output folder holds at most 8 files, so that a remote machine that returns a few
+files of output returns it whole.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
 WHEELS = ROOT / ".gpuwheels"
 SITE = Path("/tmp/gpucheck-site")  # where the wheels are installed on the GPU machine
 DEFAULT_OUT = ROOT / "gpu-check-out"
-# Nine of a lent GPU's fifteen minutes: a command may run ten, and a start takes one or two.
+# Nine minutes: room for the machine's start inside a quarter of an hour on a GPU.
 # On the H200 Triton's autotuning took most of 480 s (80 s for the SSD kernel's first shape).
 DEFAULT_BUDGET_S = 540.0
 FIGURES = "GPU-CHECK FIGURES "  # the line prefix a step reports its key figures under
@@ -52,7 +53,7 @@ FIGURES = "GPU-CHECK FIGURES "  # the line prefix a step reports its key figures
 class Step:
     name: str
     weight: float  # share of the budget left when it starts, against the steps after it
-    log: str  # steps share logs: the device tool returns at most 8 files
+    log: str  # steps share logs: the folder stays at 8 files or fewer
     fixed_s: float | None = None  # a limit of its own instead of a share
 
 

@@ -1,7 +1,7 @@
-"""The GPU check rehearsed on the CPU: the one command a lent GPU runs must not spend its few
-minutes on a typo. Every step of ``scripts/gpu-check.sh --rehearse`` (tiny shapes, Triton's
+"""The GPU check rehearsed on the CPU: the one command a GPU at hand for minutes runs must not
+spend them on a typo. Every step of ``scripts/gpu-check.sh --rehearse`` (tiny shapes, Triton's
 interpreter for the fused kernel) runs, ends ok and reports finite key figures, in an output
-folder the device tool can return whole."""
+folder of at most 8 files, which a remote machine returning a few files returns whole."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-# What the device tool returns of an output folder.
+# The files a remote GPU machine returns of an output folder, at most.
 MOST_FILES = 8
 
 
