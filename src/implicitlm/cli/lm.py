@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .arguments import add_run_options, non_negative_int, positive_float, positive_int
 from .shared import (
-    add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, apply_solver_flags, check_resume_or_overwrite,
-    print_run_summary, report_demo,
+    add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, apply_solver_flags,
+    check_resume_or_overwrite, print_run_summary, report_demo,
 )
 
 

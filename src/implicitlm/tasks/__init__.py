@@ -29,7 +29,5 @@ def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **opt
         flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
         raise ValueError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
     made = task(checkpoint, **given)
-    if dtype is not None:
-        torch_dtype(dtype)  # refused here, before any data is read
-        made.dtype = dtype
+    made.dtype = torch_dtype(dtype)  # a wrong name is refused here, before any data is read
     return made

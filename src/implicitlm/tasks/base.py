@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 from ..core.run_folder import training_settings
 from ..models import load_model
@@ -34,9 +35,9 @@ class Task(ABC):
     experiment: ClassVar[str]  # the record of a length evaluation: <experiment>.json and .png
     budget_experiment: ClassVar[str]  # the record of a budget sweep
     quality: ClassVar[str]  # the metric of a row that a budget sweep plots against the budget
-    # The dtype the model is evaluated in (a name of models.loading.DTYPES; None: as saved).
-    # Every task takes it (``make_task``), so it is no task's own option.
-    dtype: str | None = None
+    # The dtype the model is evaluated in (None: as saved). Every task takes it
+    # (``make_task``), so it is no task's own option.
+    dtype: torch.dtype | None = None
 
     def __init__(self, checkpoint: str | Path, batch_size: int | None = None):
         self.checkpoint = Path(checkpoint)
