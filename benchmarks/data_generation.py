@@ -76,7 +76,7 @@ def run(quick: bool, device: str = "cpu") -> Table:
 def _generation(path: Path, words: int, storage: str, repeats: int) -> tuple[float, float]:
     """(tokens/s, bytes on disk per token) of writing ``words`` words with ``storage`` targets."""
     seconds = median_seconds(
-        lambda: write_generated_words(path, GROUP, LENGTH, words, seed=0, targets=storage), repeats
+        lambda: write_generated_words(path, GROUP, LENGTH, words, seed=0, targets=storage, overwrite=True), repeats
     )
     return words * LENGTH / seconds, _file_bytes(path) / (words * LENGTH)
 

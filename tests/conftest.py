@@ -1,4 +1,5 @@
-"""Shared fixtures: a demo-size implicit model trained briefly on S3, the real datasets, no network."""
+"""Shared fixtures: a demo-size implicit model trained briefly on S3, token shards of the
+project's own source, the real datasets, no network."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ import huggingface_hub  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from implicitlm.data.corpus import read_documents  # noqa: E402
+from implicitlm.data.shard_writer import write_shards  # noqa: E402
+from implicitlm.data.tokenizer import train_tokenizer  # noqa: E402
 from implicitlm.presets import load_preset  # noqa: E402
 from implicitlm.models import ImplicitMamba2ForCausalLM, config_from_options  # noqa: E402
 from implicitlm.train.config import TrainConfig  # noqa: E402
@@ -69,6 +73,16 @@ def shared_data() -> Path:
 
 TRAINED_GROUP = "S3"
 TRAINED_LENGTH = 12
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> Path:
+    """Token shards of the trainer's source files, with a 300-token tokenizer."""
+    root = tmp_path_factory.mktemp("corpus")
+    sources = sorted((Path(__file__).parents[1] / "src" / "implicitlm" / "train").glob("*.py"))
+    tokenizer = train_tokenizer(read_documents(sources), 300, root / "tokenizer")
+    write_shards(read_documents(sources), tokenizer, root / "data", test_fraction=0.2, progress=False)
+    return root / "data"
 
 
 @pytest.fixture(scope="session")

@@ -220,6 +220,20 @@ def test_an_overflowing_run_exits_1_with_one_line_and_never_checkpoints_blown_we
         assert max(float(value.abs().max()) for value in weights(tmp_path / "run").values()) < 100
 
 
+def test_an_overwriting_run_that_fails_before_its_first_checkpoint_leaves_the_earlier_run(tmp_path, capsys):
+    """Before: ``--overwrite`` deleted the earlier run first, so a run failing at its first
+    step left neither."""
+    out = tmp_path / "run"
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
+    earlier = {str(p.relative_to(out)): p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))}
+    failing = [*train_command(out, "lr=1e30", "warmup_steps=0", "unroll_steps=0", "checkpoint_every=1"), "--overwrite"]
+    assert main(failing) == 1
+    assert {str(p.relative_to(out)): p.read_bytes() if p.is_file() else None for p in sorted(out.rglob("*"))} == earlier
+    assert main([*train_command(out, "total_steps=1", "bounded_fraction=1.0"), "--overwrite"]) == 0
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_0000001"]
+    assert not list(out.glob(".*"))  # the earlier run, set aside, went with the new run's checkpoint
+
+
 # ---------------------------------------------------------------- a full disk
 
 
@@ -229,11 +243,10 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
     before = weights(out)
     real_save = torch.save
 
-    def disk_full(state, path):
-        real_save(state, path)
-        with open(path, "r+b") as handle:
-            handle.truncate(100)  # what a write cut by ENOSPC leaves
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    def disk_full(state, file):
+        real_save(state, file)
+        file.truncate(100)  # what a write cut by ENOSPC leaves
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), file.name)
 
     monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
     code = main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=4"])
@@ -241,7 +254,7 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_checkpoint_intact(t
     assert code == 1 and len(err) == 1 and "No space left on device" in err[0]
     assert read_trainer_meta(latest_checkpoint(out))["step"] == 2
     assert_same_weights(weights(out), before)
-    staging = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+    staging = [p.name for p in out.iterdir() if p.name.startswith(".") ]
     assert staging == []  # no staging left (the lock file stays, released)
 
 
@@ -392,7 +405,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused(tmp_path, capsys):
     with run_folder_lock(out):  # a run in progress (here: this process)
         assert main(train_command(out, "total_steps=1", "bounded_fraction=1.0")) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "another run is writing to this folder" in err[0] and str(os.getpid()) in err[0]
+        assert len(err) == 1 and "another process is writing it" in err[0] and str(os.getpid()) in err[0]
         assert not (out / "metrics.jsonl").exists()
     assert main(train_command(out, "total_steps=1", "bounded_fraction=1.0")) == 0  # released with the run
 

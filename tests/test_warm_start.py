@@ -117,15 +117,6 @@ def test_a_start_from_weights_that_do_not_fit_is_refused_by_name(target, source,
 # ---------------------------------------------------------------- through the command line
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    sources = sorted((Path(__file__).parents[1] / "src" / "implicitlm" / "train").glob("*.py"))
-    tokenizer = train_tokenizer(read_documents(sources), 300, root / "tokenizer")
-    write_shards(read_documents(sources), tokenizer, root / "data", test_fraction=0.2, progress=False)
-    return root / "data"
-
-
 def train_command(shards: Path, out: Path, *options: str) -> list[str]:
     settings = [f"sequence_length={SEQUENCE}", f"batch_size={BATCH}", f"batch_tokens={BATCH * SEQUENCE}",
                 "warmup_steps=0", "bounded_fraction=0", "free_iters=4", "free_phantom_steps=1", "checkpoint_every=0"]

@@ -68,7 +68,7 @@ def test_stored_files_keep_their_metadata_and_old_files_still_load(tmp_path):
     assert "targets" not in json.loads(sidecar_path(tmp_path / "stored.npy").read_text())
     assert isinstance(stored.targets, np.memmap)
     # A derived file's metadata given to save_words must not mislabel the stored copy.
-    _, derived = write_pair(tmp_path)
+    _, derived = write_pair(tmp_path / "again")
     save_words(tmp_path / "copy.npy", derived.inputs, derived.targets, derived.meta)
     copy = load_words(tmp_path / "copy.npy")
     assert "targets" not in copy.meta and isinstance(copy.targets, np.memmap)

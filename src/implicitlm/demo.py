@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.atomic_io import write_json
+from .core.atomic_io import staged_directory, write_json
 from .data.groups import get_group
 from .eval.plots import plot_accuracy_by_length
 from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
@@ -18,6 +18,7 @@ from .core.options import Options
 from .core.schema import POSITIVE, Rule, at_least, check_known_keys
 from .presets import KINDS
 from .core.run_folder import latest_checkpoint
+from .core.targets import exclusive_target
 from .train.runs import word_model, word_train_config
 from .train.trainer import train
 
@@ -40,47 +41,59 @@ class DemoEval(Options):
     }
 
 
-def run_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+def run_demo(
+    preset: dict[str, Any], out_dir: str | Path, progress: bool = True, overwrite: bool = False
+) -> dict[str, Any]:
+    """Train both kinds of ``preset`` and test them by length, into the folder ``out_dir``:
+    built aside and renamed into place once complete; a folder already there is refused,
+    before the training, unless ``overwrite``."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
-    results: dict[str, Any] = {"models": {}}
     # Both kinds' settings and models first: a bad explicit section is reported before
     # minutes of implicit training, not after.
     configs = {kind: word_train_config(preset, kind) for kind in KINDS}
     models = {kind: word_model(preset, kind, configs[kind]) for kind in KINDS}
-    for kind in KINDS:
-        config, model = configs[kind], models[kind]
-        # The demo's folder is its own: running it again replaces its runs.
-        train(model, config, out_dir / kind, progress=progress, description=f"train {kind}", overwrite=True)
-        lengths = [config.sequence_length * m for m in evaluation.length_multiples]
-        budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}
-        entry = {
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "train_steps": config.total_steps,
-            "checkpoint": str(latest_checkpoint(out_dir / kind)),
-            "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, **budget),
-        }
-        if model.config.implicit:
-            # RNN mode on fewer words, which simultaneous mode solves too: the duality check.
-            both = agreement_by_length(model, config.group, lengths, evaluation.sequential_count, config.seed, **budget)
-            entry["sequential_by_length"] = [row["sequential"] for row in both]
-            entry["mode_agreement"] = [
-                {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both
-            ]
-        results["models"][kind] = entry
-        # Each model's result also as a record, for ``implicitlm report``.
-        word_length_record(model, entry["checkpoint"], entry["by_length"], out_dir / kind, config.group, "simultaneous", config.sequence_length)
-        results.update(group=config.group, train_length=config.sequence_length)
-    write_json(out_dir / "results.json", results)
-    plot_accuracy_by_length(
-        {k: v["by_length"] for k, v in results["models"].items()},
-        out_dir / "accuracy_by_length.png",
-        title=f"{results['group']} word problem, trained at length {results['train_length']}",
-        train_length=results["train_length"],
-        chance=1.0 / get_group(results["group"]).order,
-    )
+    with exclusive_target(out_dir, overwrite), staged_directory(out_dir) as staging:
+        results: dict[str, Any] = {"models": {}}
+        for kind in KINDS:
+            entry = _train_and_test(models[kind], configs[kind], evaluation, staging, out_dir, kind, progress)
+            results["models"][kind] = entry
+            results.update(group=configs[kind].group, train_length=configs[kind].sequence_length)
+        write_json(staging / "results.json", results)
+        plot_accuracy_by_length(
+            {k: v["by_length"] for k, v in results["models"].items()},
+            staging / "accuracy_by_length.png",
+            title=f"{results['group']} word problem, trained at length {results['train_length']}",
+            train_length=results["train_length"],
+            chance=1.0 / get_group(results["group"]).order,
+        )
     return results
+
+
+def _train_and_test(model, config, evaluation: DemoEval, staging: Path, out_dir: Path, kind: str, progress: bool):
+    """One kind's run in ``staging``, and its results by length; the checkpoint named where
+    it will be once ``staging`` becomes ``out_dir``."""
+    train(model, config, staging / kind, progress=progress, description=f"train {kind}")
+    lengths = [config.sequence_length * m for m in evaluation.length_multiples]
+    budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}
+    entry = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_steps": config.total_steps,
+        "checkpoint": str(out_dir / latest_checkpoint(staging / kind).relative_to(staging)),
+        "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, **budget),
+    }
+    if model.config.implicit:
+        # RNN mode on fewer words, which simultaneous mode solves too: the duality check.
+        both = agreement_by_length(model, config.group, lengths, evaluation.sequential_count, config.seed, **budget)
+        entry["sequential_by_length"] = [row["sequential"] for row in both]
+        entry["mode_agreement"] = [
+            {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both
+        ]
+    # Each model's result also as a record, for ``implicitlm report``.
+    word_length_record(model, entry["checkpoint"], entry["by_length"], staging / kind, config.group, "simultaneous",
+                       config.sequence_length)
+    return entry
 
 
 def format_table(results: dict[str, Any]) -> str:

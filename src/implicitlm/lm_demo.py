@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.atomic_io import write_json
+from .core.atomic_io import staged_directory, write_json
 from .data.corpus import read_documents
 from .data.shard_writer import write_shards
 from .data.shards import TokenShards
@@ -25,6 +25,7 @@ from .models import build_model, config_from_options
 from .presets import merged_options
 from .core.options import Options
 from .core.schema import at_least, between, check_known_keys
+from .core.targets import exclusive_target
 from .train.config import TrainConfig
 from .train.held_out import held_out_curve
 from .train.trainer import train
@@ -63,11 +64,14 @@ def stdlib_sources(max_bytes: int) -> list[Path]:
     return chosen
 
 
-def prepare_corpus(corpus: DemoCorpus, out_dir: Path, progress: bool) -> Path:
-    """Tokenizer and shards under ``out_dir``; returns the shard directory."""
+def prepare_corpus(corpus: DemoCorpus, staging: Path, final_dir: Path, progress: bool) -> Path:
+    """Tokenizer and shards under ``staging``, which becomes ``final_dir`` once complete;
+    returns the shard directory."""
     sources = stdlib_sources(corpus.max_bytes)
-    tokenizer = train_tokenizer(read_documents(sources), corpus.vocab_size, out_dir / "tokenizer")
-    data_dir = out_dir / "data"
+    tokenizer = train_tokenizer(read_documents(sources), corpus.vocab_size, staging / "tokenizer")
+    # The shard index records where the tokenizer is: where it will be, not where it is built.
+    tokenizer.name_or_path = str(final_dir / "tokenizer")
+    data_dir = staging / "data"
     write_shards(
         read_documents(sources), tokenizer, data_dir, test_fraction=corpus.test_fraction, seed=0,
         progress=progress, overwrite=True,
@@ -75,7 +79,12 @@ def prepare_corpus(corpus: DemoCorpus, out_dir: Path, progress: bool) -> Path:
     return data_dir
 
 
-def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+def run_lm_demo(
+    preset: dict[str, Any], out_dir: str | Path, progress: bool = True, overwrite: bool = False
+) -> dict[str, Any]:
+    """The corpus, both kinds' runs and their held-out perplexities, into the folder
+    ``out_dir``: built aside and renamed into place once complete; a folder already there is
+    refused, before any of it, unless ``overwrite``."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.
@@ -85,35 +94,40 @@ def run_lm_demo(preset: dict[str, Any], out_dir: str | Path, progress: bool = Tr
     for kind in KINDS:
         config_from_options(_model_options(preset, kind, corpus.vocab_size))
     out_dir = Path(out_dir)
-    data_dir = prepare_corpus(corpus, out_dir, progress)
-    train_shards, test_shards = TokenShards(data_dir, "train"), TokenShards(data_dir, "test")
-    results: dict[str, Any] = {
-        "corpus": {"train_tokens": len(train_shards), "test_tokens": len(test_shards), **asdict(corpus)},
-        "models": {},
-    }
-    curves = {}
-    for kind in KINDS:
-        config = configs[kind]
-        # The trained tokenizer may hold fewer tokens than asked for.
-        model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
-        # The demo's folder is its own: running it again replaces its runs.
-        train(model, config, out_dir / kind, data=data_dir, progress=progress, overwrite=True)
-        held_out = perplexity(model, evaluation_windows(test_shards, config.sequence_length, config.batch_size))
-        results["models"][kind] = {
-            "parameters": model.num_parameters(),
-            "train_tokens": config.total_steps * config.batch_tokens,
-            "test_perplexity": held_out["perplexity"],
-            "test_loss": held_out["loss"],
-            # The convergence behind the figure: fixed points that stopped above the tolerance.
-            **{key: value for key, value in held_out.items() if key.startswith("fp_")},
+    with exclusive_target(out_dir, overwrite), staged_directory(out_dir) as staging:
+        data_dir = prepare_corpus(corpus, staging, out_dir, progress)
+        train_shards, test_shards = TokenShards(data_dir, "train"), TokenShards(data_dir, "test")
+        results: dict[str, Any] = {
+            "corpus": {"train_tokens": len(train_shards), "test_tokens": len(test_shards), **asdict(corpus)},
+            "models": {},
         }
-        curves[kind] = held_out_curve(out_dir / kind, config.batch_tokens)
-    write_json(out_dir / "results.json", results)
-    plot_learning_curves(
-        curves, out_dir / "perplexity.png", title="Python stdlib, held-out perplexity",
-        xlabel="training tokens", ylabel="held-out perplexity",
-    )
+        curves = {}
+        for kind in KINDS:
+            # The trained tokenizer may hold fewer tokens than asked for.
+            model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
+            results["models"][kind] = _train_and_score(model, configs[kind], data_dir, staging / kind, progress)
+            curves[kind] = held_out_curve(staging / kind, configs[kind].batch_tokens)
+        write_json(staging / "results.json", results)
+        plot_learning_curves(
+            curves, staging / "perplexity.png", title="Python stdlib, held-out perplexity",
+            xlabel="training tokens", ylabel="held-out perplexity",
+        )
     return results
+
+
+def _train_and_score(model, config: TrainConfig, data_dir: Path, run_dir: Path, progress: bool) -> dict[str, Any]:
+    """Train ``model`` into ``run_dir``; its size and held-out perplexity."""
+    train(model, config, run_dir, data=data_dir, progress=progress)
+    test_shards = TokenShards(data_dir, "test")
+    held_out = perplexity(model, evaluation_windows(test_shards, config.sequence_length, config.batch_size))
+    return {
+        "parameters": model.num_parameters(),
+        "train_tokens": config.total_steps * config.batch_tokens,
+        "test_perplexity": held_out["perplexity"],
+        "test_loss": held_out["loss"],
+        # The convergence behind the figure: fixed points that stopped above the tolerance.
+        **{key: value for key, value in held_out.items() if key.startswith("fp_")},
+    }
 
 
 def _model_options(preset: dict[str, Any], kind: str, vocab_size: int) -> dict[str, Any]:

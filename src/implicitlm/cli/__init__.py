@@ -36,7 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run(args)
     except USER_ERRORS as error:
         # Bad input is reported in one line, never as a traceback, and leaves no partial output.
-        if new_out:
+        # A target refused as another writer's is that writer's, even if it appeared meanwhile.
+        if new_out and not isinstance(error, FileExistsError):
             _remove_partial_output(out)
         return _fail(error, 2)
     except (NumericalFault, OSError) as error:

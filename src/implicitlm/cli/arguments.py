@@ -34,6 +34,11 @@ def add_run_options(p, trainer: str) -> None:
     p.epilog = options_epilog(trainer)
 
 
+def add_overwrite_option(p, what: str) -> None:
+    """The one way a command replaces finished work: without it, an existing target is refused."""
+    p.add_argument("--overwrite", action="store_true", help=f"replace {what} (refused without it)")
+
+
 def options_epilog(trainer: str | None) -> str:
     """Where a command taking --model (and --train) sends its reader for their keys: listing
     them needs the model classes, which import torch, and --help answers without it."""
@@ -90,6 +95,17 @@ def positive_int(text: str) -> int:
     return _number(text, int, 0, True, "a positive integer")
 
 
+def iteration_budget(text: str) -> int:
+    """A fixed-point budget: a number of evaluations of the map, within the solver's limit."""
+    from ..deq.options import MAX_EVALUATIONS, evaluations
+
+    expected = f"a budget of 1 to {MAX_EVALUATIONS} evaluations"
+    value = _number(text, int, 0, True, expected)
+    if not evaluations(1).holds(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     return _number(text, int, 0, False, "an integer >= 0")
 
@@ -117,6 +133,12 @@ def _list_of(text: str, item, expected: str) -> list:
 
 def int_list(text: str) -> list[int]:
     return _list_of(text, positive_int, "positive integers")
+
+
+def budget_list(text: str) -> list[int]:
+    from ..deq.options import MAX_EVALUATIONS
+
+    return _list_of(text, iteration_budget, f"budgets of 1 to {MAX_EVALUATIONS} evaluations")
 
 
 def position_list(text: str) -> list[int]:

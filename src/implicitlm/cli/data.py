@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import fraction, int_list, non_negative_int, positive_int
+from .arguments import add_overwrite_option, fraction, int_list, non_negative_int, positive_int
 from .evaluate import add_aliases
 
 
@@ -12,6 +12,7 @@ def add_tokenizer_train(commands) -> None:
     p = commands.add_parser("train", help="train a byte-level BPE tokenizer on local text (offline)")
     p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders")
     p.add_argument("--out", type=Path, required=True, help="tokenizer folder (Hugging Face format)")
+    add_overwrite_option(p, "what --out holds: the tokenizer's files replace theirs, other files stay")
     p.add_argument("--vocab-size", type=positive_int, default=32768)
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
     p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
@@ -33,7 +34,8 @@ def _run_tokenizer_train(args) -> None:
     documents = read_documents(
         args.sources, text_field=args.text_field, pattern=args.pattern, errors=args.errors, require_text=True
     )
-    tokenizer = train_tokenizer(documents, args.vocab_size, args.out)
+    # In pieces, as the shards are written: a long document is not handed to the trainer whole.
+    tokenizer = train_tokenizer(documents.pieces(), args.vocab_size, args.out, overwrite=args.overwrite)
     replaced = _replaced(args, documents)
     print(f"saved a tokenizer of {len(tokenizer)} tokens to {args.out}" + (f" ({replaced})" if replaced else ""))
 
@@ -122,6 +124,7 @@ def add_catbabi(commands) -> None:
     p.set_defaults(run=_run_catbabi_build)
     p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
     p.add_argument("--out", type=Path, required=True, help="folder for the sample's task files")
+    add_overwrite_option(p, "a folder already in --out, whole")
     p.set_defaults(run=_run_catbabi_sample)
     add_aliases(catbabi, "catbabi")  # catbabi eval: eval length --task catbabi
 
@@ -140,5 +143,5 @@ def _run_catbabi_build(args) -> None:
 def _run_catbabi_sample(args) -> None:
     from ..data.babi_sample import write_babi_sample
 
-    write_babi_sample(args.out)
+    write_babi_sample(args.out, overwrite=args.overwrite)
     print(f"wrote the bAbI-format sample to {args.out} (build it with --tasks 1,6,8,15,19)")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import float_list, fraction, int_list, non_negative_int, positive_int
+from .arguments import (
+    add_overwrite_option, budget_list, float_list, fraction, int_list, non_negative_int, positive_int,
+)
 from .shared import add_budget_options, add_dtype_option, add_solver_flags, solver_flags
 
 TASKS = ("words", "lm", "catbabi")
@@ -60,16 +62,18 @@ def add_length(commands, name: str = "length", task: str | None = None, help: st
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     # catbabi eval always wrote its record; the others write one when asked.
     p.add_argument("--out", type=Path, default=None, required=task == "catbabi", help=_out_help("length", task))
+    add_overwrite_option(p, "a record already in --out")
     p.set_defaults(run=_run_length)
 
 
 def add_budget(commands, name: str = "budget", task: str | None = None, help: str | None = None) -> None:
     p = _parser(commands, name, "budget", task, help)
-    p.add_argument("--budgets", type=int_list, default=[1, 2, 4, 8, 16, 32, 64], help="comma-separated max_iter values")
+    p.add_argument("--budgets", type=budget_list, default=[1, 2, 4, 8, 16, 32, 64], help="comma-separated max_iter values")
     p.add_argument("--tols", type=float_list, default=None, help="comma-separated tolerances (default: the model's)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("budget", task))
+    add_overwrite_option(p, "a record already in --out")
     p.set_defaults(run=_run_budget)
 
 
@@ -78,6 +82,7 @@ def add_convergence(commands, name: str = "convergence", task: str | None = None
     add_budget_options(p)
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("convergence", task))
+    add_overwrite_option(p, "a record already in --out")
     p.set_defaults(run=_run_convergence)
 
 
@@ -92,21 +97,21 @@ def _run_length(args) -> None:
     from ..eval.length import evaluate_by_length
 
     _report(evaluate_by_length(_task(args), args.mode, args.max_iter, args.tol, solver_flags(args), args.out,
-                               progress=not args.no_progress))
+                               progress=not args.no_progress, overwrite=args.overwrite))
 
 
 def _run_budget(args) -> None:
     from ..eval.budget import budget_by_task
 
     _report(budget_by_task(_task(args), args.budgets, args.tols, args.mode, solver_flags(args), args.out,
-                           progress=not args.no_progress))
+                           progress=not args.no_progress, overwrite=args.overwrite))
 
 
 def _run_convergence(args) -> None:
     from ..eval.convergence import convergence_by_task
 
     _report(convergence_by_task(_task(args), args.max_iter, args.tol, solver_flags(args), args.out,
-                                progress=not args.no_progress))
+                                progress=not args.no_progress, overwrite=args.overwrite))
 
 
 def _task(args):

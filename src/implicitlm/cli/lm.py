@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .arguments import add_run_options, non_negative_int, positive_float, positive_int
+from .arguments import add_overwrite_option, add_run_options, non_negative_int, positive_float, positive_int
 from .shared import (
     add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, apply_solver_flags,
     check_resume_or_overwrite, print_run_summary, report_demo,
@@ -75,6 +75,7 @@ def add_lm_downstream(commands) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     add_dtype_option(p)
     p.add_argument("--out", type=Path, required=True, help="folder for downstream.json and downstream.png")
+    add_overwrite_option(p, "a record already in --out")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=_run_lm_downstream)
 
@@ -85,6 +86,15 @@ def _run_lm_downstream(args) -> None:
     except ImportError:
         raise ValueError("lm downstream needs lm-eval: pip install 'implicitlm[eval]'") from None
 
+    from ..eval.downstream import EXPERIMENT
+    from ..eval.records import claimed_records
+
+    # Before the tasks are scored, not after: minutes of scoring lost to a record already there.
+    with claimed_records(args.out, [EXPERIMENT], args.overwrite):
+        _score_downstream(args, make_table)
+
+
+def _score_downstream(args, make_table) -> None:
     from ..eval.downstream import PAPER_TASKS, downstream_record, paper_table, read_local_sets, run_tasks
     from ..models import load_model
 

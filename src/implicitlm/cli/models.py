@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .arguments import key_value, non_negative_int, option_sections, options_epilog, position_list, positive_int
+from .arguments import (
+    add_overwrite_option, key_value, non_negative_int, option_sections, options_epilog, position_list, positive_int,
+)
 from .shared import add_budget_options
 
 
@@ -49,6 +51,7 @@ def add_models_import(commands) -> None:
     p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama / Mamba (Mamba1) checkpoint (safetensors)")
     p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
+    add_overwrite_option(p, "a model or run already in --out")
     p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
     p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.epilog = options_epilog(None)
@@ -56,17 +59,23 @@ def add_models_import(commands) -> None:
 
 
 def _run_models_import(args) -> None:
+    from ..core.atomic_io import staged_directory
+    from ..core.targets import exclusive_target
+    from ..data.tokenizer import load_tokenizer, save_tokenizer
     from ..models.convert import from_hf
 
-    model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
-    model.save_pretrained(args.out)  # with the weights' digest
+    with exclusive_target(args.out, args.overwrite):
+        model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
+        # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.
+        tokenizer = load_tokenizer(args.source) if (args.source / "tokenizer_config.json").is_file() else None
+        # Built aside and renamed: a killed import leaves no folder of a config without its weights.
+        with staged_directory(args.out) as staging:
+            model.save_pretrained(staging)  # with the weights' digest
+            if tokenizer is not None:
+                save_tokenizer(tokenizer, staging)
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
-    # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.
-    if (Path(args.source) / "tokenizer_config.json").is_file():
-        from ..data.tokenizer import load_tokenizer, save_tokenizer
-
-        save_tokenizer(load_tokenizer(args.source), Path(args.out))
+    if tokenizer is not None:
         print(f"copied the tokenizer from {args.source}")
 
 
@@ -74,13 +83,14 @@ def add_report(commands) -> None:
     p = commands.add_parser("report", help="gather the results of several runs into one Markdown table and figures")
     p.add_argument("runs", nargs="+", type=Path, help="run folders (searched for result JSON files) or result files")
     p.add_argument("--out", type=Path, default=Path("report"), help="folder for report.md and figures (default: report)")
+    add_overwrite_option(p, "a report.md or figure already in --out")
     p.set_defaults(run=_run_report)
 
 
 def _run_report(args) -> None:
     from ..eval.report import write_report
 
-    report, figures = write_report(args.runs, args.out)
+    report, figures = write_report(args.runs, args.out, overwrite=args.overwrite)
     print(report.read_text())
     print(f"report: {report}, figures: {', '.join(str(f) for f in figures)}")
 
@@ -100,6 +110,7 @@ def add_jacobian(commands) -> None:
                    help="checkpoint folder, preset:NAME (random weights; implicitlm models list) or JSON model options "
                         "(random weights)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
+    add_overwrite_option(p, "a record or figure already in --out")
     p.add_argument("--layer", type=non_negative_int, default=0, help="layer whose SSM state is analysed (default 0)")
     p.add_argument("--coordinates", type=positive_int, default=64, help="state coordinates analysed, a seeded random choice")
     p.add_argument("--positions", type=position_list, default=None, help="comma-separated token positions (default: 4 spread, the last included)")
@@ -122,7 +133,7 @@ def _run_jacobian(args) -> None:
         args.models, args.out, layer=args.layer, coordinates=args.coordinates,
         positions=args.positions, length=args.length, count=args.count,
         words=args.words, method=args.method, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
-        progress=not args.no_progress,
+        progress=not args.no_progress, overwrite=args.overwrite,
     )
     print(f"{'model':<28}{'kind':<10}{'share mean':>12}{'median':>12}{'max':>12}")
     for record in records:

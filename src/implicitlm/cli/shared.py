@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .arguments import non_negative_int, positive_float, positive_int
+from .arguments import add_overwrite_option, iteration_budget, non_negative_int, positive_float
 
 
 def add_budget_options(p) -> None:
-    p.add_argument("--max-iter", type=positive_int, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--max-iter", type=iteration_budget, default=None, help="fixed-point budget (default: the model's eval budget)")
     p.add_argument("--tol", type=positive_float, default=None, help="fixed-point tolerance (default: the model's)")
 
 
@@ -54,6 +54,7 @@ def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> No
     p = commands.add_parser("demo", help=help_text)
     p.add_argument("--out", type=Path, default=Path(f"{preset}_out"), help=f"output folder (default: {preset}_out)")
     p.add_argument("--preset", default=preset, help=f"preset name or JSON file (default: {preset})")
+    add_overwrite_option(p, "a folder already in --out, whole")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
 
@@ -62,7 +63,7 @@ def report_demo(args, run_demo: Callable, format_table: Callable, plot: str) -> 
     """Run a demo command's library function and print its table and where its files are."""
     from ..presets import load_preset
 
-    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress)
+    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress, overwrite=args.overwrite)
     print(format_table(results))
     print(f"results: {args.out / 'results.json'}, plot: {args.out / plot}")
 

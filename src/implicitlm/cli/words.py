@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import add_run_options, fraction, non_negative_int, positive_int
+from .arguments import add_overwrite_option, add_run_options, fraction, non_negative_int, positive_int
 from .shared import add_demo_command, check_resume_or_overwrite, print_run_summary, report_demo
 
 
@@ -30,6 +30,7 @@ def add_words_generate(commands) -> None:
         "--targets", choices=("stored", "derived"), default="stored",
         help="derived: store only the inputs (half the size, .npy only); labels are computed when read",
     )
+    add_overwrite_option(p, "a word file already at --out (and its .json metadata)")
     p.set_defaults(run=_run_words_generate)
 
 
@@ -37,7 +38,8 @@ def _run_words_generate(args) -> None:
     from ..data.word_storage import write_generated_words
 
     write_generated_words(
-        args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True, targets=args.targets
+        args.out, args.group, args.length, args.count, args.seed, args.hard_prob, progress=True, targets=args.targets,
+        overwrite=args.overwrite,
     )
     print(f"wrote {args.count} words of length {args.length} over {args.group} to {args.out}")
 

@@ -12,10 +12,44 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from safetensors import SafetensorError
+
+from .errors import ImplicitLMError, first_line
+
+
+class WriteError(ImplicitLMError, OSError):
+    """A file that could not be written (a full disk); what it was to replace is intact."""
+
+
+@contextlib.contextmanager
+def writing(target: str | os.PathLike, part: str):
+    """Around writing ``part`` of ``target``: a failure is one WriteError line naming both and
+    the system's reason, whatever library's error type carried it."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as error:
+        raise WriteError(f"{target}: could not be written ({part}: {system_reason(error)})") from None
+
+
+def system_reason(error: BaseException) -> str:
+    """The operating system's reason for ``error`` ("No space left on device"), which torch
+    and safetensors wrap in errors of their own (the OSError as the context of a
+    RuntimeError; "os error 28" in a SafetensorError's text); else its first line."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        code = re.search(r"\(os error (\d+)\)", str(cause))
+        if code:
+            return os.strerror(int(code.group(1)))
+        cause = cause.__cause__ or cause.__context__
+    return first_line(error)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
@@ -76,25 +110,26 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
 def recover_replaced(target: str | os.PathLike) -> None:
     """Finish a replacement of ``target`` that a killed process left half done."""
     target = Path(target)
-    retired = _retired(target)
-    if not target.exists() and retired.is_dir():
-        os.replace(retired, target)
+    old = retired(target)
+    if not target.exists() and old.is_dir():
+        os.replace(old, target)
 
 
 def _move_into_place(staging: Path, target: Path) -> None:
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         os.replace(staging, target)  # rename(2) replaces an empty folder
         return
-    retired = _retired(target)
-    shutil.rmtree(retired, ignore_errors=True)
-    os.replace(target, retired)
+    old = retired(target)
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(target, old)
     try:
         os.replace(staging, target)
     except BaseException:
-        os.replace(retired, target)
+        os.replace(old, target)
         raise
-    shutil.rmtree(retired, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
-def _retired(target: Path) -> Path:
+def retired(target: Path) -> Path:
+    """Where a folder being replaced waits, until its replacement is in place."""
     return target.with_name(f".{target.name}.old")

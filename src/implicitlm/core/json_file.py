@@ -1,12 +1,16 @@
-"""Reading untrusted text and JSON files, every fault turned into a one-line DataError."""
+"""Reading untrusted text and JSON files, every fault turned into a one-line DataError.
+
+An object that holds one key twice is refused: readers disagree on which value counts
+(Python's json takes the last), so the file does not say one thing."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .errors import DataError, first_line, not_utf8
+from .errors import DataError, first_line, not_utf8, quoted
 
 
 class Readable(Protocol):
@@ -54,14 +58,14 @@ def parse_json(
     the whole of ``where`` or, given ``line``, that line of it."""
     located = where if line is None else f"{where}:{line}"
     try:
-        return json.loads(text, parse_constant=parse_constant)
+        return json.loads(text, parse_constant=parse_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         # Of a whole file, the line the syntax breaks on.
         at = f"{where}:{error.lineno}" if line is None else located
         raise DataError(f"{at}: expected {expected}: {error.msg}") from None
     except RecursionError:
         raise DataError(f"{located}: expected {expected}, got nesting too deep to read") from None
-    # An integer of more digits than Python converts, or a refused constant.
+    # An integer of more digits than Python converts, a refused constant or a duplicate key.
     except ValueError as error:
         raise DataError(f"{located}: expected {expected}: {first_line(error)}") from None
 
@@ -69,3 +73,11 @@ def parse_json(
 def _refuse_constant(name: str) -> Any:
     # NaN and Infinity are not JSON; nothing this project writes uses them.
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        duplicate = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
+        raise ValueError(f"duplicate key {quoted(duplicate)}")
+    return value

@@ -28,7 +28,14 @@ def step_directories(folder: Path) -> list[Path]:
         return []
     for retired in folder.glob(".step_*.old"):
         recover_replaced(retired.with_name(retired.name[1:-len(".old")]))
-    return sorted(p for p in folder.glob("step_*") if p.is_dir() and p.name[len("step_"):].isdigit())
+    return sorted(p for p in folder.glob("step_*") if p.is_dir() and step_in_name(p) is not None)
+
+
+def step_in_name(checkpoint: Path) -> int | None:
+    """The step a checkpoint folder's name says (``step_0000006``: 6); None for another name
+    (the former word trainer's ``checkpoint``)."""
+    digits = checkpoint.name[len("step_"):]
+    return int(digits) if checkpoint.name.startswith("step_") and digits.isdigit() else None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

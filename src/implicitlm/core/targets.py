@@ -4,19 +4,24 @@ hold its target against a second writer, and clear what a killed writer left.
 A target is the file or folder a command writes (``--out``). Its lock is a hidden file
 beside it, ``.NAME.lock``, held with the kernel's ``flock`` (a killed writer holds nothing)
 and removed when the writer is done. Only the lock's holder may remove the temporaries
-(``.NAME.XXXX.tmp``) beside the target: anyone else's are work in progress.
+(``.NAME.XXXX.tmp``, and ``.NAME.old`` that a replacement killed between its renames left)
+beside the target: anyone else's are work in progress.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
+from .atomic_io import recover_replaced, retired
 from .errors import ImplicitLMError
+
+LOGGER = logging.getLogger("implicitlm")
 
 
 class TargetExistsError(ImplicitLMError, FileExistsError):
@@ -81,6 +86,8 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     returns them. Call it holding ``target``'s ``writer_lock``."""
     target = Path(target).absolute()
     stale = sorted(target.parent.glob(f".{_glob_escape(target.name)}.*.tmp"))
+    if target.exists() and retired(target).exists():  # killed while deleting what it replaced
+        stale.append(retired(target))
     for path in stale:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -98,5 +105,17 @@ def exclusive_target(target: str | os.PathLike, overwrite: bool = False) -> Iter
     """Everything a writer does first: hold ``target``, refuse finished work unless
     ``overwrite``, and remove a killed writer's temporaries (yielded, for the writer to say)."""
     with writer_lock(target):
+        recover_replaced(target)
         refuse_existing(target, overwrite)
-        yield remove_stale_temporaries(target)
+        stale = remove_stale_temporaries(target)
+        if stale:
+            LOGGER.warning(f"{target}: removed what a killed writer left: {', '.join(map(str, stale))}")
+        yield stale
+
+
+@contextlib.contextmanager
+def exclusive_targets(targets: Iterable[str | os.PathLike], overwrite: bool = False) -> Iterator[list[Path]]:
+    """``exclusive_target`` over the files one writer writes together (a record and its
+    figure): all held, any of them finished work refused."""
+    with contextlib.ExitStack() as stack:
+        yield [path for target in targets for path in stack.enter_context(exclusive_target(target, overwrite))]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from implicitlm.core.atomic_io import atomic_write
+from implicitlm.core.atomic_io import staged_directory
 from implicitlm.core.errors import DataError
+from implicitlm.core.targets import exclusive_target
 
 SAMPLE_TASKS = (1, 6, 8, 15, 19)
 
@@ -126,11 +127,13 @@ SAMPLE_FILES: dict[tuple[int, str], str] = {
 }
 
 
-def write_babi_sample(out_dir: str | os.PathLike) -> Path:
-    """Write the sample's task files into ``out_dir``; returns it."""
+def write_babi_sample(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write the sample's task files as the folder ``out_dir``; returns it. A folder that
+    holds anything is refused unless ``overwrite``, which replaces it whole."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"{out_dir}: expected a folder for the sample's task files, got a file")
-    for (task, split), text in SAMPLE_FILES.items():
-        atomic_write(out_dir / f"qa{task}_{split}.txt", lambda path, text=text: path.write_text(text))
+    with exclusive_target(out_dir, overwrite), staged_directory(out_dir) as staging:
+        for (task, split), text in SAMPLE_FILES.items():
+            (staging / f"qa{task}_{split}.txt").write_text(text)
     return out_dir

@@ -44,6 +44,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
+from implicitlm.core.targets import refuse_existing, remove_stale_temporaries, writer_lock
 from implicitlm.core.errors import DataError, first_line, quoted
 from implicitlm.core.json_file import read_utf8
 from implicitlm.data.shard_writer import PROGRESS_FILE, write_token_streams
@@ -317,17 +318,21 @@ def build_catbabi(
     """Read bAbI from ``babi_dir`` and write the catbAbI folder ``out_dir`` (see the module
     docstring); returns its summary (what catbabi.json holds)."""
     out_dir = Path(out_dir)
-    _check_replaceable(out_dir, overwrite)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    stories = read_babi(babi_dir, tasks)
-    with staged_directory(out_dir) as staging:
-        summary = _write_catbabi(stories, babi_dir, staging, out_dir, tasks, seed)
+    with writer_lock(out_dir):
+        _check_replaceable(out_dir, overwrite)
+        refuse_existing(out_dir, overwrite)
+        remove_stale_temporaries(out_dir)
+        stories = read_babi(babi_dir, tasks)
+        with staged_directory(out_dir) as staging:
+            summary = _write_catbabi(stories, babi_dir, staging, out_dir, tasks, seed)
     return summary
 
 
 def _check_replaceable(out_dir: Path, overwrite: bool) -> None:
-    """Refuse, before anything is written, an ``out_dir`` that a build may not replace."""
+    """Refuse, before anything is written, an ``out_dir`` that a build may not replace, with
+    a reason more telling than that it exists."""
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"{out_dir}: expected a folder to build in, got a file")
     if (out_dir / INDEX_FILE).exists() and not overwrite:

@@ -15,6 +15,14 @@ A source is one of:
 
 Text and JSONL files are UTF-8: a byte that is not raises a ``DataError`` naming the file and
 line, unless ``errors="replace"`` asks for U+FFFD in its place (``Documents`` counts them).
+Files are read a line at a time, and a line of more than ``MAX_LINE_BYTES`` is refused before
+it is held whole.
+
+A document is read as pieces of text (``text_pieces``) of a bounded size, so that a file of
+any length is tokenized in bounded memory; ``Documents.streamed`` gives each document as a
+``Document`` that yields them. A document has text when it holds a character that is neither
+whitespace nor a control or format character (``holds_text``): an empty file, a file of
+blank lines, byte order marks or zero-width spaces, a JSONL or Parquet text of them, has none.
 
 The order of documents depends only on the sources, so every reading gives the same sequence.
 A malformed file raises a one-line ``DataError`` naming it (and the line or row).
@@ -24,11 +32,14 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import functools
 import gzip
 import itertools
 import lzma
 import os
 import re
+import sys
+import unicodedata
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
@@ -47,6 +58,17 @@ DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 # "name" or "owner/name", as the hub spells dataset ids.
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 PARQUET_BATCH_ROWS = 1024
+# The longest line of a text or JSONL file that is read: far more than text has, and few
+# enough bytes to hold (a one-line file of gigabytes is refused here, not in the tokenizer).
+MAX_LINE_BYTES = 2**24
+# A document's text is tokenized in pieces of this many characters to twice as many: a
+# fast tokenizer takes a few hundred bytes of memory per character it is handed at once.
+PIECE_CHARACTERS = 2**16
+# Where a piece may end so that a byte-level BPE (GPT-2's word pattern) splits the text into
+# the same words as uncut: after a line break, or before a space, between characters that
+# are not whitespace. A piece ends elsewhere only after twice PIECE_CHARACTERS without one.
+LINE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+WORD_CUT = re.compile(r"(?<=\S)(?= \S)")
 DECODE_ERRORS = ("strict", "replace")
 # A line of a file as text: (the line's bytes, the file, the line's number) -> str.
 Decoder = Callable[[bytes, Path, int], str]
@@ -65,8 +87,8 @@ def read_documents(
     Sources are checked at once, so a missing path raises here; file contents are read lazily.
     ``split`` applies to hub datasets only, ``pattern`` (a glob on file names) to directories.
     ``errors="replace"`` reads bytes that are not UTF-8 as U+FFFD instead of refusing the
-    file. ``require_text`` refuses a source without a character of text (an empty file) when
-    it has been read.
+    file. ``require_text`` refuses a source without text (see ``holds_text``) when it has
+    been read.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
@@ -74,8 +96,10 @@ def read_documents(
 
 
 class Documents(Iterator[str]):
-    """The documents of some sources (see ``read_documents``), read as they are iterated; counts
-    the undecodable bytes read so far that ``errors="replace"`` replaced, and their lines."""
+    """The documents of some sources (see ``read_documents``), read as they are iterated, each
+    as one string; ``streamed`` gives them as ``Document``s instead, ``pieces`` as pieces of
+    text (for memory that does not grow with a document's length). Counts the undecodable
+    bytes read so far that ``errors="replace"`` replaced, and their lines."""
 
     def __init__(
         self,
@@ -98,7 +122,15 @@ class Documents(Iterator[str]):
         self._documents = itertools.chain.from_iterable(parts)
 
     def __next__(self) -> str:
-        return next(self._documents)
+        return "".join(next(self._documents).pieces())
+
+    def streamed(self) -> Iterator[Document]:
+        """The documents not yet read, as ``Document``s."""
+        return self._documents
+
+    def pieces(self) -> Iterator[str]:
+        """The text of the documents not yet read, in pieces (``text_pieces``)."""
+        return itertools.chain.from_iterable(document.pieces() for document in self._documents)
 
     def decode(self, line: bytes, path: Path, line_number: int) -> str:
         """Line ``line_number`` of the file ``path`` as text, by ``errors``."""
@@ -117,20 +149,86 @@ class Documents(Iterator[str]):
         return line.decode("utf-8", errors="replace")
 
 
-def _with_text(source: Source, documents: Iterator[str]) -> Iterator[str]:
-    """``documents``, then a DataError if none of them held a character: a source without text
+class Document:
+    """One document's text, read in pieces (``text_pieces``) each time ``pieces`` is called,
+    from ``chunks``: its lines, or its whole text, decoded by the decoder it is given."""
+
+    def __init__(self, chunks: Callable[[Decoder], Iterable[str]], decode: Decoder):
+        self._chunks = chunks
+        self._decode = decode
+
+    @classmethod
+    def of_text(cls, text: str) -> Document:
+        return cls(lambda decode: (text,), _replacing)
+
+    def pieces(self) -> Iterator[str]:
+        return text_pieces(self._chunks(self._decode))
+
+    @functools.cached_property
+    def has_text(self) -> bool:
+        """Whether the document holds text (``holds_text``); read apart from ``pieces``, with
+        undecodable bytes as U+FFFD: ``pieces`` refuses or counts them when it reads them."""
+        return any(map(holds_text, self._chunks(_replacing)))
+
+
+def holds_text(text: str) -> bool:
+    """Whether ``text`` has a character that is text: one that is not whitespace, nor a control
+    character, nor a format character that shows nothing (a byte order mark, a zero-width
+    space or joiner, a direction mark)."""
+    return _text_character().search(text) is not None
+
+
+@functools.cache
+def _text_character() -> re.Pattern[str]:
+    invisible = "".join(
+        chr(code) for code in range(sys.maxunicode + 1) if unicodedata.category(chr(code)) in ("Cc", "Cf")
+    )
+    return re.compile(f"[^\\s{re.escape(invisible)}]")
+
+
+def text_pieces(chunks: Iterable[str]) -> Iterator[str]:
+    """The text of ``chunks`` again, in pieces of PIECE_CHARACTERS to twice as many characters,
+    the last perhaps shorter ("" when there is no text), each ending where LINE_CUT, else
+    WORD_CUT, finds a place, else after PIECE_CHARACTERS."""
+    held: list[str] = []
+    length = 0
+    for chunk in chunks:
+        held.append(chunk)
+        length += len(chunk)
+        if length < 2 * PIECE_CHARACTERS:
+            continue
+        text, start = "".join(held), 0
+        while len(text) - start >= 2 * PIECE_CHARACTERS:
+            end = _piece_end(text, start)
+            yield text[start:end]
+            start = end
+        held, length = [text[start:]], len(text) - start
+    yield "".join(held)
+
+
+def _piece_end(text: str, start: int) -> int:
+    window = (start + PIECE_CHARACTERS, start + 2 * PIECE_CHARACTERS)
+    cut = LINE_CUT.search(text, *window) or WORD_CUT.search(text, *window)
+    return cut.start() if cut else window[0]
+
+
+def _with_text(source: Source, documents: Iterator[Document]) -> Iterator[Document]:
+    """``documents``, then a DataError if none of them held text: a source without text
     would otherwise give a tokenizer of bare bytes, or shards of nothing but eos."""
     empty = True
-    for text in documents:
-        empty = empty and not text
-        yield text
+    for document in documents:
+        empty = empty and not document.has_text
+        yield document
     if empty:
-        raise DataError(f"{source}: no text in it (an empty file, or only empty documents)")
+        raise DataError(
+            f"{source}: no text in it (an empty file, or only whitespace, control or zero-width characters, "
+            f"or only empty documents)"
+        )
 
 
 def _source_documents(
     source: Source, text_field: str, split: str, pattern: str, decode: Decoder
-) -> Iterator[str]:
+) -> Iterator[Document]:
     path = Path(source)
     if path.is_dir():
         files = _files_under(path, pattern)
@@ -164,22 +262,39 @@ def _files_under(directory: Path, pattern: str) -> list[Path]:
     return files
 
 
-def _file_documents(path: Path, text_field: str, decode: Decoder) -> Iterator[str]:
+def _file_documents(path: Path, text_field: str, decode: Decoder) -> Iterator[Document]:
     compressed = path.suffix.lower() in DECOMPRESSORS
     kind = (Path(path.stem) if compressed else path).suffix.lower()
     with reading(path):
         if kind == ".jsonl":
             for where, record in jsonl_records(path, decode):
-                yield _text_of(record, text_field, where)
+                yield Document.of_text(_text_of(record, text_field, where))
         elif kind == ".parquet":
             if compressed:  # Parquet compresses inside the file and needs to seek in it
                 raise DataError(f"{path}: compressed Parquet is not read; Parquet compresses its own columns")
-            yield from _parquet_documents(path, text_field)
+            yield from map(Document.of_text, _parquet_documents(path, text_field))
         else:
-            # Bytes decoded as they are, since read_text would also turn "\r\n" into "\n"; line
-            # by line, so that an undecodable byte is named by its line.
-            with _open_binary(path) as handle:
-                yield "".join(decode(line, path, line_number) for line_number, line in enumerate(handle, 1))
+            yield Document(functools.partial(_text_lines, path), decode)
+
+
+def _text_lines(path: Path, decode: Decoder) -> Iterator[str]:
+    # Bytes decoded as they are, since read_text would also turn "\r\n" into "\n"; line by
+    # line, so that an undecodable byte is named by its line.
+    with reading(path):
+        for line_number, line in _lines(path):
+            yield decode(line, path, line_number)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(number, bytes) of each line of a file, compressed or not; use inside ``reading(path)``."""
+    with _open_binary(path) as handle:
+        for line_number, line in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(line) > MAX_LINE_BYTES:
+                raise DataError(
+                    f"{path}:{line_number}: a line of more than {MAX_LINE_BYTES:,} bytes, which is not read; "
+                    f"break the text into lines"
+                )
+            yield line_number, line
 
 
 @contextlib.contextmanager
@@ -211,12 +326,11 @@ def jsonl_records(path: Path, decode: Decoder = _replacing) -> Iterator[tuple[st
     """(``"path:line"``, parsed value) for each non-blank line of a JSONL file, compressed or not,
     its lines decoded by ``decode`` (by default undecodable bytes become U+FFFD); use inside
     ``reading(path)``."""
-    with _open_binary(path) as handle:
-        for line_number, raw in enumerate(handle, 1):
-            line = decode(raw, path, line_number)
-            if not line.strip():
-                continue
-            yield f"{path}:{line_number}", parse_json(line, path, "a JSON object", line_number)
+    for line_number, raw in _lines(path):
+        line = decode(raw, path, line_number)
+        if not line.strip():
+            continue
+        yield f"{path}:{line_number}", parse_json(line, path, "a JSON object", line_number)
 
 
 def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
@@ -240,9 +354,9 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
         raise DataError(f"{path}: cannot read as Parquet: {first_line(error)}") from None
 
 
-def _hub_documents(name: str, text_field: str, split: str) -> Iterator[str]:
+def _hub_documents(name: str, text_field: str, split: str) -> Iterator[Document]:
     for row_number, row in enumerate(_hub_rows(name, split), 1):
-        yield _text_of(row, text_field, f"{name}: row {row_number}")
+        yield Document.of_text(_text_of(row, text_field, f"{name}: row {row_number}"))
 
 
 def _hub_rows(name: str, split: str) -> Iterator[dict[str, Any]]:

@@ -1,10 +1,10 @@
-"""Documents to token ids for the shard writer: in batches, in worker processes when asked,
-and always in the order given, so that the shards do not depend on the number of workers."""
+"""Pieces of documents to token ids for the shard writer: in batches of a bounded number of
+characters, in worker processes when asked, and always in the order given, so that the
+shards do not depend on the number of workers."""
 
 from __future__ import annotations
 
 import collections
-import itertools
 import multiprocessing
 from multiprocessing.pool import AsyncResult
 from typing import Iterable, Iterator
@@ -15,8 +15,13 @@ from transformers import PreTrainedTokenizerBase
 # Tokenized batches in flight per worker: enough to keep the workers busy, few enough to keep
 # memory flat however long the corpus.
 BATCHES_PER_WORKER = 2
+# Characters a batch holds at most (a piece more when one piece is longer): what a tokenizer
+# holds per character it is handed is what bounds the memory of tokenizing.
+BATCH_CHARACTERS = 2**18
 
-Labelled = tuple[int, str, str]  # document index, split, text
+# A piece of a document: the document's index, its split, the piece's text, and whether the
+# piece ends the document.
+Labelled = tuple[int, str, str, bool]
 
 # The tokenizer of a tokenization worker process, set once when the process starts.
 _worker_tokenizer: PreTrainedTokenizerBase | None = None
@@ -26,18 +31,27 @@ def tokenized(
     labelled: Iterable[Labelled],
     tokenizer: PreTrainedTokenizerBase,
     workers: int,
-    batch_documents: int,
-) -> Iterator[tuple[int, str, np.ndarray]]:
-    """Each document's index, split and tokens (eos last), in the order given."""
-    batches = _batched(labelled, batch_documents)
+    batch_pieces: int,
+) -> Iterator[tuple[int, str, np.ndarray, bool]]:
+    """Each piece's document index, split, tokens (eos last where the piece ends its
+    document) and whether it ends it, in the order given; ``batch_pieces`` pieces at most
+    to a batch."""
+    batches = _batched(labelled, batch_pieces)
     for batch, encoded in _encoded_batches(batches, tokenizer, workers):
-        for (index, split, _), tokens in zip(batch, encoded):
-            yield index, split, tokens
+        for (index, split, _, ends), tokens in zip(batch, encoded):
+            yield index, split, tokens, ends
 
 
 def _batched(items: Iterable[Labelled], size: int) -> Iterator[list[Labelled]]:
-    iterator = iter(items)
-    while batch := list(itertools.islice(iterator, size)):
+    batch: list[Labelled] = []
+    characters = 0
+    for item in items:
+        batch.append(item)
+        characters += len(item[2])
+        if len(batch) == size or characters >= BATCH_CHARACTERS:
+            yield batch
+            batch, characters = [], 0
+    if batch:
         yield batch
 
 
@@ -46,14 +60,13 @@ def _encoded_batches(
 ) -> Iterator[tuple[list[Labelled], list[np.ndarray]]]:
     if workers == 1:
         for batch in batches:
-            yield batch, _encode(tokenizer, [text for *_, text in batch])
+            yield batch, _encode(tokenizer, _pieces(batch))
         return
     # Results are collected in submission order, so the output does not depend on workers.
     with multiprocessing.Pool(workers, _start_worker, (tokenizer,)) as pool:
         in_flight: collections.deque[tuple[list[Labelled], AsyncResult]] = collections.deque()
         for batch in batches:
-            texts = [text for *_, text in batch]
-            in_flight.append((batch, pool.apply_async(_encode_in_worker, (texts,))))
+            in_flight.append((batch, pool.apply_async(_encode_in_worker, (_pieces(batch),))))
             if len(in_flight) > BATCHES_PER_WORKER * workers:
                 yield _collect(in_flight.popleft())
         while in_flight:
@@ -72,14 +85,22 @@ def _start_worker(tokenizer: PreTrainedTokenizerBase) -> None:
     _worker_tokenizer = tokenizer
 
 
-def _encode_in_worker(texts: list[str]) -> list[np.ndarray]:
-    return _encode(_worker_tokenizer, texts)
+def _pieces(batch: list[Labelled]) -> list[tuple[str, bool]]:
+    return [(text, ends) for _, _, text, ends in batch]
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[np.ndarray]:
+def _encode_in_worker(pieces: list[tuple[str, bool]]) -> list[np.ndarray]:
+    return _encode(_worker_tokenizer, pieces)
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, pieces: list[tuple[str, bool]]) -> list[np.ndarray]:
+    """Each piece's tokens, followed by eos where it ends its document."""
     # verbose=False: documents longer than the model's context are expected here.
     encoded = tokenizer(
-        texts, add_special_tokens=False, return_attention_mask=False, verbose=False
+        [text for text, _ in pieces], add_special_tokens=False, return_attention_mask=False, verbose=False
     )
     eos = tokenizer.eos_token_id
-    return [np.array([*ids, eos], dtype=np.uint32) for ids in encoded["input_ids"]]
+    return [
+        np.array([*ids, eos] if ends else ids, dtype=np.uint32)
+        for ids, (_, ends) in zip(encoded["input_ids"], pieces)
+    ]

@@ -1,15 +1,22 @@
 """Writing a shard directory (its format: ``shards``): documents assigned to train or test,
 tokenized, packed into shards, and resumable after a crash.
 
-Document ``i`` goes to the test split when a hash of ``(seed, i)`` falls below
-``test_fraction``. If no document does, the last document is split by lines: its last lines
-that hold ``test_fraction`` of the corpus's characters (at least one line; never its first
-line) are the test split, and the lines before them a training document. So a small corpus
-still gets a test split, and a corpus of one file (one document) trains on most of it; a
-last document of one line is held out whole. The index then records the split's
-``held_out_tail``: the lines held out, and ``of`` how many. A corpus with a held-out set of
-its own (WikiText's validation file) passes it as ``test_documents`` instead, and every one
-of ``documents`` is trained on.
+A document without text (``corpus.holds_text``: empty, or nothing but whitespace, control or
+zero-width characters) counts for nothing: it is not written, and its characters are not
+counted; the others keep their indices. Document ``i`` goes to the test split when a hash of
+``(seed, i)`` falls below ``test_fraction``. If no document does, the last document is split
+by lines: its last lines that hold ``test_fraction`` of the corpus's characters (at least one
+line; never its first line) are the test split, and the lines before them a training
+document. So a small corpus still gets a test split, and a corpus of one file (one document)
+trains on most of it; a last document of one line is held out whole. The index then records
+the split's ``held_out_tail``: the lines held out, and ``of`` how many. A corpus with a
+held-out set of its own (WikiText's validation file) passes it as ``test_documents`` instead,
+and every one of ``documents`` is trained on.
+
+Memory does not grow with the corpus nor with a document: documents are read and tokenized
+in pieces (``corpus.text_pieces``), and shards are written as they fill. Of the document read
+last while no test document has been drawn, only the pieces from where its held-out lines
+could still begin are held (about ``test_fraction`` of the characters read, and a line).
 
 Data that comes with its own splits (any names) is written by ``write_token_streams`` from
 documents given as token ids, each followed by eos as ``write_shards`` does.
@@ -19,10 +26,14 @@ the next shard starts (a document index and a token offset into that document). 
 reads the documents again from the start but tokenizes only those at or past their split's
 position, so it rebuilds the partly filled shards exactly: the output is byte-identical to
 an uninterrupted run's, whatever ``workers`` and ``batch_documents`` are.
+
+A writer holds the directory (``core.targets.writer_lock``) while it writes: a second writer
+of it is refused, in one line, rather than mixing its shards into the first one's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import math
@@ -34,9 +45,11 @@ import numpy as np
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from implicitlm.core.atomic_io import atomic_write, write_json
+from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
 from implicitlm.core.errors import DataError, check_header, check_int
 from implicitlm.core.json_file import read_json_object
+from implicitlm.core.targets import remove_stale_temporaries, writer_lock
+from implicitlm.data.corpus import Document, Documents
 from implicitlm.data.parallel_tokenize import Labelled, tokenized
 from implicitlm.data.shards import (
     FORMAT_VERSION,
@@ -46,6 +59,7 @@ from implicitlm.data.shards import (
     open_shard,
     read_index,
     token_dtype,
+    tokenizer_digest,
 )
 
 SPLITS = ("train", "test")
@@ -62,7 +76,7 @@ OUTPUT_PATTERNS = (
 
 
 def write_shards(
-    documents: Iterable[str],
+    documents: Documents | Iterable[str | Document],
     tokenizer: PreTrainedTokenizerBase,
     out_dir: str | os.PathLike,
     shard_tokens: int = 2**24,
@@ -73,17 +87,20 @@ def write_shards(
     progress: bool = True,
     resume: bool = False,
     overwrite: bool = False,
-    test_documents: Iterable[str] | None = None,
+    test_documents: Documents | Iterable[str | Document] | None = None,
 ) -> dict[str, Any]:
     """Tokenize ``documents`` into train and test shards under ``out_dir``; returns the index.
 
     The test split is ``test_documents`` when given (``test_fraction`` is then not used),
     else a ``test_fraction`` share of ``documents``.
 
-    ``workers > 1`` tokenizes batches of ``batch_documents`` in that many processes. A
-    directory that holds finished shards is only replaced with ``overwrite=True``; one that
-    holds an unfinished run is continued with ``resume=True``, given the same documents,
-    tokenizer and settings (``resume=True`` on a finished directory returns its index).
+    Documents are strings, ``Document``s, or ``read_documents``' (read in pieces).
+    ``workers > 1`` tokenizes batches of ``batch_documents`` (pieces of documents, as many
+    characters as ``parallel_tokenize.BATCH_CHARACTERS`` at most) in that many processes. A
+    directory that holds finished shards is only replaced with ``overwrite=True``, by new
+    shards built beside it (so a failure leaves it as it was); one that holds an unfinished
+    run is continued with ``resume=True``, given the same documents, tokenizer and settings
+    (``resume=True`` on a finished directory returns its index).
     """
     check_positive(shard_tokens=shard_tokens, workers=workers, batch_documents=batch_documents)
     if not 0.0 <= test_fraction < 1.0:
@@ -91,33 +108,70 @@ def write_shards(
     out_dir = Path(out_dir)
     # The settings record how the test split was chosen, so that resuming cannot switch.
     settings = _settings(tokenizer, shard_tokens, None if test_documents is not None else test_fraction, seed)
-    finished = _finished_index(out_dir, settings, resume, overwrite)
-    if finished is not None:
-        return finished
-    saved = _saved_progress(out_dir, settings, resume, overwrite)
+    with writer_lock(out_dir):
+        remove_stale_temporaries(out_dir)  # a killed replacement's folder, built beside out_dir
+        finished = _finished_index(out_dir, settings, resume, overwrite)
+        if finished is not None:
+            return finished
+        held_out_tail: dict[str, int] = {}
+        labelled = (
+            _assign_splits(_documents(documents), test_fraction, seed, held_out_tail) if test_documents is None
+            else _given_splits(_documents(documents), _documents(test_documents))
+        )
+        pieces = tqdm(labelled, desc="tokenize", unit="piece", disable=not progress)
+        # Finished shards are replaced only by finished shards: built beside, then renamed.
+        replacing = overwrite and (out_dir / INDEX_FILE).exists()
+        saved = None if replacing else _saved_progress(out_dir, settings, resume, overwrite)
+        with staged_directory(out_dir) if replacing else contextlib.nullcontext(out_dir) as folder:
+            writers = _write_splits(pieces, tokenizer, folder, settings, saved, workers, batch_documents)
+            _check_written(out_dir, writers)
+            return _finish(folder, settings, writers, {"held_out_tail": held_out_tail or None})
+
+
+def _documents(documents: Documents | Iterable[str | Document]) -> Iterator[Document]:
+    """Documents as ``Document``s: ``read_documents``' as read, strings as documents of their text."""
+    if isinstance(documents, Documents):
+        return documents.streamed()
+    return (document if isinstance(document, Document) else Document.of_text(document) for document in documents)
+
+
+def _write_splits(
+    labelled: Iterable[Labelled],
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: Path,
+    settings: dict[str, Any],
+    saved: dict[str, Any] | None,
+    workers: int,
+    batch_pieces: int,
+) -> dict[str, _SplitWriter]:
+    """Tokenize the pieces of ``labelled`` not written yet into each split's shards, going on
+    from ``saved`` progress; the writers, with their last shards still to be written."""
     writers = {
         split: _SplitWriter(out_dir, split, settings, saved["splits"][split] if saved else None)
         for split in SPLITS
     }
-    held_out_tail: dict[str, int] = {}
-    labelled = tqdm(
-        _assign_splits(documents, test_fraction, seed, held_out_tail) if test_documents is None
-        else _given_splits(documents, test_documents),
-        desc="tokenize",
-        unit="doc",
-        disable=not progress,
-    )
     unwritten = _unwritten(labelled, writers)
-    for index, split, tokens in tokenized(unwritten, tokenizer, workers, batch_documents):
-        if writers[split].add(index, tokens):
+    for index, split, tokens, ends in tokenized(unwritten, tokenizer, workers, batch_pieces):
+        if writers[split].add(index, tokens, ends):
             splits = {name: writer.state() for name, writer in writers.items()}
             write_json(out_dir / PROGRESS_FILE, {**settings, "splits": splits})
-    if writers["test"].documents and not writers["train"].documents:
+    return writers
+
+
+def _check_any_written(out_dir: Path, writers: dict[str, _SplitWriter]) -> None:
+    if not any(writer.documents for writer in writers.values()):
+        raise DataError(f"{out_dir}: no documents to write (none with text)")
+
+
+def _check_written(out_dir: Path, writers: dict[str, _SplitWriter]) -> None:
+    """Refuse shards of no document, and a test split with no training split beside it."""
+    _check_any_written(out_dir, writers)
+    trained = "train" in writers and writers["train"].documents
+    if "test" in writers and writers["test"].documents and not trained:
         raise DataError(
             f"{out_dir}: nothing to train on: every document went to the test split (a last document of "
             f"one line is held out whole); give more text, a lower test fraction or a held-out set (--test-sources)"
         )
-    return _finish(out_dir, settings, writers, {"held_out_tail": held_out_tail or None})
 
 
 def write_token_streams(
@@ -142,8 +196,10 @@ def write_token_streams(
     eos = np.array([settings["eos_token_id"]], dtype=np.uint32)
     for split, documents in splits.items():
         for index, tokens in enumerate(documents):
-            writers[split].count_document(index)
-            writers[split].add(index, np.concatenate([np.asarray(tokens, dtype=np.uint32), eos]))
+            writers[split].takes(index)
+            writers[split].add(index, np.concatenate([np.asarray(tokens, dtype=np.uint32), eos]), ends=True)
+    # Splits of their own: no train/test rule to hold them to.
+    _check_any_written(out_dir, writers)
     return _finish(out_dir, settings, writers)
 
 
@@ -170,6 +226,7 @@ def _token_settings(tokenizer: PreTrainedTokenizerBase, shard_tokens: int) -> di
         "vocab_size": len(tokenizer),
         "eos_token_id": int(tokenizer.eos_token_id),
         "tokenizer": tokenizer.name_or_path,
+        "tokenizer_sha256": tokenizer_digest(tokenizer),
         "shard_tokens": shard_tokens,
     }
 
@@ -218,8 +275,6 @@ def _finish(
 ) -> dict[str, Any]:
     """Write the last, partly filled shards and the index (with ``split_record``, how the
     splits were chosen); returns the index."""
-    if not any(writer.documents for writer in writers.values()):
-        raise DataError(f"{out_dir}: no documents to write")
     for writer in writers.values():
         writer.finish()
     splits = {name: writer.summary() for name, writer in writers.items()}
@@ -249,45 +304,130 @@ def _remove(out_dir: Path, patterns: Iterable[str]) -> None:
 
 
 def _assign_splits(
-    documents: Iterable[str], test_fraction: float, seed: int, held_out_tail: dict[str, int]
+    documents: Iterable[Document], test_fraction: float, seed: int, held_out_tail: dict[str, int]
 ) -> Iterator[Labelled]:
-    """Each document with its index and split, in order (see the module docstring); fills
-    ``held_out_tail`` when the last document is split."""
-    previous: Labelled | None = None
-    any_test = False
+    """The pieces of each document with text, labelled with its index and split, in order
+    (see the module docstring); fills ``held_out_tail`` when the last document is split."""
+    last: _LastDocument | None = None
+    drawn_test = False
     characters = 0
-    for index, text in enumerate(documents):
-        # One document of lookahead: only the last one may be split.
-        if previous is not None:
-            yield previous
+    for index, document in enumerate(documents):
+        if not document.has_text:
+            continue
         split = "test" if _hashed_fraction(seed, index) < test_fraction else "train"
-        any_test = any_test or split == "test"
-        characters += len(text)
-        previous = (index, split, text)
-    if previous is None:
-        return
-    if test_fraction == 0 or any_test:
-        yield previous
-        return
-    index, _, text = previous
-    start = _tail_start(text, math.ceil(test_fraction * characters))
-    if start:
-        held_out_tail.update(lines=_line_count(text[start:]), of=_line_count(text))
-        yield index, "train", text[:start]
-    yield index, "test", text[start:]
+        if last is not None:
+            yield from last.whole()
+            last = None
+        drawn_test = drawn_test or split == "test"
+        if drawn_test or test_fraction == 0:
+            yield from _labelled(index, split, document.pieces())
+            continue
+        # Only the last document may be split: until another comes, this one may be it.
+        last = _LastDocument(index, test_fraction)
+        for piece in document.pieces():
+            characters += len(piece)
+            yield from last.add(piece, characters)
+    if last is not None:
+        yield from last.split(characters, held_out_tail)
 
 
-def _tail_start(text: str, characters: int) -> int:
+def _labelled(index: int, split: str, pieces: Iterable[str]) -> Iterator[Labelled]:
+    """The pieces (at least one) of document ``index``, the last marked as its end."""
+    previous = None
+    for piece in pieces:
+        if previous is not None:
+            yield index, split, previous, False
+        previous = piece
+    yield index, split, previous, True
+
+
+class _LastDocument:
+    """The document read last while no document has been drawn for the test split, which is
+    split by ``_tail_start`` if it stays the last. Its pieces are held from where its
+    held-out lines could still begin; those before go on to the training split at once."""
+
+    def __init__(self, index: int, test_fraction: float):
+        self.index = index
+        self.test_fraction = test_fraction
+        self.held: list[str] = []
+        self.held_from = 0  # where in the document the held pieces begin
+        self.length = 0
+        self.line_breaks = 0
+
+    def add(self, piece: str, characters: int) -> Iterator[Labelled]:
+        """Hold ``piece`` (with it, the corpus has had ``characters``); the held pieces that
+        end before the held-out lines can begin go on to training."""
+        self.held.append(piece)
+        self.length += len(piece)
+        self.line_breaks += piece.count("\n")
+        # However the corpus goes on, the held-out lines begin at or after the last line
+        # start that leaves the share of the characters read so far after it.
+        line_start = self._last_line_start(self.length - math.ceil(self.test_fraction * characters))
+        passed, end = 0, self.held_from
+        for held in self.held:
+            if end + len(held) > line_start:
+                break
+            passed, end = passed + 1, end + len(held)
+        for held in self.held[:passed]:
+            yield self.index, "train", held, False
+        del self.held[:passed]
+        self.held_from = end
+
+    def _last_line_start(self, at_most: int) -> int:
+        """The last start of a line after the first in the held pieces at or before ``at_most``;
+        ``held_from`` when there is none."""
+        starts = itertools.accumulate((len(held) for held in self.held[:-1]), initial=self.held_from)
+        for held, start in reversed(list(zip(self.held, starts))):
+            line_break = held.rfind("\n", 0, max(0, at_most - start))
+            if line_break >= 0:
+                return start + line_break + 1
+        return self.held_from
+
+    def whole(self) -> Iterator[Labelled]:
+        """The rest of the document, to training: it was not the last."""
+        return _labelled(self.index, "train", self.held)
+
+    def split(self, characters: int, held_out_tail: dict[str, int]) -> Iterator[Labelled]:
+        """The rest of the last document: its held-out lines to the test split, the lines
+        before them to training; fills ``held_out_tail`` unless it is held out whole."""
+        text = "".join(self.held)
+        start = _tail_start(text, math.ceil(self.test_fraction * characters), after_first_line=self.held_from > 0)
+        before, after = _cut_pieces(self.held, start)
+        if self.held_from + start:
+            lines = self.line_breaks + (not text.endswith("\n"))
+            held_out_tail.update(lines=_line_count(text[start:]), of=lines)
+            # The training part ends here: an empty piece carries its eos when it was all passed on.
+            yield from _labelled(self.index, "train", before or [""])
+        yield from _labelled(self.index, "test", after)
+
+
+def _cut_pieces(pieces: list[str], at: int) -> tuple[list[str], list[str]]:
+    """``pieces`` in two at character ``at`` of their text: the piece that holds it is cut there."""
+    before, after, position = [], [], 0
+    for piece in pieces:
+        if position + len(piece) <= at:
+            before.append(piece)
+        elif position >= at:
+            after.append(piece)
+        else:
+            before.append(piece[: at - position])
+            after.append(piece[at - position :])
+        position += len(piece)
+    return before, after
+
+
+def _tail_start(text: str, characters: int, after_first_line: bool = False) -> int:
     """Where the shortest run of whole last lines of ``text`` with at least ``characters``
     characters starts, or the second line when even that run from it is shorter; 0 when
-    ``text`` is one line."""
+    ``text`` is one line. ``after_first_line``: ``text`` is the end of a document from a line
+    after its first, so its own first line may be in the run."""
     start = len(text)
     while True:
         line_start = text.rfind("\n", 0, start - 1) + 1
-        if line_start == 0:
+        if line_start == 0 and not after_first_line:
             return 0 if start == len(text) else start
         start = line_start
-        if len(text) - start >= characters:
+        if start == 0 or len(text) - start >= characters:
             return start
 
 
@@ -296,22 +436,26 @@ def _line_count(text: str) -> int:
     return text.count("\n") + (not text.endswith("\n"))
 
 
-def _given_splits(documents: Iterable[str], test_documents: Iterable[str]) -> Iterator[Labelled]:
-    """Every training document, then every held-out one, indexed on from the last."""
+def _given_splits(documents: Iterable[Document], test_documents: Iterable[Document]) -> Iterator[Labelled]:
+    """The pieces of every training document with text, then of every held-out one, indexed
+    on from the last."""
     splits = itertools.chain(
         zip(itertools.repeat("train"), documents), zip(itertools.repeat("test"), test_documents)
     )
-    for index, (split, text) in enumerate(splits):
-        yield index, split, text
+    for index, (split, document) in enumerate(splits):
+        if document.has_text:
+            yield from _labelled(index, split, document.pieces())
 
 
 def _unwritten(
     labelled: Iterable[Labelled], writers: dict[str, _SplitWriter]
 ) -> Iterator[Labelled]:
-    """The documents whose tokens are not in written shards yet; counts every document."""
-    for index, split, text in labelled:
-        if writers[split].count_document(index):
-            yield index, split, text
+    """The pieces of the documents whose tokens are not in written shards yet; counts every
+    document."""
+    for piece in labelled:
+        index, split, *_ = piece
+        if writers[split].takes(index):
+            yield piece
 
 
 def _hashed_fraction(seed: int, index: int) -> float:
@@ -340,31 +484,47 @@ class _SplitWriter:
         self.documents = 0
         self.buffer: list[np.ndarray] = []
         self.buffered = 0
+        # The document whose pieces are being counted (ahead of the tokenizer), and whether
+        # they are taken; the document whose tokens are being added, and how many it has had.
+        self.counting: int | None = None
+        self.taking = True
+        self.adding: int | None = None
+        self.added = 0
 
-    def count_document(self, index: int) -> bool:
-        """Count document ``index`` as this split's; whether its tokens are still to be added."""
-        self.documents += 1
-        return index >= self.next_document
+    def takes(self, index: int) -> bool:
+        """Whether a piece of document ``index`` is still to be tokenized; counts the document
+        at its first piece."""
+        if index != self.counting:
+            self.counting = index
+            self.documents += 1
+            self.taking = index >= self.next_document
+        return self.taking
 
-    def add(self, index: int, tokens: np.ndarray) -> bool:
-        """Buffer a document's tokens and write the shards they fill; whether there were any."""
+    def add(self, index: int, tokens: np.ndarray, ends: bool) -> bool:
+        """Buffer the tokens of a piece of document ``index`` (``ends``: its last) and write
+        the shards they fill; whether there were any."""
+        if index != self.adding:
+            self.adding, self.added = index, 0
+        first = self.added
+        self.added += len(tokens)
         # Only on a resumed run does the document the last shard ended in come again; the
         # first next_token of its tokens are in that shard already.
-        start = self.next_token if index == self.next_document else 0
-        self.buffer.append(tokens[start:])
-        self.buffered += len(tokens) - start
+        if index == self.next_document:
+            tokens = tokens[max(0, self.next_token - first) :]
+        self.buffer.append(tokens)
+        self.buffered += len(tokens)
         if self.buffered < self.shard_tokens:
             return False
-        # What stays buffered is the tail of this document: the buffer held less than a
-        # shard before it came.
+        # What stays buffered is the tail of this piece: the buffer held less than a shard
+        # before it came.
         buffered = np.concatenate(self.buffer)
         whole = len(buffered) - len(buffered) % self.shard_tokens
-        for first in range(0, whole, self.shard_tokens):
-            self._write_shard(buffered[first : first + self.shard_tokens])
+        for shard_start in range(0, whole, self.shard_tokens):
+            self._write_shard(buffered[shard_start : shard_start + self.shard_tokens])
         rest = buffered[whole:]
         self.buffer, self.buffered = [rest], len(rest)
-        if len(rest):
-            self.next_document, self.next_token = index, len(tokens) - len(rest)
+        if len(rest) or not ends:
+            self.next_document, self.next_token = index, self.added - len(rest)
         else:
             self.next_document, self.next_token = index + 1, 0
         return True

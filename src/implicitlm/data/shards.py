@@ -2,8 +2,10 @@
 
 A shard directory holds::
 
-    index.json                   format version, token dtype, vocabulary size, eos id, tokenizer,
-                                 the writing settings, the lines of the last document held
+    index.json                   format version, token dtype, vocabulary size, eos id, tokenizer
+                                 and its digest (``tokenizer_digest``; none for a tokenizer
+                                 without a definition to hash), the writing settings, the lines
+                                 of the last document held
                                  out when it was split (``held_out_tail``), and per split its
                                  shards (file, tokens, sha256 of the bytes) with token and
                                  document totals
@@ -19,12 +21,14 @@ such a directory; ``TokenShards`` reads any split the index lists.
 
 Reading checks the index (every field's type and range, shard files inside the directory
 and of the size the index gives) and raises a one-line ``DataError`` naming the file; a
-token id outside the vocabulary is reported when it is read.
+token id outside the vocabulary is reported when it is read. Indexes of format version 1,
+written before the tokenizer's digest was recorded, read as ones without it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -36,14 +40,30 @@ from implicitlm.core.errors import DataError, check_header, check_int, quoted
 from implicitlm.data.groups import smallest_uint_dtype
 from implicitlm.core.json_file import read_json_object
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# The keys each earlier version's indexes lack; they read as this version's without them.
+FORMER_VERSIONS = {1: {"tokenizer_sha256"}}
 INDEX_FILE = "index.json"
-INDEX_KEYS = {"format_version", "dtype", "vocab_size", "eos_token_id", "tokenizer", "splits"}
+INDEX_KEYS = {"format_version", "dtype", "vocab_size", "eos_token_id", "tokenizer", "tokenizer_sha256", "splits"}
 # What shard_writer records beside them: how the shards were written and the splits chosen.
 INDEX_OPTIONAL_KEYS = {"shard_tokens", "test_fraction", "seed", "held_out_tail", "documents"}
 TOKEN_DTYPES = ("uint16", "uint32")
 # Where a shard of split "name" lies: "name/shard_00000.bin", inside the directory.
 SHARD_FILE = re.compile(r"(?P<split>[^/\\]+)/shard_[0-9]{5,}\.bin")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def tokenizer_digest(tokenizer: Any) -> str | None:
+    """The sha256 of what decides a tokenizer's ids: a fast tokenizer's definition (model,
+    vocabulary, merges, normalisation, added tokens), without the truncation and padding
+    that each call may set; None for a tokenizer without one."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    definition = json.loads(backend.to_str())
+    for per_call in ("truncation", "padding"):
+        definition.pop(per_call, None)
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -69,6 +89,7 @@ class TokenShards:
         self.vocab_size = index["vocab_size"]
         self.eos_token_id = index["eos_token_id"]
         self.tokenizer = index["tokenizer"]
+        self.tokenizer_sha256: str | None = index.get("tokenizer_sha256")
         self._shards = [
             open_shard(index_path, record, self.dtype, verify)
             for record in index["splits"][split]["shards"]
@@ -115,7 +136,12 @@ def read_index(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"{path}: no shard index; write the shards with write_shards first")
     index = read_json_object(path, "a shard index")
-    check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index", optional=INDEX_OPTIONAL_KEYS)
+    version = index.get("format_version")
+    lacking = FORMER_VERSIONS.get(version, set()) if type(version) is int else set()
+    check_header(
+        index, INDEX_KEYS - lacking, version if lacking else FORMAT_VERSION, path, "a shard index",
+        optional=INDEX_OPTIONAL_KEYS,
+    )
     dtype = index["dtype"]
     if dtype not in TOKEN_DTYPES:
         raise DataError(f"{path}: expected 'dtype' to be one of {', '.join(TOKEN_DTYPES)}, got {quoted(dtype)}")
@@ -127,6 +153,11 @@ def read_index(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: expected 'eos_token_id' below vocab_size {vocab_size}, got {eos}")
     if not isinstance(index["tokenizer"], str):
         raise DataError(f"{path}: expected 'tokenizer' to be a string, got {quoted(index['tokenizer'])}")
+    digest = index.get("tokenizer_sha256")
+    if digest is not None and not (isinstance(digest, str) and SHA256.fullmatch(digest)):
+        raise DataError(
+            f"{path}: expected 'tokenizer_sha256' to be 64 hexadecimal digits or null, got {quoted(digest)}"
+        )
     splits = index["splits"]
     if not isinstance(splits, dict):
         raise DataError(f"{path}: expected 'splits' to be an object, got {quoted(splits)}")
@@ -143,10 +174,10 @@ def check_shard_records(path: Path, split: str, records: list[Any]) -> None:
         if not isinstance(record, dict) or not {"file", "tokens", "sha256"} <= set(record):
             raise DataError(f"{path}: expected {where} to be an object with file, tokens and sha256")
         match = SHARD_FILE.fullmatch(record["file"]) if isinstance(record["file"], str) else None
-        # The file must lie inside the directory: an index is no way to read any other file.
-        if match is None or match["split"] in (".", ".."):
+        # The file must lie in its split's folder: an index is no way to read any other file.
+        if match is None or match["split"] != split:
             raise DataError(
-                f"{path}: expected the file of {where} to be '<split>/shard_NNNNN.bin', "
+                f"{path}: expected the file of {where} to be '{split}/shard_NNNNN.bin', "
                 f"got {quoted(record['file'])}"
             )
         check_int(record["tokens"], path, f"tokens of {where}", minimum=1)

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from implicitlm.core.atomic_io import atomic_write
 from implicitlm.core.errors import DataError, first_line
 from implicitlm.core.memory import require
+from implicitlm.core.targets import exclusive_target
 
 EOS_TOKEN = "<|endoftext|>"
 MAX_VOCAB_SIZE = 2**32 - 1
@@ -24,13 +25,24 @@ BYTES_PER_TOKEN_AT_LEAST = 64
 
 
 def train_tokenizer(
-    documents: Iterable[str], vocab_size: int, out_dir: str | os.PathLike
+    documents: Iterable[str], vocab_size: int, out_dir: str | os.PathLike, overwrite: bool = False
 ) -> PreTrainedTokenizerBase:
     """Train a byte-level BPE of ``vocab_size`` tokens (eos included) on ``documents``.
 
     Saves it to ``out_dir`` (loadable with ``load_tokenizer`` or ``AutoTokenizer``) and
     returns it as loaded from there. Any text round-trips: ``decode(encode(text)) == text``.
+    An ``out_dir`` that holds anything (a tokenizer, a checkpoint) is refused, before the
+    training, unless ``overwrite``: then the tokenizer's files replace theirs, and other files stay.
     """
+    _check_vocab_size(vocab_size)
+    _check_folder(Path(out_dir))
+    with exclusive_target(out_dir, overwrite):
+        tokenizer = _trained(documents, vocab_size)
+        save_tokenizer(tokenizer, Path(out_dir))
+    return load_tokenizer(out_dir)
+
+
+def _check_vocab_size(vocab_size: int) -> None:
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < len(alphabet) + 1:
         raise ValueError(
@@ -41,6 +53,10 @@ def train_tokenizer(
         raise ValueError(f"vocab_size must be at most {MAX_VOCAB_SIZE:,} (token ids are 32-bit), got {vocab_size:,}")
     # The trainer's tables hold each token's bytes, its merge and its counts: far more than this.
     require(f"a vocabulary of {vocab_size:,} tokens", BYTES_PER_TOKEN_AT_LEAST * vocab_size)
+
+
+def _trained(documents: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -53,11 +69,7 @@ def train_tokenizer(
     )
     backend.train_from_iterator(documents, trainer)
     # Cleaning up spaces around punctuation on decoding would break the round trip.
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False
-    )
-    save_tokenizer(tokenizer, Path(out_dir))
-    return load_tokenizer(out_dir)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
@@ -88,15 +100,21 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
     """``save_pretrained`` into ``out_dir``: all files are written before any replaces its
     target, so a failure while writing leaves an earlier tokenizer there as it was."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"{out_dir}: expected a folder for the tokenizer, got a file")
+    _check_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # save_pretrained writes in place, so its files are staged first; then each is moved
-    # into place by rename, which, unlike writing, has nothing to fail on.
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging.") as staging:
+    # into place by rename, which, unlike writing, has nothing to fail on. The staging folder
+    # is named as a temporary beside out_dir, which the next writer clears if this one is killed.
+    beside = {"dir": out_dir.absolute().parent, "prefix": f".{out_dir.name}.", "suffix": ".tmp"}
+    with tempfile.TemporaryDirectory(**beside) as staging:
         tokenizer.save_pretrained(staging)
         for staged in sorted(path for path in Path(staging).iterdir() if path.is_file()):
             atomic_write(
                 out_dir / staged.name,
                 lambda temporary, staged=staged: os.replace(staged, temporary),
             )
+
+
+def _check_folder(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"{out_dir}: expected a folder for the tokenizer, got a file")

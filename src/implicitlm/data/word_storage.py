@@ -29,6 +29,7 @@ import numpy as np
 
 from implicitlm.core.atomic_io import atomic_write
 from implicitlm.core.errors import DataError, check_header, check_int, closest_hint, first_line, quoted
+from implicitlm.core.targets import exclusive_targets
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
 from implicitlm.core.json_file import check_regular, read_json_object
 from implicitlm.data.word_csv import load_csv, save_csv
@@ -62,15 +63,25 @@ def write_generated_words(
     hard_prob: float | None = None,
     progress: bool = False,
     targets: str = "stored",
+    overwrite: bool = False,
 ) -> WordData:
     """Same data as ``generate_words``, generated straight into a memory-mapped file, or, for a
     ``.csv`` path, written in the CSV format of *The Illusion of State* (generated in memory).
 
     ``targets="derived"`` stores only the inputs (half the size, and no products to
     compute here); reading derives the targets. The words are the same either way.
+    A file already there (or, for ``.npy`` storage, its sidecar) is refused unless ``overwrite``.
     """
     path = Path(path)
     _check_file_target(path)
+    with exclusive_targets(_file_targets(path), overwrite):
+        return _write_generated(path, group, length, count, seed, hard_prob, progress, targets)
+
+
+def _write_generated(
+    path: Path, group: str | FiniteAlgebra, length: int, count: int, seed: int, hard_prob: float | None,
+    progress: bool, targets: str,
+) -> WordData:
     if path.suffix == ".csv":
         if targets != "stored":
             raise ValueError(f"{path}: targets={targets!r} needs .npy storage; CSV files store their targets")
@@ -169,9 +180,13 @@ def _check_seed_and_hard_prob(source: object, seed: Any, hard_prob: Any, error: 
         raise error(f"{source}: expected 'hard_prob' to be a number in [0, 1] or null, got {quoted(hard_prob)}")
 
 
+def _file_targets(path: Path) -> list[Path]:
+    """The files a word file is: ``.npy`` storage writes a JSON sidecar beside the array."""
+    return [path] if path.suffix == ".csv" else [path, sidecar_path(path)]
+
+
 def _check_file_target(path: Path) -> None:
-    targets = [path] if path.suffix == ".csv" else [path, sidecar_path(path)]
-    for target in targets:
+    for target in _file_targets(path):
         if target.is_dir():
             raise ValueError(f"{target}: is a directory; expected a path for a word file")
 

@@ -8,15 +8,25 @@ names the closest known one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..core.options import Options
-from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, one_of
+from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
 
 # Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, and our
 # safeguarded Anderson (deq/anderson.py).
 SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson")
 STOP_MODES = ("rel", "abs")
+# The most evaluations of the map that one solve, unroll or phantom gradient may spend: well
+# above any budget a model here has needed (the shipped presets' largest is 2,048), and low
+# enough that a slip of the keyboard (10**30) is refused at once rather than run without end.
+MAX_EVALUATIONS = 10_000
+
+
+def evaluations(minimum: int) -> Rule:
+    """A number of evaluations of the map: at least ``minimum``, at most ``MAX_EVALUATIONS``."""
+    return between(minimum, MAX_EVALUATIONS)
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class FixedPointOptions(Options):
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
     to the tolerance; the cost is not: a whole-sequence solve needs about as many
     iterations as the sequence has tokens, and re-solves settled tokens in every one.
+    Every budget (``f_max_iter``, ``eval_f_max_iter``, ``unroll_steps``, ``phantom_steps``,
+    a call's ``max_iter``) is at most ``MAX_EVALUATIONS`` (10,000) evaluations.
     """
 
     f_solver: str = "fixed_point_iter"
@@ -79,8 +91,8 @@ class FixedPointOptions(Options):
     FIELD_RULES = {
         "f_solver": one_of(*SOLVERS), "eval_f_solver": one_of("", *SOLVERS), "sequential_f_solver": one_of("", *SOLVERS),
         "f_stop_mode": one_of(*STOP_MODES), "eval_nonconvergence": one_of("report", "error"),
-        "f_max_iter": at_least(0), "eval_f_max_iter": at_least(1), "phantom_steps": at_least(1),
-        "unroll_steps": at_least(0), "divergence_patience": at_least(0), "eval_chunk_length": at_least(0),
+        "f_max_iter": evaluations(0), "eval_f_max_iter": evaluations(1), "phantom_steps": evaluations(1),
+        "unroll_steps": evaluations(0), "divergence_patience": at_least(0), "eval_chunk_length": at_least(0),
         "f_tol": POSITIVE, "eval_f_tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
         "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
     }
@@ -105,6 +117,21 @@ class FixedPointOptions(Options):
         "eval_chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
+
+    @classmethod
+    def check_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:
+        """A call's ``max_iter`` and ``tol`` (None: the options' own). ``max_iter`` is held to
+        the rule of the field it stands in for: ``f_max_iter`` in training (where 0
+        evaluations leave the phantom steps alone), ``eval_f_max_iter`` in an evaluation,
+        which needs at least one. ``tol`` is a number >= 0 or infinite: 0 asks for the
+        tightest the map's precision allows (its floor, ``solver.held_tolerance``); every
+        residual meets an infinite one, so each solve stops at its first evaluation and counts
+        as converged (a memory probe's one evaluation, which no convergence check should fail)."""
+        if max_iter is not None:
+            field = "f_max_iter" if training else "eval_f_max_iter"
+            check_field("argument", "max_iter", max_iter, int, cls.FIELD_RULES[field])
+        if tol is not None and not (isinstance(tol, float) and tol == math.inf):
+            check_field("argument", "tol", tol, float, NON_NEGATIVE)
 
     def solver_for(self, mode: str) -> str:
         """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""

@@ -41,8 +41,6 @@ def solve_sequence(
     ``select_rows(state, rows)``: the state of batch rows ``rows``; ``replace_rows(state,
     rows, new)``: ``state`` with those rows taken from ``new``. ``stats`` fields have shape
     (B, L): iterations and residuals of every token's solve."""
-    if max_iter < 1:
-        raise ValueError(f"sequential mode needs a budget of at least one evaluation per token; got {max_iter}")
     batch, length = injection.shape[:2]
     outputs, iterations, abs_res, rel_res, diverged, non_finite = [], [], [], [], [], []
     evaluations = row_evaluations = 0

@@ -41,7 +41,7 @@ from torchdeq.grad import backward_factory
 from torchdeq.loss import jac_reg
 from torchdeq.solver import get_solver
 
-from ..core.errors import NumericalFault
+from ..core.errors import NumericalFault, OptionError
 from .anderson import safeguarded_anderson
 from .options import SOLVERS, FixedPointOptions
 from .stats import LOGGER, FixedPointStats
@@ -74,7 +74,7 @@ _OWN_SOLVERS = {"fixed_point_iter": plain_iteration, "safeguarded_anderson": saf
 def solver_function(name: str) -> Callable:
     """The iterate generator behind a solver name of ``SOLVERS``: torchdeq's, or our own."""
     if name not in SOLVERS:
-        raise ValueError(f"unknown solver {name!r}; known: {', '.join(SOLVERS)}")
+        raise OptionError(f"unknown solver {name!r}; known: {', '.join(SOLVERS)}")
     return _OWN_SOLVERS.get(name) or get_solver(name)
 
 
@@ -147,7 +147,10 @@ class FixedPointSolver:
         a mask of those whose image became their best, the one the solve returns (None:
         all of them); what a caller needs to keep more of that evaluation (``KeptState``)."""
         if phase not in PHASES:
-            raise ValueError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
+            raise OptionError(f"phase must be one of {', '.join(PHASES)}; got {phase!r}")
+        # Here, where every solve passes (both modes, each chunk and token, training, a
+        # Jacobian's token), rather than at each of the entrances that hand a budget on.
+        self.options.check_budget(max_iter, tol, training=phase == "training")
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
         stop_mode = self.options.f_stop_mode

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ..tasks.base import Task, missed_cell
 from .plots import plot_curves
-from .records import make_record, write_record
+from .records import claimed_records, make_record, record_files, write_record
 
 # evaluate(max_iter, tol) -> one row per test length, each with a "length" key.
 Evaluate = Callable[[int, "float | None"], list[dict[str, Any]]]
@@ -96,20 +96,24 @@ def budget_by_task(
     solver: dict[str, Any] | None = None,
     out: str | Path = ".",
     progress: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """The budget sweep of ``task``'s test sets on an implicit checkpoint: its ``rows``, the
     printed ``table`` and the ``files`` written in ``out`` (``<task.budget_experiment>.json``
-    and its figure: the task's ``quality`` against the budget, a curve per test length).
+    and its figure: the task's ``quality`` against the budget, a curve per test length; a
+    record already there is refused, before the sweep, unless ``overwrite``).
     ``solver``: ``configure_solver``'s keywords."""
-    model, test_sets = task.prepare("budget", solver)
+    with claimed_records(out, [task.budget_experiment], overwrite):
+        model, test_sets = task.prepare("budget", solver)
 
-    def evaluate(max_iter, tol):
-        return [task.evaluate(model, s, mode=mode, max_iter=max_iter, tol=tol, warn=False) for s in test_sets]
+        def evaluate(max_iter, tol):
+            return [task.evaluate(model, s, mode=mode, max_iter=max_iter, tol=tol, warn=False) for s in test_sets]
 
-    rows = budget_sweep(evaluate, budgets, tols or [None], progress=progress)
-    title = f"{task.budget_title} ({mode} mode)"
-    budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title, mode=mode, **task.details())
-    files = Path(out) / f"{task.budget_experiment}.json", Path(out) / f"{task.budget_experiment}.png"
+        rows = budget_sweep(evaluate, budgets, tols or [None], progress=progress)
+        title = f"{task.budget_title} ({mode} mode)"
+        budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title, mode=mode,
+                      **task.details())
+    files = record_files(out, task.budget_experiment)
     return {"rows": rows, "table": format_budget_table(rows, task.quality), "files": files}
 
 

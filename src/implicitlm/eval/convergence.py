@@ -20,7 +20,9 @@ from tqdm.auto import tqdm
 
 from ..tasks.base import Task
 from .plots import plot_histograms
-from .records import make_record, write_record
+from .records import claimed_records, make_record, record_files, write_record
+
+EXPERIMENT = "convergence"
 
 
 @torch.no_grad()
@@ -117,11 +119,11 @@ def convergence_record(
     axes = {"x": "iterations to reach the tolerance", "y": "share of tokens", "yscale": "log"}
     curves = convergence_curves(summary)
     record = make_record(
-        "convergence", checkpoint, model, convergence_metrics(summary), curves, axes,
+        EXPERIMENT, checkpoint, model, convergence_metrics(summary), curves, axes,
         summary=summary, solver=model.solver.options.solver_for("sequential"), **details,
     )
     write_record(out_dir, record)
-    plot_histograms(curves, Path(out_dir) / "convergence.png", title, axes)
+    plot_histograms(curves, record_files(out_dir, EXPERIMENT)[1], title, axes)
     return record
 
 
@@ -132,22 +134,28 @@ def convergence_by_task(
     solver: dict[str, Any] | None = None,
     out: str | Path = ".",
     progress: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Per-token iterations of an implicit checkpoint on ``task``'s convergence inputs, in
     sequential mode with the budget ``max_iter`` / ``tol`` (default: the model's), split into
     hard and easy tokens where the task marks them. Returns the ``summary``, the printed
-    ``table`` and the ``files`` written in ``out`` (``convergence.json`` and its histogram).
+    ``table`` and the ``files`` written in ``out`` (``convergence.json`` and its histogram;
+    a record already there is refused, before the solves, unless ``overwrite``).
     ``solver``: ``configure_solver``'s keywords."""
-    model, inputs = task.prepare("convergence", solver)
-    iterations, residuals, hard = [], [], []
-    for tokens, mask in inputs:
-        counts, residual, used_max_iter, used_tol = token_iterations(model, tokens, max_iter, tol, task.batch_size, progress)
-        iterations.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
-    masks = None if any(mask is None for mask in hard) else np.concatenate([mask.ravel() for mask in hard])
-    summary = convergence_summary(np.concatenate(iterations), np.concatenate(residuals), used_max_iter, used_tol, masks)
-    convergence_record(model, task.checkpoint, summary, out, task.convergence_title, **task.details())
-    files = Path(out) / "convergence.json", Path(out) / "convergence.png"
-    return {"summary": summary, "table": format_convergence(summary), "files": files}
+    with claimed_records(out, [EXPERIMENT], overwrite):
+        model, inputs = task.prepare("convergence", solver)
+        iterations, residuals, hard = [], [], []
+        for tokens, mask in inputs:
+            counts, residual, used_max_iter, used_tol = token_iterations(
+                model, tokens, max_iter, tol, task.batch_size, progress
+            )
+            iterations.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
+        masks = None if any(mask is None for mask in hard) else np.concatenate([mask.ravel() for mask in hard])
+        summary = convergence_summary(
+            np.concatenate(iterations), np.concatenate(residuals), used_max_iter, used_tol, masks
+        )
+        convergence_record(model, task.checkpoint, summary, out, task.convergence_title, **task.details())
+    return {"summary": summary, "table": format_convergence(summary), "files": record_files(out, EXPERIMENT)}
 
 
 def format_convergence(summary: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from ..data.downstream_sets import LocalSet, MissingLocalSet, read_local_set
 from .plots import plot_metric_bars
-from .records import make_record, write_record
+from .records import make_record, record_files, write_record
 
 PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "openbookqa")
 # lm-eval's folders that define them, indexed alone for speed.
@@ -36,6 +36,7 @@ PAPER_COLUMNS = (
     ("OpenbookQA acc", "openbookqa", "acc"),
 )
 AVERAGE_COLUMN = "Average acc"
+EXPERIMENT = "downstream"
 BAR_METRICS = ("acc", "acc_norm", "exact_match")  # the scores in [0, 1] the figure shows
 
 
@@ -69,7 +70,7 @@ def run_tasks(
     manager = task_manager(tasks, include_path)
     if local_sets is not None:
         tasks = local_task_specs(local_sets, manager)
-    with _quiet_custom_dataset_notes(), _quiet_git_hash():
+    with _quiet_custom_dataset_notes(), _quiet_git_hash(), _request_bars(model_args.get("progress", True)):
         return simple_evaluate(
             model=lm,
             tasks=list(tasks),
@@ -118,6 +119,21 @@ def _quiet_custom_dataset_notes():
         yield
     finally:
         logger.removeFilter(_not_a_custom_dataset_note)
+
+
+@contextlib.contextmanager
+def _request_bars(shown: bool):
+    """lm-eval draws a bar while it builds each task's requests, whatever the model was told:
+    without progress (``--no-progress``), none."""
+    import lm_eval.api.task
+
+    drawn = lm_eval.api.task.tqdm
+    if not shown:
+        lm_eval.api.task.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        lm_eval.api.task.tqdm = drawn
 
 
 @contextlib.contextmanager
@@ -263,14 +279,15 @@ def downstream_record(
     ``lm_eval``) and ``downstream.png`` (the accuracies by task) into ``out_dir``."""
     rows, _ = paper_table(results)
     record = make_record(
-        "downstream", checkpoint, model, task_metrics(results),
+        EXPERIMENT, checkpoint, model, task_metrics(results),
         paper_table=rows, settings=settings, lm_eval=_serialisable(results),
     )
     write_record(out_dir, record)
     bars = {metric: _per_task(results, metric) for metric in BAR_METRICS}
     if rows[-1]["value"] is not None:
         bars["acc"]["average (paper)"] = rows[-1]["value"]
-    plot_metric_bars({m: v for m, v in bars.items() if v}, Path(out_dir) / "downstream.png", "zero-shot downstream tasks")
+    figure = record_files(out_dir, EXPERIMENT)[1]
+    plot_metric_bars({m: v for m, v in bars.items() if v}, figure, "zero-shot downstream tasks")
     return record
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -41,8 +42,9 @@ from accelerate.utils import find_executable_batch_size
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError, quoted
 from ..data.tokenizer import load_tokenizer
-from ..deq import ConvergenceTally, warn_not_converged
+from ..deq import ConvergenceTally, FixedPointOptions, warn_not_converged
 from ..models import ImplicitCausalLM, load_model
 from ..models.loading import torch_dtype
 from ..models.implicit_lm import MODES
@@ -84,14 +86,19 @@ class ImplicitLMHarness(TemplateLM):
         choices of an item) is solved once; False solves every context + continuation whole."""
         super().__init__()
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+            raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        # Before the model loads, and so before any request runs or a result records them.
+        FixedPointOptions.check_budget(max_iter, tol, training=False)
         self.model = load_model(pretrained) if isinstance(pretrained, (str, Path)) else pretrained
         self.model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
         self.tokenizer = _tokenizer(tokenizer, self.model)
         self.mode, self.max_iter, self.tol = mode, max_iter, tol
         self.batch_size = _batch_size(batch_size)
-        self.max_batch_size = _positive_int("max_batch_size", max_batch_size or DEFAULT_MAX_BATCH_SIZE)
-        self.max_length = _positive_int("max_length", max_length or DEFAULT_MAX_LENGTH)
+        # None, not 0, takes the default: a 0 given is refused.
+        self.max_batch_size = _positive_int(
+            "max_batch_size", DEFAULT_MAX_BATCH_SIZE if max_batch_size is None else max_batch_size
+        )
+        self.max_length = _positive_int("max_length", DEFAULT_MAX_LENGTH if max_length is None else max_length)
         self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self.progress = progress
         self.share_contexts = _boolean("share_contexts", share_contexts)
@@ -132,7 +139,7 @@ class ImplicitLMHarness(TemplateLM):
         rows = []
         for _, context, continuation in requests:
             if len(continuation) > self.max_length:
-                raise ValueError(f"a continuation of {len(continuation)} tokens exceeds max_length {self.max_length}")
+                raise OptionError(f"a continuation of {len(continuation)} tokens exceeds max_length {self.max_length}")
             rows.append(((context + continuation)[-(self.max_length + 1):-1], continuation))
         shared = self._shared_contexts(requests)
         alone = sorted(set(range(len(rows))) - {i for members in shared.values() for i in members})
@@ -252,8 +259,7 @@ class ImplicitLMHarness(TemplateLM):
         for context, settings in (request.args for request in requests):
             settings = dict(settings)
             max_new = _positive_int("max_gen_toks", settings.pop("max_gen_toks", self.max_gen_toks))
-            until = settings.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
+            until = _stop_strings(settings.pop("until", None))
             if not settings.get("do_sample", False) or settings.get("temperature") == 0.0:
                 # lm-eval's temperature 0 means greedy; transformers would reject it.
                 settings = {k: v for k, v in settings.items() if k not in ("do_sample", "temperature")}
@@ -303,7 +309,8 @@ class ImplicitLMHarness(TemplateLM):
         """``batch_size``; for "auto", the first from ``max_batch_size`` down (accelerate's
         ``find_executable_batch_size``, as lm-eval's own model uses) whose simultaneous forward over ``longest`` tokens runs out of no memory
         (accelerate's probe). Simultaneous mode holds the most at once, and the solve
-        without gradients holds the same whatever its iterations, so one iteration probes."""
+        without gradients holds the same whatever its iterations, so one iteration probes
+        (to an infinite tolerance: a convergence check must not fail a probe)."""
         if self.batch_size != AUTO_BATCH:
             return self.batch_size
 
@@ -311,7 +318,7 @@ class ImplicitLMHarness(TemplateLM):
         def probe(batch_size: int) -> int:
             ids = torch.full((batch_size, longest), self.eot_token_id, dtype=torch.long, device=self.device)
             with torch.no_grad():
-                self.model(ids, mode="simultaneous", max_iter=1)
+                self.model(ids, mode="simultaneous", max_iter=1, tol=math.inf)
             return batch_size
 
         size = probe()
@@ -365,9 +372,18 @@ def _tokenizer(tokenizer: Any, model: ImplicitCausalLM):
     if tokenizer is None:
         folder = model.name_or_path
         if not folder or not (Path(folder) / "tokenizer_config.json").is_file():
-            raise ValueError(f"{folder or 'the model'}: no tokenizer saved with the model; pass tokenizer=FOLDER_OR_HUB_NAME")
+            raise OptionError(f"{folder or 'the model'}: no tokenizer saved with the model; pass tokenizer=FOLDER_OR_HUB_NAME")
         tokenizer = folder
     return load_tokenizer(tokenizer)
+
+
+def _stop_strings(until: Any) -> list[str]:
+    """A request's ``until``: a stop string or a list of them (None: none). An empty one
+    would stop every text before its first character, so it is refused."""
+    stops = [] if until is None else [until] if isinstance(until, str) else list(until)
+    if not all(isinstance(stop, str) and stop for stop in stops):
+        raise OptionError(f"until must list non-empty stop strings; got {quoted(until)}")
+    return stops
 
 
 def _cut_at_first(text: str, stops: list[str]) -> str:
@@ -392,15 +408,15 @@ def _batch_size(value: Any) -> int | str:
         return AUTO_BATCH
     try:
         return _positive_int("batch_size", value)
-    except ValueError:
-        raise ValueError(f"batch_size must be a positive integer or auto; got {value!r}") from None
+    except OptionError:
+        raise OptionError(f"batch_size must be a positive integer or auto; got {value!r}") from None
 
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        raise OptionError(f"{name} must be a positive integer; got {value!r}")
     return value
 
 
@@ -409,7 +425,7 @@ def _boolean(name: str, value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false; got {value!r}")
+        raise OptionError(f"{name} must be true or false; got {value!r}")
     return value
 
 

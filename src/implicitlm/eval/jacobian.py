@@ -39,9 +39,10 @@ from ..models import build_model, config_from_options, load_model
 from ..presets import model_options_from
 from ..presets.options import PRESET_PREFIX
 from .plots import plot_heatmaps
-from .records import make_record, write_record
+from .records import claimed_outputs, make_record, record_files, write_record
 
 METHODS = ("ift", "unroll")
+EXPERIMENT = "jacobian"
 
 
 def off_diagonal_share(jacobian: torch.Tensor) -> float:
@@ -300,7 +301,7 @@ def jacobian_record(checkpoint: str, model, analysis: dict[str, Any], label: str
     curve = {"label": label, "x": list(by_position), "y": [float(np.mean(s)) for s in by_position.values()]}
     representative = {**analysis["representative"], "jacobian": analysis["representative"]["jacobian"].tolist()}
     return make_record(
-        "jacobian", checkpoint, model, analysis["metrics"], [curve],
+        EXPERIMENT, checkpoint, model, analysis["metrics"], [curve],
         {"x": "token position", "y": "off-diagonal share of ||J||_F"},
         label=label, rows=analysis["rows"], coordinates=analysis["coordinates"], representative=representative,
         **settings,
@@ -330,30 +331,35 @@ def run_jacobian(
     specs: Sequence[str], out_dir: str | Path, layer: int = 0, coordinates: int = 64,
     positions: Sequence[int] | None = None, length: int = 32, count: int = 4, words: str | None = None,
     method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0, progress: bool = False,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Analyse each model (``analysis_model`` specs) on the same tokens; returns the records.
 
     One model: ``<out>/jacobian.json`` and ``<out>/jacobian.png``. Several:
     ``<out>/<label>/jacobian.json`` and ``.png`` per model, and every heatmap side by side
-    in ``<out>/jacobian.png``.
+    in ``<out>/jacobian.png``. Any of them already there is refused, before the analysis,
+    unless ``overwrite``.
     """
     out_dir = Path(out_dir)
     positions = list(positions) if positions else default_positions(length)
     settings = dict(layer=layer, method=method, max_iter=max_iter, tol=tol)
     details = dict(positions=positions, length=length, count=count, tokens=f"words:{words}" if words else "random", seed=seed)
+    folders = {label: out_dir if len(specs) == 1 else out_dir / label for label in _labels(specs)}
+    outputs = [file for folder in folders.values() for file in record_files(folder, EXPERIMENT)]
     records = []
-    for spec, label in zip(specs, _labels(specs)):
-        model = analysis_model(spec, seed)
-        _require_sequences(model, count, length)
-        ids = analysis_tokens(model, length, count, seed, words)
-        analysis = jacobian_analysis(model, ids, positions, coordinates=coordinates, seed=seed, progress=progress, **settings)
-        record = jacobian_record(spec, model, analysis, label, **settings, **details)
-        folder = out_dir if len(specs) == 1 else out_dir / label
-        write_record(folder, record)
-        if len(specs) > 1:
-            plot_jacobians([record], folder / "jacobian.png")
-        records.append(record)
-    plot_jacobians(records, out_dir / "jacobian.png")
+    with claimed_outputs([*outputs, record_files(out_dir, EXPERIMENT)[1]], overwrite):
+        for spec, (label, folder) in zip(specs, folders.items()):
+            model = analysis_model(spec, seed)
+            _require_sequences(model, count, length)
+            ids = analysis_tokens(model, length, count, seed, words)
+            analysis = jacobian_analysis(model, ids, positions, coordinates=coordinates, seed=seed, progress=progress,
+                                         **settings)
+            record = jacobian_record(spec, model, analysis, label, **settings, **details)
+            write_record(folder, record)
+            if len(specs) > 1:
+                plot_jacobians([record], record_files(folder, EXPERIMENT)[1])
+            records.append(record)
+        plot_jacobians(records, record_files(out_dir, EXPERIMENT)[1])
     return records
 
 

@@ -3,6 +3,7 @@ perplexity by context, catbAbI answer accuracy), their table, and the task's rec
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from tqdm.auto import tqdm
 from ..tasks.base import Task
 from .catbabi import write_catbabi_results
 from .perplexity import lm_length_record
+from .records import claimed_records, record_files
 from .words import word_length_record
 
 
@@ -22,17 +24,20 @@ def evaluate_by_length(
     solver: dict[str, Any] | None = None,
     out: str | Path | None = None,
     progress: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """``task``'s rows at each of its test lengths, with the budget ``max_iter`` / ``tol``
     (default: the model's), the solver settings ``solver`` (``configure_solver``'s keywords).
     Returns ``rows``, the printed ``table`` and, with ``out``, the ``files`` written there
-    (the task's record and its figure)."""
-    model, test_sets = task.prepare("length", solver)
-    rows = [
-        task.evaluate(model, test_set, mode=mode, max_iter=max_iter, tol=tol, progress=progress)
-        for test_set in tqdm(test_sets, desc="eval", disable=not progress)
-    ]
-    files = write_length_record(task, model, rows, out, mode, max_iter, tol) if out is not None else None
+    (the task's record and its figure; a record already there is refused, before the
+    evaluation, unless ``overwrite``)."""
+    with contextlib.nullcontext() if out is None else claimed_records(out, [task.experiment], overwrite):
+        model, test_sets = task.prepare("length", solver)
+        rows = [
+            task.evaluate(model, test_set, mode=mode, max_iter=max_iter, tol=tol, progress=progress)
+            for test_set in tqdm(test_sets, desc="eval", disable=not progress)
+        ]
+        files = write_length_record(task, model, rows, out, mode, max_iter, tol) if out is not None else None
     return {"rows": rows, "table": task.format_rows(rows), "files": files}
 
 
@@ -49,4 +54,4 @@ def write_length_record(
         write_catbabi_results(out, task.checkpoint, model, rows[0], **task.record_settings(mode, max_iter, tol))
     else:
         raise ValueError(f"no length record for task {task.name!r}")
-    return Path(out) / f"{task.experiment}.json", Path(out) / f"{task.experiment}.png"
+    return record_files(out, task.experiment)

@@ -16,13 +16,20 @@ It is written as ``<out>/<experiment>.json`` beside a ``<out>/<experiment>.png``
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from ..core.atomic_io import write_json
+from ..core.errors import DataError, OptionError, quoted
+from ..core.targets import exclusive_targets
 
 RECORD_KEYS = ("experiment", "checkpoint", "model", "metrics")
+# An experiment names its files in --out: a name, never a path that would lead out of it.
+EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+SCALES = ("linear", "log", "log2")
 
 
 def model_summary(model) -> dict[str, Any]:
@@ -62,19 +69,105 @@ def make_record(
     return record
 
 
+def record_files(out_dir: str | Path, experiment: str) -> tuple[Path, Path]:
+    """The JSON file and the figure of ``experiment``'s record in ``out_dir``."""
+    return Path(out_dir) / f"{experiment}.json", Path(out_dir) / f"{experiment}.png"
+
+
+@contextlib.contextmanager
+def claimed_outputs(files: Iterable[str | Path], overwrite: bool = False) -> Iterator[None]:
+    """Held before an evaluation's work, not after it: ``files`` (records, figures) for this
+    writer alone, any that exists refused unless ``overwrite``."""
+    files = list(dict.fromkeys(map(Path, files)))  # a file named twice is held once, not refused as another's
+    for file in files:
+        _check_folder(file.parent)
+    with exclusive_targets(files, overwrite):
+        yield
+
+
+def claimed_records(out_dir: str | Path, experiments: Iterable[str], overwrite: bool = False):
+    """``claimed_outputs`` of the records of ``experiments`` in ``out_dir``."""
+    files = [file for experiment in experiments for file in record_files(out_dir, experiment)]
+    return claimed_outputs(files, overwrite)
+
+
+def _check_folder(folder: Path) -> None:
+    """The results' folder, or the nearest of its parents that exists, is a folder."""
+    existing = next(path for path in (folder, *folder.absolute().parents) if path.exists() or path.is_symlink())
+    if not existing.is_dir():
+        raise OptionError(f"{existing}: expected a folder for the results (--out), got a file")
+
+
 def write_record(out_dir: str | Path, record: dict[str, Any]) -> Path:
-    path = Path(out_dir) / f"{record['experiment']}.json"
+    path = record_files(out_dir, record["experiment"])[0]
     write_json(path, record)
     return path
 
 
 def read_record(path: str | Path) -> dict[str, Any] | None:
-    """The record in ``path``, or None for a JSON file that is not one (other outputs)."""
+    """The record in ``path``, or None for a JSON file that is not one (other outputs); a
+    record with a field of the wrong kind is a DataError naming the file and the field."""
     path = Path(path)
     try:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: unreadable result file ({error})") from None
+        raise DataError(f"{path}: unreadable result file ({error})") from None
     if not isinstance(value, dict) or not all(key in value for key in RECORD_KEYS):
         return None
+    _check_record(_Fields(path), value)
     return value
+
+
+class _Fields:
+    """The checks of a record's fields, each refusal one line naming the file and the field."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def expect(self, holds: bool, field: str, expected: str, value: Any) -> None:
+        if not holds:
+            raise DataError(f"{self.path}: expected field {quoted(field)} to be {expected}, got {quoted(value)}")
+
+    def numbers(self, value: Any, field: str) -> None:
+        self.expect(isinstance(value, list) and all(map(_is_number, value)), field, "a list of numbers", value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_record(fields: _Fields, record: dict[str, Any]) -> None:
+    """What ``implicitlm report`` reads of a record: the name its figure takes, the model
+    columns, the metrics, the curves and their axes."""
+    experiment = record["experiment"]
+    fields.expect(isinstance(experiment, str) and EXPERIMENT_NAME.fullmatch(experiment) is not None,
+                  "experiment", "a name of letters, digits, '_', '.' and '-'", experiment)
+    fields.expect(isinstance(record["checkpoint"], str), "checkpoint", "text", record["checkpoint"])
+    model = record["model"]
+    fields.expect(isinstance(model, dict), "model", "an object", model)
+    fields.expect(isinstance(model.get("architecture"), str), "model.architecture", "text", model.get("architecture"))
+    fields.expect(isinstance(model.get("implicit"), bool), "model.implicit", "true or false", model.get("implicit"))
+    parameters = model.get("parameters")
+    fields.expect(_is_number(parameters) and parameters >= 0, "model.parameters", "a count", parameters)
+    metrics = record["metrics"]
+    fields.expect(isinstance(metrics, dict), "metrics", "an object", metrics)
+    for name, value in metrics.items():
+        fields.expect(_is_number(value), f"metrics.{name}", "a number", value)
+    if "curves" in record:
+        _check_curves(fields, record["curves"], record.get("axes"))
+
+
+def _check_curves(fields: _Fields, curves: Any, axes: Any) -> None:
+    fields.expect(isinstance(curves, list), "curves", "a list", curves)
+    for i, curve in enumerate(curves):
+        fields.expect(isinstance(curve, dict), f"curves[{i}]", "an object", curve)
+        fields.expect(isinstance(curve.get("label"), str), f"curves[{i}].label", "text", curve.get("label"))
+        fields.numbers(curve.get("x"), f"curves[{i}].x")
+        fields.numbers(curve.get("y"), f"curves[{i}].y")
+        fields.expect(len(curve["y"]) == len(curve["x"]), f"curves[{i}].y", f"{len(curve['x'])} numbers, one per x",
+                      curve["y"])
+    fields.expect(isinstance(axes, dict), "axes", "an object", axes)
+    for name, value in axes.items():
+        fields.expect(isinstance(value, str), f"axes.{name}", "text", value)
+    for name in ("xscale", "yscale"):
+        fields.expect(axes.get(name, "linear") in SCALES, f"axes.{name}", f"one of {', '.join(SCALES)}", axes.get(name))

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from ..core.atomic_io import atomic_write
 from .plots import plot_curves, plot_metric_panels
-from .records import read_record
+from .records import claimed_outputs, read_record, record_files
 
 
 # Wider tables do not read: longer curves (histograms) and longer metric lists are left to
@@ -94,20 +94,25 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def write_report(run_dirs: Iterable[str | Path], out_dir: str | Path) -> tuple[Path, list[Path]]:
-    """``report.md`` and one ``<experiment>.png`` per experiment in ``out_dir``."""
+def write_report(
+    run_dirs: Iterable[str | Path], out_dir: str | Path, overwrite: bool = False
+) -> tuple[Path, list[Path]]:
+    """``report.md`` and one ``<experiment>.png`` per experiment in ``out_dir``; any of them
+    already there (an evaluation's own figure, when ``out_dir`` is a run) is refused unless
+    ``overwrite``."""
     entries = find_records(run_dirs)
-    out_dir = Path(out_dir)
-    figures = [_figure(experiment, group, out_dir) for experiment, group in _by_experiment(entries).items()]
-    links = "\n".join(f"![{path.stem}]({path.name})" for path in figures)
-    text = "# Comparison report\n\n" + markdown_tables(entries) + "\n" + links + "\n"
-    report = out_dir / "report.md"
-    atomic_write(report, lambda temporary: temporary.write_text(text))
+    groups = _by_experiment(entries)
+    report = Path(out_dir) / "report.md"
+    with claimed_outputs([report, *(record_files(out_dir, experiment)[1] for experiment in groups)], overwrite):
+        figures = [_figure(experiment, group, Path(out_dir)) for experiment, group in groups.items()]
+        links = "\n".join(f"![{path.stem}]({path.name})" for path in figures)
+        text = "# Comparison report\n\n" + markdown_tables(entries) + "\n" + links + "\n"
+        atomic_write(report, lambda temporary: temporary.write_text(text))
     return report, figures
 
 
 def _figure(experiment: str, group: list[Entry], out_dir: Path) -> Path:
-    path = out_dir / f"{experiment}.png"
+    path = record_files(out_dir, experiment)[1]
     if any("curves" in entry.record for entry in group):
         curves = [
             {**curve, "label": f"{entry.label}: {curve['label']}"}

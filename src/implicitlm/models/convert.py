@@ -56,7 +56,10 @@ from transformers import (
 from ..core.errors import DataError, first_line
 from ..core.json_file import read_json_object
 from .implicit_lm import ImplicitCausalLM
-from .loading import ModelLoadError, build_model, config_from_options
+from .loading import (
+    ModelLoadError, build_model, check_finite, check_generation_config, check_load_report, config_from_options,
+    silenced_load_report,
+)
 
 # transformers' parameter prefixes -> ours; the layers' own names are the same in both.
 # Mamba1 and Mamba2 checkpoints share theirs.
@@ -89,8 +92,7 @@ def from_hf_mamba2(source: HFSource, implicit: bool = False, **option_overrides:
 
     ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
     """
-    hf = _hf_model(source, Mamba2ForCausalLM)
-    options = _mamba2_options(hf.config)
+    hf, options = _hf_model(source, Mamba2ForCausalLM, _mamba2_options)
     return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
 
 
@@ -99,8 +101,7 @@ def from_hf_llama(source: HFSource, implicit: bool = False, **option_overrides: 
 
     ``option_overrides``: further model options (e.g. ``fixed_point``).
     """
-    hf = _hf_model(source, LlamaForCausalLM)
-    options = _llama_options(hf.config)
+    hf, options = _hf_model(source, LlamaForCausalLM, _llama_options)
     return _convert(hf, options, LLAMA_PREFIXES, _llama_first_projection, implicit, option_overrides)
 
 
@@ -109,8 +110,7 @@ def from_hf_mamba(source: HFSource, implicit: bool = False, **option_overrides: 
 
     ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
     """
-    hf = _hf_model(source, MambaForCausalLM)
-    options = _mamba_options(hf.config)
+    hf, options = _hf_model(source, MambaForCausalLM, _mamba_options)
     return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
 
 
@@ -319,20 +319,37 @@ def _set_weight(module: nn.Module, attribute: str, value: torch.Tensor) -> None:
         target.copy_(value)
 
 
-def _hf_model(source: HFSource, cls: type[PreTrainedModel]) -> PreTrainedModel:
+def _hf_model(
+    source: HFSource, cls: type[PreTrainedModel], options_of: Callable[[Any], dict[str, Any]]
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """The source model and our options for it (``options_of`` its config). A directory's
+    config is read and checked first: a setting we refuse is refused before its weights load."""
     if isinstance(source, cls):
-        return source
+        return source, options_of(source.config)
     if isinstance(source, PreTrainedModel):
         raise TypeError(f"expected a {cls.__name__} or its checkpoint directory, got a {type(source).__name__}")
     path = Path(source)
     model_type = _model_type(path)
     if model_type != cls.config_class.model_type:
         raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {cls.config_class.model_type!r}")
+    config = _loaded(path, lambda: cls.config_class.from_pretrained(path))
+    options = options_of(config)
+    with silenced_load_report():
+        check_generation_config(path)
+        hf, report = _loaded(path, lambda: cls.from_pretrained(
+            path, config=config, use_safetensors=True, output_loading_info=True))
+    # transformers initialises a weight the file lacks at random, and loads NaN as it is.
+    check_load_report(path, report)
+    check_finite(path, hf)
+    return hf, options
+
+
+def _loaded(path: Path, load: Callable[[], Any]) -> Any:
+    """What ``load`` reads from the checkpoint ``path``. A foreign checkpoint fails in many
+    ways (missing or damaged weights, config fields of the wrong type checked by
+    transformers or huggingface_hub), with types that differ between library versions."""
     try:
-        return cls.from_pretrained(path, use_safetensors=True)
-    # A foreign checkpoint fails in many ways (missing or damaged weights, config fields of
-    # the wrong type checked by transformers or huggingface_hub), with types that differ
-    # between library versions.
+        return load()
     except Exception as error:
         raise ModelLoadError(f"{path}: cannot load the checkpoint ({first_line(error)})") from None
 

@@ -24,10 +24,13 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
+from ..core.atomic_io import writing
+from ..core.errors import OptionError
+from ..core.targets import TargetExistsError
 from ..core.weights_digest import WEIGHTS, write_weights_digest
 from ..deq import ConvergenceTally, FixedPointSolver, warn_not_converged
 from ..layers import RMSNorm
-from .loss import token_cross_entropy
+from .loss import IGNORE_INDEX, token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack
 from .stack_passes import StackPasses
@@ -71,8 +74,12 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
         """transformers' ``save_pretrained``, and the SHA-256 of the weights beside them, which
-        ``load_model`` checks: whoever saves a model (a checkpoint, an import, a user) writes it."""
-        super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
+        ``load_model`` checks: whoever saves a model (a checkpoint, an import, a user) writes it.
+        A file where the folder should be is refused (transformers logs it and saves nothing)."""
+        if Path(save_directory).exists() and not Path(save_directory).is_dir():
+            raise TargetExistsError(f"{save_directory}: is a file; save_pretrained writes a folder there")
+        with writing(save_directory, "the model"):
+            super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         # A sharded or variant save has no model.safetensors, which is all load_model reads.
         if is_main_process and (Path(save_directory) / WEIGHTS).is_file():
             write_weights_digest(save_directory)
@@ -173,16 +180,15 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = _transformers_options(kwargs)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        self._check_inputs(input_ids, inputs_embeds, attention_mask, state, labels)
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "sequential" and self.training and torch.is_grad_enabled():
-            raise ValueError("sequential mode is for inference; training runs in simultaneous mode")
+            raise OptionError("sequential mode is for inference; training runs in simultaneous mode")
         if mode == "sequential" and padding is not None:
             # Refused rather than ignored: a recurrent state silently fed padding is wrong.
-            raise ValueError("padded batches run in simultaneous mode (prefill); sequential mode takes real tokens only")
+            raise OptionError("padded batches run in simultaneous mode (prefill); sequential mode takes real tokens only")
         if position_ids is not None:
             check_position_ids(position_ids, padding, continues=state is not None)
         if output_hidden_states is None:
@@ -209,6 +215,23 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             loss=loss, logits=logits, fixed_point=stats, state=new_state, hidden_states=hidden_states
         )
         return output.to_tuple() if return_dict is False else output
+
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, state, labels) -> None:
+        """The inputs of a forward, each refused in one line naming it where the passes would
+        fail deep inside or, worse, misread it: a mask of another shape broadcasts, and an id
+        in the padded rows of the embedding reads a row no token was trained on."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise OptionError("give exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            shape = check_token_ids(input_ids, self.config.vocab_size)
+        else:
+            shape = check_embeddings(inputs_embeds, self.config.hidden_size)
+        if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor) and _shape(attention_mask) == shape):
+            raise OptionError(f"attention_mask must be a tensor of the input's shape {shape}; got {_described(attention_mask)}")
+        if state is not None:
+            self.stack.check_state(state, batch=shape[0])
+        if labels is not None:
+            check_labels(labels, shape, self.config.vocab_size)
 
     def _hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
         """Every block's input and the stack's output, from one more pass of the stack: at
@@ -301,14 +324,14 @@ def _transformers_options(options: dict) -> int | torch.Tensor | None:
     if unknown:
         raise TypeError(f"forward() got unexpected keyword argument(s): {', '.join(unknown)}")
     if options.get("output_attentions"):
-        raise ValueError("output_attentions is not supported: Mamba mixers have no attention weights and attention runs in SDPA")
+        raise OptionError("output_attentions is not supported: Mamba mixers have no attention weights and attention runs in SDPA")
     if options.get("output_router_logits"):
-        raise ValueError("output_router_logits is not supported: the model has no router")
+        raise OptionError("output_router_logits is not supported: the model has no router")
     if options.get("is_causal") is False:
-        raise ValueError("is_causal=False is not supported: the model is causal")
+        raise OptionError("is_causal=False is not supported: the model is causal")
     packed = [name for name in _PACKED_SEQUENCE_OPTIONS if options.get(name) is not None]
     if packed:
-        raise ValueError(f"packed sequences ({packed[0]}) are not supported: give one sequence per row, padded with attention_mask")
+        raise OptionError(f"packed sequences ({packed[0]}) are not supported: give one sequence per row, padded with attention_mask")
     return options.get("num_items_in_batch")
 
 
@@ -317,14 +340,62 @@ def _kept_positions(logits_to_keep: int | torch.Tensor, labels: torch.Tensor | N
     much as a small model's blocks, and a scorer or a generator needs a few positions only."""
     if isinstance(logits_to_keep, torch.Tensor):
         if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point():
-            raise ValueError(f"logits_to_keep as a tensor lists positions (1-d integers); got shape {tuple(logits_to_keep.shape)}")
+            raise OptionError(f"logits_to_keep as a tensor lists positions (1-d integers); got shape {tuple(logits_to_keep.shape)}")
     elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-        raise ValueError(f"logits_to_keep must be a non-negative integer or a tensor of positions; got {logits_to_keep!r}")
+        raise OptionError(f"logits_to_keep must be a non-negative integer or a tensor of positions; got {logits_to_keep!r}")
     elif logits_to_keep == 0:
         return slice(None)
     if labels is not None:
-        raise ValueError("a loss needs the logits of every position: give labels with logits_to_keep=0")
+        raise OptionError("a loss needs the logits of every position: give labels with logits_to_keep=0")
     return logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
+
+
+def check_token_ids(input_ids, vocab_size: int) -> tuple[int, int]:
+    """``input_ids``: (batch, length) integer ids in [0, ``vocab_size``), at least one of
+    each; returns the shape."""
+    integer = isinstance(input_ids, torch.Tensor) and input_ids.dtype in (torch.int64, torch.int32)
+    if not integer or input_ids.dim() != 2:
+        raise OptionError(f"input_ids must be a 2-d tensor of integer token ids (batch, length); got {_described(input_ids)}")
+    if input_ids.numel() == 0:
+        raise OptionError(f"input_ids must hold at least one row of at least one token; got shape {_shape(input_ids)}")
+    low, high = (int(bound) for bound in torch.aminmax(input_ids))
+    if low < 0 or high >= vocab_size:
+        raise OptionError(f"input_ids must lie in [0, {vocab_size}), the vocabulary; got {low if low < 0 else high}")
+    return _shape(input_ids)
+
+
+def check_labels(labels, shape: tuple[int, int], vocab_size: int) -> None:
+    """``labels``: integer ids in [0, ``vocab_size``), or ``IGNORE_INDEX`` where no loss is
+    taken, of the input's ``shape``."""
+    integer = isinstance(labels, torch.Tensor) and labels.dtype in (torch.int64, torch.int32)
+    if not integer or _shape(labels) != shape:
+        raise OptionError(f"labels must be a tensor of integer token ids of the input's shape {shape}; got {_described(labels)}")
+    outside = (labels >= vocab_size) | ((labels < 0) & (labels != IGNORE_INDEX))
+    if bool(outside.any()):
+        raise OptionError(f"labels must lie in [0, {vocab_size}), the vocabulary, or be {IGNORE_INDEX} (no loss); "
+                          f"got {int(labels[outside][0])}")
+
+
+def check_embeddings(inputs_embeds, hidden_size: int) -> tuple[int, int]:
+    """``inputs_embeds``: (batch, length, ``hidden_size``) floats, at least one token in at
+    least one row; returns (batch, length)."""
+    if not (isinstance(inputs_embeds, torch.Tensor) and inputs_embeds.is_floating_point()
+            and inputs_embeds.dim() == 3 and inputs_embeds.shape[-1] == hidden_size):
+        raise OptionError(f"inputs_embeds must be a float tensor (batch, length, {hidden_size}); got {_described(inputs_embeds)}")
+    if inputs_embeds.numel() == 0:
+        raise OptionError(f"inputs_embeds must hold at least one row of at least one token; got shape {_shape(inputs_embeds)}")
+    return _shape(inputs_embeds)[:2]
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
+
+
+def _described(value) -> str:
+    """A tensor argument, for a message: its shape and dtype, or what it is instead."""
+    if isinstance(value, torch.Tensor):
+        return f"shape {_shape(value)}, {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
 
 
 def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None, continues: bool) -> None:
@@ -341,7 +412,7 @@ def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None,
         first_real = real.long().argmax(dim=-1, keepdim=True)
         expected = expected + position_ids.gather(-1, first_real)
     if bool((position_ids != expected)[real].any()):
-        raise ValueError(
+        raise OptionError(
             "position_ids must number the real tokens 0, 1, 2, ... (after left padding, as generate() computes them); "
             "other positions are not supported: the model's positions follow from token order"
         )

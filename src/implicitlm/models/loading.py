@@ -59,6 +59,11 @@ TRANSFORMERS_KEYS = frozenset(PretrainedConfig().to_dict()) | frozenset(Generati
 }
 # How many of the tensors whose shapes differ from the config's a message names.
 SHAPES_NAMED = 3
+GENERATION_CONFIG = "generation_config.json"
+# What transformers writes into a generation_config.json (_from_model_config, transformers_version included).
+GENERATION_KEYS = tuple(sorted(GenerationConfig().to_dict()))
+# Reads of a run's latest checkpoint, each begun again when the run removed it meanwhile.
+READ_ATTEMPTS = 10
 
 
 class ModelLoadError(ImplicitLMError, ValueError):
@@ -172,11 +177,29 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None = None) -> Impl
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
+
+    A run that keeps only its latest checkpoints removes the one read here once it has
+    written the next: a read that fails as the run moves on is made again from the newest.
     """
     dtype = torch_dtype(dtype)
     path = Path(path)
     recover_replaced(path)  # a checkpoint swap cut between its two renames
-    path = model_folder(path)
+    folder = model_folder(path)
+    for _ in range(READ_ATTEMPTS):
+        try:
+            model = _load_folder(folder)
+        except (ModelLoadError, OSError):
+            newest = model_folder(path)
+            if newest == folder:
+                raise
+            folder = newest
+        else:
+            # Cast after the checks, which read the weights as saved.
+            return model if dtype is None else model.to(dtype)
+    raise ModelLoadError(f"{path}: its latest checkpoint was replaced while being read, {READ_ATTEMPTS} times in a row")
+
+
+def _load_folder(path: Path) -> ImplicitCausalLM:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")
@@ -185,28 +208,61 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None = None) -> Impl
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     checked = _check_weights_digest(path)
-    try:
-        with _own_load_report():
+    with silenced_load_report():
+        check_generation_config(path)
+        try:
             model, report = MODEL_CLASSES[config.model_type].from_pretrained(
                 path, config=config, use_safetensors=True, output_loading_info=True
             )
-    # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
-    except Exception as error:
-        # transformers' message about shapes points at a report it printed (or, quietened, did not).
-        message = _shape_mismatch(path, config) or f"{path}: cannot load weights ({first_line(error)})"
-        raise ModelLoadError(message) from None
-    for kind, problem in WEIGHT_PROBLEMS.items():
-        if report[kind]:
-            raise ModelLoadError(f"{path / WEIGHTS}: {problem}: {quoted(sorted(report[kind]))}")
-    for name, tensor in model.state_dict().items():
-        # NaN weights evaluate to some accuracy without a word: refused at the door.
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ModelLoadError(f"{path / WEIGHTS}: weight {name} holds NaN or Inf")
+        # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
+        except Exception as error:
+            # transformers' message about shapes points at a report it printed (or, quietened, did not).
+            message = _shape_mismatch(path, config) or f"{path}: cannot load weights ({first_line(error)})"
+            raise ModelLoadError(message) from None
+    check_load_report(path / WEIGHTS, report)
+    check_finite(path / WEIGHTS, model)
     if not checked:
         # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
         LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")
-    # Cast after the checks, which read the weights as saved.
-    return model if dtype is None else model.to(dtype)
+    return model
+
+
+def check_load_report(source: Path, report: dict[str, Any]) -> None:
+    """transformers' ``output_loading_info`` report of loading the weights ``source`` holds: a
+    weight the model needs and they lack, or one they hold and the model has no place for,
+    is refused in one line naming them."""
+    for kind, problem in WEIGHT_PROBLEMS.items():
+        if report[kind]:
+            raise ModelLoadError(f"{source}: {problem}: {quoted(sorted(report[kind]))}")
+
+
+def check_finite(source: Path, model: torch.nn.Module) -> None:
+    """NaN weights evaluate to some accuracy without a word: refused at the door, naming
+    the first such weight of ``model``, loaded from ``source``."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelLoadError(f"{source}: weight {name} holds NaN or Inf")
+
+
+def check_generation_config(folder: Path) -> None:
+    """``folder``'s generation_config.json, if it has one, is a JSON object of the settings
+    transformers knows, with values it accepts. transformers itself loads an unreadable one
+    as defaults, and keeps an unknown (misspelt) key as an attribute no one reads, without
+    a word. Its warnings about settings that matter only in some decoding modes stay
+    unsaid, as when it loads the file itself (call under ``silenced_load_report``)."""
+    file = folder / GENERATION_CONFIG
+    if not file.exists():
+        return
+    try:
+        values = read_json_object(file, "a generation config")
+        check_known_keys(values, GENERATION_KEYS, "generation setting")
+        GenerationConfig.from_dict(values)  # transformers' own checks of the values
+    except DataError as error:
+        raise ModelLoadError(str(error)) from None
+    except OptionError as error:
+        raise ModelLoadError(f"{file}: {error}") from None
+    except Exception as error:  # transformers' checks fail with several types
+        raise ModelLoadError(f"{file}: invalid generation config ({first_line(error)})") from None
 
 
 def _shape_mismatch(path: Path, config: ImplicitLMConfig) -> str | None:
@@ -245,9 +301,9 @@ def _shapes_config(shapes: dict[str, list[int]]) -> str:
 
 
 @contextlib.contextmanager
-def _own_load_report():
+def silenced_load_report():
     """transformers prints a table of missing and unexpected weights; those are refused
-    here in one line instead, so its table would only be noise before that line."""
+    in one line instead (``check_load_report``), so its table would only be noise before that line."""
     level = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()
     try:
@@ -258,7 +314,10 @@ def _own_load_report():
 
 def _check_weights_digest(path: Path) -> bool:
     """Whether ``path``'s weights were checked against a recorded digest (they match)."""
-    recorded = recorded_weights_digest(path)
+    try:
+        recorded = recorded_weights_digest(path)
+    except DataError as error:
+        raise ModelLoadError(str(error)) from None
     if recorded is None:
         return False
     if weights_sha256(path) != recorded:

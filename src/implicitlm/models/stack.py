@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from ..core.errors import OptionError
 from ..layers import RMSNorm
 from .configuration import ImplicitLMConfig
 
@@ -31,6 +32,20 @@ class BlockStack(nn.Module):
 
     def initial_state(self, batch: int, device=None, dtype=None) -> list[Any]:
         return [layer.initial_state(batch, device, dtype) for layer in self.layers]
+
+    def check_state(self, states: Any, batch: int) -> None:
+        """``states`` (a forward's ``state`` argument) as a previous output's ``state`` holds
+        them: one block state per block, each of ``batch`` rows."""
+        blocks = len(self.layers)
+        if not isinstance(states, list) or len(states) != blocks:
+            found = f"{len(states)} items" if isinstance(states, list) else type(states).__name__
+            raise OptionError(f"state must be a previous output's state, a list of {blocks} block states; got {found}")
+        rows = [_state_rows(state) for state in states]
+        if None in rows:
+            index = rows.index(None)
+            raise OptionError(f"state[{index}] must be a block state of a previous output; got {type(states[index]).__name__}")
+        if set(rows) != {batch}:
+            raise OptionError(f"state holds {', '.join(map(str, sorted(set(rows))))} rows; the input has {batch}")
 
     def select_state(self, states: list[Any], index: torch.Tensor) -> list[Any]:
         """The states of batch rows ``index``, in that order (every state tensor is batch-first)."""
@@ -79,6 +94,14 @@ class BlockStack(nn.Module):
             z, state = layer.step(z, injection, state)
             new_states.append(state)
         return self.norm_f(z), new_states
+
+
+def _state_rows(state: Any) -> int | None:
+    """The batch size of a block state (every state tensor is batch-first); None: not one."""
+    if not dataclasses.is_dataclass(state) or isinstance(state, type):
+        return None
+    values = (getattr(state, field.name) for field in dataclasses.fields(state))
+    return next((value.shape[0] for value in values if isinstance(value, torch.Tensor) and value.dim() > 0), None)
 
 
 def _select_rows(state: Any, index: torch.Tensor) -> Any:

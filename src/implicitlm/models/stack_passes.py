@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.errors import OptionError
 from ..deq import KeptState, chain_chunks, solve_sequence, with_retried_rows
 
 
@@ -20,7 +21,7 @@ class StackPasses:
         if chunk_length is None:
             chunk_length = self.solver.options.eval_chunk_length
         elif isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or chunk_length < 0:
-            raise ValueError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
+            raise OptionError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
         return chunk_length if self.config.implicit and not self.training else 0
 
     def _simultaneous(

@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
-from ..data.shards import TokenShards
+from ..data.shards import TokenShards, tokenizer_digest
 from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
 from ..deq import warn_not_converged
@@ -22,6 +22,8 @@ from .base import FolderTask, missed_cell
 
 # Tokens a convergence report counts unless --max-tokens says otherwise.
 CONVERGENCE_TOKENS = 4096
+# What a folder that holds a saved tokenizer (a checkpoint's copy) holds.
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 @torch.no_grad()
@@ -134,6 +136,7 @@ class LMTask(FolderTask):
                 raise ValueError("the checkpoint does not record its training context; give --lengths")
             self.lengths = [self.train_length * m for m in self.multiples or [1]]
         self.shards = TokenShards(self.data, self.split, verify=True)
+        check_tokens_of_model(self.shards, self.model)
 
     def evaluation_sets(self) -> list[int]:
         return list(self.lengths)
@@ -170,6 +173,8 @@ class TokenBatches:
         # A local tokenizer folder may not travel with the checkpoints, so they carry a copy;
         # a hub name stays findable.
         self.tokenizer = load_tokenizer(shards.tokenizer) if Path(shards.tokenizer).is_dir() else None
+        if self.tokenizer is not None:
+            _check_tokenizer_unchanged(shards, self.tokenizer)
         self.sampler = TokenSampler(shards, sequence_length, batch_size, seed=seed, rank=rank, world_size=world_size)
 
     def __iter__(self) -> TokenBatches:
@@ -189,13 +194,43 @@ class TokenBatches:
         return None
 
     def prepare(self, model) -> None:
-        """The shards' vocabulary must fit the model; their eos id goes into its configs."""
-        if self.shards.vocab_size > model.config.vocab_size:
-            raise OptionError(
-                f"the shards' tokenizer has {self.shards.vocab_size} tokens, more than the model's vocab_size "
-                f"{model.config.vocab_size}"
-            )
+        """The shards' tokens must be the model's (``check_tokens_of_model``); their eos id goes
+        into its configs."""
+        check_tokens_of_model(self.shards, model)
         mark_end_of_text(model, self.shards.eos_token_id)
+
+
+def _check_tokenizer_unchanged(shards: TokenShards, tokenizer) -> None:
+    """The tokenizer folder the shards name must hold the tokenizer that wrote them, since
+    the checkpoints carry a copy of it."""
+    now = tokenizer_digest(tokenizer)
+    if now is not None and shards.tokenizer_sha256 not in (None, now):
+        raise OptionError(
+            f"{shards.path}: written by another tokenizer than the one now in {shards.tokenizer} "
+            f"(sha256 {shards.tokenizer_sha256[:12]}, now {now[:12]}): the checkpoints would carry the wrong one"
+        )
+
+
+def check_tokens_of_model(shards: TokenShards, model) -> None:
+    """Refuse, in one line, shards whose token ids are not the model's: ids past its
+    vocabulary, or, where the shards record their tokenizer's digest and the model's
+    checkpoint carries its tokenizer, the tokens of another tokenizer than that one."""
+    if shards.vocab_size > model.config.vocab_size:
+        raise OptionError(
+            f"{shards.path}: the shards' tokenizer ({shards.tokenizer}) has {shards.vocab_size} tokens, "
+            f"more than the model's vocab_size {model.config.vocab_size}"
+        )
+    # A model read from a folder (a checkpoint) is named by it; a model built here, by nothing.
+    checkpoint = Path(model.name_or_path) if model.name_or_path else None
+    if shards.tokenizer_sha256 is None or checkpoint is None or not (checkpoint / TOKENIZER_CONFIG).is_file():
+        return
+    trained = tokenizer_digest(load_tokenizer(checkpoint))
+    if trained is not None and trained != shards.tokenizer_sha256:
+        raise OptionError(
+            f"{shards.path}: tokens of the tokenizer {shards.tokenizer} (sha256 {shards.tokenizer_sha256[:12]}), "
+            f"but {checkpoint} was trained with another (sha256 {trained[:12]}, saved beside it); "
+            f"give shards written with that one"
+        )
 
 
 def mark_end_of_text(model, eos_token_id: int) -> None:

@@ -2,8 +2,11 @@
 
 A checkpoint is a directory. It is assembled under a temporary name beside its final
 place and renamed into it, so a crash leaves either the previous checkpoint or the new
-one, never a mixture. Training state is loaded with ``weights_only=True``: nothing in a
-checkpoint directory is unpickled into arbitrary objects or executed.
+one, never a mixture; a write that fails (a full disk) is one ``WriteError``
+naming the checkpoint and the system's reason. Training state is loaded with
+``weights_only=True``: nothing in a checkpoint directory is unpickled into arbitrary objects
+or executed. A resume goes on only where the step agrees in the folder's name, the metadata,
+the scheduler and the optimiser.
 """
 
 from __future__ import annotations
@@ -16,20 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 
-from ..core.atomic_io import recover_replaced, staged_directory
-from ..core.errors import ImplicitLMError, first_line
+from ..core.atomic_io import recover_replaced, staged_directory, writing
+from ..core.errors import DataError
 from ..core.run_folder import (
-    CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories,
+    CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories, step_in_name,
 )
 from ..models import ImplicitCausalLM, load_model
 
 TRAINING_STATE = "training_state.pt"
 
 
-class CheckpointError(ImplicitLMError, ValueError):
-    """A checkpoint directory that is missing, incomplete or corrupt."""
+class CheckpointError(DataError):
+    """A checkpoint directory that is missing, incomplete, corrupt or inconsistent."""
 
 
 def save_checkpoint(
@@ -46,17 +48,18 @@ def save_checkpoint(
     saved beside the model, so that the checkpoint alone can be evaluated on text."""
     path = Path(path)
     with staged_directory(path) as staging:
-        try:
+        with writing(path, "model.safetensors"):
             model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
-        except SafetensorError as error:
-            # safetensors reports a full disk or a failed write as its own error type, with
-            # the OS error inside the text: as an OSError it ends the run in one line.
-            raise OSError(f"{staging / 'model.safetensors'}: cannot write ({first_line(error)})") from None
         if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
+            with writing(path, "the tokenizer"):
+                tokenizer.save_pretrained(staging)
         if training_state is not None:
-            torch.save(training_state, staging / TRAINING_STATE)
-        (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))
+            # Through a Python file, whose failed write raises the OSError that says why;
+            # torch's own writer reports only "iostream error".
+            with writing(path, TRAINING_STATE), open(staging / TRAINING_STATE, "wb") as file:
+                torch.save(training_state, file)
+        with writing(path, TRAINER_META):
+            (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))
     return path
 
 
@@ -85,17 +88,30 @@ def load_training_state(path: str | Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def applying_training_state(checkpoint: Path, optimizer: torch.optim.Optimizer):
+def applying_training_state(checkpoint: Path, step: int, optimizer: torch.optim.Optimizer, scheduler):
     """Around handing a loaded training state to the optimiser, scheduler, sampler and RNG:
     a state that unpickled safely but does not fit them is a damaged checkpoint. The
     optimiser takes moments of any shape without a word and fails at its first step, so
-    their shapes are checked against the parameters here."""
+    their shapes are checked against the parameters here. The state must be ``step``'s."""
     try:
         yield
         _check_moments_fit(optimizer)
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CheckpointError(f"{checkpoint / TRAINING_STATE}: does not fit this run ({message})") from None
+    _check_state_step(checkpoint, step, optimizer, scheduler)
+
+
+def _check_state_step(checkpoint: Path, step: int, optimizer: torch.optim.Optimizer, scheduler) -> None:
+    """Another step's state would go on at that step's learning rate and with its moments.
+    A parameter without a gradient in some step is not stepped, so the optimiser's count is
+    that of the parameters stepped most."""
+    file, said = checkpoint / TRAINING_STATE, f"but {TRAINER_META} says step {step}"
+    if scheduler.last_epoch != step:
+        raise CheckpointError(f"{file}: the scheduler's state is at step {scheduler.last_epoch}, {said}")
+    counts = [float(state["step"]) for state in optimizer.state.values() if "step" in state]
+    if counts and max(counts) != step:
+        raise CheckpointError(f"{file}: the optimiser's state has taken {max(counts):g} steps, {said}")
 
 
 def _check_moments_fit(optimizer: torch.optim.Optimizer) -> None:
@@ -119,6 +135,9 @@ def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tup
     step = read_trainer_meta(checkpoint).get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got {step!r}")
+    if step_in_name(checkpoint) not in (None, step):
+        folder = checkpoint.name
+        raise CheckpointError(f"{checkpoint / TRAINER_META}: step {step}, but the checkpoint's folder is {folder}")
     state = load_training_state(checkpoint)
     missing = [key for key in state_keys if not isinstance(state, dict) or key not in state]
     if missing:

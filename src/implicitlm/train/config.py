@@ -15,6 +15,7 @@ from ..core.options import Options
 from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_known_keys, field_names, one_of,
 )
+from ..deq.options import evaluations
 from .curriculum import Curriculum, Phase
 
 TASKS = ("words", "lm")
@@ -66,8 +67,8 @@ class TrainConfig(Options):
         "betas": Rule("in [0, 1)", lambda betas: all(0 <= beta < 1 for beta in betas)),
         "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "decay_fraction": UNIT_INTERVAL,
         "grad_clip": POSITIVE, "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1),
-        "bounded_fraction": UNIT_INTERVAL, "bounded_iters": NON_NEGATIVE, "bounded_phantom_steps": at_least(1),
-        "free_iters": NON_NEGATIVE, "free_phantom_steps": at_least(1), "free_tol": POSITIVE,
+        "bounded_fraction": UNIT_INTERVAL, "bounded_iters": evaluations(0),
+        "bounded_phantom_steps": evaluations(1), "free_iters": evaluations(0), "free_phantom_steps": evaluations(1), "free_tol": POSITIVE,
         "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
         "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),
         "checkpoint_every": NON_NEGATIVE, "keep_checkpoints": at_least(1), "hard_prob": UNIT_INTERVAL,
@@ -111,6 +112,10 @@ class TrainConfig(Options):
     def check(self) -> None:
         if self.unroll_steps > self.total_steps:
             raise OptionError(f"unroll_steps={self.unroll_steps} is more than total_steps={self.total_steps}")
+        if self.min_lr > self.lr:
+            raise OptionError(
+                f"min_lr={self.min_lr} is more than lr={self.lr}: the decay would raise the rate, not lower it"
+            )
         defaults = task_defaults(self.task)
         for name, task in OTHER_TASKS_FIELDS.items():
             if task != self.task and getattr(self, name) != defaults[name]:

@@ -9,7 +9,8 @@ second SIGINT raises KeyboardInterrupt, for a person at a run stuck inside a ste
 
 A non-finite loss, gradient norm or fixed-point iterate stops the run before the optimiser
 applies the step, so the weights in memory and every checkpoint written so far are the
-last good ones.
+last good ones. A checkpoint that cannot be written (a full disk) stops it too, naming the
+last one written.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..core.atomic_io import WriteError
 from ..core.errors import ImplicitLMError, NumericalFault
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -92,6 +94,17 @@ def stop_on_numerical_fault(step: int, last_checkpoint: Path | None):
     except NumericalFault as fault:
         kept = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else "no checkpoint had been written"
         raise NumericalFault(f"step {step}: {fault}; training stopped before its update; {kept}") from None
+
+
+@contextlib.contextmanager
+def stop_on_write_failure(last_checkpoint: Path | None):
+    """Around writing a checkpoint: a failed write ends training, naming the checkpoint to
+    resume from."""
+    try:
+        yield
+    except WriteError as error:
+        kept = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint had been written"
+        raise WriteError(f"{error}; {kept}") from None
 
 
 def check_finite(loss: float, grad_norm: float, non_finite_iterates: int = 0) -> None:

@@ -21,7 +21,10 @@ from tqdm.auto import tqdm
 from .curriculum import Curriculum
 from ..core.errors import NumericalFault
 from ..core.memory import FLOAT_BYTES, activation_bytes, require
-from .guard import StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_requested
+from .guard import (
+    StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_on_write_failure,
+    stop_requested,
+)
 from .run_log import RunLog
 
 
@@ -115,7 +118,8 @@ def run_training(
             periodic = task.checkpoint_every and (step + 1) % task.checkpoint_every == 0
             if signal_number or periodic or last:
                 check_updated_weights(model, outcome.recheck, accelerator, step, last_checkpoint)
-                last_checkpoint = task.save(step + 1)
+                with stop_on_write_failure(last_checkpoint):
+                    last_checkpoint = task.save(step + 1)
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
     return metrics

@@ -4,15 +4,17 @@ accelerate's tracker."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..core.atomic_io import atomic_write
 from ..core.errors import DataError
+from ..core.run_folder import CHECKPOINTS
+from ..core.targets import writer_lock
 
 TENSORBOARD = "tensorboard"
 
@@ -39,41 +41,22 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
         )
 
 
-LOCK = ".lock"
-
-
 @contextlib.contextmanager
 def run_folder_lock(out_dir: str | Path, enabled: bool = True):
     """Hold ``out_dir`` for one run at a time: a second run on the same folder would mix its
-    metrics into the first's and race it on every checkpoint rename. The lock is the
-    kernel's (``flock``), so a killed run leaves none behind. Symbolic links inside the
-    run folder are refused too: writes would land outside it, or fail at the first save."""
+    metrics into the first's and race it on every checkpoint rename. Symbolic links inside
+    the run folder are refused too: writes would land outside it, or fail at the first save."""
     if not enabled:
         yield
         return
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    refuse_links(out)
-    with open(out / LOCK, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise FileExistsError(f"{out}: another run is writing to this folder (process {holder})") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with writer_lock(out_dir):
+        refuse_links(Path(out_dir))
+        yield
 
 
 def refuse_links(out_dir: Path) -> None:
     """A run folder's entries, and everything under them, must be its own files and folders."""
-    for name in (*RUN_ENTRIES, LOCK):
+    for name in RUN_ENTRIES:
         entry = out_dir / name
         links = [entry] if entry.is_symlink() else [p for p in entry.rglob("*") if p.is_symlink()] if entry.is_dir() else []
         if links:
@@ -82,10 +65,46 @@ def refuse_links(out_dir: Path) -> None:
             )
 
 
-def clear_earlier_run(out_dir: str | Path) -> None:
-    """Remove an earlier run's entries from ``out_dir``; other files in the folder stay."""
-    for name in existing_run(out_dir):
-        path = Path(out_dir) / name
+@contextlib.contextmanager
+def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
+    """Move an earlier run's entries out of the new run's way (``--overwrite``), and delete
+    them only once the new run has written a checkpoint: a run that fails before its first
+    (a full disk, bad data) puts the earlier run back as it was. A killed run leaves them
+    in a temporary folder, which the next run on the folder removes."""
+    out = Path(out_dir)
+    found = existing_run(out) if enabled else []
+    if not found:
+        yield
+        return
+    aside = Path(tempfile.mkdtemp(dir=out, prefix=".earlier_run.", suffix=".tmp"))
+    moved = []
+    try:
+        for name in found:
+            os.replace(out / name, aside / name)
+            moved.append(name)
+    except BaseException:
+        _put_back(out, aside, moved)
+        raise
+    try:
+        yield
+    except BaseException:
+        if not any((out / CHECKPOINTS).glob("step_*")):
+            _remove_entries(out, existing_run(out))
+            _put_back(out, aside, moved)
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _put_back(out: Path, aside: Path, names: list[str]) -> None:
+    for name in names:
+        os.replace(aside / name, out / name)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_entries(out: Path, names: list[str]) -> None:
+    for name in names:
+        path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError
 from ..core.run_folder import CHECKPOINTS, current_spelling, read_trainer_meta, remove_stale_temporaries
 from ..core.schema import field_names
 from ..data.shards import TokenShards
@@ -40,7 +41,7 @@ from .config import TrainConfig
 from .guard import non_finite_images
 from .held_out import held_out_metrics, write_training_record
 from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
-from .run_log import clear_earlier_run, refuse_earlier_run, run_folder_lock, tracking_options
+from .run_log import earlier_run_set_aside, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import accelerator_for, compile_stack
 
@@ -69,7 +70,7 @@ def train(
     kept), logs to ``out_dir/metrics.jsonl`` and ``out_dir/tensorboard``. ``resume``
     continues from the latest checkpoint in ``out_dir`` (its weights replace the model's); a
     fresh run refuses an ``out_dir`` that holds an earlier run, or, with ``overwrite``,
-    removes that run first. A SIGTERM or SIGINT ends the run after the current step with a
+    replaces it (kept until the new run's first checkpoint). A SIGTERM or SIGINT ends the run after the current step with a
     checkpoint (``TrainingInterrupted``); a non-finite loss or gradient ends it before the
     update (``NumericalFault``), leaving the last checkpoint as it was. ``warm_start``: where
     the model's weights came from (``checkpoint.warm_start``); the batches go on from that
@@ -83,20 +84,19 @@ def train(
             if stale:
                 names = ", ".join(str(path.relative_to(out_dir)) for path in stale)
                 LOGGER.warning(f"{out_dir}: removed {len(stale)} temporary file(s) a stopped run left: {names}")
-        return _train(accelerator, model, config, data, out_dir, resume, progress, overwrite, description, warm_start)
+        if not resume:
+            # Every process looks before the main one moves the earlier run aside.
+            refuse_earlier_run(out_dir, overwrite)
+            accelerator.wait_for_everyone()
+        with earlier_run_set_aside(out_dir, enabled=accelerator.is_main_process and not resume):
+            accelerator.wait_for_everyone()
+            return _train(accelerator, model, config, data, out_dir, resume, progress, description, warm_start)
 
 
 def _train(
-    accelerator, model, config: TrainConfig, data, out_dir: Path, resume: bool, progress: bool, overwrite: bool,
-    description: str, warm_start: WarmStart | None,
+    accelerator, model, config: TrainConfig, data, out_dir: Path, resume: bool, progress: bool, description: str,
+    warm_start: WarmStart | None,
 ) -> dict[str, Any]:
-    if not resume:
-        # Every process looks before the main one clears, so that all see the same folder.
-        refuse_earlier_run(out_dir, overwrite)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            clear_earlier_run(out_dir)
-        accelerator.wait_for_everyone()
     require_training(model, config.batch_size, config.sequence_length, config.gradient_passes(model.config.implicit))
     chunk_evaluations_at(model, config.sequence_length)
     torch.manual_seed(config.seed)
@@ -108,6 +108,7 @@ def _train(
     if resume:
         checkpoint = run_checkpoint(out_dir)
         start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
+        _check_steps_left(checkpoint, start_step, config.total_steps)
         _check_same_data(checkpoint, batches)
         origin = read_trainer_meta(checkpoint).get("initialised_from")
     elif warm_start is not None:
@@ -128,7 +129,7 @@ def _train(
         optimizer, config.warmup_steps, curriculum.total_steps, decay_steps, config.min_lr / config.lr
     )
     if state is not None:
-        with applying_training_state(checkpoint, optimizer):
+        with applying_training_state(checkpoint, start_step, optimizer, scheduler):
             _restore_training_state(state, accelerator, model, optimizer, scheduler, config)
             _restore_position(state, batches, start_step * accumulation, checkpoint)
     test = TokenShards(data, "test", verify=True) if config.task == "lm" and config.eval_every else None
@@ -342,6 +343,15 @@ def _continue_batch_order(batches, warm_start: WarmStart) -> None:
         LOGGER.warning(f"{source}: its run's batch order is not this run's ({error}); the batches start from the beginning")
     else:
         LOGGER.info(f"{source}: the batches go on where its run stopped ({warm_start.data_position})")
+
+
+def _check_steps_left(checkpoint: Path, step: int, total_steps: int) -> None:
+    # A resume that trains nothing would end as a finished run does, and say nothing.
+    if step >= total_steps:
+        raise OptionError(
+            f"{checkpoint}: the run is at step {step} already, and total_steps={total_steps}: nothing to train "
+            f"(resume with total_steps above {step} to train further)"
+        )
 
 
 def _check_same_data(checkpoint: Path, batches) -> None:
