@@ -154,7 +154,8 @@ def test_options_lists_every_model_and_training_key_with_its_default(command, tr
     import re
 
     from implicitlm.deq.options import FixedPointOptions
-    from implicitlm.models.loading import CONFIG_CLASSES, model_option_names
+    from implicitlm.models.families import BY_ARCHITECTURE
+    from implicitlm.models.loading import model_option_names
     from implicitlm.train.config import OTHER_TASKS_FIELDS, TrainConfig
 
     with pytest.raises(SystemExit) as exit_info:
@@ -167,7 +168,7 @@ def test_options_lists_every_model_and_training_key_with_its_default(command, tr
     assert main(command_for_keys.split()[1:]) == 0
     out = capsys.readouterr().out
     listed = dict(re.findall(r"^  (\w+)\s+(\S+)\s+\S", out, flags=re.MULTILINE))
-    model_keys = {name for family in CONFIG_CLASSES for name in model_option_names(family)} - {"architecture"}
+    model_keys = {name for family in BY_ARCHITECTURE for name in model_option_names(family)} - {"architecture"}
     assert model_keys <= set(listed) and {f.name for f in dataclasses.fields(FixedPointOptions)} <= set(listed)
     assert listed["eval_f_max_iter"] == str(FixedPointOptions.eval_f_max_iter)
     if trainer is not None:
@@ -186,13 +187,14 @@ def test_every_option_has_a_meaning():
     import dataclasses
 
     from implicitlm.deq.options import FixedPointOptions
-    from implicitlm.models.loading import CONFIG_CLASSES, _own_defaults
+    from implicitlm.models.families import FAMILIES
+    from implicitlm.models.loading import _own_defaults
     from implicitlm.models.configuration import ImplicitLMConfig
     from implicitlm.train.config import TrainConfig
 
     for schema in (FixedPointOptions, TrainConfig):
         assert set(schema.FIELD_HELP) == {f.name for f in dataclasses.fields(schema)}, schema.__name__
-    for config in (ImplicitLMConfig, *CONFIG_CLASSES.values()):
+    for config in (ImplicitLMConfig, *(family.config_class for family in FAMILIES)):
         assert set(config.FIELD_HELP) == set(_own_defaults(config)), config.__name__
 
 

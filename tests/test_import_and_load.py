@@ -1,7 +1,9 @@
 """``models import`` and ``load_model`` against what a user can do to them: an import onto
 finished work, a transformers checkpoint with a missing tensor or a NaN, an import killed
 while it writes, a run that removes the checkpoint being read, a refused setting, a digest
-written by ``sha256sum``, and a broken generation_config.json."""
+written by ``sha256sum``, a broken generation_config.json; and the one loader: every way in
+(``from_pretrained`` of our classes, transformers' Auto class, a preset from a checkpoint)
+refusing what ``load_model`` refuses, every family loaded, imported and registered from one table."""
 
 from __future__ import annotations
 
@@ -16,15 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as transformers_logging
 
 from implicitlm.cli import main
 from implicitlm.core.targets import writer_lock
-from implicitlm.core.weights_digest import weights_sha256
+from implicitlm.core.weights_digest import weights_sha256, write_weights_digest
 from implicitlm.models import loading
-from implicitlm.models import ModelLoadError, build_model, config_from_options, load_model
+from implicitlm.models import (
+    FAMILIES, ImplicitCausalLM, ImplicitLlamaForCausalLM, ImplicitMamba2ForCausalLM, ModelLoadError, build_model,
+    config_from_options, load_model,
+)
+from implicitlm.models.convert import from_hf
+from implicitlm.presets.run_presets import load_preset
 from implicitlm.train.checkpoint import prune_checkpoints, save_checkpoint
-from test_convert import llama_reference, mamba2_reference
+from test_convert import llama_reference, mamba2_reference, mamba_reference
 
 OPTIONS = dict(vocab_size=12, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
 
@@ -317,3 +325,99 @@ def test_an_import_onto_a_full_disk_is_one_line_and_writes_nothing(hf_checkpoint
     code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", out)
     assert code == 1 and len(err) == 1 and err[0].endswith("No space left on device)"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+# ---------------------------------------------------------------- one loader
+
+
+LOADERS = {
+    "ImplicitCausalLM": ImplicitCausalLM.from_pretrained,
+    "family class": ImplicitMamba2ForCausalLM.from_pretrained,
+    "AutoModelForCausalLM": AutoModelForCausalLM.from_pretrained,
+}
+
+
+def flip_a_weight_byte(folder: Path) -> None:
+    weights = bytearray((folder / "model.safetensors").read_bytes())
+    weights[-3] ^= 0x01
+    (folder / "model.safetensors").write_bytes(bytes(weights))
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS.keys())
+def test_from_pretrained_refuses_damaged_weights(saved, loader):
+    flip_a_weight_byte(saved)
+    # Before: from_pretrained loaded the damaged weights without a word.
+    with pytest.raises(ModelLoadError, match="SHA-256 differs from model.safetensors.sha256"):
+        loader(saved)
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS.keys())
+def test_from_pretrained_refuses_nan_weights(saved, loader):
+    weights = load_file(saved / "model.safetensors")
+    weights["embeddings.weight"][3, 1] = float("nan")
+    save_file(weights, saved / "model.safetensors", metadata={"format": "pt"})
+    write_weights_digest(saved)  # NaN saved as such, not damaged on the way
+    # Before: loaded, and evaluated to some accuracy with NaN logits.
+    with pytest.raises(ModelLoadError, match="weight embeddings.weight holds NaN or Inf"):
+        loader(saved)
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS.keys())
+def test_from_pretrained_refuses_a_misspelt_config_key(saved, loader):
+    config = json.loads((saved / "config.json").read_text())
+    config["hidden_sise"] = config.pop("hidden_size")
+    (saved / "config.json").write_text(json.dumps(config))
+    # Before: hidden_sise kept as an attribute no one reads, hidden_size at its default (768).
+    with pytest.raises(ModelLoadError, match="unknown model option 'hidden_sise'.*hidden_size"):
+        loader(saved)
+
+
+def test_from_pretrained_of_a_run_folder_loads_its_newest_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    make_run(run, 1, seed=1)
+    make_run(run, 2, seed=2)
+    # Before: "no file named model.safetensors" (the run folder itself was read).
+    model = ImplicitCausalLM.from_pretrained(run, dtype=torch.bfloat16)
+    assert type(model) is ImplicitMamba2ForCausalLM and model.dtype == torch.bfloat16
+    expected = tiny_model(2).state_dict()["embeddings.weight"].to(torch.bfloat16)
+    assert torch.equal(model.state_dict()["embeddings.weight"], expected)
+
+
+def test_a_family_class_refuses_a_model_of_another_family(saved):
+    # Before: transformers loaded the Mamba2 weights into a Llama model, initialising the rest at random.
+    with pytest.raises(ModelLoadError, match="a model of type implicit_mamba2, not implicit_llama"):
+        ImplicitLlamaForCausalLM.from_pretrained(saved)
+
+
+def test_a_preset_from_a_checkpoint_refuses_a_misspelt_config_key(saved):
+    config = json.loads((saved / "config.json").read_text())
+    config["num_hiden_layers"] = 3
+    (saved / "config.json").write_text(json.dumps(config))
+    # Before: the key was dropped and the new run built a model of one block, not three.
+    with pytest.raises(ModelLoadError, match="unknown model option 'num_hiden_layers'.*num_hidden_layers"):
+        load_preset(str(saved))
+
+
+# Each family's tiny options and transformers source: a new row of FAMILIES must come with its own.
+FAMILY_OPTIONS = {
+    "mamba2": dict(state_size=8, head_dim=8),
+    "llama": dict(num_attention_heads=2),
+    "mamba": dict(state_size=8),
+}
+SOURCES = {"mamba2": mamba2_reference, "llama": llama_reference, "mamba": mamba_reference}
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[family.architecture for family in FAMILIES])
+def test_every_family_of_the_table_is_registered_loadable_and_importable(family, tmp_path):
+    assert AutoConfig.for_model(family.model_type).__class__ is family.config_class
+    torch.manual_seed(0)
+    options = dict(architecture=family.architecture, vocab_size=12, hidden_size=16, num_hidden_layers=1)
+    built = build_model(config_from_options({**options, **FAMILY_OPTIONS[family.architecture]}))
+    built.save_pretrained(tmp_path / "ours")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours")
+    assert type(loaded) is family.model_class and type(load_model(tmp_path / "ours")) is family.model_class
+    assert torch.equal(loaded.state_dict()["embeddings.weight"], built.state_dict()["embeddings.weight"])
+    assert load_preset(str(tmp_path / "ours"))["model"]["architecture"] == family.architecture
+    SOURCES[family.architecture]().save_pretrained(tmp_path / "source")
+    assert type(from_hf(tmp_path / "source")) is family.model_class
+    assert set(FAMILY_OPTIONS) == set(SOURCES) == {family.architecture for family in FAMILIES}

@@ -92,7 +92,7 @@ def set_optimiser_steps_to_5(checkpoint: Path) -> None:
 TAMPERED = {
     "lowered-step": (set_step(4), "trainer.json: step 4, but the checkpoint's folder is step_0000006"),
     "duplicate-step": (duplicate_step,
-                       "trainer.json: expected JSON (checkpoint metadata): ValueError: duplicate key 'step'"),
+                       "trainer.json: expected JSON (checkpoint metadata): duplicate key 'step'"),
     "huge-step": (set_step(10**30), f"trainer.json: step {10**30}, but the checkpoint's folder is step_0000006"),
     "other-steps-state": (copy_in_step_4s_state,
                           "training_state.pt: the scheduler's state is at step 4, but trainer.json says step 6"),
@@ -134,10 +134,10 @@ def test_a_resume_with_no_steps_left_is_refused(run, capsys, total_steps):
 def test_json_files_with_a_duplicate_key_are_refused_at_any_depth(tmp_path):
     file = tmp_path / "index.json"
     file.write_text('{"shards": {"train": 1, "train": 2}}')
-    expected = r"index.json: expected JSON \(a shard index\): ValueError: duplicate key 'train'"
+    expected = r"index.json: expected JSON \(a shard index\): duplicate key 'train'"
     with pytest.raises(DataError, match=expected):
         read_json_object(file, "a shard index")
-    with pytest.raises(DataError, match=r"docs.jsonl:3: expected a JSON object: ValueError: duplicate key 'text'"):
+    with pytest.raises(DataError, match=r"docs.jsonl:3: expected a JSON object: duplicate key 'text'"):
         parse_json('{"text": "a", "text": "b"}', "docs.jsonl", "a JSON object", line=3)
     assert parse_json('{"a": {"b": 1}, "b": [{"a": 2}]}', "x.json", "JSON") == {"a": {"b": 1}, "b": [{"a": 2}]}
 

@@ -23,6 +23,7 @@ from .tasks.lm import perplexity
 from .eval.plots import plot_learning_curves
 from .models import build_model, config_from_options
 from .presets import merged_options
+from .core.errors import DataError
 from .core.options import Options
 from .core.schema import at_least, between, check_known_keys
 from .core.targets import exclusive_target
@@ -60,7 +61,7 @@ def stdlib_sources(max_bytes: int) -> list[Path]:
         chosen.append(path)
         total += size
     if not chosen:
-        raise ValueError(f"no Python source files found under {root}")
+        raise DataError(f"no Python source files found under {root}")
     return chosen
 
 

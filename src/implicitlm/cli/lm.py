@@ -81,10 +81,12 @@ def add_lm_downstream(commands) -> None:
 
 
 def _run_lm_downstream(args) -> None:
+    from ..core.errors import OptionError
+
     try:
         from lm_eval.utils import make_table
     except ImportError:
-        raise ValueError("lm downstream needs lm-eval: pip install 'implicitlm[eval]'") from None
+        raise OptionError("lm downstream needs lm-eval: pip install 'implicitlm[eval]'") from None
 
     from ..eval.downstream import EXPERIMENT
     from ..eval.records import claimed_records
@@ -95,6 +97,7 @@ def _run_lm_downstream(args) -> None:
 
 
 def _score_downstream(args, make_table) -> None:
+    from ..core.errors import NetworkError
     from ..eval.downstream import PAPER_TASKS, downstream_record, paper_table, read_local_sets, run_tasks
     from ..models import load_model
 
@@ -116,7 +119,7 @@ def _score_downstream(args, make_table) -> None:
     except ConnectionError as error:
         if local_sets is not None:
             raise
-        raise ConnectionError(f"{error}; without a network, read local copies with --data-dir DIR") from None
+        raise NetworkError(f"{error}; without a network, read local copies with --data-dir DIR") from None
     print(make_table(results))
     if any(task in PAPER_TASKS for task in tasks):
         print(paper_table(results)[1])

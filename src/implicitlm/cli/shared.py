@@ -45,8 +45,10 @@ def apply_solver_flags(model, args) -> None:
 
 
 def check_resume_or_overwrite(args) -> None:
+    from ..core.errors import OptionError
+
     if args.resume and args.overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one")
+        raise OptionError("--resume continues the run in --out and --overwrite replaces it: pass one")
 
 
 def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> None:

@@ -77,7 +77,8 @@ def _beside(target: Path, make: Callable[..., Any]) -> Any:
     try:
         return make(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as error:
-        raise OSError(error.errno, error.strerror, str(target)) from None
+        error.filename = str(target)
+        raise
 
 
 def write_json(path: str | os.PathLike, value: Any) -> None:

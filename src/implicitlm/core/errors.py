@@ -28,6 +28,23 @@ class DataError(ImplicitLMError, ValueError):
     """A malformed or inconsistent data file; the message is one line naming the file."""
 
 
+class MissingFileError(ImplicitLMError, FileNotFoundError):
+    """A file or folder the input names is not there; the message is one line naming it."""
+
+
+class OutOfRangeError(ImplicitLMError, IndexError):
+    """A read past the end of what a file holds; the message names the file and the range."""
+
+
+class NetworkError(ImplicitLMError, ConnectionError):
+    """A download that could not reach its server; the message says how to do without it."""
+
+
+class ArgumentTypeError(ImplicitLMError, TypeError):
+    """An argument of the wrong type (a keyword a function does not take), where Python and
+    transformers callers expect a TypeError."""
+
+
 class NumericalFault(ImplicitLMError, RuntimeError):
     """NaN or Inf in a loss, gradient or iterate, or a fixed point not reached where that is fatal.
 

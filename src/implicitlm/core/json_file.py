@@ -65,19 +65,21 @@ def parse_json(
         raise DataError(f"{at}: expected {expected}: {error.msg}") from None
     except RecursionError:
         raise DataError(f"{located}: expected {expected}, got nesting too deep to read") from None
-    # An integer of more digits than Python converts, a refused constant or a duplicate key.
+    except DataError as error:  # a refused constant or a duplicate key
+        raise DataError(f"{located}: expected {expected}: {error}") from None
+    # An integer of more digits than Python converts.
     except ValueError as error:
         raise DataError(f"{located}: expected {expected}: {first_line(error)}") from None
 
 
 def _refuse_constant(name: str) -> Any:
     # NaN and Infinity are not JSON; nothing this project writes uses them.
-    raise ValueError(f"{name} is not a JSON number")
+    raise DataError(f"{name} is not a JSON number")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     value = dict(pairs)
     if len(value) < len(pairs):
         duplicate = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
-        raise ValueError(f"duplicate key {quoted(duplicate)}")
+        raise DataError(f"duplicate key {quoted(duplicate)}")
     return value

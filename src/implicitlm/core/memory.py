@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from .errors import OptionError
+
 FLOAT_BYTES = 4
 
 
@@ -34,10 +36,10 @@ def available_bytes(device: torch.device | str | None = None) -> int:
 
 
 def require(what: str, needed_bytes: int, device: torch.device | str | None = None) -> None:
-    """Raise ValueError (one line) when ``what`` needs more than the memory available."""
+    """Raise an OptionError (one line) when ``what`` needs more than the memory available."""
     available = available_bytes(device)
     if needed_bytes > available:
-        raise ValueError(f"{what} needs at least {readable(needed_bytes)} of memory; {readable(available)} is available")
+        raise OptionError(f"{what} needs at least {readable(needed_bytes)} of memory; {readable(available)} is available")
 
 
 def activation_bytes(batch: int, length: int, width: int, layers: int, graphs: int = 1) -> int:
@@ -72,11 +74,13 @@ def peak_growth(run: Callable[[], object], device: torch.device | str | None = N
             clear_refs.write("5")  # resets the peak resident size (VmHWM) to the current one
         before = _status_bytes("VmRSS")
         run()
-        peak = _status_bytes("VmHWM") - before
+        high_water = _status_bytes("VmHWM")
     except OSError:
         return None
+    if before is None or high_water is None:
+        return None
     return_freed_memory()
-    return peak
+    return high_water - before
 
 
 def return_freed_memory() -> None:
@@ -89,12 +93,13 @@ def return_freed_memory() -> None:
         pass  # not glibc: its allocator keeps what it keeps
 
 
-def _status_bytes(field: str) -> int:
+def _status_bytes(field: str) -> int | None:
+    """A size the kernel reports in /proc/self/status, or None where it has no such field."""
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/self/status has no {field}")
+    return None
 
 
 def readable(size: int) -> str:

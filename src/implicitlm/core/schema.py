@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import OptionError, closest_hint, quoted
+from .errors import ImplicitLMError, OptionError, closest_hint, quoted
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,9 @@ def conforms(value: Any, annotation: Any) -> bool:
         if not isinstance(value, dict):
             return False
         return all(conforms(key, key_type) and conforms(item, value_type) for key, item in value.items())
-    raise TypeError(f"check_field has no check for the annotation {annotation!r}")
+    # A field's annotation the checks do not cover is a fault of the package, not of the
+    # input: not an OptionError, so the command line shows it as a traceback.
+    raise ImplicitLMError(f"check_field has no check for the annotation {annotation!r}")
 
 
 def expectation(annotation: Any, rule: Rule | None = None) -> str:

@@ -45,7 +45,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
 from implicitlm.core.targets import refuse_existing, remove_stale_temporaries, writer_lock
-from implicitlm.core.errors import DataError, first_line, quoted
+from implicitlm.core.errors import DataError, OptionError, first_line, quoted
 from implicitlm.core.json_file import read_utf8
 from implicitlm.data.shard_writer import PROGRESS_FILE, write_token_streams
 from implicitlm.data.shards import INDEX_FILE, TokenShards
@@ -156,7 +156,7 @@ def find_task_files(
     wanted = check_tasks(tasks)
     unknown = sorted(set(splits) - set(SPLITS))
     if unknown:
-        raise ValueError(f"unknown bAbI split(s) {unknown}; the splits are {list(SPLITS)}")
+        raise OptionError(f"unknown bAbI split(s) {unknown}; the splits are {list(SPLITS)}")
     if not folder.is_dir():
         raise DataError(f"{folder}: no such folder of bAbI task files")
     found: dict[tuple[int, str], Path] = {}
@@ -179,12 +179,12 @@ def find_task_files(
 
 
 def check_tasks(tasks: Sequence[int] | None) -> list[int]:
-    """``tasks`` as a sorted list of bAbI task ids (all 20 for None); ValueError if invalid."""
+    """``tasks`` as a sorted list of bAbI task ids (all 20 for None); OptionError if invalid."""
     if tasks is None:
         return list(TASKS)
     invalid = [task for task in tasks if task not in TASKS]
     if invalid or not tasks or len(set(tasks)) != len(tasks):
-        raise ValueError(f"tasks must be distinct bAbI task ids 1-20, got {tasks}")
+        raise OptionError(f"tasks must be distinct bAbI task ids 1-20, got {tasks}")
     return sorted(tasks)
 
 
@@ -319,7 +319,7 @@ def build_catbabi(
     docstring); returns its summary (what catbabi.json holds)."""
     out_dir = Path(out_dir)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise OptionError(f"seed must be a non-negative integer, got {seed!r}")
     with writer_lock(out_dir):
         _check_replaceable(out_dir, overwrite)
         refuse_existing(out_dir, overwrite)
@@ -407,7 +407,7 @@ def read_answers(data_dir: str | os.PathLike, split: str) -> Answers:
     """The answers of bAbI split ``split`` of a folder that ``build_catbabi`` wrote."""
     data_dir = Path(data_dir)
     if split not in SPLITS:
-        raise ValueError(f"unknown bAbI split {split!r}; the splits are {list(SPLITS)}")
+        raise OptionError(f"unknown bAbI split {split!r}; the splits are {list(SPLITS)}")
     if not (data_dir / SUMMARY_FILE).is_file():
         raise DataError(f"{data_dir}: no {SUMMARY_FILE}; build the folder with `implicitlm catbabi build`")
     path = data_dir / ANSWERS_FILE

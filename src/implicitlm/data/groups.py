@@ -8,7 +8,7 @@ numbers the pair ``(i, j)`` as ``i * |H| + j`` (lexicographic order of pairs).
 
 Accepted names: ``S<n>``, ``A<n>`` (1 <= n <= 8), ``Z<n>`` (1 <= n <= 1000), ``M``, and
 direct products of at most 16 of these joined by ``x`` or ``×``, e.g. ``A5xM`` or
-``S3xZ2``. Any other name raises a one-line ``ValueError``.
+``S3xZ2``. Any other name raises a one-line ``OptionError``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from implicitlm.core.errors import quoted
+from implicitlm.core.errors import OptionError, quoted
 
 # S8 (40320 elements) would need a 1.6e9-entry table; anything this large is refused.
 MAX_TABLE_ENTRIES = 200_000_000
@@ -87,7 +87,7 @@ class FiniteAlgebra:
 
     def inverse(self, i: np.ndarray | int) -> np.ndarray:
         if not self.is_group:
-            raise ValueError(f"{self.name} is a monoid, not a group: elements have no inverses")
+            raise OptionError(f"{self.name} is a monoid, not a group: elements have no inverses")
         return self._inverses[i]
 
     @functools.cached_property
@@ -96,11 +96,11 @@ class FiniteAlgebra:
 
 
 def get_group(name: str) -> FiniteAlgebra:
-    """The group or monoid called ``name``; raises ``ValueError`` for an unknown name."""
+    """The group or monoid called ``name``; raises ``OptionError`` for an unknown name."""
     factors = _parse_factors(name)
     order = math.prod(_factor_order(factor) for factor in factors)
     if order * order > MAX_TABLE_ENTRIES:
-        raise ValueError(
+        raise OptionError(
             f"group {quoted(name)} has {order} elements: its table would hold {order * order:.3g} "
             f"entries, more than the limit of {MAX_TABLE_ENTRIES:.0e}"
         )
@@ -113,10 +113,10 @@ def resolve_group(group: str | FiniteAlgebra) -> FiniteAlgebra:
 
 def _parse_factors(name: str) -> list[str]:
     if not isinstance(name, str):
-        raise ValueError(f"group name must be a string, got {quoted(name)}; expected {_ACCEPTED_FORMS}")
+        raise OptionError(f"group name must be a string, got {quoted(name)}; expected {_ACCEPTED_FORMS}")
     factors = re.split("[x×]", name)
     if len(factors) > MAX_FACTORS or not all(_is_valid_factor(factor) for factor in factors):
-        raise ValueError(f"unknown group name {quoted(name)}; expected {_ACCEPTED_FORMS}")
+        raise OptionError(f"unknown group name {quoted(name)}; expected {_ACCEPTED_FORMS}")
     return factors
 
 

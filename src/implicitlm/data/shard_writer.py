@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
-from implicitlm.core.errors import DataError, check_header, check_int
+from implicitlm.core.errors import DataError, OptionError, check_header, check_int
 from implicitlm.core.json_file import read_json_object
 from implicitlm.core.targets import remove_stale_temporaries, writer_lock
 from implicitlm.data.corpus import Document, Documents
@@ -89,7 +89,7 @@ def write_shards(
     """
     check_positive(shard_tokens=shard_tokens, workers=workers, batch_documents=batch_documents)
     if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
+        raise OptionError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
     out_dir = Path(out_dir)
     # The settings record how the test split was chosen, so that resuming cannot switch.
     settings = _settings(tokenizer, shard_tokens, None if test_documents is not None else test_fraction, seed)
@@ -202,7 +202,7 @@ def _settings(
 def _token_settings(tokenizer: PreTrainedTokenizerBase, shard_tokens: int) -> dict[str, Any]:
     """The settings that shards of already split documents depend on."""
     if tokenizer.eos_token_id is None:
-        raise ValueError(
+        raise DataError(
             f"tokenizer {tokenizer.name_or_path!r} has no eos token to separate documents with"
         )
     return {
@@ -385,7 +385,7 @@ class _SplitWriter:
 
     def _write_shard(self, tokens: np.ndarray) -> None:
         if int(tokens.max()) >= self.vocab_size:
-            raise ValueError(
+            raise DataError(
                 f"token id {int(tokens.max())} is not below the tokenizer's length "
                 f"{self.vocab_size}, which sets the shard dtype"
             )

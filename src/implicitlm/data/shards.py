@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from implicitlm.core.errors import DataError, check_header, check_int, quoted
+from implicitlm.core.errors import DataError, OptionError, OutOfRangeError, check_header, check_int, quoted
 from implicitlm.data.groups import smallest_uint_dtype
 from implicitlm.core.json_file import read_json_object
 
@@ -102,7 +102,7 @@ class TokenShards:
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``start .. start + length - 1`` of the split, across shards, as a new array."""
         if start < 0 or length < 0 or start + length > len(self):
-            raise IndexError(
+            raise OutOfRangeError(
                 f"cannot read {length} tokens at {start} from {self.path} ({self.split}): "
                 f"it has {len(self)}"
             )
@@ -128,7 +128,7 @@ class TokenShards:
 def check_positive(**values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise OptionError(f"{name} must be a positive integer, got {value!r}")
 
 
 def read_index(path: Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from implicitlm.core.errors import DataError
+from implicitlm.core.errors import DataError, OptionError
 from implicitlm.data.shards import TokenShards, check_positive
 
 
@@ -36,7 +36,7 @@ class TokenSampler:
             sequence_length=sequence_length, batch_size=batch_size, world_size=world_size
         )
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank must lie in [0, {world_size}), got {rank!r}")
+            raise OptionError(f"rank must lie in [0, {world_size}), got {rank!r}")
         self.shards = shards
         self.sequence_length = sequence_length
         self.batch_size = batch_size
@@ -77,7 +77,7 @@ class TokenSampler:
         """Continue where the sampler that gave ``state`` left off; it must match this one."""
         for key in ("seed", "sequence_length", "windows"):
             if state[key] != getattr(self, key):
-                raise ValueError(
+                raise DataError(
                     f"sampler state has {key}={state[key]!r}, this sampler {getattr(self, key)!r}"
                 )
         self.epoch = int(state["epoch"])

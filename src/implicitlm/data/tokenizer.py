@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.core.atomic_io import atomic_write
-from implicitlm.core.errors import DataError, first_line
+from implicitlm.core.errors import DataError, OptionError, first_line
 from implicitlm.core.memory import require
 from implicitlm.core.targets import exclusive_target
 
@@ -45,12 +45,12 @@ def train_tokenizer(
 def _check_vocab_size(vocab_size: int) -> None:
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < len(alphabet) + 1:
-        raise ValueError(
+        raise OptionError(
             f"vocab_size must be at least {len(alphabet) + 1} (every byte and the eos token), "
             f"got {vocab_size}"
         )
     if vocab_size > MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be at most {MAX_VOCAB_SIZE:,} (token ids are 32-bit), got {vocab_size:,}")
+        raise OptionError(f"vocab_size must be at most {MAX_VOCAB_SIZE:,} (token ids are 32-bit), got {vocab_size:,}")
     # The trainer's tables hold each token's bytes, its merge and its counts: far more than this.
     require(f"a vocabulary of {vocab_size:,} tokens", BYTES_PER_TOKEN_AT_LEAST * vocab_size)
 

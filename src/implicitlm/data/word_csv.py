@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from implicitlm.core.atomic_io import atomic_write
-from implicitlm.core.errors import DataError, not_utf8, quoted
+from implicitlm.core.errors import DataError, OptionError, not_utf8, quoted
 from implicitlm.data.groups import FiniteAlgebra, smallest_uint_dtype
 from implicitlm.data.words import WordData, check_labels, word_meta
 
@@ -22,7 +22,7 @@ MAX_CSV_DIGITS = 30
 def save_csv(path: Path, inputs: np.ndarray, targets: np.ndarray, meta: dict[str, Any]) -> None:
     seed = meta.get("seed")
     if not isinstance(seed, int):
-        raise ValueError(
+        raise OptionError(
             f"{path}: a CSV export needs the integer generation 'seed' in meta, got {seed!r}"
         )
 

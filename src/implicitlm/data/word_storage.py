@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from implicitlm.core.atomic_io import atomic_write
-from implicitlm.core.errors import DataError, check_header, check_int, closest_hint, first_line, quoted
+from implicitlm.core.errors import DataError, OptionError, check_header, check_int, closest_hint, first_line, quoted
 from implicitlm.core.targets import exclusive_targets
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
 from implicitlm.core.json_file import check_regular, read_json_object
@@ -84,13 +84,13 @@ def _write_generated(
 ) -> WordData:
     if path.suffix == ".csv":
         if targets != "stored":
-            raise ValueError(f"{path}: targets={targets!r} needs .npy storage; CSV files store their targets")
+            raise OptionError(f"{path}: targets={targets!r} needs .npy storage; CSV files store their targets")
         algebra = resolve_group(group)
         inputs, products = generate_words(algebra, length, count, seed, hard_prob)
         save_words(path, inputs, products, {"group": algebra.name, "seed": seed, "hard_prob": hard_prob})
         return load_words(path, algebra)
     if targets not in TARGET_STORAGE:
-        raise ValueError(f"targets must be one of {', '.join(TARGET_STORAGE)}, got {targets!r}")
+        raise OptionError(f"targets must be one of {', '.join(TARGET_STORAGE)}, got {targets!r}")
     algebra = resolve_group(group)
     check_generation_args(algebra, length, count, seed, hard_prob)
     meta = word_meta(algebra, count, length, seed, hard_prob)
@@ -120,17 +120,17 @@ def save_words(
     path = Path(path)
     _check_file_target(path)
     if not isinstance(meta, dict) or "group" not in meta:
-        raise ValueError(f"{path}: meta must be a dict naming the 'group' of the words")
+        raise OptionError(f"{path}: meta must be a dict naming the 'group' of the words")
     for key in meta:
         if key not in META_KEYS:
             # The reader refuses keys it does not know, so none may be written.
-            raise ValueError(f"{path}: unknown meta key {quoted(key)}{closest_hint(key, META_KEYS)}")
+            raise OptionError(f"{path}: unknown meta key {quoted(key)}{closest_hint(key, META_KEYS)}")
     algebra = resolve_group(meta["group"])
     # What is saved here has stored targets, even if it was read from a derived file.
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     _check_storable(path, algebra, inputs, targets)
     seed, hard_prob = meta.get("seed"), meta.get("hard_prob")
-    _check_seed_and_hard_prob(path, seed, hard_prob, ValueError)
+    _check_seed_and_hard_prob(path, seed, hard_prob, OptionError)
     count, length = inputs.shape
     full_meta = {
         **{key: value for key, value in meta.items() if key != "targets"},
@@ -139,7 +139,7 @@ def save_words(
     try:
         json.dumps(full_meta)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{path}: meta must hold only JSON values: {error}") from None
+        raise OptionError(f"{path}: meta must hold only JSON values: {error}") from None
     if path.suffix == ".csv":
         save_csv(path, inputs, targets, full_meta)
         return
@@ -161,7 +161,7 @@ def load_words(path: str | os.PathLike, group: str | FiniteAlgebra | None = None
         raise DataError(f"{path}: no such file")
     if path.suffix == ".csv":
         if group is None:
-            raise ValueError(f"{path}: a CSV file does not name its group; pass group=")
+            raise OptionError(f"{path}: a CSV file does not name its group; pass group=")
         return load_csv(path, resolve_group(group))
     return _load_npy(path, None if group is None else resolve_group(group))
 
@@ -170,7 +170,7 @@ def sidecar_path(path: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(path)}.json")
 
 
-def _check_seed_and_hard_prob(source: object, seed: Any, hard_prob: Any, error: type[ValueError]) -> None:
+def _check_seed_and_hard_prob(source: object, seed: Any, hard_prob: Any, error: type[DataError | OptionError]) -> None:
     """Metadata fields: a non-negative integer seed and a probability, each or None."""
     if seed is not None and (
         isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
@@ -188,7 +188,7 @@ def _file_targets(path: Path) -> list[Path]:
 def _check_file_target(path: Path) -> None:
     for target in _file_targets(path):
         if target.is_dir():
-            raise ValueError(f"{target}: is a directory; expected a path for a word file")
+            raise OptionError(f"{target}: is a directory; expected a path for a word file")
 
 
 def _check_free_space(path: Path, size: int) -> None:
@@ -198,20 +198,20 @@ def _check_free_space(path: Path, size: int) -> None:
         folder = folder.parent
     free = shutil.disk_usage(folder).free
     if size > free:
-        raise ValueError(f"{path}: the words need {size:,} bytes, but only {free:,} are free there")
+        raise OptionError(f"{path}: the words need {size:,} bytes, but only {free:,} are free there")
 
 
 def _check_storable(
     path: Path, algebra: FiniteAlgebra, inputs: np.ndarray, targets: np.ndarray
 ) -> None:
     if inputs.ndim != 2 or inputs.shape != targets.shape or 0 in inputs.shape:
-        raise ValueError(
+        raise OptionError(
             f"{path}: inputs and targets must be non-empty (count, length) arrays of one shape, "
             f"got {inputs.shape} and {targets.shape}"
         )
     for name, array in (("inputs", inputs), ("targets", targets)):
         if not np.issubdtype(array.dtype, np.integer) or not are_elements(algebra, array):
-            raise ValueError(
+            raise OptionError(
                 f"{path}: {name} must be integers in [0, {algebra.order}) for {algebra.name}"
             )
 

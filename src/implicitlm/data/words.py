@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from implicitlm.core.errors import DataError
+from implicitlm.core.errors import DataError, OptionError
 from implicitlm.data.groups import FiniteAlgebra, resolve_group, smallest_uint_dtype
 
 FORMAT_VERSION = 1
@@ -62,7 +62,7 @@ class DerivedTargets:
 
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         if copy is False:
-            raise ValueError("derived targets are computed: they cannot be read without a copy")
+            raise OptionError("derived targets are computed: they cannot be read without a copy")
         products = self[:]
         return products if dtype is None else products.astype(dtype, copy=False)
 
@@ -101,7 +101,7 @@ def generate_words(
         inputs = np.empty((count, length), dtype=dtype)
         targets = np.empty((count, length), dtype=dtype)
     except (MemoryError, ValueError):
-        raise ValueError(
+        raise OptionError(
             f"{count} words of length {length} are too many to hold in memory; "
             f"generate them to a .npy file instead"
         ) from None
@@ -154,18 +154,18 @@ def check_generation_args(
 ) -> None:
     for name, value in (("length", length), ("count", count)):
         if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise OptionError(f"{name} must be a positive integer, got {value!r}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise OptionError(f"seed must be a non-negative integer, got {seed!r}")
     if hard_prob is None:
         return
     if len(algebra.factor_orders) < 2:
-        raise ValueError(
+        raise OptionError(
             f"hard_prob needs a direct product such as 'A5xM', "
             f"got the single factor {algebra.name!r}"
         )
     if not is_probability(hard_prob):
-        raise ValueError(f"hard_prob must lie in [0, 1], got {hard_prob!r}")
+        raise OptionError(f"hard_prob must lie in [0, 1], got {hard_prob!r}")
 
 
 def is_probability(value: Any) -> bool:
@@ -187,12 +187,12 @@ def are_elements(algebra: FiniteAlgebra, block: np.ndarray) -> bool:
 
 def _check_element_array(algebra: FiniteAlgebra, inputs: np.ndarray) -> None:
     if not isinstance(inputs, np.ndarray) or inputs.ndim != 2 or inputs.dtype.kind not in "ui":
-        raise ValueError(
+        raise OptionError(
             f"expected a 2-D integer array of words, got {type(inputs).__name__} "
             f"{getattr(inputs, 'dtype', '')} {getattr(inputs, 'shape', '')}".rstrip()
         )
     if not are_elements(algebra, inputs):
-        raise ValueError(f"expected element indices in [0, {algebra.order}) for {algebra.name}")
+        raise OptionError(f"expected element indices in [0, {algebra.order}) for {algebra.name}")
 
 
 def fill_words(
@@ -278,7 +278,7 @@ class WordWindows(ABC):
     def window(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, labels) of every word at positions [start, end), each (count, end - start)."""
         if start not in (0, self._read_to) or not start < end <= self.length:
-            raise ValueError(f"word windows are read left to right: positions [{start}, {end}) after {self._read_to}")
+            raise OptionError(f"word windows are read left to right: positions [{start}, {end}) after {self._read_to}")
         tokens = self._tokens(start, end)
         labels = self._labels(start, end, tokens, None if start == 0 else self._last_labels)
         self._read_to, self._last_labels = end, labels[:, -1].copy()
@@ -341,7 +341,7 @@ class StoredWords(WordWindows):
 
     def __init__(self, inputs: np.ndarray, targets: np.ndarray | DerivedTargets):
         if inputs.ndim != 2 or targets.shape != inputs.shape:
-            raise ValueError(f"expected inputs and targets of one shape (count, length), got {inputs.shape} and {targets.shape}")
+            raise OptionError(f"expected inputs and targets of one shape (count, length), got {inputs.shape} and {targets.shape}")
         super().__init__(int(inputs.shape[0]), int(inputs.shape[1]), inputs.dtype.itemsize)
         self.inputs, self.targets = inputs, targets
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError
 from ..tasks.base import Task, missed_cell
 from .plots import plot_curves
 from .records import claimed_records, make_record, record_files, write_record
@@ -30,7 +31,7 @@ def budget_sweep(
     """Rows of ``evaluate`` at every (tolerance, budget), each tagged with both."""
     budgets = sorted(set(budgets))
     if not budgets or budgets[0] < 1:
-        raise ValueError(f"budgets must be positive iteration counts, got {budgets}")
+        raise OptionError(f"budgets must be positive iteration counts, got {budgets}")
     grid = [(tol, budget) for tol in tols for budget in budgets]
     rows = []
     for tol, budget in tqdm(grid, desc="budgets", disable=not progress):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError
 from ..tasks.base import Task
 from .plots import plot_histograms
 from .records import claimed_records, make_record, record_files, write_record
@@ -38,7 +39,7 @@ def token_iterations(
     token of ``inputs`` (N, L), solved in sequential mode with the model's solver; also
     the budget and tolerance that applied."""
     if not model.config.implicit:
-        raise ValueError("convergence statistics need an implicit model; this one is explicit")
+        raise OptionError("convergence statistics need an implicit model; this one is explicit")
     model.eval()
     options = model.solver.options
     max_iter = options.eval_f_max_iter if max_iter is None else max_iter
@@ -60,7 +61,7 @@ def convergence_summary(
     summary = {"max_iter": max_iter, "tol": tol, "all": _describe(iterations, residuals, max_iter, tol)}
     if hard is not None:
         if hard.shape != iterations.shape:
-            raise ValueError(f"hard-token mask of shape {hard.shape} for tokens of shape {iterations.shape}")
+            raise OptionError(f"hard-token mask of shape {hard.shape} for tokens of shape {iterations.shape}")
         summary["hard_share"] = float(hard.mean())
         summary["hard"] = _describe(iterations[hard], residuals[hard], max_iter, tol)
         summary["easy"] = _describe(iterations[~hard], residuals[~hard], max_iter, tol)

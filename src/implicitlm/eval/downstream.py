@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..core.errors import MissingFileError, OptionError
 from ..data.downstream_sets import LocalSet, MissingLocalSet, read_local_set
 from .plots import plot_metric_bars
 from .records import make_record, record_files, write_record
@@ -65,7 +66,7 @@ def run_tasks(
     from .harness import ImplicitLMHarness
 
     if local_sets is not None and num_fewshot:
-        raise ValueError("few-shot prompts need a training split, which local sets do not have: drop --num-fewshot")
+        raise OptionError("few-shot prompts need a training split, which local sets do not have: drop --num-fewshot")
     lm = ImplicitLMHarness(model, **model_args)  # before the task index, which takes a while
     manager = task_manager(tasks, include_path)
     if local_sets is not None:
@@ -94,7 +95,7 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None):
 
     if include_path is not None:
         if not Path(include_path).is_dir():
-            raise FileNotFoundError(f"{include_path}: no such task folder")
+            raise MissingFileError(f"{include_path}: no such task folder")
         folders = [str(include_path)]
     else:
         built_in = Path(lm_eval.tasks.__file__).parent
@@ -105,7 +106,7 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None):
     manager = TaskManager(include_path=None if include_path is None else str(include_path))
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
-        raise ValueError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: lm-eval ls tasks)")
+        raise OptionError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: lm-eval ls tasks)")
     return manager
 
 
@@ -169,7 +170,7 @@ def read_local_sets(
     """The evaluation documents of ``tasks`` from ``data_dir`` (layout: ``data.downstream_sets``),
     and, with ``skip_missing``, why each task left out has none there."""
     if not Path(data_dir).is_dir():
-        raise FileNotFoundError(f"{data_dir}: no such data folder")
+        raise MissingFileError(f"{data_dir}: no such data folder")
     sets, skipped = {}, {}
     for task in tasks:
         try:
@@ -192,7 +193,7 @@ def local_task_specs(local_sets: dict[str, LocalSet], manager) -> list[dict[str,
     for task, local in local_sets.items():
         entry = manager.task_index.get(task)
         if entry is None or entry.yaml_path is None:
-            raise ValueError(f"{task}: lm-eval has no task definition of that name to score the local documents with")
+            raise OptionError(f"{task}: lm-eval has no task definition of that name to score the local documents with")
         config = load_yaml(entry.yaml_path, resolve_func=True)
         config.update(
             custom_dataset=functools.partial(_local_dataset, local), dataset_kwargs=None,

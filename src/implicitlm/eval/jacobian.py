@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..data.groups import resolve_group
 from ..data.words import generate_words
+from ..core.errors import OptionError
 from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from ..models import build_model, config_from_options, load_model
 from ..presets import model_options_from
@@ -59,10 +60,10 @@ def select_coordinates(model, layer: int = 0, coordinates: int | Sequence[int] =
     if not isinstance(coordinates, (int, np.integer)):
         chosen = torch.as_tensor(list(coordinates), dtype=torch.long)
         if len(chosen) == 0 or chosen.min() < 0 or chosen.max() >= size:
-            raise ValueError(f"state coordinates must be indices in [0, {size}) of layer {layer}'s SSM state")
+            raise OptionError(f"state coordinates must be indices in [0, {size}) of layer {layer}'s SSM state")
         return chosen
     if coordinates < 1:
-        raise ValueError(f"the number of state coordinates must be positive, got {coordinates}")
+        raise OptionError(f"the number of state coordinates must be positive, got {coordinates}")
     generator = torch.Generator().manual_seed(seed)
     return torch.randperm(size, generator=generator)[: min(coordinates, size)].sort().values
 
@@ -155,10 +156,10 @@ def _ssm_state(model, layer: int) -> torch.Tensor:
     """The layer's SSM state of one sample, zeros; a clear error for layers without one."""
     layers = model.stack.layers
     if not 0 <= layer < len(layers):
-        raise ValueError(f"layer must be in [0, {len(layers)}), got {layer}")
+        raise OptionError(f"layer must be in [0, {len(layers)}), got {layer}")
     state = layers[layer].initial_state(1, model.device, model.dtype)
     if not hasattr(state, "ssm"):
-        raise ValueError(
+        raise OptionError(
             f"{model.config.model_type} layers keep a {type(state).__name__} that grows with the sequence, "
             "not a fixed-size state: the state Jacobian is defined for Mamba2 and Mamba1 models"
         )
@@ -167,12 +168,12 @@ def _ssm_state(model, layer: int) -> torch.Tensor:
 
 def _check_method(method: str) -> None:
     if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise OptionError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
 
 
 def _check_positions(positions: Sequence[int], length: int) -> None:
     if not positions or min(positions) < 0 or max(positions) >= length:
-        raise ValueError(f"positions must lie in [0, {length}) (the sequence length), got {list(positions)}")
+        raise OptionError(f"positions must lie in [0, {length}) (the sequence length), got {list(positions)}")
 
 
 @torch.no_grad()
@@ -268,13 +269,13 @@ def analysis_tokens(model, length: int, count: int, seed: int = 0, words: str | 
     """(count, length) token ids: uniform over the vocabulary, or word-problem words over the
     group ``words`` (its elements are the first token ids)."""
     if length < 1 or count < 1:
-        raise ValueError(f"length and count must be positive, got {length} and {count}")
+        raise OptionError(f"length and count must be positive, got {length} and {count}")
     vocab_size = model.config.vocab_size
     if words is None:
         return torch.randint(0, vocab_size, (count, length), generator=torch.Generator().manual_seed(seed))
     order = resolve_group(words).order
     if order > vocab_size:
-        raise ValueError(f"{words} has {order} elements, more than the model's {vocab_size} tokens")
+        raise OptionError(f"{words} has {order} elements, more than the model's {vocab_size} tokens")
     inputs, _ = generate_words(words, length, count, seed)
     return torch.from_numpy(inputs.astype(np.int64))
 

@@ -9,7 +9,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError
 from ..tasks.base import Task
+from ..tasks.catbabi import CatbabiTask
+from ..tasks.lm import LMTask
+from ..tasks.words import WordsTask
 from .catbabi import write_catbabi_results
 from .perplexity import lm_length_record
 from .records import claimed_records, record_files
@@ -46,12 +50,23 @@ def write_length_record(
 ) -> tuple[Path, Path]:
     """Each task's own record of a length evaluation (``word_length``, ``lm_length``,
     ``catbabi``): the JSON file and its figure."""
-    if task.name == "words":
-        word_length_record(model, task.checkpoint, rows, out, task.group, mode, task.train_length)
-    elif task.name == "lm":
-        lm_length_record(model, task.checkpoint, rows, out, mode, task.train_length)
-    elif task.name == "catbabi":
-        write_catbabi_results(out, task.checkpoint, model, rows[0], **task.record_settings(mode, max_iter, tol))
-    else:
-        raise ValueError(f"no length record for task {task.name!r}")
+    writer = next((LENGTH_RECORDS[kind] for kind in type(task).__mro__ if kind in LENGTH_RECORDS), None)
+    if writer is None:
+        raise OptionError(f"--out: no length record for task {task.name!r}")
+    writer(task, model, rows, out, mode, max_iter, tol)
     return record_files(out, task.experiment)
+
+
+# The writer of each task's length record. They live here, not on the task: the records and
+# their figures are eval's, and tasks/ sits below eval/.
+LENGTH_RECORDS = {
+    WordsTask: lambda task, model, rows, out, mode, max_iter, tol: word_length_record(
+        model, task.checkpoint, rows, out, task.group, mode, task.train_length
+    ),
+    LMTask: lambda task, model, rows, out, mode, max_iter, tol: lm_length_record(
+        model, task.checkpoint, rows, out, mode, task.train_length
+    ),
+    CatbabiTask: lambda task, model, rows, out, mode, max_iter, tol: write_catbabi_results(
+        out, task.checkpoint, model, rows[0], **task.record_settings(mode, max_iter, tol)
+    ),
+}

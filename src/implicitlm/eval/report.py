@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.atomic_io import atomic_write
+from ..core.errors import DataError, MissingFileError
 from .plots import plot_curves, plot_metric_panels
 from .records import claimed_outputs, read_record, record_files
 
@@ -35,11 +36,11 @@ def find_records(run_dirs: Iterable[str | Path]) -> list[Entry]:
     entries = []
     for run in map(Path, run_dirs):
         if not run.exists():
-            raise FileNotFoundError(f"{run}: no such run folder")
+            raise MissingFileError(f"{run}: no such run folder")
         files = [run] if run.is_file() else sorted(run.rglob("*.json"))
         found = [(path, record) for path in files if (record := read_record(path)) is not None]
         if not found:
-            raise ValueError(f"{run}: no experiment results (JSON records) found")
+            raise DataError(f"{run}: no experiment results (JSON records) found")
         per_experiment = collections.Counter(record["experiment"] for _, record in found)
         for path, record in found:
             # The run as named on the command line; the record's own folder where the run

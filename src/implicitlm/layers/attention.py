@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.errors import OptionError
 from .rotary import apply_rotary, rotary_cos_sin, rotary_cos_sin_at
 
 
@@ -45,11 +46,11 @@ class AttentionDims:
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
+            raise OptionError(f"hidden_size={self.hidden_size} is not a multiple of num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+            raise OptionError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even: RoPE rotates pairs of dimensions")
+            raise OptionError(f"head_dim={self.head_dim} must be even: RoPE rotates pairs of dimensions")
 
     @property
     def head_dim(self) -> int:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.errors import OptionError
 from .causal_conv import causal_conv, causal_conv_step
 from .norms import GatedRMSNorm
 from .ssd import ssd_scan, ssd_step
@@ -41,9 +42,9 @@ class Mamba2Dims:
 
     def __post_init__(self) -> None:
         if self.d_inner % self.headdim:
-            raise ValueError(f"expand*d_model={self.d_inner} is not a multiple of headdim={self.headdim}")
+            raise OptionError(f"expand*d_model={self.d_inner} is not a multiple of headdim={self.headdim}")
         if self.nheads % self.ngroups:
-            raise ValueError(f"number of heads {self.nheads} is not a multiple of ngroups={self.ngroups}")
+            raise OptionError(f"number of heads {self.nheads} is not a multiple of ngroups={self.ngroups}")
 
     @property
     def d_inner(self) -> int:

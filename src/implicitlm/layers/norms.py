@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..core.errors import OptionError
+
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dimension, in the dtype of x."""
@@ -34,7 +36,7 @@ class GatedRMSNorm(RMSNorm):
         super().__init__(hidden_size, eps)
         self.group_size = group_size or hidden_size
         if hidden_size % self.group_size:
-            raise ValueError(f"hidden size {hidden_size} is not a multiple of the group size {self.group_size}")
+            raise OptionError(f"hidden size {hidden_size} is not a multiple of the group size {self.group_size}")
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         gated = x * nn.functional.silu(gate.to(x.dtype))

@@ -36,43 +36,22 @@ is within 0.33-0.39 of them; 1.39-1.49 for Mamba2).
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    Mamba2Config,
-    Mamba2ForCausalLM,
-    MambaConfig,
-    MambaForCausalLM,
-    PreTrainedModel,
-)
+from transformers import PreTrainedModel
 
-from ..core.errors import DataError, first_line
-from ..core.json_file import read_json_object
+from ..core.errors import ArgumentTypeError, first_line
+from .families import BY_ARCHITECTURE, BY_SOURCE_MODEL_TYPE, Family
 from .implicit_lm import ImplicitCausalLM
 from .loading import (
     ModelLoadError, build_model, check_finite, check_generation_config, check_load_report, config_from_options,
-    silenced_load_report,
+    config_values, silenced_load_report,
 )
 
-# transformers' parameter prefixes -> ours; the layers' own names are the same in both.
-# Mamba1 and Mamba2 checkpoints share theirs.
-MAMBA_PREFIXES = {
-    "backbone.embeddings.": "embeddings.",
-    "backbone.layers.": "stack.layers.",
-    "backbone.norm_f.": "stack.norm_f.",
-}
-LLAMA_PREFIXES = {
-    "model.embed_tokens.": "embeddings.",
-    "model.layers.": "stack.layers.",
-    "model.norm.": "stack.norm_f.",
-}
 # A tied head is the embedding matrix itself in our models, an untied one our own lm_head.
 HEAD = "lm_head.weight"
 
@@ -80,38 +59,38 @@ HFSource = PreTrainedModel | str | Path
 
 
 def from_hf(path: str | Path, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
-    """A model from a transformers checkpoint directory of a Mamba2, Llama or Mamba (Mamba1) model."""
-    model_type = _model_type(Path(path))
-    if model_type not in IMPORTERS:
-        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported; only Mamba2, Llama and Mamba are")
-    return IMPORTERS[model_type](path, implicit, **option_overrides)
+    """A model from a transformers checkpoint directory of a family's source model (``families.FAMILIES``)."""
+    model_type = config_values(Path(path)).get("model_type")
+    if model_type not in BY_SOURCE_MODEL_TYPE:
+        names = [family.source_class.__name__.removesuffix("ForCausalLM") for family in BY_SOURCE_MODEL_TYPE.values()]
+        supported = f"{', '.join(names[:-1])} and {names[-1]}"
+        raise ModelLoadError(f"{path}: model_type {model_type!r} is not supported; only {supported} are")
+    return from_source(BY_SOURCE_MODEL_TYPE[model_type], path, implicit, **option_overrides)
+
+
+def from_source(family: Family, source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
+    """``family``'s model from a model of its ``source_class`` or its checkpoint directory.
+
+    ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
+    """
+    hf, options = _hf_model(source, family)
+    return _convert(hf, {**options, "architecture": family.architecture}, family.source_prefixes, implicit,
+                    option_overrides)
 
 
 def from_hf_mamba2(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
-    """Our Mamba2 model from a ``Mamba2ForCausalLM`` or its checkpoint directory.
-
-    ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
-    """
-    hf, options = _hf_model(source, Mamba2ForCausalLM, _mamba2_options)
-    return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
+    """Our Mamba2 model from a ``Mamba2ForCausalLM`` or its checkpoint directory."""
+    return from_source(BY_ARCHITECTURE["mamba2"], source, implicit, **option_overrides)
 
 
 def from_hf_llama(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
-    """Our Llama model from a ``LlamaForCausalLM`` or its checkpoint directory.
-
-    ``option_overrides``: further model options (e.g. ``fixed_point``).
-    """
-    hf, options = _hf_model(source, LlamaForCausalLM, _llama_options)
-    return _convert(hf, options, LLAMA_PREFIXES, _llama_first_projection, implicit, option_overrides)
+    """Our Llama model from a ``LlamaForCausalLM`` or its checkpoint directory."""
+    return from_source(BY_ARCHITECTURE["llama"], source, implicit, **option_overrides)
 
 
 def from_hf_mamba(source: HFSource, implicit: bool = False, **option_overrides: Any) -> ImplicitCausalLM:
-    """Our Mamba1 model from a ``MambaForCausalLM`` or its checkpoint directory.
-
-    ``option_overrides``: further model options (e.g. ``fixed_point``, ``chunk_size``).
-    """
-    hf, options = _hf_model(source, MambaForCausalLM, _mamba_options)
-    return _convert(hf, options, MAMBA_PREFIXES, _mamba_first_projection, implicit, option_overrides)
+    """Our Mamba1 model from a ``MambaForCausalLM`` or its checkpoint directory."""
+    return from_source(BY_ARCHITECTURE["mamba"], source, implicit, **option_overrides)
 
 
 def initialise_from(model: ImplicitCausalLM, source: ImplicitCausalLM) -> ImplicitCausalLM:
@@ -132,101 +111,12 @@ def initialise_from(model: ImplicitCausalLM, source: ImplicitCausalLM) -> Implic
     with torch.no_grad():
         _copy_weights(model, weights)
         if model.config.implicit and not source.config.implicit:
-            _set_injection(model, FIRST_PROJECTIONS[model.config.model_type])
+            _set_injection(model)
     return model
 
 
-IMPORTERS: dict[str, Callable[..., ImplicitCausalLM]] = {
-    "mamba2": from_hf_mamba2,
-    "llama": from_hf_llama,
-    "mamba": from_hf_mamba,
-}
-
-
-def _mamba2_options(config: Mamba2Config) -> dict[str, Any]:
-    options = _shared_mamba_options(config)
-    _refuse(tuple(config.time_step_limit) != (0.0, math.inf), f"time_step_limit={config.time_step_limit} (dt clamping)")
-    return dict(
-        options,
-        architecture="mamba2",
-        head_dim=config.head_dim,
-        n_groups=config.n_groups,
-        chunk_size=config.chunk_size,
-    )
-
-
-def _llama_options(config: LlamaConfig) -> dict[str, Any]:
-    rope = config.rope_parameters or {}
-    _refuse(config.attention_bias or config.mlp_bias, "attention_bias / mlp_bias (biases)")
-    _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
-    head_dim, rope_type = config.head_dim, rope.get("rope_type", "default")
-    _refuse(head_dim * config.num_attention_heads != config.hidden_size, f"head_dim={head_dim} (not hidden / heads)")
-    _refuse(rope_type != "default", f"rope_type={rope_type!r} (only the default RoPE)")
-    return dict(
-        architecture="llama",
-        vocab_size=config.vocab_size,
-        tie_word_embeddings=config.tie_word_embeddings,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size,
-        rope_theta=rope["rope_theta"],
-        layer_norm_epsilon=config.rms_norm_eps,
-        initializer_range=config.initializer_range,
-    )
-
-
-def _mamba_options(config: MambaConfig) -> dict[str, Any]:
-    # Only the initialisation reads time_step_scale / _init_scheme / _floor and
-    # rescale_prenorm_residual; use_mambapy and use_associative_scan choose how the same
-    # scan is computed; residual_in_fp32 matters below float32 only.
-    return dict(_shared_mamba_options(config), architecture="mamba", time_step_rank=config.time_step_rank)
-
-
-def _shared_mamba_options(config: MambaConfig | Mamba2Config) -> dict[str, Any]:
-    """The settings Mamba1 and Mamba2 configs name alike, after the refusals they share."""
-    _refuse(config.use_bias, "use_bias=True (biases in in_proj / out_proj)")
-    _refuse(not config.use_conv_bias, "use_conv_bias=False")
-    # hidden_act is the conv's activation; the gate is silu whatever it says.
-    _refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
-    return dict(
-        vocab_size=config.vocab_size,
-        tie_word_embeddings=config.tie_word_embeddings,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        state_size=config.state_size,
-        conv_kernel=config.conv_kernel,
-        expand=config.expand,
-        time_step_min=config.time_step_min,
-        time_step_max=config.time_step_max,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
-    )
-
-
-def _mamba_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    layer = model.stack.layers[0]
-    return layer.norm.weight, layer.mixer.in_proj.weight
-
-
-def _llama_first_projection(model: ImplicitCausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    layer = model.stack.layers[0]
-    attention = layer.self_attn
-    # [q, k, v]: the order in which the attention splits its injection.
-    projection = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
-    return layer.input_layernorm.weight, projection
-
-
-FIRST_PROJECTIONS = {
-    "implicit_mamba2": _mamba_first_projection,
-    "implicit_mamba": _mamba_first_projection,
-    "implicit_llama": _llama_first_projection,
-}
-
-
-def _set_injection(model: ImplicitCausalLM, first_projection: Callable) -> None:
-    norm_weight, projection_weight = first_projection(model)
+def _set_injection(model: ImplicitCausalLM) -> None:
+    norm_weight, projection_weight = model.stack.layers[0].first_projection()
     _set_weight(model.injection_norm, "weight", norm_weight)
     _set_weight(model.injection, "weight", projection_weight)
 
@@ -235,7 +125,6 @@ def _convert(
     hf: PreTrainedModel,
     options: dict[str, Any],
     prefixes: dict[str, str],
-    first_projection: Callable[[ImplicitCausalLM], tuple[torch.Tensor, torch.Tensor]],
     implicit: bool,
     overrides: dict[str, Any],
 ) -> ImplicitCausalLM:
@@ -252,7 +141,7 @@ def _convert(
     with torch.no_grad():
         _copy_weights(model, weights)
         if model.config.implicit:
-            _set_injection(model, first_projection)
+            _set_injection(model)
     return model.eval()
 
 
@@ -319,21 +208,20 @@ def _set_weight(module: nn.Module, attribute: str, value: torch.Tensor) -> None:
         target.copy_(value)
 
 
-def _hf_model(
-    source: HFSource, cls: type[PreTrainedModel], options_of: Callable[[Any], dict[str, Any]]
-) -> tuple[PreTrainedModel, dict[str, Any]]:
-    """The source model and our options for it (``options_of`` its config). A directory's
-    config is read and checked first: a setting we refuse is refused before its weights load."""
+def _hf_model(source: HFSource, family: Family) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """The source model and our options for it. A directory's config is read and checked
+    first: a setting we refuse is refused before its weights load."""
+    cls = family.source_class
     if isinstance(source, cls):
-        return source, options_of(source.config)
+        return source, family.source_options(source.config)
     if isinstance(source, PreTrainedModel):
-        raise TypeError(f"expected a {cls.__name__} or its checkpoint directory, got a {type(source).__name__}")
+        raise ArgumentTypeError(f"expected a {cls.__name__} or its checkpoint directory, got a {type(source).__name__}")
     path = Path(source)
-    model_type = _model_type(path)
-    if model_type != cls.config_class.model_type:
-        raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {cls.config_class.model_type!r}")
+    model_type = config_values(path).get("model_type")
+    if model_type != family.source_model_type:
+        raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {family.source_model_type!r}")
     config = _loaded(path, lambda: cls.config_class.from_pretrained(path))
-    options = options_of(config)
+    options = family.source_options(config)
     with silenced_load_report():
         check_generation_config(path)
         hf, report = _loaded(path, lambda: cls.from_pretrained(
@@ -352,18 +240,3 @@ def _loaded(path: Path, load: Callable[[], Any]) -> Any:
         return load()
     except Exception as error:
         raise ModelLoadError(f"{path}: cannot load the checkpoint ({first_line(error)})") from None
-
-
-def _model_type(path: Path) -> str | None:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"{path}: not a checkpoint directory (no config.json)")
-    try:
-        return read_json_object(config_file, "a model config").get("model_type")
-    except DataError as error:
-        raise ModelLoadError(str(error)) from None
-
-
-def _refuse(condition: bool, setting: str) -> None:
-    if condition:
-        raise ModelLoadError(f"unsupported setting of the source model: {setting}")

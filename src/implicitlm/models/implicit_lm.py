@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
 from ..core.atomic_io import writing
-from ..core.errors import OptionError
+from ..core.errors import ArgumentTypeError, OptionError
 from ..core.targets import TargetExistsError
 from ..core.weights_digest import WEIGHTS, write_weights_digest
 from ..deq import ConvergenceTally, FixedPointSolver, warn_not_converged
@@ -71,6 +71,17 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         # The recurrent state travels as the stack's own per-layer objects (``state``),
         # not as a transformers Cache.
         return False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, **kwargs):
+        """transformers' ``from_pretrained``, with the checks of ``loading.load_pretrained``: a
+        directory's config, weights' digest, weight names, shapes and values and its
+        generation config; a run folder loads its latest checkpoint. Called on this class,
+        the family the config names is loaded."""
+        # loading reads the families' table, whose classes are built on this module.
+        from .loading import load_pretrained
+
+        return load_pretrained(cls, pretrained_model_name_or_path, model_args, kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
         """transformers' ``save_pretrained``, and the SHA-256 of the weights beside them, which
@@ -322,7 +333,7 @@ def _transformers_options(options: dict) -> int | torch.Tensor | None:
     """Check the per-call options a forward got from transformers; returns ``num_items_in_batch``."""
     unknown = sorted(set(options) - _TRANSFORMERS_OPTIONS)
     if unknown:
-        raise TypeError(f"forward() got unexpected keyword argument(s): {', '.join(unknown)}")
+        raise ArgumentTypeError(f"forward() got unexpected keyword argument(s): {', '.join(unknown)}")
     if options.get("output_attentions"):
         raise OptionError("output_attentions is not supported: Mamba mixers have no attention weights and attention runs in SDPA")
     if options.get("output_router_logits"):

@@ -1,4 +1,6 @@
-"""Building models from option dicts and loading them from checkpoint directories."""
+"""Building models from option dicts and loading them from checkpoint directories: the one
+loader, behind ``ImplicitCausalLM.from_pretrained`` (and so transformers' Auto classes) and
+``load_model``, and the one reader of a saved config.json."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from transformers import GenerationConfig, PretrainedConfig
 from transformers.utils import logging as transformers_logging
 
 from ..core.atomic_io import recover_replaced
-from ..core.errors import DataError, ImplicitLMError, first_line, quoted
+from ..core.errors import DataError, first_line, quoted
 from ..core.json_file import read_json_object
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
@@ -23,24 +25,12 @@ from ..core.run_folder import model_folder
 from ..core.schema import OptionError, check_known_keys, dataclass_defaults, option_help
 from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_digest, weights_sha256
 from .configuration import ImplicitLMConfig
+from .errors import ModelLoadError
+from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES
 from .implicit_lm import ImplicitCausalLM
-from .llama import ImplicitLlamaConfig, ImplicitLlamaForCausalLM
-from .mamba import ImplicitMambaConfig, ImplicitMambaForCausalLM
-from .mamba2 import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
 
 LOGGER = logging.getLogger("implicitlm")
-
-# The ``architecture`` model option names the backbone family.
-CONFIG_CLASSES: dict[str, type[ImplicitLMConfig]] = {
-    "mamba2": ImplicitMamba2Config,
-    "llama": ImplicitLlamaConfig,
-    "mamba": ImplicitMambaConfig,
-}
-MODEL_CLASSES: dict[str, type[ImplicitCausalLM]] = {
-    ImplicitMamba2Config.model_type: ImplicitMamba2ForCausalLM,
-    ImplicitLlamaConfig.model_type: ImplicitLlamaForCausalLM,
-    ImplicitMambaConfig.model_type: ImplicitMambaForCausalLM,
-}
+CONFIG = "config.json"
 
 # transformers initialises missing weights at random and drops unused ones, with a warning only.
 WEIGHT_PROBLEMS = {
@@ -66,10 +56,6 @@ GENERATION_KEYS = tuple(sorted(GenerationConfig().to_dict()))
 READ_ATTEMPTS = 10
 
 
-class ModelLoadError(ImplicitLMError, ValueError):
-    """A directory that does not hold a model this package can load."""
-
-
 def model_options_help() -> str:
     """What --help lists for ``--model KEY=VALUE``: every family's options, their defaults
     and meanings, and the fixed-point options that go in ``fixed_point``."""
@@ -77,8 +63,9 @@ def model_options_help() -> str:
         "model options (--model KEY=VALUE; architecture=mamba2 (default), llama or mamba picks the family):",
         option_help("shared:", _own_defaults(ImplicitLMConfig), ImplicitLMConfig.FIELD_HELP),
     ]
-    for architecture, cls in CONFIG_CLASSES.items():
-        sections.append(option_help(f"architecture={architecture}:", _own_defaults(cls), cls.FIELD_HELP))
+    for family in FAMILIES:
+        cls = family.config_class
+        sections.append(option_help(f"architecture={family.architecture}:", _own_defaults(cls), cls.FIELD_HELP))
     sections.append(option_help(
         "fixed_point (a JSON object: --model 'fixed_point={\"eval_f_max_iter\": 64}'):",
         dataclass_defaults(FixedPointOptions), FixedPointOptions.FIELD_HELP,
@@ -120,7 +107,7 @@ def config_from_options(options: dict[str, Any]) -> ImplicitLMConfig:
 def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
     """A freshly initialised model of the config's family, once its weights fit in memory."""
     _require_weights(config)
-    return MODEL_CLASSES[config.model_type](config)
+    return BY_MODEL_TYPE[config.model_type].model_class(config)
 
 
 def parameter_count(config: ImplicitLMConfig) -> int:
@@ -137,7 +124,7 @@ def parameter_count(config: ImplicitLMConfig) -> int:
 def _meta_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
     """The model ``config`` describes: its tensors' shapes, without their data."""
     with torch.device("meta"):
-        return MODEL_CLASSES[config.model_type](config)
+        return BY_MODEL_TYPE[config.model_type].model_class(config)
 
 
 def _with_layers(config: ImplicitLMConfig, layers: int) -> ImplicitLMConfig:
@@ -166,14 +153,25 @@ def torch_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     if name is None or isinstance(name, torch.dtype):
         return name
     if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+        raise OptionError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
     return getattr(torch, name)
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype | None = None) -> ImplicitCausalLM:
-    """Load a saved model (config.json + model.safetensors), or a training run's latest
-    checkpoint; weights come from safetensors only. ``dtype`` (a name of ``DTYPES`` or a
-    torch dtype): the model's parameters in it (default: as saved).
+    """``ImplicitCausalLM.from_pretrained(path)`` (see ``load_pretrained``), its parameters in
+    ``dtype`` (a name of ``DTYPES`` or a torch dtype; default: as saved)."""
+    dtype = torch_dtype(dtype)
+    return ImplicitCausalLM.from_pretrained(path, **({} if dtype is None else {"dtype": dtype}))
+
+
+def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: tuple, options: dict[str, Any]):
+    """``cls.from_pretrained(path, *model_args, **options)``: a saved model (config.json +
+    model.safetensors), or a training run's latest checkpoint, its config, weights' digest,
+    weight names, shapes and values and its generation_config.json checked; weights come
+    from safetensors only. ``cls``: ImplicitCausalLM (the family the config names) or a
+    family's class (a model of another family is refused). ``options``: transformers'
+    (``dtype``, ``device_map``, ``config``, ...), and fields of the config to change. A relative
+    name that exists nowhere here goes to transformers (the Hub), whose files hold no digest.
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
@@ -181,39 +179,44 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None = None) -> Impl
     A run that keeps only its latest checkpoints removes the one read here once it has
     written the next: a read that fails as the run moves on is made again from the newest.
     """
-    dtype = torch_dtype(dtype)
-    path = Path(path)
+    wants_report = options.pop("output_loading_info", False)
+    local = Path(path, options.get("subfolder") or "")
+    # A relative name that is nowhere here is a Hub repository's, as transformers reads it.
+    if local.exists() or local.is_absolute():
+        options.pop("subfolder", None)
+        model, report = _load_local(cls, local, model_args, options)
+    else:
+        model, report = _load_weights(cls, path, model_args, options)
+        check_load_report(Path(path), report)
+        check_finite(Path(path), model)
+    return (model, report) if wants_report else model
+
+
+def _load_local(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     recover_replaced(path)  # a checkpoint swap cut between its two renames
     folder = model_folder(path)
     for _ in range(READ_ATTEMPTS):
         try:
-            model = _load_folder(folder)
+            return _load_folder(cls, folder, model_args, dict(options))
         except (ModelLoadError, OSError):
             newest = model_folder(path)
             if newest == folder:
                 raise
             folder = newest
-        else:
-            # Cast after the checks, which read the weights as saved.
-            return model if dtype is None else model.to(dtype)
     raise ModelLoadError(f"{path}: its latest checkpoint was replaced while being read, {READ_ATTEMPTS} times in a row")
 
 
-def _load_folder(path: Path) -> ImplicitCausalLM:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"{path}: not a model directory (no config.json)")
-    config = _read_config(config_file)
-    _require_weights(config, config_file)
+def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
+    config = _config_to_load(cls, path, options)
+    _require_weights(config, path / CONFIG)
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     checked = _check_weights_digest(path)
     with silenced_load_report():
         check_generation_config(path)
         try:
-            model, report = MODEL_CLASSES[config.model_type].from_pretrained(
-                path, config=config, use_safetensors=True, output_loading_info=True
-            )
+            model, report = _load_weights(BY_MODEL_TYPE[config.model_type].model_class, path, model_args,
+                                          {**options, "config": config})
         # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
         except Exception as error:
             # transformers' message about shapes points at a report it printed (or, quietened, did not).
@@ -224,7 +227,31 @@ def _load_folder(path: Path) -> ImplicitCausalLM:
     if not checked:
         # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
         LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")
-    return model
+    return model, report
+
+
+def _load_weights(cls, path, model_args: tuple, options: dict[str, Any]):
+    """transformers' own ``from_pretrained`` of ``cls``, from safetensors only, with its report."""
+    return super(ImplicitCausalLM, cls).from_pretrained(
+        path, *model_args, **options, use_safetensors=True, output_loading_info=True)
+
+
+def _config_to_load(cls, path: Path, options: dict[str, Any]) -> ImplicitLMConfig:
+    """``path``'s config.json, checked, of ``cls``'s family; with the options that name its
+    fields (taken out of ``options``) changed, as transformers changes them, but checked. A
+    ``config`` in ``options`` (the Auto classes pass the one they read) stands for it."""
+    config = read_config(path)
+    if cls is not ImplicitCausalLM and cls.config_class is not type(config):
+        raise ModelLoadError(f"{path / CONFIG}: a model of type {config.model_type}, not {cls.config_class.model_type}")
+    given = options.pop("config", None)
+    if given is not None and type(given) is not type(config):
+        raise OptionError(f"config must be an {type(config).__name__}, the config of {path}; got {type(given).__name__}")
+    changes = {name: options.pop(name) for name in _field_names(type(config)) if name in options}
+    config = config if given is None else given
+    if changes:
+        config = type(config).from_dict({**config.to_dict(), **changes})
+    config.check_consistency()
+    return config
 
 
 def check_load_report(source: Path, report: dict[str, Any]) -> None:
@@ -325,16 +352,36 @@ def _check_weights_digest(path: Path) -> bool:
     return True
 
 
-def _read_config(config_file: Path) -> ImplicitLMConfig:
-    """The config in ``config_file``, every field checked as the options of a new model are."""
+def config_values(folder: Path) -> dict[str, Any]:
+    """``folder``'s config.json as read, a JSON object (of any model_type: transformers' too)."""
+    config_file = folder / CONFIG
+    if not config_file.is_file():
+        raise ModelLoadError(f"{folder}: not a model directory (no {CONFIG})")
     try:
-        values = read_json_object(config_file, "a model config")
+        return read_json_object(config_file, "a model config")
     except DataError as error:
         raise ModelLoadError(str(error)) from None
+
+
+def read_config(folder: Path) -> ImplicitLMConfig:
+    """The config in ``folder``'s config.json, every field checked as the options of a new model are."""
+    return _checked_config(config_values(folder), folder / CONFIG)
+
+
+def saved_model_options(folder: Path) -> dict[str, Any]:
+    """The model options ``folder``'s config.json holds, as written, ``architecture`` first;
+    checked as ``read_config`` checks them."""
+    values = config_values(folder)
+    family = BY_MODEL_TYPE[_checked_config(values, folder / CONFIG).model_type]
+    names = set(_field_names(family.config_class))
+    return {"architecture": family.architecture, **{k: v for k, v in values.items() if k in names}}
+
+
+def _checked_config(values: dict[str, Any], config_file: Path) -> ImplicitLMConfig:
     model_type = values.get("model_type")
-    if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
-        raise ModelLoadError(f"{config_file}: model_type {quoted(model_type)} is not one of {sorted(MODEL_CLASSES)}")
-    config_class = MODEL_CLASSES[model_type].config_class
+    if not isinstance(model_type, str) or model_type not in BY_MODEL_TYPE:
+        raise ModelLoadError(f"{config_file}: model_type {quoted(model_type)} is not one of {sorted(BY_MODEL_TYPE)}")
+    config_class = BY_MODEL_TYPE[model_type].config_class
     try:
         # PretrainedConfig keeps an unknown key as an attribute: a misspelt field would leave
         # the field at its default without a word.
@@ -351,6 +398,6 @@ def _read_config(config_file: Path) -> ImplicitLMConfig:
 
 
 def _config_class(architecture: str) -> type[ImplicitLMConfig]:
-    if not isinstance(architecture, str) or architecture not in CONFIG_CLASSES:
-        raise OptionError(f"architecture must be one of {', '.join(CONFIG_CLASSES)}; got {architecture!r}")
-    return CONFIG_CLASSES[architecture]
+    if not isinstance(architecture, str) or architecture not in BY_ARCHITECTURE:
+        raise OptionError(f"architecture must be one of {', '.join(BY_ARCHITECTURE)}; got {architecture!r}")
+    return BY_ARCHITECTURE[architecture].config_class

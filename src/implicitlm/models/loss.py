@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..core.errors import OptionError
+
 IGNORE_INDEX = -100
 
 
@@ -24,7 +26,7 @@ def token_cross_entropy(
     if alignment == "shifted":
         logits, labels = logits[:, :-1], labels[:, 1:]
     elif alignment != "aligned":
-        raise ValueError(f"unknown label alignment {alignment!r}")
+        raise OptionError(f"unknown label alignment {alignment!r}")
     reduction = "mean" if num_items_in_batch is None else "sum"
     loss = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction

@@ -29,6 +29,11 @@ class MixerBlock(nn.Module):
     def injection_size(self) -> int:
         return self.mixer.dims.d_in_proj
 
+    def first_projection(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norm and projection through which the block's mixer reads its input, which an
+        imported implicit model's injection copies (``convert``)."""
+        return self.norm.weight, self.mixer.in_proj.weight
+
     def initial_state(self, batch: int, device=None, dtype=None) -> Any:
         return self.mixer.initial_state(batch, device, dtype)
 

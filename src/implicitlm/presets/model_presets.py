@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..core.errors import OptionError
 from ..models.loading import build_model, config_from_options
 
 VARIANTS = ("explicit", "bounded", "free")
@@ -106,7 +107,7 @@ def _split(name: str) -> tuple[str, str]:
         return stem, variant
     close = difflib.get_close_matches(name, model_preset_names(), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else "see `implicitlm models list`"
-    raise ValueError(f"unknown model preset '{name}' ({hint})")
+    raise OptionError(f"unknown model preset '{name}' ({hint})")
 
 
 @cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import OptionError
 from ..core.json_file import read_json_object
 from .model_presets import model_preset
 from .run_presets import KINDS, check_sections, checkpoint_preset
@@ -23,7 +24,7 @@ def merged_options(
 ) -> dict[str, Any]:
     """``base``, then ``preset[section]``, then ``preset[f"{kind}_{section}"]``, then ``command_line``."""
     if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        raise OptionError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     return {**(base or {}), **preset.get(section, {}), **preset.get(f"{kind}_{section}", {}), **command_line}
 
 

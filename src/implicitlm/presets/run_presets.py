@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from ..core.json_file import read_json_object
 from ..core.run_folder import model_folder, training_settings
 from ..core.schema import OptionError, check_known_keys, option_error
-from ..models.loading import CONFIG_CLASSES, model_option_names
+from ..models.loading import saved_model_options
 
 PACKAGE = "implicitlm.presets"
 
@@ -40,7 +40,7 @@ def register_preset(name: str, preset: Mapping[str, Any]) -> None:
     """Make ``preset`` loadable by ``name`` in this process, as the shipped ones are (a copy:
     later changes to ``preset`` do not reach it). A shipped name is not replaced."""
     if name in shipped_preset_names():
-        raise ValueError(f"'{name}' is a shipped preset; register yours under another name")
+        raise OptionError(f"'{name}' is a shipped preset; register yours under another name")
     _REGISTERED[name] = check_sections(copy.deepcopy(dict(preset)), f"preset '{name}'")
 
 
@@ -64,7 +64,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     elif path.suffix == ".json" or path.exists():
         source = path
     else:
-        raise ValueError(
+        raise OptionError(
             f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file or a checkpoint)"
         )
     return check_sections(read_json_object(source, "a preset"), str(source))
@@ -73,15 +73,10 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
 def checkpoint_preset(path: str | Path) -> dict[str, Any]:
     """A checkpoint's (or a run folder's latest) model options and training settings as a
     preset's "model" and "train" sections: a new run from them builds the same architecture
-    and trains as that run did (the command line still has the last word)."""
+    and trains as that run did (the command line still has the last word). The config is
+    checked as a loaded model's is: an unknown key is refused, not dropped."""
     folder = model_folder(path)
-    config = read_json_object(folder / "config.json", "a model config")
-    families = {cls.model_type: architecture for architecture, cls in CONFIG_CLASSES.items()}
-    if config.get("model_type") not in families:
-        raise ValueError(f"{folder / 'config.json'}: not a model of this package (model_type {config.get('model_type')!r})")
-    architecture = families[config["model_type"]]
-    names = set(model_option_names(architecture)) - {"architecture"}
-    preset = {"model": {"architecture": architecture, **{k: v for k, v in config.items() if k in names}}}
+    preset = {"model": saved_model_options(folder)}
     settings = {k: v for k, v in training_settings(folder).items() if k != "task"}
     return {**preset, "train": settings} if settings else preset
 

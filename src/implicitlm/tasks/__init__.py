@@ -1,19 +1,24 @@
-"""Tasks: what an evaluation runs on. Each names its test data (word problems, a shard split,
-a catbAbI folder), scores a model on it and shows the rows; ``eval/`` runs the same length,
-budget and convergence evaluations over any of them."""
+"""Tasks: what an evaluation runs on and what a training run reads. Each names its test data
+(word problems, a shard split, a catbAbI folder), scores a model on it and shows the rows;
+``eval/`` runs the same length, budget and convergence evaluations over any of them. A task
+that trains gives the trainer its batches (``TRAINING_BATCHES``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import OptionError
 from ..models.loading import torch_dtype
 from .base import Task
 from .catbabi import CatbabiTask
-from .lm import LMTask
-from .words import WordsTask
+from .lm import LMTask, TokenBatches
+from .words import WordBatches, WordsTask
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (WordsTask, LMTask, CatbabiTask)}
+# The training batches of each task that trains (``TrainConfig.task``): what the trainer reads,
+# and what only that task does in training (its held-out split, its step metrics).
+TRAINING_BATCHES: dict[str, type[WordBatches | TokenBatches]] = {"words": WordBatches, "lm": TokenBatches}
 
 
 def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **options: Any) -> Task:
@@ -21,13 +26,13 @@ def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **opt
     all be the task's own: another task's option is refused in one line. ``dtype``: the
     model's, for any task (None: as saved)."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
+        raise OptionError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
     task = TASKS[name]
     given = {key: value for key, value in options.items() if value is not None}
     foreign = [key for key in given if key not in task.OPTIONS]
     if foreign:
         flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
-        raise ValueError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
+        raise OptionError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
     made = task(checkpoint, **given)
     made.dtype = torch_dtype(dtype)  # a wrong name is refused here, before any data is read
     return made

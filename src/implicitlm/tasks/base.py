@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..core.errors import OptionError
 from ..core.run_folder import training_settings
 from ..models import load_model
 
@@ -47,7 +48,7 @@ class Task(ABC):
     def require(self, evaluation: str) -> None:
         """Refuse, in one line, an evaluation that makes no sense for this task."""
         if evaluation not in self.EVALUATIONS:
-            raise ValueError(f"{evaluation} is not evaluated for --task {self.name}{self.refusal_hint(evaluation)}")
+            raise OptionError(f"{evaluation} is not evaluated for --task {self.name}{self.refusal_hint(evaluation)}")
 
     def refusal_hint(self, evaluation: str) -> str:
         return ""
@@ -101,7 +102,7 @@ class Task(ABC):
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Token arrays (N, L) whose per-token iterations a convergence report counts, each with
         a mask of its hard tokens (None where the task has no such split)."""
-        raise ValueError(f"convergence is not evaluated for --task {self.name}")
+        raise OptionError(f"convergence is not evaluated for --task {self.name}")
 
     def details(self) -> dict[str, Any]:
         """What a budget or convergence record names besides the model (e.g. the group)."""
@@ -126,13 +127,13 @@ class FolderTask(Task):
         super().__init__(checkpoint, batch_size)
         folders = [data] if isinstance(data, (str, Path)) else list(data or [])
         if len(folders) != 1:
-            raise ValueError(f"--task {self.name} reads one --data folder ({self.FOLDER}), got {len(folders) or 'none'}")
+            raise OptionError(f"--task {self.name} reads one --data folder ({self.FOLDER}), got {len(folders) or 'none'}")
         self.data, self.split = Path(folders[0]), "test" if split is None else split
 
 
 def require_implicit(model, what: str) -> None:
     if not model.config.implicit:
-        raise ValueError(f"{what} needs an implicit model; this checkpoint is explicit")
+        raise OptionError(f"{what} needs an implicit model; this checkpoint is explicit")
 
 
 def configure_solver(

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.errors import DataError, OptionError
 from ..data.catbabi import SHARD_SPLITS, read_answers
 from ..data.shards import TokenShards
 from ..deq import warn_not_converged
@@ -37,7 +38,7 @@ def window_starts(positions: np.ndarray, stream_length: int, sequence_length: in
     """For each answer position, the start of the window that scores it (module docstring);
     windows are ``min(sequence_length, stream_length)`` tokens long."""
     if not 1 <= stride <= sequence_length:
-        raise ValueError(f"stride must lie in [1, sequence_length={sequence_length}], got {stride}")
+        raise OptionError(f"stride must lie in [1, sequence_length={sequence_length}], got {stride}")
     length = min(sequence_length, stream_length)
     # Window k scores targets kS + length - S + 1 .. kS + length; the first scores 1 .. length.
     windows = np.maximum(0, -(-(positions - length) // stride))
@@ -62,7 +63,7 @@ def answer_accuracy(
     answers = read_answers(data_dir, split)
     shards = TokenShards(data_dir, SHARD_SPLITS[split], verify=True)
     if model.config.vocab_size < shards.vocab_size:
-        raise ValueError(
+        raise DataError(
             f"{data_dir}: its vocabulary has {shards.vocab_size} tokens, more than the model's "
             f"{model.config.vocab_size}: the model was trained on other data"
         )
@@ -103,7 +104,7 @@ def answer_accuracy(
 
 def _summary(correct: np.ndarray, tasks: np.ndarray, iterations: list[float]) -> dict[str, Any]:
     if not len(correct):
-        raise ValueError("the split has no answers to score")
+        raise DataError("the split has no answers to score")
     result: dict[str, Any] = {
         "accuracy": float(correct.mean()),
         "answers": len(correct),
@@ -147,7 +148,7 @@ class CatbabiTask(FolderTask):
     ):
         super().__init__(checkpoint, data, split, batch_size)
         if self.split not in SHARD_SPLITS:
-            raise ValueError(f"--split {self.split}: --task catbabi reads a bAbI split, one of {', '.join(SHARD_SPLITS)}")
+            raise OptionError(f"--split {self.split}: --task catbabi reads a bAbI split, one of {', '.join(SHARD_SPLITS)}")
         self.sequence_length = 256 if sequence_length is None else sequence_length
         self.stride = stride
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..core.errors import OptionError
+from ..core.errors import DataError, OptionError
 from ..data.shards import TokenShards, tokenizer_digest
 from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
@@ -57,7 +57,7 @@ def perplexity(
     finally:
         model.train(was_training)
     if total_tokens == 0:
-        raise ValueError("no held-out tokens to evaluate")
+        raise DataError("no held-out tokens to evaluate")
     loss = total_loss / total_tokens
     result = {"loss": loss, "perplexity": math.exp(loss), "tokens": total_tokens}
     if iterations:
@@ -133,7 +133,7 @@ class LMTask(FolderTask):
         self.train_length = self.training().get("sequence_length")
         if not self.lengths:
             if self.train_length is None:
-                raise ValueError("the checkpoint does not record its training context; give --lengths")
+                raise OptionError("the checkpoint does not record its training context; give --lengths")
             self.lengths = [self.train_length * m for m in self.multiples or [1]]
         self.shards = TokenShards(self.data, self.split, verify=True)
         check_tokens_of_model(self.shards, self.model)
@@ -155,7 +155,7 @@ class LMTask(FolderTask):
     def convergence_inputs(self) -> list[tuple[np.ndarray, None]]:
         """The split's leading windows of the one context length, as many as --max-tokens fill."""
         if len(self.lengths) != 1:
-            raise ValueError("convergence statistics take one context length")
+            raise OptionError("convergence statistics take one context length")
         length = self.lengths[0]
         max_tokens = CONVERGENCE_TOKENS if self.max_tokens is None else self.max_tokens
         windows = next(evaluation_windows(self.shards, length, max(1, max_tokens // length)))
@@ -165,6 +165,9 @@ class LMTask(FolderTask):
 class TokenBatches:
     """Language modelling: windows of ``sequence_length + 1`` tokens from the training shards,
     the first ``sequence_length`` as inputs, the last ``sequence_length`` as labels."""
+
+    # The LM defaults are the paper's GPU settings; on a CPU a step of them takes minutes.
+    PAPER_SCALE_DEFAULTS = ("batch_tokens", "sequence_length")
 
     def __init__(
         self, shards: TokenShards, sequence_length: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
@@ -176,6 +179,23 @@ class TokenBatches:
         if self.tokenizer is not None:
             _check_tokenizer_unchanged(shards, self.tokenizer)
         self.sampler = TokenSampler(shards, sequence_length, batch_size, seed=seed, rank=rank, world_size=world_size)
+
+    @classmethod
+    def for_training(cls, config, data: str | Path | None, rank: int = 0, world_size: int = 1) -> TokenBatches:
+        """The batches of a run with the training options ``config`` on ``data``, the folder of
+        its token shards."""
+        if data is None:
+            raise OptionError("language-model training needs the folder of its token shards")
+        shards = TokenShards(data, "train")
+        return cls(shards, config.sequence_length, config.batch_size, config.seed, rank=rank, world_size=world_size)
+
+    def held_out(self) -> TokenShards:
+        """The test split of the training shards' folder, its files checked."""
+        return TokenShards(self.shards.path, "test", verify=True)
+
+    def step_metrics(self, loss: float, logits: torch.Tensor, labels: torch.Tensor, mean_over_processes) -> dict[str, float]:
+        """The loss and its perplexity (capped where the loss is huge, early in a run)."""
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
 
     def __iter__(self) -> TokenBatches:
         return self

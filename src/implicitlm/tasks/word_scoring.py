@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.errors import OptionError
 from ..core.memory import activation_bytes, peak_growth, return_freed_memory, tensor_bytes
 from ..data.words import StoredWords, WordWindows
 from ..deq import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
@@ -154,7 +155,7 @@ class WordScore:
 
     def __init__(self, model, mode: str, max_iter: int | None, tol: float | None, length: int, last: int = 10):
         if length < 2:
-            raise ValueError("word accuracy needs words of at least 2 tokens: token 1's label is its input")
+            raise OptionError("word accuracy needs words of at least 2 tokens: token 1's label is its input")
         if max_iter is None and mode == "simultaneous" and model.config.implicit:
             max_iter = simultaneous_budget(model, length)
         self.model, self.mode, self.max_iter, self.tol, self.length, self.last = model, mode, max_iter, tol, length, last

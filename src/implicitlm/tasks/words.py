@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.errors import OptionError
+from ..core.errors import DataError, OptionError
 from ..core.memory import require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
@@ -67,7 +67,7 @@ class WordsTask(Task):
         train = self.training()
         group = self.group or train.get("group")
         if not group:
-            raise ValueError("--group is needed: the checkpoint does not name its training group")
+            raise OptionError("--group is needed: the checkpoint does not name its training group")
         _check_group_fits(group, train.get("group"), self.model.config.vocab_size)
         self.group, self.train_length = group, train.get("sequence_length")
         if self.hard_prob is None:
@@ -80,12 +80,12 @@ class WordsTask(Task):
             return [StoredWords(words.inputs, words.targets) for words in (load_words(path, self.group) for path in self.data)]
         if self.multiples:
             if not self.train_length:
-                raise ValueError("--multiples needs the training length, which the checkpoint does not record; give --lengths")
+                raise OptionError("--multiples needs the training length, which the checkpoint does not record; give --lengths")
             lengths = [self.train_length * m for m in self.multiples]
         elif self.lengths:
             lengths = self.lengths
         else:
-            raise ValueError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
+            raise OptionError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
         count = count if self.count is None else self.count
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
@@ -128,15 +128,18 @@ def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:
     would be read as those elements and scored against meaningless labels."""
     algebra = get_group(group)
     if trained and algebra.name != get_group(trained).name:
-        raise ValueError(f"--group {group}: the checkpoint was trained on {trained}; evaluate it on {trained}")
+        raise OptionError(f"--group {group}: the checkpoint was trained on {trained}; evaluate it on {trained}")
     if algebra.order != vocab_size:
-        raise ValueError(f"--group {group}: {algebra.order} elements, but the model reads {vocab_size} tokens")
+        raise OptionError(f"--group {group}: {algebra.order} elements, but the model reads {vocab_size} tokens")
 
 
 class WordBatches:
     """Word problems: fresh words drawn from ``(seed, micro-batch)``, or, from a word file, a
     seeded shuffle per epoch (the rows of a batch read in sorted order, which a memory map
     serves faster); labels derived here when the file does not store them."""
+
+    # Training sizes whose class defaults only suit a GPU: none, the task's own defaults replace them.
+    PAPER_SCALE_DEFAULTS: tuple[str, ...] = ()
 
     def __init__(
         self, group: str, sequence_length: int, batch_size: int, seed: int = 0, data: WordData | None = None,
@@ -146,11 +149,34 @@ class WordBatches:
         self.data, self.hard_prob, self.rank, self.world_size = data, hard_prob, rank, world_size
         self.global_rows = batch_size * world_size
         if data is not None and data.inputs.shape[0] < self.global_rows:
-            raise ValueError(
+            raise DataError(
                 f"training file has {data.inputs.shape[0]} sequences, fewer than the batch size {self.global_rows}"
             )
         self.position = 0  # micro-batches handed out so far
         self.tokenizer = None  # a word's tokens are the group's elements
+
+    @classmethod
+    def for_training(cls, config, data: WordData | None, rank: int = 0, world_size: int = 1) -> WordBatches:
+        """The batches of a run with the training options ``config`` on ``data``: a word file's
+        ``WordData``, or None for fresh words drawn from the seed."""
+        if data is not None and not isinstance(data, WordData):
+            raise OptionError(f"words train on a WordData (or fresh words: None), got {type(data).__name__}")
+        return cls(
+            config.group, config.sequence_length, config.batch_size, config.seed, data, config.hard_prob,
+            rank=rank, world_size=world_size,
+        )
+
+    def held_out(self) -> None:
+        """No held-out split: fresh test words are the evaluation's (``WordsTask``)."""
+        return None
+
+    def step_metrics(self, loss: float, logits: torch.Tensor, labels: torch.Tensor, mean_over_processes) -> dict[str, float]:
+        """The loss and the share of the last micro-batch's labels predicted, over all processes
+        (``mean_over_processes``: each holds as many labels, so the mean of their shares is the
+        share of the whole)."""
+        with torch.no_grad():
+            accuracy = (logits.argmax(-1) == labels).float().mean()
+        return {"loss": loss, "accuracy": mean_over_processes(accuracy)}
 
     def __iter__(self) -> WordBatches:
         return self

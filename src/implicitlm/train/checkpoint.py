@@ -119,7 +119,7 @@ def _check_moments_fit(optimizer: torch.optim.Optimizer) -> None:
         for param in group["params"]:
             for name, value in optimizer.state.get(param, {}).items():
                 if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
-                    raise ValueError(f"optimiser state {name!r} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}")
+                    raise DataError(f"optimiser state {name!r} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}")
 
 
 def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tuple[int, dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.atomic_io import atomic_write
 from ..core.errors import DataError
 from ..core.run_folder import CHECKPOINTS
-from ..core.targets import writer_lock
+from ..core.targets import TargetExistsError, writer_lock
 
 TENSORBOARD = "tensorboard"
 
@@ -36,7 +36,7 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
     earlier run is a FileExistsError."""
     found = existing_run(out_dir)
     if found and not overwrite:
-        raise FileExistsError(
+        raise TargetExistsError(
             f"{out_dir}: holds a training run ({', '.join(found)}); continue it with --resume or replace it with --overwrite"
         )
 
@@ -60,7 +60,7 @@ def refuse_links(out_dir: Path) -> None:
         entry = out_dir / name
         links = [entry] if entry.is_symlink() else [p for p in entry.rglob("*") if p.is_symlink()] if entry.is_dir() else []
         if links:
-            raise ValueError(
+            raise DataError(
                 f"{links[0]}: a symbolic link inside a run folder; a run writes only its own files there"
             )
 

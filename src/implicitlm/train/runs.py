@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..core.errors import OptionError
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
@@ -46,7 +47,7 @@ def train_words_run(
     model), or, with ``resume``, the run in ``out_dir`` continued with its own model and
     settings (``train_options`` on top). ``data``: a word file; None trains on fresh words."""
     if resume and model_options:
-        raise ValueError("--resume continues the run with its own model; only --train options may change")
+        raise OptionError("--resume continues the run with its own model; only --train options may change")
     presets = load_preset(preset) if preset else {}
     if resume and (preset or explicit):
         require_the_runs_preset(out_dir, presets, explicit, changed=set(train_options or {}))
@@ -54,7 +55,7 @@ def train_words_run(
     config = resume_config(out_dir, train_options or {}) if resume else word_train_config(presets, kind, train_options)
     words = load_words(data, group=config.group) if data else None
     if words is not None and words.group != get_group(config.group).name:
-        raise ValueError(f"{data}: words over {words.group}, but the training group is {config.group}")
+        raise OptionError(f"{data}: words over {words.group}, but the training group is {config.group}")
     model = load_model(out_dir) if resume else word_model(presets, kind, config, model_options)
     return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress)
 
@@ -72,7 +73,7 @@ def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: boo
     run = checkpoint_preset(out_dir)
     kind = "implicit" if run["model"].get("implicit", True) else "explicit"
     if explicit != (kind == "explicit"):
-        raise ValueError(f"--resume continues the run with its own model, an {kind} one")
+        raise OptionError(f"--resume continues the run with its own model, an {kind} one")
     given = merged_options(preset, "train", kind, {})
     recorded, wanted = TrainConfig.for_task("words", **run["train"]), TrainConfig.for_task("words", **given)
     differing = [(key, getattr(wanted, key), getattr(recorded, key)) for key in given
@@ -85,7 +86,7 @@ def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: boo
             differing.append((key, value, run["model"].get(key)))
     if differing:
         key, value, own = differing[0]
-        raise ValueError(
+        raise OptionError(
             f"--resume continues the run with its own settings; the preset's {key}={value!r} is not the run's {own!r} "
             "(only --train options may change)"
         )
@@ -104,12 +105,12 @@ def train_lm_run(
     settings only, as its model widths are the checkpoint's."""
     if resume:
         if init_from is not None:
-            raise ValueError("--resume continues the run from its own weights; --init-from starts a new run")
+            raise OptionError("--resume continues the run from its own weights; --init-from starts a new run")
         config = resume_config(out_dir, train_options or {})
         model = load_model(out_dir)
         return train(model, config, out_dir, data=data, resume=True, progress=progress)
     if init_from is not None and model_preset is not None:
-        raise ValueError("--init-from builds the checkpoint's model; --model-preset cannot choose another")
+        raise OptionError("--init-from builds the checkpoint's model; --model-preset cannot choose another")
     presets = load_preset(preset) if preset else {}
     command_line = dict(model_options or {})
     source = init_from if init_from is not None else model_preset
@@ -122,7 +123,7 @@ def train_lm_run(
     if init_from is not None:
         options = {**base, **command_line}
         if options["vocab_size"] != vocab_size:
-            raise ValueError(f"{init_from}: a model of {options['vocab_size']} tokens, but the shards' tokenizer has {vocab_size}")
+            raise OptionError(f"{init_from}: a model of {options['vocab_size']} tokens, but the shards' tokenizer has {vocab_size}")
     else:
         # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
         base["vocab_size"] = vocab_size

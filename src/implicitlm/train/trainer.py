@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -27,10 +26,10 @@ from tqdm.auto import tqdm
 from ..core.errors import OptionError
 from ..core.run_folder import CHECKPOINTS, current_spelling, read_trainer_meta, remove_stale_temporaries
 from ..core.schema import field_names
-from ..data.shards import TokenShards
 from ..data.words import WordData
 from ..deq import penalised
 from ..models.loss import token_cross_entropy
+from ..tasks import TRAINING_BATCHES
 from ..tasks.lm import TokenBatches
 from ..tasks.words import WordBatches
 from .checkpoint import (
@@ -46,8 +45,6 @@ from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import accelerator_for, compile_stack
 
 LOGGER = logging.getLogger("implicitlm")
-# The LM defaults are the paper's GPU settings; on a CPU a step of them takes minutes.
-PAPER_SCALE_DEFAULTS = ("batch_tokens", "sequence_length")
 TRAINING_STATE_KEYS = ("optimizer", "scheduler", "torch_rng")
 
 
@@ -132,7 +129,7 @@ def _train(
         with applying_training_state(checkpoint, start_step, optimizer, scheduler):
             _restore_training_state(state, accelerator, model, optimizer, scheduler, config)
             _restore_position(state, batches, start_step * accumulation, checkpoint)
-    test = TokenShards(data, "test", verify=True) if config.task == "lm" and config.eval_every else None
+    test = batches.held_out() if config.eval_every else None
     if accelerator.is_main_process:
         if progress:
             tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
@@ -147,7 +144,7 @@ def _train(
     task = TrainingTask(
         curriculum=curriculum,
         forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation),
-        task_metrics=(lambda outcome: _accuracy(accelerator, outcome)) if config.task == "words" else _perplexity,
+        task_metrics=lambda outcome: _step_metrics(accelerator, batches, outcome),
         save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config, origin),
         grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
         evaluate=evaluate, description=description,
@@ -160,16 +157,9 @@ def _train(
 
 
 def _batches(config: TrainConfig, data, accelerator) -> WordBatches | TokenBatches:
-    ranks = {"rank": accelerator.process_index, "world_size": accelerator.num_processes}
-    if config.task == "words":
-        if data is not None and not isinstance(data, WordData):
-            raise TypeError(f"words train on a WordData (or fresh words: None), got {type(data).__name__}")
-        return WordBatches(
-            config.group, config.sequence_length, config.batch_size, config.seed, data, config.hard_prob, **ranks
-        )
-    if data is None:
-        raise ValueError("language-model training needs the folder of its token shards")
-    return TokenBatches(TokenShards(data, "train"), config.sequence_length, config.batch_size, config.seed, **ranks)
+    return TRAINING_BATCHES[config.task].for_training(
+        config, data, rank=accelerator.process_index, world_size=accelerator.num_processes
+    )
 
 
 def step_cost(config: TrainConfig, accumulation: int, processes: int) -> str:
@@ -183,11 +173,12 @@ def step_cost(config: TrainConfig, accumulation: int, processes: int) -> str:
 
 
 def unsuited_defaults(config: TrainConfig, on_gpu: bool) -> str | None:
-    """A warning where an LM size left at its default (the paper's GPU setting) cannot suit
-    a CPU, naming the option to set; None where nothing is amiss."""
-    if on_gpu or config.task != "lm":
+    """A warning where a size the task left at its default (the paper's GPU setting) cannot
+    suit a CPU, naming the option to set; None where nothing is amiss."""
+    if on_gpu:
         return None
-    defaults = [name for name in PAPER_SCALE_DEFAULTS if getattr(config, name) == getattr(TrainConfig, name)]
+    paper_scale = TRAINING_BATCHES[config.task].PAPER_SCALE_DEFAULTS
+    defaults = [name for name in paper_scale if getattr(config, name) == getattr(TrainConfig, name)]
     if not defaults:
         return None
     settings = ", ".join(f"{name}={getattr(config, name):,}" for name in defaults)
@@ -255,16 +246,12 @@ def _optimiser_step(accelerator, model, batches, accumulation: int) -> StepOutco
     return StepOutcome(loss, output, non_finite, tokens, recheck, labels)
 
 
-def _accuracy(accelerator, outcome: StepOutcome) -> dict[str, float]:
-    """The share of the last micro-batch's labels predicted, over all processes (each holds
-    as many labels, so the mean of their shares is the share of the whole)."""
-    with torch.no_grad():
-        accuracy = (outcome.output.logits.argmax(-1) == outcome.labels).float().mean()
-    return {"loss": outcome.loss, "accuracy": accelerator.reduce(accuracy, reduction="mean").item()}
-
-
-def _perplexity(outcome: StepOutcome) -> dict[str, float]:
-    return {"loss": outcome.loss, "ppl": math.exp(min(outcome.loss, 50.0))}
+def _step_metrics(accelerator, batches, outcome: StepOutcome) -> dict[str, float]:
+    """The metrics of the step that only its task has (accuracy, perplexity)."""
+    return batches.step_metrics(
+        outcome.loss, outcome.output.logits, outcome.labels,
+        lambda value: accelerator.reduce(value, reduction="mean").item(),
+    )
 
 
 def _checkpoint(

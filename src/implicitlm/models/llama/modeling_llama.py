@@ -40,6 +40,13 @@ class LlamaBlock(nn.Module):
     def injection_size(self) -> int:
         return self.self_attn.dims.injection_size
 
+    def first_projection(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norm and projections through which the attention reads its input, [q, k, v] in
+        the order it splits its injection: an imported implicit model's injection copies them."""
+        attention = self.self_attn
+        projection = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+        return self.input_layernorm.weight, projection
+
     def initial_state(self, batch: int, device=None, dtype=None) -> KVCache:
         return self.self_attn.initial_state(batch, device, dtype)
 

@@ -1,0 +1,49 @@
+"""What the families' importers share: the refusal of a transformers setting not implemented
+here, the options Mamba1 and Mamba2 configs name alike, and transformers' weight prefixes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import Mamba2Config, MambaConfig
+
+from .errors import ModelLoadError
+
+# transformers' parameter prefixes -> ours; the layers' own names are the same in both.
+# Mamba1 and Mamba2 checkpoints share theirs.
+MAMBA_PREFIXES = {
+    "backbone.embeddings.": "embeddings.",
+    "backbone.layers.": "stack.layers.",
+    "backbone.norm_f.": "stack.norm_f.",
+}
+LLAMA_PREFIXES = {
+    "model.embed_tokens.": "embeddings.",
+    "model.layers.": "stack.layers.",
+    "model.norm.": "stack.norm_f.",
+}
+
+
+def refuse(condition: bool, setting: str) -> None:
+    if condition:
+        raise ModelLoadError(f"unsupported setting of the source model: {setting}")
+
+
+def shared_mamba_options(config: MambaConfig | Mamba2Config) -> dict[str, Any]:
+    """The settings Mamba1 and Mamba2 configs name alike, after the refusals they share."""
+    refuse(config.use_bias, "use_bias=True (biases in in_proj / out_proj)")
+    refuse(not config.use_conv_bias, "use_conv_bias=False")
+    # hidden_act is the conv's activation; the gate is silu whatever it says.
+    refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
+    return dict(
+        vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        state_size=config.state_size,
+        conv_kernel=config.conv_kernel,
+        expand=config.expand,
+        time_step_min=config.time_step_min,
+        time_step_max=config.time_step_max,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        initializer_range=config.initializer_range,
+    )
