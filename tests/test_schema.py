@@ -17,7 +17,6 @@ from implicitlm.demo import DemoEval
 from implicitlm.models import ImplicitLlamaConfig, config_from_options
 from implicitlm.models.loading import model_option_names
 from implicitlm.core.schema import UNIT_INTERVAL, OptionError, at_least, check_field, conforms, expectation, one_of
-from implicitlm.core.run_folder import current_spelling
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.runs import word_train_config
 
@@ -140,18 +139,6 @@ def test_the_tasks_defaults_differ_where_the_tasks_do():
     assert (words.sequence_length, words.batch_size, words.batch_tokens, words.betas) == (16, 128, 0, (0.9, 0.999))
     assert (lm.sequence_length, lm.batch_size, lm.batch_tokens, lm.betas) == (2048, 8, 2**20, (0.9, 0.95))
     assert words.accumulation_steps(world_size=2) == 1 and lm.accumulation_steps(world_size=2) == 2**20 // (2048 * 8 * 2)
-
-
-def test_settings_of_the_former_trainers_read_in_todays_spelling():
-    former_words = {"group": "S5", "train_length": 8, "unroll_steps": 10, "bounded_steps": 200, "free_steps": 3000}
-    settings = current_spelling(former_words)
-    assert settings == {"group": "S5", "sequence_length": 8, "unroll_steps": 10, "total_steps": 3210,
-                        "bounded_fraction": 200 / 3200, "task": "words"}
-    config = TrainConfig.for_task("words", **{k: v for k, v in settings.items() if k != "task"})
-    phases = config.curriculum(implicit=True).boundaries()
-    assert phases == [(0, "unroll"), (10, "bounded"), (210, "free")]
-    assert current_spelling({"micro_batch_size": 4, "total_steps": 9}) == {"batch_size": 4, "total_steps": 9, "task": "lm"}
-    assert current_spelling({"task": "lm", "batch_size": 4}) == {"task": "lm", "batch_size": 4}
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """``implicitlm eval length|budget|convergence --task words|lm|catbabi``: one command per
-evaluation, over any task; and the old spellings (``words eval``, ``lm budget``, ``catbabi
+evaluation, over any task; and the task-group shortcuts (``words eval``, ``lm budget``, ``catbabi
 eval`` ...), the same commands with the task fixed and its own options only."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ HELP = {
 }
 
 
-# The old spellings, per task: (command name, evaluation, the command's help).
+# The task-group shortcuts, per task: (command name, evaluation, the command's help).
 ALIASES = {
     "words": (
         ("eval", "length", "per-token accuracy of a checkpoint by test length (length extrapolation)"),
@@ -55,7 +55,7 @@ def add_eval(commands) -> None:
 
 
 def add_length(commands, name: str = "length", task: str | None = None, help: str | None = None) -> None:
-    """``eval length``, or its old spelling ``name`` for ``task`` (``help``: its own words)."""
+    """``eval length``, or its task-group shortcut ``name`` for ``task`` (``help``: its own words)."""
     p = _parser(commands, name, "length", task, help)
     add_budget_options(p)
     add_solver_flags(p)
@@ -87,7 +87,7 @@ def add_convergence(commands, name: str = "convergence", task: str | None = None
 
 
 def add_aliases(commands, task: str) -> None:
-    """The old spellings of ``task``'s evaluations in its command group (``words eval`` ...)."""
+    """The shortcuts for ``task``'s evaluations in its command group (``words eval`` ...)."""
     adders = {"length": add_length, "budget": add_budget, "convergence": add_convergence}
     for name, evaluation, help in ALIASES[task]:
         adders[evaluation](commands, name, task, help)

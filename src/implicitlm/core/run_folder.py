@@ -1,19 +1,19 @@
-"""Where a training run keeps its checkpoints: ``RUN/checkpoints/step_NNNNNNN``, and, in runs
-of the former word trainer, the one folder ``RUN/checkpoint``. Loading a model from a run
+"""Where a training run keeps its checkpoints: ``RUN/checkpoints/step_NNNNNNN`` (a run of the
+former word trainer: ``migrations.former_word_checkpoint``). Loading a model from a run
 folder loads its latest checkpoint."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from . import migrations
 from .atomic_io import recover_replaced
 from .errors import check_header_keys
 from .json_file import read_json_object
 
 CHECKPOINTS = "checkpoints"
-FORMER_CHECKPOINT = "checkpoint"
 # Beside a checkpoint's weights: its step, training settings and what it trained on.
 TRAINER_META = "trainer.json"
 # What the trainers (today's and the two former ones) write into it.
@@ -32,22 +32,17 @@ def step_directories(folder: Path) -> list[Path]:
 
 
 def step_in_name(checkpoint: Path) -> int | None:
-    """The step a checkpoint folder's name says (``step_0000006``: 6); None for another name
-    (the former word trainer's ``checkpoint``)."""
+    """The step a checkpoint folder's name says (``step_0000006``: 6); None for another name."""
     digits = checkpoint.name[len("step_"):]
     return int(digits) if checkpoint.name.startswith("step_") and digits.isdigit() else None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The run's checkpoint of the highest step; a former word run's ``checkpoint`` folder
-    when the run has written none since."""
+    """The run's checkpoint of the highest step; a former word run's one checkpoint when the
+    run has written none since."""
     run_dir = Path(run_dir)
     steps = step_directories(run_dir / CHECKPOINTS)
-    if steps:
-        return steps[-1]
-    former = run_dir / FORMER_CHECKPOINT
-    recover_replaced(former)  # a checkpoint swap cut between its two renames
-    return former if former.is_dir() else None
+    return steps[-1] if steps else migrations.former_word_checkpoint(run_dir)
 
 
 def model_folder(path: str | Path) -> Path:
@@ -76,27 +71,7 @@ def training_settings(path: str | Path) -> dict[str, Any]:
     if not (folder / TRAINER_META).is_file():
         return {}
     settings = read_trainer_meta(folder).get("train", {})
-    return current_spelling(settings) if isinstance(settings, dict) else {}
-
-
-def current_spelling(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Training settings as ``TrainConfig`` spells them: a checkpoint of the former word
-    trainer (``train_length``, phase step counts) or LM trainer (``micro_batch_size``)
-    resumes and evaluates as it was trained."""
-    settings = dict(settings)
-    if "task" in settings:
-        return settings
-    if "micro_batch_size" in settings:
-        settings["batch_size"] = settings.pop("micro_batch_size")
-        return {**settings, "task": "lm"}
-    phases = [settings.pop(name) for name in ("bounded_steps", "free_steps") if name in settings]
-    if "train_length" in settings:
-        settings["sequence_length"] = settings.pop("train_length")
-    if len(phases) == 2:
-        after_warm_up = sum(phases)
-        settings["total_steps"] = settings.get("unroll_steps", 0) + after_warm_up
-        settings["bounded_fraction"] = phases[0] / after_warm_up if after_warm_up else 1.0
-    return {**settings, "task": "words"}
+    return migrations.training_settings(settings) if isinstance(settings, dict) else {}
 
 
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:

@@ -21,8 +21,8 @@ such a directory; ``TokenShards`` reads any split the index lists.
 
 Reading checks the index (every field's type and range, shard files inside the directory
 and of the size the index gives) and raises a one-line ``DataError`` naming the file; a
-token id outside the vocabulary is reported when it is read. Indexes of format version 1,
-written before the tokenizer's digest was recorded, read as ones without it.
+token id outside the vocabulary is reported when it is read. An index of an earlier format
+reads as today's (``core.migrations``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ import numpy as np
 from implicitlm.core.errors import DataError, OptionError, OutOfRangeError, check_header, check_int, quoted
 from implicitlm.data.groups import smallest_uint_dtype
 from implicitlm.core.json_file import read_json_object
+from implicitlm.core.migrations import shard_index_format_1
 
 FORMAT_VERSION = 2
-# The keys each earlier version's indexes lack; they read as this version's without them.
-FORMER_VERSIONS = {1: {"tokenizer_sha256"}}
 INDEX_FILE = "index.json"
 INDEX_KEYS = {"format_version", "dtype", "vocab_size", "eos_token_id", "tokenizer", "tokenizer_sha256", "splits"}
 # What shard_writer records beside them: how the shards were written and the splits chosen.
@@ -135,13 +134,8 @@ def read_index(path: Path) -> dict[str, Any]:
     """The index at ``path``, every field checked."""
     if not path.is_file():
         raise DataError(f"{path}: no shard index; write the shards with write_shards first")
-    index = read_json_object(path, "a shard index")
-    version = index.get("format_version")
-    lacking = FORMER_VERSIONS.get(version, set()) if type(version) is int else set()
-    check_header(
-        index, INDEX_KEYS - lacking, version if lacking else FORMAT_VERSION, path, "a shard index",
-        optional=INDEX_OPTIONAL_KEYS,
-    )
+    index = shard_index_format_1(read_json_object(path, "a shard index"))
+    check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index", optional=INDEX_OPTIONAL_KEYS)
     dtype = index["dtype"]
     if dtype not in TOKEN_DTYPES:
         raise DataError(f"{path}: expected 'dtype' to be one of {', '.join(TOKEN_DTYPES)}, got {quoted(dtype)}")

@@ -17,20 +17,10 @@ starts at z = 0, so norm_1(z) = 0 and block 1's mixer reads the injection alone;
     injection_norm.weight = norm_1.weight,    injection.weight = proj_1.weight
 
 so that ``u = proj_1(norm_1(e))`` and block 1's mixer (Mamba mixer, attention) computes
-exactly its explicit output. Exactness ends there, for reasons the design fixes: the
-residual stream of iteration 1 starts at 0 rather than at e (Llama's first MLP reads
+exactly its explicit output. Beyond it iteration 1 differs from the explicit model, as the
+design has it: the residual stream starts at 0 rather than at e (Llama's first MLP reads
 norm(a_1) instead of norm(e + a_1), block 2 reads h_1 - e instead of h_1), and u is added
-in every block, not only the first. Measured on the random tiny models of
-tests/test_convert.py (hidden 32, 2 layers, vocab 64, 19 tokens, 5 seeds), the relative
-error ||logits_1 - logits|| / ||logits|| of iteration 1 was 0.69-0.79 for Mamba2 and
-0.70-0.86 for Llama (a zero injection gives 1.0: z_1 = 0). With u added in block 1 only
-it would be 0.23-0.25 and 0.44-0.54 (3 seeds): the repeated injection makes most of
-Mamba2's error, the missing embedding most of Llama's. Scaling u by 0.25-1.5 helped
-neither family consistently, so u keeps the scale that makes block 1 exact. For Mamba1
-the error was 1.18-1.27, worse than no injection, and 1.20-1.25 with u in block 1 only:
-the missing embedding makes nearly all of it, as these random Mamba1 models' logits come
-mostly from the embedding that the residual stream carries to the head (norm_f(e) alone
-is within 0.33-0.39 of them; 1.39-1.49 for Mamba2).
+in every block, not only the first. u keeps the scale that makes block 1 exact.
 """
 
 from __future__ import annotations

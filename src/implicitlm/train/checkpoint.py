@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..core.atomic_io import recover_replaced, staged_directory, writing
+from ..core.migrations import former_word_training_state
 from ..core.errors import DataError
 from ..core.run_folder import (
     CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories, step_in_name,
@@ -138,7 +139,7 @@ def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tup
     if step_in_name(checkpoint) not in (None, step):
         folder = checkpoint.name
         raise CheckpointError(f"{checkpoint / TRAINER_META}: step {step}, but the checkpoint's folder is {folder}")
-    state = load_training_state(checkpoint)
+    state = former_word_training_state(checkpoint, load_training_state(checkpoint), step)
     missing = [key for key in state_keys if not isinstance(state, dict) or key not in state]
     if missing:
         raise CheckpointError(f"{checkpoint / TRAINING_STATE}: expected {', '.join(missing)} in the training state")

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.migrations import refuse_renamed_training_options
 from ..core.options import Options
 from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_known_keys, field_names, one_of,
@@ -123,11 +124,9 @@ class TrainConfig(Options):
 
     @classmethod
     def for_task(cls, task: str, /, **values: Any) -> "TrainConfig":
-        """The task's defaults, then ``values``. A key that a former version spelt otherwise is
+        """The task's defaults, then ``values``. A key that a former trainer spelt otherwise is
         refused with its new spelling."""
-        for old, new in RENAMED.items():
-            if old in values:
-                raise OptionError(f"training option '{old}' is now {new}")
+        refuse_renamed_training_options(values)
         check_known_keys(values, field_names(cls), cls.WHAT)
         if values.get("task", task) != task:
             raise OptionError(f"training option 'task' is {values['task']!r}, but this command trains {task!r}")
@@ -182,14 +181,6 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 # Fields that only one task reads; the other task refuses them.
 OTHER_TASKS_FIELDS = {"group": "words", "hard_prob": "words", "eval_every": "lm", "eval_batches": "lm"}
-# Spellings of the two trainers this class replaced.
-RENAMED = {
-    "train_length": "sequence_length",
-    "micro_batch_size": "batch_size",
-    "bounded_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
-    "free_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
-}
-
 
 def task_defaults(task: str) -> dict[str, Any]:
     """Every field's default for ``task``."""

@@ -13,15 +13,17 @@ from typing import Any
 
 from ..core.atomic_io import atomic_write
 from ..core.errors import DataError
+from ..core.migrations import FORMER_WORD_CHECKPOINT
 from ..core.run_folder import CHECKPOINTS
 from ..core.targets import TargetExistsError, writer_lock
 
 TENSORBOARD = "tensorboard"
 
 
-# What a training run writes into its folder ("checkpoint": the one checkpoint of a run of the
-# former word trainer).
-RUN_ENTRIES = ("metrics.jsonl", "tensorboard", "checkpoint", "checkpoints", "lm_training.json", "lm_training.png")
+# What a training run writes into its folder, a former word run's one checkpoint included.
+RUN_ENTRIES = (
+    "metrics.jsonl", "tensorboard", FORMER_WORD_CHECKPOINT, CHECKPOINTS, "lm_training.json", "lm_training.png",
+)
 
 
 def existing_run(out_dir: str | Path) -> list[str]:

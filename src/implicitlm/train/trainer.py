@@ -24,7 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
-from ..core.run_folder import CHECKPOINTS, current_spelling, read_trainer_meta, remove_stale_temporaries
+from ..core import migrations
+from ..core.run_folder import CHECKPOINTS, read_trainer_meta, remove_stale_temporaries
 from ..core.schema import field_names
 from ..data.words import WordData
 from ..deq import penalised
@@ -128,7 +129,7 @@ def _train(
     if state is not None:
         with applying_training_state(checkpoint, start_step, optimizer, scheduler):
             _restore_training_state(state, accelerator, model, optimizer, scheduler, config)
-            _restore_position(state, batches, start_step * accumulation, checkpoint)
+            batches.load_state_dict(state["sampler"])
     test = batches.held_out() if config.eval_every else None
     if accelerator.is_main_process:
         if progress:
@@ -306,17 +307,6 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
     torch.set_rng_state(state["torch_rng"])
 
 
-def _restore_position(state: dict[str, Any], batches, micro_batches_done: int, checkpoint: Path) -> None:
-    """The batch position the checkpoint recorded. The former word trainer recorded none:
-    its batches followed from the step, one micro-batch per step."""
-    if "sampler" in state:
-        batches.load_state_dict(state["sampler"])
-    elif isinstance(batches, WordBatches):
-        batches.load_state_dict({"micro_batches": micro_batches_done})
-    else:
-        raise CheckpointError(f"{checkpoint}: expected the sampler's position in the training state")
-
-
 def _continue_batch_order(batches, warm_start: WarmStart) -> None:
     """The batches from the position the warm start's run reached, when its batch order is
     this run's (the same seed, window length and number of windows); else from the start."""
@@ -343,9 +333,8 @@ def _check_steps_left(checkpoint: Path, step: int, total_steps: int) -> None:
 
 def _check_same_data(checkpoint: Path, batches) -> None:
     # Other words would silently change every batch after the resume.
-    saved, given = read_trainer_meta(checkpoint).get("data"), batches.description()
-    if isinstance(saved, dict) and given is not None and "inputs_sha256" not in saved:
-        given = {k: v for k, v in given.items() if k != "inputs_sha256"}  # a checkpoint from before the digest
+    saved = read_trainer_meta(checkpoint).get("data")
+    given = migrations.data_description_before_digest(saved, batches.description())
     if saved != given:
         trained = f"a word file ({saved})" if saved else "fresh words"
         now = f"a word file ({given})" if given else "fresh words"
@@ -353,24 +342,16 @@ def _check_same_data(checkpoint: Path, batches) -> None:
 
 
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig:
-    """The training settings of the run in ``out_dir`` (either former trainer's checkpoints
-    included), with ``overrides`` (e.g. more steps, a later switch to the free phase) applied."""
+    """The training settings of the run in ``out_dir`` (in today's spelling), with ``overrides``
+    (e.g. more steps, a later switch to the free phase) applied."""
     checkpoint = run_checkpoint(Path(out_dir))
-    settings = current_spelling(saved_settings(checkpoint))
+    settings = migrations.training_settings(saved_settings(checkpoint))
     task = settings.pop("task")
     fields = field_names(TrainConfig)
     saved = {name: value for name, value in settings.items() if name in fields}
-    missing = sorted(set(fields) - set(saved) - {"task"} - _FORMER_DEFAULTS.get(task, set()))
+    missing = sorted(set(fields) - set(saved) - {"task"})
     if missing:
         raise CheckpointError(
             f"{checkpoint}: the training settings lack {', '.join(missing)}; a resume would run them at their defaults"
         )
     return TrainConfig.for_task(task, **{**saved, **overrides})
-
-
-# Fields the former trainers did not have: their checkpoints resume with the value they trained at.
-_FORMER_DEFAULTS = {
-    "words": {"betas", "batch_tokens", "distributed", "activation_checkpointing", "eval_every", "eval_batches",
-              "keep_checkpoints"},
-    "lm": {"unroll_steps", "unroll_depth", "group", "hard_prob"},
-}

@@ -1,0 +1,111 @@
+"""Every form this package once saved, and what it reads as today: one function per old form.
+
+The readers call these and hold no history themselves. It sits in ``core`` because the old
+forms are read at every layer: a shard index in ``data``, a checkpoint's training settings
+in ``presets`` and ``tasks``, a checkpoint's folder, training state and data in ``train``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from .atomic_io import recover_replaced
+from .errors import OptionError
+
+# The one checkpoint folder of a run of the former word trainer: ``RUN/checkpoint``.
+FORMER_WORD_CHECKPOINT = "checkpoint"
+
+# Training options the former trainers spelt otherwise; a preset or command that still
+# spells them so is refused with today's name.
+RENAMED_TRAINING_OPTIONS = {
+    "train_length": "sequence_length",
+    "micro_batch_size": "batch_size",
+    "bounded_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
+    "free_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
+}
+
+
+def refuse_renamed_training_options(values: Mapping[str, Any]) -> None:
+    """An option given under a former trainer's name is an OptionError naming today's."""
+    for old, new in RENAMED_TRAINING_OPTIONS.items():
+        if old in values:
+            raise OptionError(f"training option '{old}' is now {new}")
+
+
+def former_word_checkpoint(run_dir: Path) -> Path | None:
+    """The former word trainer kept one checkpoint, ``RUN/checkpoint``, replaced at every save;
+    today's runs keep ``RUN/checkpoints/step_NNNNNNN``. Returns that folder (a swap cut
+    between its two renames finished first), or None where the run has none."""
+    former = run_dir / FORMER_WORD_CHECKPOINT
+    recover_replaced(former)
+    return former if former.is_dir() else None
+
+
+def training_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's training settings (its ``trainer.json`` "train") as ``TrainConfig``
+    spells them today, with the ``task``: today's carry it; the former LM trainer's spell
+    ``micro_batch_size``; the rest are the former word trainer's."""
+    if "task" in settings:
+        return dict(settings)
+    if "micro_batch_size" in settings:
+        return former_lm_settings(settings)
+    return former_word_settings(settings)
+
+
+def former_word_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The former word trainer recorded ``train_length`` and the step counts of its two phases
+    (``bounded_steps``, ``free_steps``, after ``unroll_steps``), and lacked the options it
+    had no use for. Becomes ``sequence_length``, ``total_steps`` with ``bounded_fraction``,
+    and those options at the values it trained with."""
+    settings = dict(settings)
+    phases = [settings.pop(name) for name in ("bounded_steps", "free_steps") if name in settings]
+    if "train_length" in settings:
+        settings["sequence_length"] = settings.pop("train_length")
+    if len(phases) == 2:
+        after_warm_up = sum(phases)
+        settings["total_steps"] = settings.get("unroll_steps", 0) + after_warm_up
+        settings["bounded_fraction"] = phases[0] / after_warm_up if after_warm_up else 1.0
+    unrecorded = {
+        "betas": [0.9, 0.999], "batch_tokens": 0, "distributed": "ddp", "activation_checkpointing": False,
+        "eval_every": 0, "eval_batches": 8, "keep_checkpoints": 1,
+    }
+    return {**unrecorded, **settings, "task": "words"}
+
+
+def former_lm_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The former LM trainer spelt ``batch_size`` ``micro_batch_size`` and had no unroll
+    warm-up nor the word-problem options. Becomes ``batch_size``, ``unroll_steps`` 0 and the
+    word options at the values an LM run records."""
+    settings = dict(settings)
+    settings["batch_size"] = settings.pop("micro_batch_size")
+    unrecorded = {"unroll_steps": 0, "unroll_depth": 16, "group": "S3", "hard_prob": None}
+    return {**unrecorded, **settings, "task": "lm"}
+
+
+def former_word_training_state(checkpoint: Path, state: dict[str, Any], step: int) -> dict[str, Any]:
+    """The former word trainer's training state (in its ``RUN/checkpoint``) held no batch
+    position: its batches followed from the step, one micro-batch per step. Becomes the
+    state with today's position, ``sampler: {"micro_batches": step}``; any other state is
+    returned as it is."""
+    if checkpoint.name != FORMER_WORD_CHECKPOINT or not isinstance(state, dict) or "sampler" in state:
+        return state
+    return {**state, "sampler": {"micro_batches": step}}
+
+
+def data_description_before_digest(saved: Any, given: Any) -> Any:
+    """A checkpoint written before the training words' digest was recorded describes its words
+    without ``inputs_sha256``. Returns ``given`` (today's description of the words a resume
+    trains on) in that form, so the two compare; else ``given`` as it is."""
+    if isinstance(saved, dict) and isinstance(given, dict) and "inputs_sha256" not in saved:
+        return {k: v for k, v in given.items() if k != "inputs_sha256"}
+    return given
+
+
+def shard_index_format_1(index: dict[str, Any]) -> dict[str, Any]:
+    """A shard index in today's format (2). Format 1 was written before the tokenizer's digest
+    was recorded: it lacks ``tokenizer_sha256`` and becomes format 2 with none (null). Any
+    other index is returned as it is, for the reader to check."""
+    if type(index.get("format_version")) is int and index["format_version"] == 1 and "tokenizer_sha256" not in index:
+        return {**index, "format_version": 2, "tokenizer_sha256": None}
+    return index

@@ -1,0 +1,117 @@
+"""Every old form this package once saved (``core/migrations.py``), written by hand as the old
+code wrote it, read through today's reader into today's values: one test per old form."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.core.run_folder import latest_checkpoint, training_settings
+from implicitlm.data.shards import TokenShards
+from implicitlm.models import build_model, config_from_options
+from implicitlm.train.checkpoint import CheckpointError, restore_weights, save_checkpoint
+from implicitlm.train.trainer import TRAINING_STATE_KEYS, _check_same_data, resume_config
+
+# What the former word trainer's config recorded (its dataclass's fields, in order).
+FORMER_WORD_SETTINGS = {
+    "group": "S5", "train_length": 8, "batch_size": 32, "hard_prob": None, "lr": 0.003, "min_lr": 1e-05,
+    "weight_decay": 0.0, "warmup_steps": 50, "decay_fraction": 0.0, "grad_clip": 1.0, "seed": 3, "unroll_steps": 10,
+    "unroll_depth": 16, "bounded_steps": 200, "bounded_iters": 4, "bounded_phantom_steps": 1, "free_steps": 3000,
+    "free_iters": 24, "free_phantom_steps": 4, "free_tol": 0.05, "log_every": 25, "checkpoint_every": 0,
+    "precision": "auto", "compile": False,
+}
+# What the former LM trainer's config recorded.
+FORMER_LM_SETTINGS = {
+    "sequence_length": 64, "batch_tokens": 512, "micro_batch_size": 4, "total_steps": 9, "lr": 0.003,
+    "min_lr": 1e-05, "betas": [0.9, 0.95], "weight_decay": 0.1, "warmup_steps": 1, "decay_fraction": 0.1,
+    "grad_clip": 1.0, "bounded_fraction": 0.9, "bounded_iters": 4, "bounded_phantom_steps": 1, "free_iters": 24,
+    "free_phantom_steps": 4, "free_tol": 0.05, "precision": "auto", "distributed": "ddp",
+    "activation_checkpointing": False, "compile": False, "seed": 0, "log_every": 10, "eval_every": 0,
+    "eval_batches": 8, "checkpoint_every": 100, "keep_checkpoints": 2,
+}
+
+
+def write_meta(checkpoint: Path, meta: dict) -> Path:
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer.json").write_text(json.dumps(meta))
+    return checkpoint
+
+
+def test_the_former_word_trainers_one_checkpoint_and_settings_resume_as_trained(tmp_path):
+    """The former word trainer kept ``RUN/checkpoint`` and spelt ``train_length``,
+    ``bounded_steps`` and ``free_steps``; the options it lacked resume at its values."""
+    write_meta(tmp_path / "checkpoint", {"step": 20, "train": FORMER_WORD_SETTINGS, "data": None})
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint"
+    assert training_settings(tmp_path)["task"] == "words"
+    config = resume_config(tmp_path, {})
+    assert (config.task, config.group, config.sequence_length, config.total_steps) == ("words", "S5", 8, 3210)
+    assert config.bounded_fraction == 200 / 3200
+    assert config.curriculum(implicit=True).boundaries() == [(0, "unroll"), (10, "bounded"), (210, "free")]
+    assert (tuple(config.betas), config.batch_tokens, config.keep_checkpoints) == ((0.9, 0.999), 0, 1)
+
+
+def test_the_former_lm_trainers_settings_resume_as_trained(tmp_path):
+    """The former LM trainer spelt ``micro_batch_size`` and had no unroll warm-up."""
+    write_meta(tmp_path / "checkpoints" / "step_0000009", {"step": 9, "train": FORMER_LM_SETTINGS, "data": None})
+    assert training_settings(tmp_path)["batch_size"] == 4
+    config = resume_config(tmp_path, {"total_steps": 12})
+    assert (config.task, config.batch_size, config.sequence_length, config.total_steps) == ("lm", 4, 64, 12)
+    assert (config.unroll_steps, config.group, config.hard_prob, config.accumulation_steps(1)) == (0, "S3", None, 2)
+
+
+def test_the_former_word_trainers_training_state_resumes_at_its_steps_batch(tmp_path):
+    """Its training state held no batch position: the batches followed from the step."""
+    torch.manual_seed(0)
+    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
+    model = build_model(config_from_options(options))
+    state = {"optimizer": {"state": {}, "param_groups": []}, "scheduler": {}, "torch_rng": torch.get_rng_state()}
+    save_checkpoint(tmp_path / "checkpoint", model, training_state=state,
+                    meta={"step": 7, "train": FORMER_WORD_SETTINGS, "data": None})
+    step, restored = restore_weights(model, latest_checkpoint(tmp_path), TRAINING_STATE_KEYS)
+    assert (step, restored["sampler"]) == (7, {"micro_batches": 7})
+    # A checkpoint of today's layout without the position is damaged, not old: nothing is made up.
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoints" / "step_0000007")
+    assert "sampler" not in restore_weights(model, latest_checkpoint(tmp_path), TRAINING_STATE_KEYS)[1]
+
+
+def test_a_checkpoints_words_described_before_their_digest_compare_without_it(tmp_path):
+    """Checkpoints written before the training words' digest describe them without
+    ``inputs_sha256``: the same words resume, other words are refused."""
+    words = {"group": "S3", "count": 64, "length": 6}
+    checkpoint = write_meta(tmp_path / "checkpoint", {"step": 2, "train": FORMER_WORD_SETTINGS, "data": words})
+    today = SimpleNamespace(description=lambda: {**words, "inputs_sha256": "ab" * 32})
+    _check_same_data(checkpoint, today)
+    other = SimpleNamespace(description=lambda: {**words, "count": 32, "inputs_sha256": "ab" * 32})
+    with pytest.raises(CheckpointError, match="the run trained on a word file"):
+        _check_same_data(checkpoint, other)
+
+
+def test_a_shard_index_of_format_1_reads_as_format_2_without_a_digest(tmp_path):
+    """Format 1 was written before shards recorded their tokenizer's digest."""
+    tokens = np.array([5, 6, 7, 1, 8, 9, 1], dtype="<u2")
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "shard_00000.bin").write_bytes(tokens.tobytes())
+    shard = {"file": "test/shard_00000.bin", "tokens": 7, "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}
+    index = {"format_version": 1, "dtype": "uint16", "vocab_size": 10, "eos_token_id": 1, "tokenizer": "gpt2",
+             "splits": {"test": {"shards": [shard], "tokens": 7, "documents": 2}}}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    shards = TokenShards(tmp_path, "test", verify=True)
+    assert shards.tokenizer_sha256 is None and shards.tokenizer == "gpt2"
+    assert shards.read(0, 7).tolist() == tokens.tolist()
+
+
+def test_a_preset_that_spells_a_former_trainers_option_is_refused_with_todays_name(tmp_path, capsys):
+    """Presets written for the former word trainer spelt ``train_length``."""
+    (tmp_path / "p.json").write_text(json.dumps({"model": {"hidden_size": 16}, "train": {"train_length": 8}}))
+    code = main(["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "p.json"), "--no-progress"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "implicitlm: error: training option 'train_length' is now sequence_length"
+    assert not (tmp_path / "run").exists()
