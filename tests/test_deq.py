@@ -341,3 +341,11 @@ def test_zero_solve_budget_in_training_takes_phantom_steps_from_z0():
     z, stats = FixedPointSolver(FixedPointOptions(f_max_iter=0, tau=1.0))(f, z0, training=True)
     assert stats.evaluations == 0
     torch.testing.assert_close(z, f(z0), rtol=0, atol=0)
+
+
+def test_a_calls_budget_is_its_own_where_given_else_the_options_of_its_phase():
+    options = FixedPointOptions(f_max_iter=3, f_tol=0.1, eval_f_max_iter=7, eval_f_tol=0.5)
+    assert options.budget(None, None) == (7, 0.5)
+    assert options.budget(2, None) == (2, 0.5)
+    assert options.budget(None, 0.25, training=True) == (3, 0.25)
+    assert options.budget(0, None, training=True) == (0, 0.1)  # 0 is a budget, not "unset"

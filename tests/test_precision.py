@@ -291,7 +291,7 @@ def test_residual_norms_are_float32_sums_where_a_float16_sum_of_squares_overflow
     diverged."""
     z0 = torch.zeros(2, 70_000, dtype=torch.float16)
     solver = FixedPointSolver(FixedPointOptions(eval_f_max_iter=64))
-    z, stats = solver.evaluate(lambda z: 0.5 * z + 1, z0, tol=1e-3)
+    z, stats = solver.solve_for_inference(lambda z: 0.5 * z + 1, z0, tol=1e-3)
     assert stats.rel_residual.dtype == torch.float32 and bool(torch.isfinite(stats.abs_residual).all())
     assert bool(stats.converged.all()) and not bool(stats.diverged.any())
     assert z.dtype == torch.float16 and relative_error(z, torch.full_like(z, 2.0)) <= residual_floor(torch.float16)
@@ -311,16 +311,16 @@ def test_a_tolerance_below_the_precisions_floor_is_raised_to_it_and_the_solve_st
     z0 = torch.zeros(4, 512, dtype=dtype)
     monkeypatch.setattr(deq_solver, "_RAISED_TOLERANCES", set())  # as in a fresh process
     with caplog.at_level("WARNING", logger="implicitlm"):
-        z, stats = solver.evaluate(contraction, z0, tol=1e-6)
-        solver.evaluate(contraction, z0, tol=1e-6)
+        z, stats = solver.solve_for_inference(contraction, z0, tol=1e-6)
+        solver.solve_for_inference(contraction, z0, tol=1e-6)
     [line] = [record.getMessage() for record in caplog.records]
     assert "below what a" in line and f"{residual_floor(dtype):.3g}" in line
     assert stats.tol == residual_floor(dtype) == 2 * torch.finfo(dtype).eps
     assert bool(stats.converged.all()) and int(stats.iterations.max()) < 40
-    exact, _ = solver.evaluate(contraction, z0.double(), tol=1e-12)
+    exact, _ = solver.solve_for_inference(contraction, z0.double(), tol=1e-12)
     assert relative_error(z, exact) < 8 * torch.finfo(dtype).eps
     # A float64 map keeps the tolerance it was given.
-    assert solver.evaluate(contraction, z0.double(), tol=1e-6)[1].tol == 1e-6
+    assert solver.solve_for_inference(contraction, z0.double(), tol=1e-6)[1].tol == 1e-6
 
 
 def test_under_autocast_the_floor_is_the_autocast_dtypes():

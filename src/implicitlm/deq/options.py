@@ -133,6 +133,14 @@ class FixedPointOptions(Options):
         if tol is not None and not (isinstance(tol, float) and tol == math.inf):
             check_field("argument", "tol", tol, float, NON_NEGATIVE)
 
+    def budget(self, max_iter: int | None, tol: float | None, training: bool = False) -> tuple[int, float]:
+        """A call's ``(max_iter, tol)``, each None filled from the options: the training
+        budget (``f_max_iter``, ``f_tol``) or the evaluation one (``eval_f_max_iter``,
+        ``eval_f_tol``). The one place a default budget is filled in."""
+        if training:
+            return (self.f_max_iter if max_iter is None else max_iter, self.f_tol if tol is None else tol)
+        return (self.eval_f_max_iter if max_iter is None else max_iter, self.eval_f_tol if tol is None else tol)
+
     def solver_for(self, mode: str) -> str:
         """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""
         chosen = {"training": self.f_solver, "simultaneous": self.eval_f_solver,

@@ -103,17 +103,17 @@ class FixedPointSolver:
         """``restrict``: as for ``solve``; the phantom-gradient steps run on the whole batch."""
         opts = self.options
         if not training:
-            return self.evaluate(f, z0, max_iter, tol, restrict)
+            return self.solve_for_inference(f, z0, max_iter, tol, restrict)
         if opts.unroll_steps > 0:
             z, stats = self.unroll(f, z0, opts.unroll_steps)
         else:
-            z_star, stats = self.solve(f, z0, _or(max_iter, opts.f_max_iter), _or(tol, opts.f_tol), restrict)
+            z_star, stats = self.solve(f, z0, *opts.budget(max_iter, tol, training=True), restrict)
             z = self._phantom(None, _damped(f), z_star.detach())[-1]
         if opts.jacobian_penalty > 0:
             stats.jacobian_penalty = opts.jacobian_penalty * jacobian_frobenius(f, z)
         return z, stats
 
-    def evaluate(
+    def solve_for_inference(
         self,
         f: FixedPointFn,
         z0: torch.Tensor,
@@ -127,8 +127,8 @@ class FixedPointSolver:
         """No-grad solve with the evaluation budget (``max_iter`` / ``tol`` override it).
         ``check=False`` leaves ``require_convergence`` to a caller that may retry.
         ``phase``: "simultaneous" (a sequence or chunk) or "sequential" (a token)."""
-        max_iter = _or(max_iter, self.options.eval_f_max_iter)
-        z_star, stats = self.solve(f, z0, max_iter, _or(tol, self.options.eval_f_tol), restrict, phase, on_improved)
+        max_iter, tol = self.options.budget(max_iter, tol)
+        z_star, stats = self.solve(f, z0, max_iter, tol, restrict, phase, on_improved)
         if check:
             self.require_convergence(stats, max_iter, "samples")
         return z_star, stats
@@ -187,7 +187,7 @@ class FixedPointSolver:
         """With ``eval_nonconvergence="error"``: raise NumericalFault, in one line, if any of
         the ``unit`` (samples, tokens) that ``stats`` describe missed the tolerance.
         ``max_iter``: the budget they had (None: the evaluation budget)."""
-        max_iter = _or(max_iter, self.options.eval_f_max_iter)
+        max_iter, _ = self.options.budget(max_iter, None)
         missed = ~stats.converged
         if self.options.eval_nonconvergence != "error" or not bool(missed.any()):
             return
@@ -449,7 +449,3 @@ class _RowTracker:
         self.active = rows[~done]
         if self.restrict is not None and self.active.numel() > 0:
             self._f_active = self.restrict(self.active)
-
-
-def _or(value, default):
-    return default if value is None else value

@@ -41,9 +41,7 @@ def token_iterations(
     if not model.config.implicit:
         raise OptionError("convergence statistics need an implicit model; this one is explicit")
     model.eval()
-    options = model.solver.options
-    max_iter = options.eval_f_max_iter if max_iter is None else max_iter
-    tol = options.eval_f_tol if tol is None else tol
+    max_iter, tol = model.solver.options.budget(max_iter, tol)
     iterations, residuals = [], []
     for start in tqdm(range(0, len(inputs), batch_size), desc="sequential", disable=not progress):
         batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)

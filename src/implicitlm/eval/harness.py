@@ -108,11 +108,10 @@ class ImplicitLMHarness(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         """The settings lm-eval records in its results' "config" (the budget as used)."""
-        budget = self.model.solver.options
+        max_iter, tol = self.model.solver.options.budget(self.max_iter, self.tol)
         return {
             "model_name": self.model.name_or_path, "implicit": bool(self.model.config.implicit), "mode": self.mode,
-            "max_iter": budget.eval_f_max_iter if self.max_iter is None else self.max_iter,
-            "tol": budget.eval_f_tol if self.tol is None else self.tol, "max_length": self.max_length,
+            "max_iter": max_iter, "tol": tol, "max_length": self.max_length,
             **(self.convergence.as_dict() if self.model.config.implicit else {}),
         }
 

@@ -211,12 +211,10 @@ def _token_jacobian(
 
 def _solve_token(model, state: list, injection: torch.Tensor, max_iter: int | None, tol: float | None):
     """The token's fixed point with the model's evaluation budget, as sequential mode finds it."""
-    options = model.solver.options
     return model.solver.solve(
         lambda z: model.stack.step(z, injection, state)[0],
         injection.new_zeros(injection.shape[0], model.config.hidden_size),
-        options.eval_f_max_iter if max_iter is None else max_iter,
-        options.eval_f_tol if tol is None else tol,
+        *model.solver.options.budget(max_iter, tol),
         phase="sequential",
     )
 

@@ -96,8 +96,8 @@ class StackPasses:
             if use_cache:
                 state = self.stack(z, injection, state, padding)[1]
             return z, stats, state if use_cache else None
-        z, stats = self.solver.evaluate(kept.f, z0, max_iter, tol, kept.restrict, check=check,
-                                        on_improved=kept.improved if use_cache else None)
+        z, stats = self.solver.solve_for_inference(kept.f, z0, max_iter, tol, kept.restrict, check=check,
+                                                   on_improved=kept.improved if use_cache else None)
         return z, stats, kept.state if use_cache else None
 
     def _stack_state_map(self, injection: torch.Tensor, state, padding):
@@ -135,15 +135,15 @@ class StackPasses:
                 z_t, state = self.stack.step(embedded[:, t], None, state)
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
-        options = self.solver.options
+        max_iter, tol = self.solver.options.budget(max_iter, tol)
         z, state, stats = solve_sequence(
             self.stack.step,
             injection,
             state,
             self.solver,
             self.config.hidden_size,
-            max_iter=options.eval_f_max_iter if max_iter is None else max_iter,
-            tol=options.eval_f_tol if tol is None else tol,
+            max_iter=max_iter,
+            tol=tol,
             select_rows=self.stack.select_state,
             replace_rows=self.stack.replace_state_rows,
         )

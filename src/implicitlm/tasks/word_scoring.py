@@ -204,9 +204,7 @@ class WordScore:
             "accuracy": self.hits / (self.words * (self.length - 1)),
         }
         if self.tally.fixed_points:
-            options = self.model.solver.options
-            row["fp_max_iter"] = options.eval_f_max_iter if self.max_iter is None else self.max_iter
-            row["fp_tol"] = options.eval_f_tol if self.tol is None else self.tol
+            row["fp_max_iter"], row["fp_tol"] = self.model.solver.options.budget(self.max_iter, self.tol)
             if self.mode == "simultaneous":
                 row["fp_chunk_length"] = solved_at_once(self.model, self.length)
             row["fp_iterations_mean"] = self.iterations / self.tally.fixed_points
