@@ -108,6 +108,14 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def remove_entry(path: Path) -> None:
+    """Remove a file, a symbolic link (not what it points to) or a folder with its contents."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def recover_replaced(target: str | os.PathLike) -> None:
     """Finish a replacement of ``target`` that a killed process left half done."""
     target = Path(target)

@@ -4,12 +4,11 @@ folder loads its latest checkpoint."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 from . import migrations
-from .atomic_io import recover_replaced
+from .atomic_io import recover_replaced, remove_entry
 from .errors import check_header_keys
 from .json_file import read_json_object
 
@@ -82,8 +81,5 @@ def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     stale = sorted([*run_dir.glob(".*.tmp"), *(run_dir / CHECKPOINTS).glob(".*.tmp")])
     for path in stale:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        remove_entry(path)
     return stale

@@ -14,11 +14,10 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .atomic_io import recover_replaced, retired
+from .atomic_io import recover_replaced, remove_entry, retired
 from .errors import ImplicitLMError
 
 LOGGER = logging.getLogger("implicitlm")
@@ -89,10 +88,7 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     if target.exists() and retired(target).exists():  # killed while deleting what it replaced
         stale.append(retired(target))
     for path in stale:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        remove_entry(path)
     return stale
 
 

@@ -137,9 +137,8 @@ class FixedPointOptions(Options):
         """A call's ``(max_iter, tol)``, each None filled from the options: the training
         budget (``f_max_iter``, ``f_tol``) or the evaluation one (``eval_f_max_iter``,
         ``eval_f_tol``). The one place a default budget is filled in."""
-        if training:
-            return (self.f_max_iter if max_iter is None else max_iter, self.f_tol if tol is None else tol)
-        return (self.eval_f_max_iter if max_iter is None else max_iter, self.eval_f_tol if tol is None else tol)
+        own_max_iter, own_tol = (self.f_max_iter, self.f_tol) if training else (self.eval_f_max_iter, self.eval_f_tol)
+        return (own_max_iter if max_iter is None else max_iter, own_tol if tol is None else tol)
 
     def solver_for(self, mode: str) -> str:
         """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""

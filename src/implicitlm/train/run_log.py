@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..core.atomic_io import atomic_write
+from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
 from ..core.migrations import FORMER_WORD_CHECKPOINT
 from ..core.run_folder import CHECKPOINTS
@@ -91,7 +91,8 @@ def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
         yield
     except BaseException:
         if not any((out / CHECKPOINTS).glob("step_*")):
-            _remove_entries(out, existing_run(out))
+            for name in existing_run(out):
+                remove_entry(out / name)
             _put_back(out, aside, moved)
         raise
     finally:
@@ -102,15 +103,6 @@ def _put_back(out: Path, aside: Path, names: list[str]) -> None:
     for name in names:
         os.replace(aside / name, out / name)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _remove_entries(out: Path, names: list[str]) -> None:
-    for name in names:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 def tracking_options(out_dir: str | Path) -> dict[str, Any]:
