@@ -61,7 +61,8 @@ def run(quick: bool, device: str = "cpu") -> Table:
         model = build(MODELS[name], device)
         row = {}
         for length in (SHORT, LONG):
-            prompt = torch.randint(0, 256, (1, length), device=device, generator=torch.Generator().manual_seed(length))
+            # Drawn on the CPU, whose generator any device's run can seed alike, then moved.
+            prompt = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
             row[length] = (
                 generate_ms_per_token(model, prompt, tokens, repeats, device),
                 loop_ms_per_token(model, prompt, tokens, repeats, device),
