@@ -54,15 +54,15 @@ def run(quick: bool, device: str = "cpu") -> Table:
     runs = {
         "sequential (RNN), baseline": ("sequential", 0, None, plain),
         f"chunked, {config.sequence_length} tokens (default)": ("simultaneous", config.sequence_length, None, plain),
-        "whole sequence, model's budget": ("simultaneous", 0, model.solver.options.eval_f_max_iter, plain),
+        "whole sequence, model's budget": ("simultaneous", 0, model.solver.options.max_iter, plain),
         "whole sequence, budget 2L + 32": ("simultaneous", 0, None, plain),
         "sequential, safeguarded Anderson": ("sequential", 0, None, anderson),
         f"chunked, {config.sequence_length} tokens, safeguarded Anderson": ("simultaneous", config.sequence_length, None, anderson),
     }
     results = {}
     for name, (mode, chunk, max_iter, solver) in runs.items():
-        model.set_fixed_point_options(eval_chunk_length=chunk, f_solver=solver)
-        budget = max_iter or (simultaneous_budget(model, length) if mode == "simultaneous" else model.solver.options.eval_f_max_iter)
+        model.set_fixed_point_options(chunk_length=chunk, solver=solver)
+        budget = max_iter or (simultaneous_budget(model, length) if mode == "simultaneous" else model.solver.options.max_iter)
         start = time.perf_counter()
         predicted, row = word_predictions(model, inputs, targets, mode, budget, None, batch_size=256, warn=False)
         results[name] = (budget, time.perf_counter() - start, row, predicted)
@@ -77,6 +77,6 @@ def run(quick: bool, device: str = "cpu") -> Table:
     table.notes.append("iterations: per word in simultaneous mode (all its chunks), per token in sequential mode")
     table.notes.append(
         "not converged: samples (simultaneous; chunked: a sample any of whose chunks missed) or tokens (sequential) "
-        f"above the tolerance {model.solver.options.eval_f_tol:g}"
+        f"above the tolerance {model.solver.options.tol:g}"
     )
     return table

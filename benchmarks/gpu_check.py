@@ -629,7 +629,7 @@ def words_step(rehearse: bool, limit_s: float) -> None:
 def train_words(run: Path, size: dict[str, Any], limit_s: float) -> dict[str, Any]:
     train = dict(group="A5xM", hard_prob=0.9, sequence_length=size["length"], batch_size=size["batch"],
                  total_steps=size["steps"], warmup_steps=min(20, size["steps"]), lr=1e-3, bounded_fraction=0,
-                 free_iters=32, free_phantom_steps=4, free_tol=0.05, checkpoint_every=0, log_every=5)
+                 free_max_iter=32, free_phantom_steps=4, free_tol=0.05, checkpoint_every=0, log_every=5)
     options = [f"--train={key}={value}" for key, value in train.items()] + [f"--model={m}" for m in size["model"]]
     command = [sys.executable, "-m", "implicitlm", "words", "train", "--preset", "words_a5", "--out", str(run),
                "--no-progress", *options]

@@ -112,7 +112,7 @@ def main() -> None:
     for solver in args.solvers.split(","):
         for tol in (float(t) for t in args.tols.split(",")):
             implicit.use_solver(solver)
-            implicit.set_fixed_point_options(eval_f_tol=tol)
+            implicit.set_fixed_point_options(tol=tol)
             ms, passes = decode(implicit, prompt, tokens, repeats)
             seconds, loss, missed = score(implicit, windows, repeats)
             table.add("implicit", solver, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x", f"{passes:.1f}",

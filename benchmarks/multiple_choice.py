@@ -45,7 +45,7 @@ def build(vocab_size: int, implicit: bool):
     torch.manual_seed(0)
     options = dict(architecture="mamba2", implicit=implicit, vocab_size=vocab_size, hidden_size=272,
                    num_hidden_layers=4, state_size=64, head_dim=34,
-                   fixed_point=dict(eval_f_max_iter=ITERATIONS, eval_f_tol=1e-12))
+                   fixed_point=dict(max_iter=ITERATIONS, tol=1e-12))
     return build_model(config_from_options(options)).eval()
 
 

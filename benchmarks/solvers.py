@@ -52,7 +52,7 @@ def load_or_build(device: str) -> tuple[torch.nn.Module, str]:
 @torch.no_grad()
 def measure(model, ids: torch.Tensor, solver: str, mode: str, repeats: int, device: str):
     """(stats of the solve, median seconds)."""
-    model.set_fixed_point_options(f_solver=solver)
+    model.set_fixed_point_options(solver=solver)
     outputs = []
 
     def solve() -> None:

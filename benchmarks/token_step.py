@@ -34,9 +34,9 @@ def main() -> None:
     parser.add_argument("--tol", type=float, default=None, help="default: the model's evaluation tolerance")
     args = parser.parse_args()
     model = load_model(args.checkpoint).eval()
-    options = {"f_solver": args.solver}
-    if "sequential_f_solver" in model.solver.options.to_dict():  # absent before the solver per mode
-        options["sequential_f_solver"] = ""
+    options = {"solver": args.solver}
+    if "sequential_solver" in model.solver.options.to_dict():  # absent before the solver per mode
+        options["sequential_solver"] = ""
     model.set_fixed_point_options(**options)
     held_out = TokenShards(args.data, "test")
     prompt = torch.as_tensor(held_out.read(0, PROMPT).astype("int64"))[None]

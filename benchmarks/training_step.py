@@ -32,7 +32,7 @@ def model_options(quick: bool, device: str) -> dict:
 
 def build(implicit: bool, options: dict, device: str):
     torch.manual_seed(0)
-    fixed_point = dict(f_max_iter=4, phantom_steps=1, tau=0.8, f_tol=1e-12)
+    fixed_point = dict(train_max_iter=4, phantom_steps=1, tau=0.8, train_tol=1e-12)
     config = config_from_options(
         dict(architecture="mamba2", vocab_size=256, expand=2, implicit=implicit, fixed_point=fixed_point, **options)
     )

@@ -191,7 +191,7 @@ def test_report_errors_name_the_folder(tmp_path, capsys):
 def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     _, run = trained_s3
     checkpoint = str(run)  # a run folder: its latest checkpoint
-    assert main(["words", "budget", checkpoint, "--lengths", "12,24", "--count", "16", "--budgets", "1,4,16",
+    assert main(["words", "budget", checkpoint, "--lengths", "12,24", "--count", "16", "--max-iter", "1,4,16",
                  "--solver", "anderson", "--out", str(tmp_path / "budget"), "--no-progress"]) == 0
     record = json.loads((tmp_path / "budget" / "word_budget.json").read_text())
     assert record["model"]["solvers"] == {"simultaneous": "anderson", "sequential": "anderson"}

@@ -70,12 +70,12 @@ def test_a_call_budget_out_of_range_is_refused(model, mode, budget, name):
 
 def test_an_infinite_tolerance_stops_every_solve_at_its_first_evaluation(model):
     """What a memory probe of one evaluation asks: converged, so no convergence check fails it."""
-    model.set_fixed_point_options(eval_nonconvergence="error")
+    model.set_fixed_point_options(nonconvergence="error")
     try:
         with torch.no_grad():
             stats = model(tokens(2, 5, seed=1), max_iter=1, tol=math.inf).fixed_point
     finally:
-        model.set_fixed_point_options(eval_nonconvergence="report")
+        model.set_fixed_point_options(nonconvergence="report")
     assert stats.iterations.tolist() == [1, 1] and bool(stats.converged.all())
 
 
@@ -134,9 +134,9 @@ def test_save_pretrained_onto_a_file_is_refused_and_leaves_it(model, tmp_path):
 
 # The budget's bound, at each entrance.
 
-@pytest.mark.parametrize("field", ["f_max_iter", "eval_f_max_iter", "unroll_steps", "phantom_steps"])
+@pytest.mark.parametrize("field", ["train_max_iter", "max_iter", "unroll_steps", "phantom_steps"])
 def test_a_config_budget_above_the_limit_is_refused(field):
-    """Before: eval_f_max_iter 10**30 in a config ran without end."""
+    """Before: max_iter 10**30 in a config ran without end."""
     assert FixedPointOptions(**{field: MAX_EVALUATIONS}).to_dict()[field] == MAX_EVALUATIONS
     for budget in (MAX_EVALUATIONS + 1, HUGE):
         refused(lambda: config_from_options(dict(architecture="mamba2", fixed_point={field: budget})),
@@ -144,13 +144,13 @@ def test_a_config_budget_above_the_limit_is_refused(field):
 
 
 def test_a_training_budget_above_the_limit_is_refused_before_the_run(tmp_path, capsys):
-    """The curriculum's iterations are f_max_iter: refused before anything is written."""
-    refused(lambda: TrainConfig.for_task("words", free_iters=HUGE).curriculum(implicit=True), str(MAX_EVALUATIONS))
+    """The curriculum's iterations are train_max_iter: refused before anything is written."""
+    refused(lambda: TrainConfig.for_task("words", free_max_iter=HUGE).curriculum(implicit=True), str(MAX_EVALUATIONS))
     out = tmp_path / "run"
-    code = main(["words", "train", "--out", str(out), "--train", f"free_iters={HUGE}", "--train", "total_steps=1",
+    code = main(["words", "train", "--out", str(out), "--train", f"free_max_iter={HUGE}", "--train", "total_steps=1",
                  "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and str(MAX_EVALUATIONS) in err[0] and "'free_iters'" in err[0], err
+    assert code == 2 and len(err) == 1 and str(MAX_EVALUATIONS) in err[0] and "'free_max_iter'" in err[0], err
     assert not out.exists()
 
 
@@ -158,7 +158,7 @@ def test_a_training_budget_above_the_limit_is_refused_before_the_run(tmp_path, c
     ["words", "eval", "CHECKPOINT", "--max-iter", str(HUGE)],
     ["lm", "eval", "CHECKPOINT", "--max-iter", str(MAX_EVALUATIONS + 1)],
     ["jacobian", "CHECKPOINT", "--out", "o", "--max-iter", str(HUGE)],
-    ["words", "budget", "CHECKPOINT", "--out", "o", "--budgets", f"1,2,{HUGE}"],
+    ["words", "budget", "CHECKPOINT", "--out", "o", "--max-iter", f"1,2,{HUGE}"],
 ])
 def test_a_command_line_budget_above_the_limit_is_refused_naming_the_option(argv, capsys):
     """Before: --max-iter 10**30 parsed, and the evaluation ran without end."""
@@ -204,8 +204,8 @@ def test_the_adapter_refuses_an_empty_stop_string(until, tokenizer):
 
 def test_the_adapters_batch_probe_passes_a_run_that_fails_on_nonconvergence(tokenizer):
     """Before: the probe's one evaluation missed the tolerance, and with
-    eval_nonconvergence="error" the probe raised NumericalFault before any request ran."""
+    nonconvergence="error" the probe raised NumericalFault before any request ran."""
     model = scoring_model("llama", True, len(tokenizer))
-    model.set_fixed_point_options(eval_nonconvergence="error")
+    model.set_fixed_point_options(nonconvergence="error")
     lm = ImplicitLMHarness(model, tokenizer=tokenizer, batch_size="auto", max_batch_size=2, progress=False)
     assert lm._fitting_batch_size(6) == 2

@@ -274,7 +274,7 @@ def test_sample_build_train_and_eval_commands_chain(tmp_path, capsys):
     assert "train: 8 stories, 14 answers" in capsys.readouterr().out
     model = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
     train = ["sequence_length=16", "batch_size=4", "batch_tokens=64", "total_steps=2", "checkpoint_every=2",
-             "warmup_steps=1", "bounded_fraction=0.5", "free_iters=4", "free_phantom_steps=2", "eval_every=2",
+             "warmup_steps=1", "bounded_fraction=0.5", "free_max_iter=4", "free_phantom_steps=2", "eval_every=2",
              "eval_batches=1", "log_every=1"]
     options = [arg for m in model for arg in ("--model", m)] + [arg for t in train for arg in ("--train", t)]
     assert main(["train", "--data", str(data), "--out", str(run), "--no-progress", *options]) == 0

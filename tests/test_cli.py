@@ -53,9 +53,9 @@ def test_misspelled_training_option_is_a_clean_error(tmp_path, capsys):
 
 def test_misspelled_fixed_point_option_is_a_clean_error(tmp_path, capsys):
     code, _, err = run(
-        capsys, "words", "train", "--out", str(tmp_path / "r"), "--model", 'fixed_point={"stop_mode": "abs"}'
+        capsys, "words", "train", "--out", str(tmp_path / "r"), "--model", 'fixed_point={"stop_modes": "abs"}'
     )
-    assert_clean_error(code, err, "stop_mode", "f_stop_mode")
+    assert_clean_error(code, err, "stop_modes", "did you mean 'stop_mode'")
 
 
 def test_unknown_model_option_is_a_clean_error(tmp_path, capsys):
@@ -101,7 +101,7 @@ def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_
                          "--no-progress", "--out", str(out), *flags)
         assert code == 0
         rows[name] = json.loads((out / "word_length.json").read_text())["rows"][0]
-    assert [rows[name]["fp_chunk_length"] for name in ("default", "whole", "six")] == [12, 48, 6]
+    assert [rows[name]["chunk_length"] for name in ("default", "whole", "six")] == [12, 48, 6]
     # Each chunk converges in about as many iterations as it has tokens, the whole word in about 48.
     assert rows["whole"]["fp_iterations_mean"] < rows["default"]["fp_iterations_mean"]
 
@@ -123,7 +123,7 @@ def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_
     }
     # The convergence behind each figure: every fixed point counted, the misses by reason.
     for row in record["rows"]:
-        assert row["fp_fixed_points"] == 32 and row["fp_max_iter"] >= row["length"]
+        assert row["fp_fixed_points"] == 32 and row["max_iter"] >= row["length"]
         reasons = row["fp_stopped_at_budget"] + row["fp_diverged"] + row["fp_non_finite"]
         assert row["fp_not_converged"] == reasons and row["fp_not_converged_share"] == reasons / 32
     assert "not converged" in stdout
@@ -170,7 +170,7 @@ def test_options_lists_every_model_and_training_key_with_its_default(command, tr
     listed = dict(re.findall(r"^  (\w+)\s+(\S+)\s+\S", out, flags=re.MULTILINE))
     model_keys = {name for family in BY_ARCHITECTURE for name in model_option_names(family)} - {"architecture"}
     assert model_keys <= set(listed) and {f.name for f in dataclasses.fields(FixedPointOptions)} <= set(listed)
-    assert listed["eval_f_max_iter"] == str(FixedPointOptions.eval_f_max_iter)
+    assert listed["max_iter"] == str(FixedPointOptions.max_iter)
     if trainer is not None:
         defaults = TrainConfig.for_task(trainer)
         for field in dataclasses.fields(TrainConfig):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import math
@@ -36,8 +37,8 @@ OPTIONS = [
     (*EVAL, "--max-iter", POSITIVE_INT),
     (*EVAL, "--tol", POSITIVE_FLOAT),
     (*EVAL, "--chunk-length", NON_NEGATIVE_INT),
-    (*BUDGET, "--budgets", POSITIVE_INTS),
-    (*BUDGET, "--tols", POSITIVE_FLOATS),
+    (*BUDGET, "--max-iter", POSITIVE_INTS),
+    (*BUDGET, "--tol", POSITIVE_FLOATS),
     (*CORPUS, "--test-fraction", FRACTION),
     (*CORPUS, "--shard-tokens", POSITIVE_INT),
     (*CATBABI, "--sequence-length", POSITIVE_INT),
@@ -70,8 +71,18 @@ def test_an_option_value_parses_to_a_valid_value_or_is_one_line_naming_the_optio
         assert exit.code == 2
         assert len(err) == 1 and f"argument {option}" in err[0], err
         return
-    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    value = getattr(args, destination(command, option))
     assert valid(value), (text, value)
+
+
+def destination(command: list[str], option: str) -> str:
+    """Where ``command``'s parser keeps ``option`` (the budget sweep's ``--max-iter`` list is
+    kept apart from the one budget that other commands take)."""
+    parser = PARSER
+    for name in command:
+        commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        parser = commands.choices[name]
+    return next(action.dest for action in parser._actions if option in action.option_strings)
 
 
 def test_a_value_of_two_dashes_is_refused_not_taken_for_the_end_of_options():

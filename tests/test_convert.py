@@ -129,12 +129,12 @@ def test_round_trip_through_a_saved_directory(tmp_path, reference):
 def test_import_command_writes_a_loadable_model(tmp_path, capsys):
     hf = mamba2_reference()
     hf.save_pretrained(tmp_path / "hf")
-    fixed_point = json.dumps({"f_max_iter": 3})
+    fixed_point = json.dumps({"train_max_iter": 3})
     code = main(["models", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours"), "--implicit",
                  "--model", f"fixed_point={fixed_point}"])
     assert code == 0 and "saved the implicit model" in capsys.readouterr().out
-    reloaded, direct = load_model(tmp_path / "ours"), from_hf_mamba2(hf, implicit=True, fixed_point={"f_max_iter": 3})
-    assert reloaded.config.implicit and reloaded.config.fixed_point_options.f_max_iter == 3
+    reloaded, direct = load_model(tmp_path / "ours"), from_hf_mamba2(hf, implicit=True, fixed_point={"train_max_iter": 3})
+    assert reloaded.config.implicit and reloaded.config.fixed_point_options.train_max_iter == 3
     ids = token_ids()
     torch.testing.assert_close(logits(reloaded, ids, max_iter=2), logits(direct, ids, max_iter=2), rtol=0, atol=0)
 

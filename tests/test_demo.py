@@ -10,9 +10,9 @@ from implicitlm.cli import main
 def test_demo_trains_both_models_and_reports_by_length(tmp_path, capsys):
     preset = {
         "model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4, "head_dim": 8, "chunk_size": 8,
-                  "fixed_point": {"eval_f_max_iter": 6}},
+                  "fixed_point": {"max_iter": 6}},
         "train": {"group": "S3", "sequence_length": 6, "batch_size": 8, "log_every": 1},
-        "implicit_train": {"total_steps": 2, "bounded_fraction": 1.0, "bounded_iters": 2},
+        "implicit_train": {"total_steps": 2, "bounded_fraction": 1.0, "bounded_max_iter": 2},
         "explicit_train": {"total_steps": 2},
         "eval": {"length_multiples": [1, 2], "count": 8, "sequential_count": 2},
     }

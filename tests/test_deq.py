@@ -69,36 +69,36 @@ def first_step_under(f, z0, tol, mode, budget=300):
 
 
 def test_unknown_key_names_the_closest_option():
-    with pytest.raises(OptionError, match="unknown fixed-point option 'stop_mode' \\(did you mean 'f_stop_mode'\\?\\)"):
-        FixedPointOptions.from_dict({"f_tol": 0.05, "stop_mode": "abs"})
-    with pytest.raises(OptionError, match="'f_max_iters'.*'f_max_iter'"):
-        FixedPointOptions().replace(f_max_iters=8)
+    with pytest.raises(OptionError, match="unknown fixed-point option 'stop_modes' \\(did you mean 'stop_mode'\\?\\)"):
+        FixedPointOptions.from_dict({"train_tol": 0.05, "stop_modes": "abs"})
+    with pytest.raises(OptionError, match="'train_max_iters'.*'train_max_iter'"):
+        FixedPointOptions().replace(train_max_iters=8)
 
 
 def test_unknown_key_without_close_match_lists_known_options():
-    with pytest.raises(OptionError, match="known: f_solver, f_max_iter"):
+    with pytest.raises(OptionError, match="known: solver, train_max_iter"):
         FixedPointOptions.from_dict({"zzz": 1})
 
 
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("f_stop_mode", "max"),
-        ("f_solver", "newton"),
-        ("f_max_iter", -1),
+        ("stop_mode", "max"),
+        ("solver", "newton"),
+        ("train_max_iter", -1),
         ("unroll_steps", -2),
         ("phantom_steps", 0),
-        ("eval_f_max_iter", 0),
-        ("f_tol", 0.0),
-        ("eval_f_tol", -1e-3),
+        ("max_iter", 0),
+        ("train_tol", 0.0),
+        ("tol", -1e-3),
         ("tau", 0.0),
         ("tau", 1.5),
         ("tau", "0.8"),
-        ("f_max_iter", 4.0),
-        ("f_max_iter", True),
+        ("train_max_iter", 4.0),
+        ("train_max_iter", True),
         ("phantom_steps", False),
-        ("f_tol", True),
-        ("f_tol", "0.05"),
+        ("train_tol", True),
+        ("train_tol", "0.05"),
     ],
 )
 def test_invalid_values_are_rejected(field, value):
@@ -114,12 +114,12 @@ def test_bool_tau_is_rejected():
 
 
 def test_options_are_frozen_and_round_trip():
-    options = FixedPointOptions(f_max_iter=24, phantom_steps=4, f_tol=0.05, f_stop_mode="abs")
+    options = FixedPointOptions(train_max_iter=24, phantom_steps=4, train_tol=0.05, stop_mode="abs")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.f_max_iter = 1
+        options.train_max_iter = 1
     assert FixedPointOptions.from_dict(options.to_dict()) == options
     assert options.replace(tau=1.0).tau == 1.0 and options.tau == 0.8
-    assert FixedPointOptions(f_max_iter=0).f_max_iter == 0  # a phantom step from z0 alone is allowed
+    assert FixedPointOptions(train_max_iter=0).train_max_iter == 0  # a phantom step from z0 alone is allowed
 
 
 # ---------------------------------------------------------------- solve
@@ -129,7 +129,7 @@ def test_options_are_frozen_and_round_trip():
 def test_solve_reaches_tolerance_per_sample(mode):
     f = batch_map([0.2, 0.6, 0.9])
     tol = 1e-8
-    solver = FixedPointSolver(FixedPointOptions(f_stop_mode=mode))
+    solver = FixedPointSolver(FixedPointOptions(stop_mode=mode))
 
     with torch.no_grad():
         z, stats = solver.solve(f, torch.zeros(3, DIM, dtype=torch.float64), max_iter=300, tol=tol)
@@ -151,7 +151,7 @@ def test_slowest_sample_iterations_match_hand_count(mode):
     f = batch_map([0.2, 0.9])
     z0 = torch.zeros(2, DIM, dtype=torch.float64)
     with torch.no_grad():
-        _, stats = FixedPointSolver(FixedPointOptions(f_stop_mode=mode)).solve(f, z0, 300, 1e-8)
+        _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode)).solve(f, z0, 300, 1e-8)
         expected = first_step_under(f, z0, 1e-8, mode)
     assert stats.iterations[1].item() == expected[1] == stats.evaluations
 
@@ -161,7 +161,7 @@ def test_every_sample_iterations_match_hand_count(mode):
     f = batch_map([0.2, 0.6, 0.9])
     z0 = torch.zeros(3, DIM, dtype=torch.float64)
     with torch.no_grad():
-        _, stats = FixedPointSolver(FixedPointOptions(f_stop_mode=mode)).solve(f, z0, 300, 1e-8)
+        _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode)).solve(f, z0, 300, 1e-8)
         expected = first_step_under(f, z0, 1e-8, mode)
     assert stats.iterations.tolist() == expected
 
@@ -248,7 +248,7 @@ def test_anderson_converges_to_the_same_fixed_point():
     f = batch_map([0.3, 0.9])
     z0 = torch.zeros(2, DIM, dtype=torch.float64)
     with torch.no_grad():
-        z_and, stats_and = FixedPointSolver(FixedPointOptions(f_solver="anderson")).solve(f, z0, 100, 1e-10)
+        z_and, stats_and = FixedPointSolver(FixedPointOptions(solver="anderson")).solve(f, z0, 100, 1e-10)
         z_fp, _ = FixedPointSolver(FixedPointOptions()).solve(f, z0, 500, 1e-10)
         _, rel_res = residuals(f, z_and)
     assert (rel_res < 1e-10).all() and stats_and.converged.all()
@@ -277,7 +277,7 @@ def training_setup():
 @pytest.mark.parametrize("steps", [1, 3])
 def test_phantom_gradient_is_autograd_through_damped_steps(tau, steps):
     f_map, f, z0, weights = training_setup()
-    options = FixedPointOptions(f_max_iter=6, f_tol=1e-12, phantom_steps=steps, tau=tau)
+    options = FixedPointOptions(train_max_iter=6, train_tol=1e-12, phantom_steps=steps, tau=tau)
     solver = FixedPointSolver(options)
 
     z, stats = solver(f, z0, training=True)
@@ -299,7 +299,7 @@ def test_phantom_gradient_is_autograd_through_damped_steps(tau, steps):
 def test_damping_changes_the_phantom_gradient():
     def grads_for(tau):
         f_map, f, z0, weights = training_setup()
-        options = FixedPointOptions(f_max_iter=6, f_tol=1e-12, phantom_steps=2, tau=tau)
+        options = FixedPointOptions(train_max_iter=6, train_tol=1e-12, phantom_steps=2, tau=tau)
         z, _ = FixedPointSolver(options)(f, z0, training=True)
         return parameter_grads(f_map, z, weights)
 
@@ -308,7 +308,7 @@ def test_damping_changes_the_phantom_gradient():
 
 def test_unroll_is_plain_autograd_through_n_steps():
     f_map, f, z0, weights = training_setup()
-    solver = FixedPointSolver(FixedPointOptions(unroll_steps=3, f_max_iter=50))
+    solver = FixedPointSolver(FixedPointOptions(unroll_steps=3, train_max_iter=50))
 
     z, stats = solver(f, z0, training=True)
     grads = parameter_grads(f_map, z, weights)
@@ -328,7 +328,7 @@ def test_unroll_is_plain_autograd_through_n_steps():
 
 def test_evaluation_uses_the_evaluation_budget_and_keeps_no_graph():
     f_map, f, z0, _ = training_setup()
-    solver = FixedPointSolver(FixedPointOptions(f_max_iter=2, eval_f_max_iter=5, eval_f_tol=1e-14))
+    solver = FixedPointSolver(FixedPointOptions(train_max_iter=2, max_iter=5, tol=1e-14))
     z, stats = solver(f, z0, training=False)
     assert stats.evaluations == 5 and stats.tol == 1e-14
     assert not z.requires_grad
@@ -338,14 +338,18 @@ def test_evaluation_uses_the_evaluation_budget_and_keeps_no_graph():
 
 def test_zero_solve_budget_in_training_takes_phantom_steps_from_z0():
     f_map, f, z0, weights = training_setup()
-    z, stats = FixedPointSolver(FixedPointOptions(f_max_iter=0, tau=1.0))(f, z0, training=True)
+    z, stats = FixedPointSolver(FixedPointOptions(train_max_iter=0, tau=1.0))(f, z0, training=True)
     assert stats.evaluations == 0
     torch.testing.assert_close(z, f(z0), rtol=0, atol=0)
 
 
 def test_a_calls_budget_is_its_own_where_given_else_the_options_of_its_phase():
-    options = FixedPointOptions(f_max_iter=3, f_tol=0.1, eval_f_max_iter=7, eval_f_tol=0.5)
+    options = FixedPointOptions(train_max_iter=3, train_tol=0.1, max_iter=7, tol=0.5)
     assert options.budget(None, None) == (7, 0.5)
     assert options.budget(2, None) == (2, 0.5)
-    assert options.budget(None, 0.25, training=True) == (3, 0.25)
-    assert options.budget(0, None, training=True) == (0, 0.1)  # 0 is a budget, not "unset"
+    assert options.budget(None, 0.25, "training") == (3, 0.25)
+    assert options.budget(0, None, "training") == (0, 0.1)  # 0 is a budget, not "unset"
+    assert options.budget(None, None, "simultaneous") == (7, 0.5)
+    raised = options.replace(simultaneous_max_iter=40)
+    assert (raised.budget(None, None, "simultaneous"), raised.budget(None, None, "sequential")) == ((40, 0.5), (7, 0.5))
+    assert raised.budget(5, None, "simultaneous") == (5, 0.5)

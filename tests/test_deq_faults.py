@@ -28,7 +28,7 @@ def affine(slopes: torch.Tensor):
 
 
 def solver(**options) -> FixedPointSolver:
-    return FixedPointSolver(FixedPointOptions(**{"eval_f_max_iter": 100, "eval_f_tol": 1e-6, **options}))
+    return FixedPointSolver(FixedPointOptions(**{"max_iter": 100, "tol": 1e-6, **options}))
 
 
 def solve(f, batch: int, training: bool = False, **options):
@@ -47,7 +47,7 @@ def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_con
         rows_seen.append(rows.tolist())
         return affine(SLOPES[rows])
 
-    z, stats = solver(divergence_patience=8, f_stop_mode=stop_mode)(
+    z, stats = solver(divergence_patience=8, stop_mode=stop_mode)(
         affine(SLOPES), torch.zeros(4, 3, 2), training=False, restrict=restrict if restricted else None
     )
     # The step at evaluation n is 1.5^(n-1) per entry: above 100 times the first from n = 13
@@ -59,7 +59,7 @@ def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_con
     # in rel mode, where |f(z) - z| / |f(z)| falls towards 1/3, the 20th, 2 (1.5^20 - 1).
     kept = 1.0 if stop_mode == "abs" else 2 * (1.5**20 - 1)
     torch.testing.assert_close(z[DIVERGING], torch.full((2, 3, 2), kept))
-    alone_z, alone = solve(affine(SLOPES[[1, 3]]), 2, divergence_patience=8, f_stop_mode=stop_mode)
+    alone_z, alone = solve(affine(SLOPES[[1, 3]]), 2, divergence_patience=8, stop_mode=stop_mode)
     assert torch.equal(z[[1, 3]], alone_z) and torch.equal(stats.iterations[[1, 3]], alone.iterations)
     assert stats.evaluations == max(20, alone.evaluations)
     if restricted:
@@ -71,7 +71,7 @@ def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_con
 
 
 def test_patience_zero_lets_diverging_rows_spend_the_budget():
-    z, stats = solve(affine(SLOPES), 4, divergence_patience=0, eval_f_max_iter=80, f_stop_mode="abs")
+    z, stats = solve(affine(SLOPES), 4, divergence_patience=0, max_iter=80, stop_mode="abs")
     assert stats.iterations[DIVERGING].tolist() == [80, 80] and not stats.diverged.any()
     assert stats.unconverged.tolist() == [True, False, True, False]
     assert torch.equal(z[DIVERGING], torch.ones(2, 3, 2))  # still the lowest-residual image
@@ -80,13 +80,13 @@ def test_patience_zero_lets_diverging_rows_spend_the_budget():
 
 def test_growth_within_the_bound_is_not_divergence_and_the_bound_is_an_option():
     # The step length 1 + tanh(z / 10) / 2 rises at every step, but only from 1 towards 1.5.
-    _, stats = solve(lambda z: z + 1 + torch.tanh(z / 10) / 2, 1, f_stop_mode="abs")
+    _, stats = solve(lambda z: z + 1 + torch.tanh(z / 10) / 2, 1, stop_mode="abs")
     assert not stats.diverged.any() and stats.iterations.tolist() == [100] and stats.unconverged.all()
     # Slow but geometric: 5% per step is 100 times the first step from evaluation 96
     # (1.05^95 = 103), so patience 8 gives up at 103, past a budget of 100 but not of 200.
     _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8)
     assert not stats.diverged.any() and stats.unconverged.all()
-    _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8, eval_f_max_iter=200)
+    _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8, max_iter=200)
     assert stats.diverged.all() and stats.iterations.tolist() == [103]
     # A bound of 10: x1.5 is beyond it from evaluation 7 (1.5^6 = 11.4); patience 12 ends at 18.
     _, stats = solve(affine(torch.tensor([1.5])), 1, divergence_patience=12, divergence_growth=10.0)
@@ -111,7 +111,7 @@ def test_a_converging_sample_whose_step_grows_for_its_whole_length_is_not_given_
     # rises are how such a sample converges, not a sign that it diverges.
     length = 32
     f = travelling_front(length, 1.1)
-    z, stats = FixedPointSolver(FixedPointOptions(eval_f_max_iter=64, eval_f_tol=1e-6, f_stop_mode="abs"))(
+    z, stats = FixedPointSolver(FixedPointOptions(max_iter=64, tol=1e-6, stop_mode="abs"))(
         f, torch.zeros(2, length, 1), training=False
     )
     assert stats.converged.all() and not stats.diverged.any() and stats.iterations.tolist() == [length + 1] * 2
@@ -129,7 +129,7 @@ def test_the_divergence_options_are_validated():
 
 
 def test_a_sample_diverging_at_the_last_evaluation_has_hit_the_budget():
-    _, stats = solve(affine(SLOPES), 4, divergence_patience=8, eval_f_max_iter=20)
+    _, stats = solve(affine(SLOPES), 4, divergence_patience=8, max_iter=20)
     assert stats.iterations.tolist() == [20, 20, 20, 20]
     assert not stats.diverged.any() and stats.unconverged[DIVERGING].all()
 
@@ -156,13 +156,13 @@ def nan_after(calls: int, bad_rows: list[int], slope: float = 0.5):
 @pytest.mark.parametrize("name", ["fixed_point_iter", "anderson", "broyden", "safeguarded_anderson"])
 def test_a_nan_image_freezes_its_sample_at_the_last_finite_one(name):
     # Call 3: every solver still iterating (Anderson and Broyden solve this linear map at that call).
-    z, stats = solve(nan_after(3, [0, 2]), 4, f_solver=name, divergence_patience=8)
+    z, stats = solve(nan_after(3, [0, 2]), 4, solver=name, divergence_patience=8)
     assert torch.isfinite(z).all()
     assert stats.diverged.tolist() == [True, False, True, False] and stats.iterations[[0, 2]].tolist() == [3, 3]
     assert torch.isfinite(stats.abs_residual).all() and not stats.converged[[0, 2]].any()
     # The lowest-residual finite image: the second, f(1) = 1.5 (residual 0.5; the first's is 1).
     torch.testing.assert_close(z[[0, 2]], torch.full((2, 3, 2), 1.5))
-    good_z, good = solve(nan_after(3, []), 4, f_solver=name)
+    good_z, good = solve(nan_after(3, []), 4, solver=name)
     assert torch.equal(z[[1, 3]], good_z[[1, 3]]) and torch.equal(stats.iterations[[1, 3]], good.iterations[[1, 3]])
     assert stats.summary()["fp_diverged"] == 2.0 and stats.non_finite.tolist() == [True, False, True, False]
     assert good.summary()["fp_non_finite"] == 0.0
@@ -173,7 +173,7 @@ def test_a_sample_without_any_finite_image_is_a_numerical_fault():
         solve(nan_after(1, [1, 3]), 4)
     assert "\n" not in str(fault.value)
     with pytest.raises(NumericalFault, match="1 of 4 samples"):  # in training as well: nothing to return
-        solve(nan_after(1, [2]), 4, training=True, f_max_iter=3)
+        solve(nan_after(1, [2]), 4, training=True, train_max_iter=3)
 
 
 def test_non_finite_residuals_never_count_as_converged():
@@ -199,27 +199,27 @@ def test_non_finite_residuals_never_count_as_converged():
 def test_fatal_nonconvergence_raises_in_evaluation_only():
     f = affine(torch.tensor([0.9, 0.01, 1.5, 0.1]))
     with pytest.raises(NumericalFault) as fault:
-        solve(f, 4, eval_nonconvergence="error", eval_f_max_iter=12, divergence_patience=4, divergence_growth=2.0)
+        solve(f, 4, nonconvergence="error", max_iter=12, divergence_patience=4, divergence_growth=2.0)
     message = str(fault.value)
     assert "\n" not in message
     assert "2 of 4 samples" in message and "1 hit the budget of 12 evaluations" in message
     assert "1 diverged" in message and "vs tolerance 1e-06" in message
     # Evaluation with every sample converged, and training with a tiny budget: no error.
-    solve(affine(torch.tensor([0.1, 0.2])), 2, eval_nonconvergence="error")
-    z, stats = solve(f, 4, training=True, eval_nonconvergence="error", f_max_iter=2)
+    solve(affine(torch.tensor([0.1, 0.2])), 2, nonconvergence="error")
+    z, stats = solve(f, 4, training=True, nonconvergence="error", train_max_iter=2)
     assert stats.unconverged.all() and z.shape == (4, 3, 2)
 
 
 def test_options_are_validated():
     defaults = FixedPointOptions()
     assert defaults.divergence_patience == 16 and defaults.divergence_growth == 100.0
-    assert defaults.eval_nonconvergence == "report"
+    assert defaults.nonconvergence == "report"
     with pytest.raises(OptionError, match="divergence_patience"):
         FixedPointOptions(divergence_patience=-1)
-    with pytest.raises(OptionError, match="eval_nonconvergence"):
-        FixedPointOptions(eval_nonconvergence="warn")
-    with pytest.raises(OptionError, match="eval_nonconvergence"):
-        FixedPointOptions.from_dict({"eval_nonconvergence": True})
+    with pytest.raises(OptionError, match="nonconvergence"):
+        FixedPointOptions(nonconvergence="warn")
+    with pytest.raises(OptionError, match="nonconvergence"):
+        FixedPointOptions.from_dict({"nonconvergence": True})
 
 
 # ---------------------------------------------------------------- models: per sample, per token
@@ -231,7 +231,7 @@ def mamba2_model(scale: float | None = None, contractive: bool = False):
     tokens' residuals run away)."""
     torch.manual_seed(0)
     options = dict(architecture="mamba2", vocab_size=6, hidden_size=16, num_hidden_layers=1, implicit=True,
-                   state_size=8, head_dim=8, chunk_size=8, fixed_point=dict(eval_f_max_iter=60, eval_f_tol=1e-6))
+                   state_size=8, head_dim=8, chunk_size=8, fixed_point=dict(max_iter=60, tol=1e-6))
     model = build_model(config_from_options(options)).double().eval()
     if contractive:
         make_contractive(model)
@@ -271,7 +271,7 @@ def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such()
         "fp_fixed_points": 15, "fp_not_converged": int(missed.sum()), "fp_not_converged_share": int(missed.sum()) / 15,
         "fp_stopped_at_budget": int(missed.sum()), "fp_diverged": 0, "fp_non_finite": 0,
     }
-    model.set_fixed_point_options(eval_nonconvergence="error")
+    model.set_fixed_point_options(nonconvergence="error")
     expected = rf"{int(missed.sum())} of 15 tokens: {int(missed.sum())} hit the budget of 60 evaluations, 0 diverged"
     with pytest.raises(NumericalFault, match=expected):
         model(TOKENS, mode="sequential")
@@ -280,7 +280,7 @@ def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such()
 @torch.no_grad()
 def test_fatal_nonconvergence_in_a_model_is_for_evaluation_not_training():
     model = mamba2_model(contractive=True)
-    model.set_fixed_point_options(eval_nonconvergence="error")
+    model.set_fixed_point_options(nonconvergence="error")
     with pytest.raises(NumericalFault, match="3 of 3 samples: 3 hit the budget of 1 evaluations"):
         model(TOKENS, max_iter=1)
     with pytest.raises(NumericalFault, match="15 of 15 tokens"):

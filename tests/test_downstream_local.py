@@ -152,7 +152,7 @@ def small_implicit_checkpoint(folder: Path, tokenizer) -> None:
     torch.manual_seed(0)
     model = build_model(config_from_options(dict(
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
-        head_dim=8, chunk_size=16, implicit=True, fixed_point=dict(eval_f_max_iter=6),
+        head_dim=8, chunk_size=16, implicit=True, fixed_point=dict(max_iter=6),
     )))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

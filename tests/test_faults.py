@@ -33,7 +33,7 @@ from signals import signal_this_thread
 
 MODEL = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
 SETTINGS = ["group=S3", "sequence_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
-            "total_steps=8", "bounded_fraction=0.5", "free_iters=6", "free_phantom_steps=2"]
+            "total_steps=8", "bounded_fraction=0.5", "free_max_iter=6", "free_phantom_steps=2"]
 
 
 def tiny_model():
@@ -318,7 +318,7 @@ def test_nan_in_one_samples_iterates_stops_training(tmp_path, from_evaluation, m
     model.get_input_embeddings().register_forward_hook(count_steps)
     model.stack.register_forward_hook(nan_in_first_row)
     config = TrainConfig.for_task(
-        "words", group="S3", sequence_length=6, batch_size=8, total_steps=6, bounded_iters=4, log_every=1,
+        "words", group="S3", sequence_length=6, batch_size=8, total_steps=6, bounded_max_iter=4, log_every=1,
         checkpoint_every=1,
     )
     with pytest.raises(NumericalFault, match=rf"step 2: .*{message}"):

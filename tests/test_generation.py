@@ -26,7 +26,7 @@ def make_model(architecture: str, implicit: bool):
     config = config_from_options(
         dict(
             architecture=architecture, vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, implicit=implicit,
-            initializer_range=0.1, fixed_point=dict(eval_f_max_iter=400, eval_f_tol=1e-7), **family,
+            initializer_range=0.1, fixed_point=dict(max_iter=400, tol=1e-7), **family,
         )
     )
     model = build_model(config).double().eval()
@@ -282,7 +282,7 @@ def test_chunk_length_reaches_the_prefill_of_generate_and_defaults_to_the_option
     calls = []
     model.register_forward_hook(lambda module, args, kwargs, output: calls.append(output), with_kwargs=True)
     whole = model.generate(prompt, max_new_tokens=3, chunk_length=0)
-    model.set_fixed_point_options(eval_chunk_length=3)
+    model.set_fixed_point_options(chunk_length=3)
     chunked = model.generate(prompt, max_new_tokens=3)
     assert torch.equal(chunked, whole)
     assert len(calls) == 6  # a prefill and two steps each
@@ -298,8 +298,8 @@ def test_chunk_length_is_checked_and_training_solves_the_whole_sequence():
     model, ids = make_model("mamba2", True), tokens(2, 8, seed=21)
     with pytest.raises(ValueError, match="chunk_length"):
         model(ids, chunk_length=-1)
-    with pytest.raises(OptionError, match="eval_chunk_length"):
-        model.set_fixed_point_options(eval_chunk_length=2.5)
+    with pytest.raises(OptionError, match="chunk_length"):
+        model.set_fixed_point_options(chunk_length=2.5)
     model.train()
     with torch.no_grad():
         assert torch.equal(model(ids, chunk_length=2).logits, model(ids, chunk_length=0).logits)
@@ -352,7 +352,7 @@ def test_chunk_rows_that_miss_the_tolerance_are_solved_again_in_smaller_chunks()
 def test_a_chunked_solve_fails_on_nonconvergence_only_after_its_retries():
     model = make_model("llama", True)
     model.stack = LinearChainStack(model.config.hidden_size, a=0.5, b=0.4)
-    model.set_fixed_point_options(eval_nonconvergence="error")
+    model.set_fixed_point_options(nonconvergence="error")
     ids = tokens(2, 8, seed=28)
     with torch.no_grad():
         assert bool(model(ids, chunk_length=4, max_iter=25, tol=1e-6).fixed_point.converged.all())

@@ -52,7 +52,7 @@ def checkpoint(tmp_path_factory, tokenizer) -> Path:
     torch.manual_seed(0)
     model = build_model(config_from_options(dict(
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
-        head_dim=8, chunk_size=16, fixed_point=dict(eval_f_max_iter=8),
+        head_dim=8, chunk_size=16, fixed_point=dict(max_iter=8),
     )))
     config = TrainConfig.for_task(
         "lm", sequence_length=16, batch_size=2, batch_tokens=32, total_steps=1, warmup_steps=1, eval_every=0,
@@ -67,9 +67,9 @@ def make_model(architecture: str, implicit: bool, vocab: int):
     the same whatever else is in the batch."""
     torch.manual_seed(0)
     if architecture == "mamba2":
-        family = dict(state_size=8, head_dim=8, chunk_size=4, fixed_point=dict(eval_f_max_iter=10, eval_f_tol=1e-30))
+        family = dict(state_size=8, head_dim=8, chunk_size=4, fixed_point=dict(max_iter=10, tol=1e-30))
     else:
-        family = dict(num_attention_heads=2, fixed_point=dict(eval_f_max_iter=200, eval_f_tol=1e-9))
+        family = dict(num_attention_heads=2, fixed_point=dict(max_iter=200, tol=1e-9))
     config = config_from_options(dict(
         architecture=architecture, vocab_size=vocab, hidden_size=16, num_hidden_layers=2, implicit=implicit,
         initializer_range=0.1, **family,

@@ -84,7 +84,7 @@ def test_an_implicit_mamba2_trains_through_the_fused_kernel_as_through_the_pure_
     torch.manual_seed(0)
     options = dict(architecture="mamba2", implicit=True, vocab_size=11, hidden_size=16, num_hidden_layers=1,
                    state_size=8, head_dim=8, chunk_size=16, n_groups=2,
-                   fixed_point=dict(f_max_iter=2, phantom_steps=1, f_tol=1e-9))
+                   fixed_point=dict(train_max_iter=2, phantom_steps=1, train_tol=1e-9))
     model = build_model(config_from_options(options)).train()
     ids = torch.randint(0, 11, (2, 20), generator=torch.Generator().manual_seed(3))
 

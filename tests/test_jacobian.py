@@ -21,7 +21,7 @@ MAMBA1 = dict(architecture="mamba", state_size=4)
 # A step size nearer 1 than Mamba2's default [1e-3, 0.1]: the state decays and takes in the
 # token's (z-dependent) input at a rate that makes the implicit coupling large.
 FAST = dict(time_step_min=0.1, time_step_max=1.0)
-TIGHT = dict(eval_f_max_iter=2000, eval_f_tol=1e-12)
+TIGHT = dict(max_iter=2000, tol=1e-12)
 
 
 def make_model(family: dict, implicit: bool, layers: int = 1, **options):
@@ -132,7 +132,7 @@ def test_cli_writes_a_record_per_model_and_the_heatmaps(tmp_path, capsys):
     options = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, **MAMBA2, **FAST)
     explicit, implicit = tmp_path / "explicit.json", tmp_path / "implicit.json"
     explicit.write_text(json.dumps({**options, "implicit": False}))
-    implicit.write_text(json.dumps({**options, "implicit": True, "fixed_point": {"eval_f_max_iter": 100, "eval_f_tol": 1e-6}}))
+    implicit.write_text(json.dumps({**options, "implicit": True, "fixed_point": {"max_iter": 100, "tol": 1e-6}}))
     common = ["--length", "6", "--count", "1", "--coordinates", "16", "--no-progress"]
 
     assert main(["jacobian", str(explicit), str(implicit), "--out", str(tmp_path / "both"), *common]) == 0

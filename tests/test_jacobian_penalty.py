@@ -18,7 +18,7 @@ def tiny_model(penalty: float, seed: int = 0, dtype=torch.float64) -> ImplicitMa
     config = ImplicitMamba2Config(
         vocab_size=6, hidden_size=8, num_hidden_layers=2, state_size=4, head_dim=4, expand=2, chunk_size=4,
         implicit=True, label_alignment="aligned",
-        fixed_point={"f_max_iter": 6, "phantom_steps": 2, "f_tol": 1e-4, "jacobian_penalty": penalty},
+        fixed_point={"train_max_iter": 6, "phantom_steps": 2, "train_tol": 1e-4, "jacobian_penalty": penalty},
     )
     return ImplicitMamba2ForCausalLM(config).to(dtype)
 

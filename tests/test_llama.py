@@ -213,7 +213,7 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: 
 
 def contractive_model(tol: float) -> ImplicitLlamaForCausalLM:
     """A float64 implicit model whose iteration converges fast."""
-    model = make_model(initializer_range=0.1, fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=300)).double().eval()
+    model = make_model(initializer_range=0.1, fixed_point=dict(tol=tol, max_iter=300)).double().eval()
     return make_contractive(model)
 
 
@@ -252,7 +252,7 @@ def test_explicit_sequential_equals_simultaneous(device):
 
 @pytest.mark.parametrize(
     "implicit, options",
-    [(False, {}), (True, dict(f_max_iter=2, phantom_steps=1))],
+    [(False, {}), (True, dict(train_max_iter=2, phantom_steps=1))],
     ids=["explicit", "implicit-phantom"],
 )
 @pytest.mark.device

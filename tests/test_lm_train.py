@@ -56,7 +56,7 @@ def tiny_model(implicit: bool = True, vocab: int = 320):
 def train_config(**changes) -> TrainConfig:
     values = dict(
         sequence_length=SEQUENCE, batch_size=4, batch_tokens=4 * SEQUENCE, total_steps=4, lr=1e-2,
-        warmup_steps=1, log_every=1, checkpoint_every=2, keep_checkpoints=2, bounded_fraction=0.5, free_iters=6,
+        warmup_steps=1, log_every=1, checkpoint_every=2, keep_checkpoints=2, bounded_fraction=0.5, free_max_iter=6,
         free_phantom_steps=2,
     )
     return TrainConfig.for_task("lm", **{**values, **changes})
@@ -69,7 +69,7 @@ def logged(run_dir: Path, key: str) -> list:
 def test_curriculum_switches_phase_and_budget_at_the_configured_step(shards, tmp_path):
     train(tiny_model(), train_config(), tmp_path, data=shards, progress=False)
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
-    assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
+    assert logged(tmp_path, "train_max_iter") == [4, 4, 6, 6]
     assert all(n <= 4 for n in logged(tmp_path, "fp_iterations_max")[:2])
     for key in ("loss", "ppl", "lr", "tokens_per_s", "fp_rel_residual_max"):
         assert all(isinstance(v, float) for v in logged(tmp_path, key)), key
@@ -130,7 +130,7 @@ def cli_command(shards: Path, out: Path, *train: str) -> list[str]:
     model = ["--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=8",
              "--model", "head_dim=8", "--model", "chunk_size=16"]
     settings = [f"sequence_length={SEQUENCE}", "lr=0.01", "warmup_steps=1", "log_every=1", "bounded_fraction=0.5",
-                "free_iters=6", "free_phantom_steps=2", *train]
+                "free_max_iter=6", "free_phantom_steps=2", *train]
     return ["train", "--data", str(shards), "--out", str(out), "--no-progress", *model,
             *[arg for setting in settings for arg in ("--train", setting)]]
 
@@ -189,9 +189,9 @@ def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
     preset = {
         "corpus": {"max_bytes": 150_000, "vocab_size": 300, "test_fraction": 0.1},
         "model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8, "chunk_size": 16,
-                  "fixed_point": {"eval_f_max_iter": 8}},
+                  "fixed_point": {"max_iter": 8}},
         "train": {"sequence_length": SEQUENCE, "batch_size": 4, "batch_tokens": 4 * SEQUENCE, "total_steps": 4,
-                  "warmup_steps": 1, "bounded_fraction": 0.5, "free_iters": 6, "free_phantom_steps": 2,
+                  "warmup_steps": 1, "bounded_fraction": 0.5, "free_max_iter": 6, "free_phantom_steps": 2,
                   "eval_every": 2, "eval_batches": 2, "checkpoint_every": 4},
     }
     (tmp_path / "preset.json").write_text(json.dumps(preset))
@@ -224,7 +224,7 @@ def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
     more = ["--train", "total_steps=4", "--train", "bounded_fraction=0.5"]
     assert main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume", "--no-progress", *more]) == 0
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
-    assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
+    assert logged(tmp_path, "train_max_iter") == [4, 4, 6, 6]
 
 
 def test_a_checkpoint_of_the_former_lm_trainer_loads_and_resumes_exactly(shards, tmp_path):
@@ -264,7 +264,7 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     assert result["tokens"] == 4 * SEQUENCE and result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     assert 100 < result["perplexity"] < 1000  # one step from a uniform start over 300 tokens
     data = ["--data", str(tmp_path / "shards"), "--lengths", str(SEQUENCE), "--max-tokens", str(2 * SEQUENCE), "--no-progress"]
-    assert main(["lm", "budget", str(checkpoint), *data, "--budgets", "1,3", "--out", str(tmp_path / "budget")]) == 0
+    assert main(["lm", "budget", str(checkpoint), *data, "--max-iter", "1,3", "--out", str(tmp_path / "budget")]) == 0
     budget = json.loads((tmp_path / "budget" / "lm_budget.json").read_text())
     assert [(row["max_iter"], row["tokens"]) for row in budget["rows"]] == [(1, 2 * SEQUENCE), (3, 2 * SEQUENCE)]
     assert main(["lm", "convergence", str(checkpoint), *data, "--max-iter", "5", "--out", str(tmp_path / "conv")]) == 0
@@ -446,7 +446,7 @@ def test_both_tasks_run_the_one_loop(shards, tmp_path, capsys):
     words_err = capsys.readouterr().err
     train(tiny_model(), train_config(total_steps=2, bounded_fraction=1.0), tmp_path / "lm", data=shards)
     lm_err = capsys.readouterr().err
-    loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "fp_budget", "fp_iterations_mean"}
+    loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "train_max_iter", "fp_iterations_mean"}
     for run, own in (("words", "accuracy"), ("lm", "ppl")):
         records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == [0, 1] and all(loop_keys | {own} <= set(r) for r in records), run

@@ -201,7 +201,7 @@ def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitMam
 
 def contractive_model(tol: float) -> ImplicitMambaForCausalLM:
     """A float64 implicit model whose iteration converges within the budget."""
-    return make_contractive(make_model(fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=400)).double().eval())
+    return make_contractive(make_model(fixed_point=dict(tol=tol, max_iter=400)).double().eval())
 
 
 def token_ids(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -251,7 +251,7 @@ def test_parallel_prefill_then_recurrent_decoding_equals_a_sequential_run():
 @pytest.mark.device
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
 def test_gradient_reaches_every_parameter(implicit, device):
-    model = make_model(implicit, seed=4, fixed_point=dict(f_max_iter=2, phantom_steps=1)).train().to(device)
+    model = make_model(implicit, seed=4, fixed_point=dict(train_max_iter=2, phantom_steps=1)).train().to(device)
     ids = token_ids(2, 6, seed=5).to(device)
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from implicitlm.cli import main
+from implicitlm.core.errors import OptionError
 from implicitlm.core.run_folder import latest_checkpoint, training_settings
 from implicitlm.data.shards import TokenShards
 from implicitlm.models import build_model, config_from_options
@@ -115,3 +116,53 @@ def test_a_preset_that_spells_a_former_trainers_option_is_refused_with_todays_na
     assert code == 2
     assert capsys.readouterr().err.strip() == "implicitlm: error: training option 'train_length' is now sequence_length"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_saved_under_torchdeqs_option_names_loads_with_todays(tmp_path):
+    """Configs saved before the one vocabulary spelt the fixed-point options as torchdeq does
+    (``eval_f_max_iter``, ``f_solver`` ...): they load with today's names and values, through
+    ``load_model`` and through transformers alike."""
+    from transformers import AutoModelForCausalLM
+
+    from implicitlm.models import load_model
+
+    model = build_model(config_from_options({"hidden_size": 16, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": 32}))
+    model.save_pretrained(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    today = dict(config["fixed_point"])
+    former = {"f_solver": "anderson", "f_max_iter": 5, "f_tol": 0.02, "f_stop_mode": "abs", "eval_f_max_iter": 48,
+              "eval_f_tol": 0.004, "eval_f_solver": "broyden", "sequential_f_solver": "safeguarded_anderson",
+              "eval_chunk_length": 12, "eval_nonconvergence": "error"}
+    for old, new in {"f_solver": "solver", "f_max_iter": "train_max_iter", "f_tol": "train_tol",
+                     "f_stop_mode": "stop_mode", "eval_f_max_iter": "max_iter", "eval_f_tol": "tol",
+                     "eval_f_solver": "simultaneous_solver", "sequential_f_solver": "sequential_solver",
+                     "eval_chunk_length": "chunk_length", "eval_nonconvergence": "nonconvergence"}.items():
+        del today[new]
+        today[old] = former[old]
+    config["fixed_point"] = today
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    expected = {"solver": "anderson", "train_max_iter": 5, "train_tol": 0.02, "stop_mode": "abs", "max_iter": 48,
+                "tol": 0.004, "simultaneous_solver": "broyden", "sequential_solver": "safeguarded_anderson",
+                "chunk_length": 12, "nonconvergence": "error"}
+    for loaded in (load_model(tmp_path / "model"), AutoModelForCausalLM.from_pretrained(tmp_path / "model")):
+        assert {name: loaded.config.fixed_point[name] for name in expected} == expected
+        assert loaded.solver.options.max_iter == 48
+
+
+def test_a_config_naming_an_option_under_both_names_is_refused():
+    with pytest.raises(OptionError, match="'eval_f_max_iter' is the former name of 'max_iter'"):
+        config_from_options({"hidden_size": 16, "head_dim": 8, "fixed_point": {"eval_f_max_iter": 8, "max_iter": 9}})
+
+
+def test_phase_budgets_saved_as_iters_resume_as_max_iter_and_are_refused_in_a_preset(tmp_path, capsys):
+    """Runs saved before the one vocabulary recorded ``bounded_iters`` / ``free_iters``."""
+    settings = {**FORMER_LM_SETTINGS, "task": "lm", "batch_size": 4, "unroll_steps": 0, "unroll_depth": 16,
+                "group": "S3", "hard_prob": None, "bounded_iters": 3, "free_iters": 17}
+    del settings["micro_batch_size"]
+    write_meta(tmp_path / "run" / "checkpoints" / "step_0000009", {"step": 9, "train": settings, "data": None})
+    config = resume_config(tmp_path / "run", {"total_steps": 12})
+    assert (config.bounded_max_iter, config.free_max_iter) == (3, 17)
+    (tmp_path / "p.json").write_text(json.dumps({"model": {"hidden_size": 16}, "train": {"free_iters": 8}}))
+    code = main(["words", "train", "--out", str(tmp_path / "new"), "--preset", str(tmp_path / "p.json"), "--no-progress"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "implicitlm: error: training option 'free_iters' is now free_max_iter"

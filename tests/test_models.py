@@ -40,7 +40,7 @@ def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitMam
 
 def contractive_model(tol: float) -> ImplicitMamba2ForCausalLM:
     """A float64 implicit model whose iteration converges within the budget."""
-    return make_contractive(make_model(fixed_point=dict(eval_f_tol=tol, eval_f_max_iter=400)).double().eval())
+    return make_contractive(make_model(fixed_point=dict(tol=tol, max_iter=400)).double().eval())
 
 
 def token_ids(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -108,7 +108,7 @@ def test_sequential_stop_is_per_sample():
 
 
 def test_budget_of_one_step_is_one_application_of_the_stack_from_zero():
-    model = make_model(fixed_point=dict(eval_f_max_iter=50, eval_f_tol=1e-9)).double().eval()
+    model = make_model(fixed_point=dict(max_iter=50, tol=1e-9)).double().eval()
     ids = token_ids(2, 5, seed=4)
     with torch.no_grad():
         embedded = model.embeddings(ids)
@@ -117,11 +117,11 @@ def test_budget_of_one_step_is_one_application_of_the_stack_from_zero():
         expected = F.linear(z1, model.embeddings.weight)[..., :VOCAB]
 
         one_step = model(ids, max_iter=1)
-        model.set_fixed_point_options(eval_f_max_iter=1)
+        model.set_fixed_point_options(max_iter=1)
         configured = model(ids)
 
     assert one_step.fixed_point.evaluations == 1 and configured.fixed_point.evaluations == 1
-    assert model.config.fixed_point["eval_f_max_iter"] == 1
+    assert model.config.fixed_point["max_iter"] == 1
     torch.testing.assert_close(one_step.logits, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(configured.logits, expected, rtol=1e-12, atol=1e-12)
 
@@ -192,7 +192,7 @@ def test_shifted_loss_is_next_token_cross_entropy():
 
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
 def test_training_reduces_loss_on_a_fixed_batch(implicit):
-    model = make_model(implicit, seed=9, fixed_point=dict(f_max_iter=4, f_tol=1e-12, phantom_steps=1)).train()
+    model = make_model(implicit, seed=9, fixed_point=dict(train_max_iter=4, train_tol=1e-12, phantom_steps=1)).train()
     ids = token_ids(4, 8, seed=10)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
@@ -217,7 +217,7 @@ def test_training_reduces_loss_on_a_fixed_batch(implicit):
     [
         (False, {}),
         (True, dict(unroll_steps=2)),
-        (True, dict(f_max_iter=2, phantom_steps=1)),
+        (True, dict(train_max_iter=2, phantom_steps=1)),
     ],
     ids=["explicit", "implicit-unroll", "implicit-phantom"],
 )
@@ -256,13 +256,13 @@ def test_sequential_training_with_grad_is_rejected():
 
 
 def test_unknown_fixed_point_key_in_config_is_rejected():
-    with pytest.raises(OptionError, match="did you mean 'f_max_iter'"):
-        make_config(fixed_point=dict(max_iter=8))
+    with pytest.raises(OptionError, match="did you mean 'train_max_iter'"):
+        make_config(fixed_point=dict(train_max_iters=8))
     with pytest.raises(OptionError, match="tau"):
         make_config(fixed_point=dict(tau=2.0))
     model = make_model()
-    with pytest.raises(OptionError, match="did you mean 'eval_f_tol'"):
-        model.set_fixed_point_options(eval_tol=1e-3)
+    with pytest.raises(OptionError, match="did you mean 'train_tol'"):
+        model.set_fixed_point_options(train_tols=1e-3)
 
 
 def test_invalid_label_alignment_is_rejected():

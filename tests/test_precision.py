@@ -70,7 +70,7 @@ def float64_models(tokenizer):
         torch.manual_seed(0)
         config = config_from_options(dict(
             architecture=family, vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, implicit=implicit,
-            initializer_range=0.1, fixed_point=dict(eval_f_max_iter=400, eval_f_tol=1e-12), **FAMILIES[family],
+            initializer_range=0.1, fixed_point=dict(max_iter=400, tol=1e-12), **FAMILIES[family],
         ))
         model = build_model(config).double().eval()
         models[family, implicit] = faster_contracting(make_contractive(model)) if implicit else model
@@ -290,7 +290,7 @@ def test_residual_norms_are_float32_sums_where_a_float16_sum_of_squares_overflow
     number (65,504); a float16 norm is infinite, and the solve would take every sample for
     diverged."""
     z0 = torch.zeros(2, 70_000, dtype=torch.float16)
-    solver = FixedPointSolver(FixedPointOptions(eval_f_max_iter=64))
+    solver = FixedPointSolver(FixedPointOptions(max_iter=64))
     z, stats = solver.solve_for_inference(lambda z: 0.5 * z + 1, z0, tol=1e-3)
     assert stats.rel_residual.dtype == torch.float32 and bool(torch.isfinite(stats.abs_residual).all())
     assert bool(stats.converged.all()) and not bool(stats.diverged.any())
@@ -307,7 +307,7 @@ def test_a_tolerance_below_the_precisions_floor_is_raised_to_it_and_the_solve_st
     """The default evaluation tolerance, 1e-3, is below bfloat16's floor: without the floor
     every bfloat16 solve would spin to its budget; with it, each stops in a few iterations,
     the stats say which tolerance was held, and one line (once, not at every solve) says why."""
-    solver = FixedPointSolver(FixedPointOptions(eval_f_max_iter=200))
+    solver = FixedPointSolver(FixedPointOptions(max_iter=200))
     z0 = torch.zeros(4, 512, dtype=dtype)
     monkeypatch.setattr(deq_solver, "_RAISED_TOLERANCES", set())  # as in a fresh process
     with caplog.at_level("WARNING", logger="implicitlm"):
@@ -327,7 +327,7 @@ def test_under_autocast_the_floor_is_the_autocast_dtypes():
     """Training with precision=bf16 runs float32 iterates through bfloat16 matrix products:
     the map's rounding, and so the floor, is bfloat16's."""
     weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) / 64
-    solver = FixedPointSolver(FixedPointOptions(f_max_iter=200))
+    solver = FixedPointSolver(FixedPointOptions(train_max_iter=200))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         z, stats = solver(lambda z: torch.tanh(z @ weight + 1), torch.zeros(2, 64), training=True, tol=1e-6)
     assert stats.tol == residual_floor(torch.bfloat16) and bool(stats.converged.all())

@@ -54,11 +54,11 @@ def test_counting_on_the_meta_device_counts_the_real_model():
 
 def test_variants_carry_the_authors_budgets():
     bounded = config_from_options(model_preset("mamba2-130m-bounded")).fixed_point_options
-    assert (bounded.f_max_iter, bounded.phantom_steps, bounded.tau, bounded.eval_f_max_iter) == (4, 1, 0.8, 16)
+    assert (bounded.train_max_iter, bounded.phantom_steps, bounded.tau, bounded.max_iter) == (4, 1, 0.8, 16)
     for name, iterations in [("mamba2-370m-free", 24), ("llama-370m-free", 32)]:
         free = config_from_options(model_preset(name)).fixed_point_options
-        assert (free.f_max_iter, free.phantom_steps, free.f_tol, free.f_stop_mode) == (iterations, 4, 0.05, "rel")
-        assert free.eval_f_max_iter == 4 * iterations
+        assert (free.train_max_iter, free.phantom_steps, free.train_tol, free.stop_mode) == (iterations, 4, 0.05, "rel")
+        assert free.max_iter == 4 * iterations
 
 
 def test_the_state_tracking_model():
@@ -67,12 +67,12 @@ def test_the_state_tracking_model():
     assert shape == (1, 256, 4, 64, 128)
     assert config.vocab_size == 60 and config.label_alignment == "aligned"
     options = config.fixed_point_options
-    assert (options.f_max_iter, options.phantom_steps, options.eval_f_max_iter) == (32, 4, 2048)
+    assert (options.train_max_iter, options.phantom_steps, options.max_iter) == (32, 4, 2048)
 
 
 def test_presets_are_fresh_copies():
-    model_preset("llama-130m-free")["fixed_point"]["f_max_iter"] = 1
-    assert model_preset("llama-130m-free")["fixed_point"]["f_max_iter"] == 32
+    model_preset("llama-130m-free")["fixed_point"]["train_max_iter"] = 1
+    assert model_preset("llama-130m-free")["fixed_point"]["train_max_iter"] == 32
 
 
 def test_unknown_preset_names_close_matches():
@@ -121,7 +121,7 @@ def test_catbabi_preset_gives_both_kinds_the_same_size(vocab_size):
     # One layer, as the paper's catbAbI anchor; the evaluation budget covers a whole window
     # in simultaneous mode, where a solve needs about the window's length in iterations.
     assert preset["model"]["num_hidden_layers"] == 1
-    assert preset["model"]["fixed_point"]["eval_f_max_iter"] > preset["train"]["sequence_length"]
+    assert preset["model"]["fixed_point"]["max_iter"] > preset["train"]["sequence_length"]
 
 
 # ---------------------------------------------------------------- registered and checkpoint presets

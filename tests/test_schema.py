@@ -255,7 +255,7 @@ option_values = st.one_of(
     st.lists(st.floats(0.1, 10), min_size=2, max_size=2),
     json_values,
 )
-fixed_point_names = st.sampled_from(["tau", "f_max_iter", "f_tol", "f_solver", "stop_mode", "eval_f_max_iter"])
+fixed_point_names = st.sampled_from(["tau", "train_max_iter", "train_tol", "solver", "stop_mode", "max_iter"])
 fixed_point_values = st.dictionaries(fixed_point_names, option_values, max_size=3)
 
 

@@ -50,7 +50,7 @@ class ToyProblem:
         rows = torch.tensor(rows)
         restrict = (lambda active: self.f(rows[active])) if restricted else None
         z0 = torch.zeros(len(rows), self.q.shape[0], dtype=torch.float64)
-        return FixedPointSolver(FixedPointOptions(f_solver=solver)).solve(self.f(rows), z0, max_iter, tol, restrict)
+        return FixedPointSolver(FixedPointOptions(solver=solver)).solve(self.f(rows), z0, max_iter, tol, restrict)
 
 
 def evaluations_per_sample(problem: ToyProblem, samples: int) -> list[int]:
@@ -154,7 +154,7 @@ def run_toy_sequence(samples: list[int], solver: str = "fixed_point_iter"):
     gen = torch.Generator().manual_seed(4)
     injection = torch.randn(4, 5, 6, generator=gen, dtype=torch.float64)[samples]
     state = ToyState(torch.zeros(len(samples), 6, dtype=torch.float64), torch.tensor(samples))
-    fp_solver = FixedPointSolver(FixedPointOptions(f_solver=solver))
+    fp_solver = FixedPointSolver(FixedPointOptions(solver=solver))
     with torch.no_grad():
         z, state, stats = solve_sequence(recurrence.step, injection, state, fp_solver, 6, 300, 1e-10,
                                          select_toy_rows, replace_toy_rows)
@@ -201,7 +201,7 @@ def contractive_model(architecture: str = "mamba2", tol: float = 1e-6, max_iter:
         else dict(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
     )
     options = dict(architecture=architecture, vocab_size=6, hidden_size=16, num_hidden_layers=1, implicit=True,
-                   fixed_point=dict(eval_f_max_iter=max_iter, eval_f_tol=tol), **sizes)
+                   fixed_point=dict(max_iter=max_iter, tol=tol), **sizes)
     return make_contractive(build_model(config_from_options(options)).double().eval())
 
 
@@ -218,7 +218,7 @@ def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
     reference = None
     with torch.no_grad():
         for solver in SOLVERS:
-            model.set_fixed_point_options(f_solver=solver)
+            model.set_fixed_point_options(solver=solver)
             for mode in MODES:
                 out = model(ids, mode=mode)
                 assert out.fixed_point.converged.all() and out.fixed_point.solver == solver, (solver, mode)
@@ -231,7 +231,7 @@ def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_a_sequences_answer_does_not_depend_on_its_batch(solver, mode):
     model = contractive_model(tol=1e-4)
-    model.set_fixed_point_options(f_solver=solver)
+    model.set_fixed_point_options(solver=solver)
     ids = token_ids(4, 5, seed=2)
     with torch.no_grad():
         batch = model(ids, mode=mode)
@@ -290,9 +290,9 @@ def test_simultaneous_model_passes_only_the_samples_still_running():
 def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path):
     model = contractive_model(tol=1e-4)
     inputs, _ = generate_words("S3", 6, 3, seed=1)
-    model.set_fixed_point_options(f_solver="safeguarded_anderson")
+    model.set_fixed_point_options(solver="safeguarded_anderson")
     iterations, residuals, max_iter, tol = token_iterations(model, inputs)
-    assert model.solver.options.f_solver == "safeguarded_anderson" and (residuals < tol).all()
+    assert model.solver.options.solver == "safeguarded_anderson" and (residuals < tol).all()
     summary = model(torch.as_tensor(inputs.astype("int64")), mode="sequential").fixed_point.summary()
     assert summary["fp_solver"] == "safeguarded_anderson" and summary["fp_row_evaluations"] > 0
     record = convergence_record(model, "random", convergence_summary(iterations, residuals, max_iter, tol), tmp_path, "t")
@@ -307,7 +307,7 @@ def test_convergence_command_takes_a_solver(tmp_path, capsys):
     assert main(common + ["--solver", "anderson", "--out", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "convergence.json").read_text())["solver"] == "anderson"
     assert main(common + ["--solver", "newton", "--out", str(tmp_path / "bad")]) == 2
-    assert "fixed-point option 'f_solver' must be one of" in capsys.readouterr().err
+    assert "fixed-point option 'solver' must be one of" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- a solver per mode
@@ -318,35 +318,35 @@ def test_each_mode_runs_its_own_solver_and_training_keeps_f_solver():
     ids = token_ids(2, 6)
 
     def solves(**options):
-        model.set_fixed_point_options(f_solver="fixed_point_iter", eval_f_solver="", sequential_f_solver="")
+        model.set_fixed_point_options(solver="fixed_point_iter", simultaneous_solver="", sequential_solver="")
         model.set_fixed_point_options(**options)
         with torch.no_grad():
             return {mode: model(ids, mode=mode).fixed_point for mode in MODES}
 
-    plain, anderson = solves(), solves(f_solver="safeguarded_anderson")
+    plain, anderson = solves(), solves(solver="safeguarded_anderson")
     assert anderson["sequential"].evaluations < plain["sequential"].evaluations  # the two differ here
-    mixed = solves(sequential_f_solver="safeguarded_anderson")
+    mixed = solves(sequential_solver="safeguarded_anderson")
     assert mixed["sequential"].solver == "safeguarded_anderson" and mixed["simultaneous"].solver == "fixed_point_iter"
     assert torch.equal(mixed["sequential"].iterations, anderson["sequential"].iterations)
     assert torch.equal(mixed["simultaneous"].iterations, plain["simultaneous"].iterations)
-    swapped = solves(eval_f_solver="safeguarded_anderson")
+    swapped = solves(simultaneous_solver="safeguarded_anderson")
     assert torch.equal(swapped["simultaneous"].iterations, anderson["simultaneous"].iterations)
     assert torch.equal(swapped["sequential"].iterations, plain["sequential"].iterations)
-    # Training solves with f_solver whatever the evaluation solvers say.
-    assert FixedPointOptions(eval_f_solver="anderson", sequential_f_solver="broyden").solver_for("training") \
+    # Training solves with solver whatever the evaluation solvers say.
+    assert FixedPointOptions(simultaneous_solver="anderson", sequential_solver="broyden").solver_for("training") \
         == "fixed_point_iter"
 
 
 def test_an_unknown_mode_solver_is_refused_by_name():
-    with pytest.raises(OptionError, match="fixed-point option 'sequential_f_solver' must be one of '', 'fixed_point_iter'"):
-        FixedPointOptions(sequential_f_solver="newton")
+    with pytest.raises(OptionError, match="fixed-point option 'sequential_solver' must be one of '', 'fixed_point_iter'"):
+        FixedPointOptions(sequential_solver="newton")
     with pytest.raises(ValueError, match="phase must be one of training, simultaneous, sequential"):
         FixedPointSolver(FixedPointOptions()).solve(lambda z: z, torch.zeros(1, 2), 3, 1e-3, phase="rnn")
 
 
 def test_words_eval_takes_a_solver_for_every_solve(tmp_path):
     model = contractive_model(tol=1e-4)
-    model.set_fixed_point_options(sequential_f_solver="broyden")
+    model.set_fixed_point_options(sequential_solver="broyden")
     model.save_pretrained(tmp_path / "model")
     assert main(["words", "eval", str(tmp_path / "model"), "--group", "S3", "--lengths", "6", "--count", "4",
                  "--mode", "sequential", "--solver", "safeguarded_anderson", "--out", str(tmp_path / "out"),

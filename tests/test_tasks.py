@@ -68,7 +68,7 @@ def assert_same(capsys, tmp_path, old: list[str], new: list[str]) -> dict:
 
 @pytest.mark.parametrize("evaluation, alias, options", [
     ("length", "eval", ["--multiples", "1,2", "--count", "16"]),
-    ("budget", "budget", ["--lengths", "12", "--count", "8", "--budgets", "1,4"]),
+    ("budget", "budget", ["--lengths", "12", "--count", "8", "--max-iter", "1,4"]),
     ("convergence", "convergence", ["--multiples", "1", "--count", "4", "--max-iter", "6"]),
 ])
 def test_words_aliases_print_and_write_what_eval_task_words_does(evaluation, alias, options, capsys, tmp_path, trained_s3):
@@ -80,7 +80,7 @@ def test_words_aliases_print_and_write_what_eval_task_words_does(evaluation, ali
 
 @pytest.mark.parametrize("evaluation, alias, options", [
     ("length", "eval", ["--split", "eval", "--lengths", "8,16", "--max-tokens", "64"]),
-    ("budget", "budget", ["--split", "eval", "--lengths", "16", "--budgets", "1,3"]),
+    ("budget", "budget", ["--split", "eval", "--lengths", "16", "--max-iter", "1,3"]),
     ("convergence", "convergence", ["--split", "eval", "--lengths", "16", "--max-iter", "4"]),
 ])
 def test_lm_aliases_print_and_write_what_eval_task_lm_does(evaluation, alias, options, capsys, tmp_path, catbabi_folder,
@@ -100,7 +100,7 @@ def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
     model = tiny_model(6, "aligned")
     model.save_pretrained(tmp_path / "model")
     task = make_task("words", tmp_path / "model", group="S3", lengths=[6, 12], count=8, seed=2, batch_size=4)
-    result = evaluate_by_length(task, mode="sequential", max_iter=3)
+    result = evaluate_by_length(task.solve_with(max_iter=3), mode="sequential")
     expected = [word_accuracy(model, *held_out_words("S3", n, 8, seed=2), mode="sequential", max_iter=3, batch_size=4)
                 for n in (6, 12)]
     assert result["rows"] == expected and result["files"] is None
@@ -111,7 +111,7 @@ def test_the_lm_task_rows_are_perplexity_by_length_rows(catbabi_folder, lm_check
     from implicitlm.models import load_model
 
     task = make_task("lm", lm_checkpoint, data=[catbabi_folder], split="eval", lengths=[8, 16], max_tokens=64)
-    result = evaluate_by_length(task, max_iter=4, tol=1e-2)
+    result = evaluate_by_length(task.solve_with(max_iter=4, tol=1e-2))
     shards = TokenShards(catbabi_folder, "eval")
     assert result["rows"] == perplexity_by_length(load_model(lm_checkpoint), shards, [8, 16], 8, 64, max_iter=4, tol=1e-2)
 

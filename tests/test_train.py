@@ -34,7 +34,7 @@ def test_curriculum_phases_switch_at_their_boundaries():
     assert names == ["unroll"] * 3 + ["bounded"] * 5 + ["free"] * 3  # the last phase holds past the end
     assert curriculum.total_steps == 10
     assert curriculum.boundaries() == [(0, "unroll"), (3, "bounded"), (8, "free")]
-    assert curriculum.phase_at(8).fixed_point == {"unroll_steps": 0, "f_max_iter": 24, "phantom_steps": 4, "f_tol": 0.05}
+    assert curriculum.phase_at(8).fixed_point == {"unroll_steps": 0, "train_max_iter": 24, "phantom_steps": 4, "train_tol": 0.05}
 
 
 def test_empty_phases_are_skipped():
@@ -43,8 +43,8 @@ def test_empty_phases_are_skipped():
 
 
 def test_phase_options_are_validated():
-    with pytest.raises(OptionError, match="f_max_iter"):
-        Phase("free", 3, {"max_iter": 24})
+    with pytest.raises(OptionError, match="did you mean 'train_max_iter'"):
+        Phase("free", 3, {"train_max_iters": 24})
     with pytest.raises(OptionError, match="negative"):
         Phase("free", -1)
 
@@ -52,13 +52,13 @@ def test_phase_options_are_validated():
 def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
     model = tiny_model()
     config = TrainConfig.for_task(
-        "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, bounded_iters=3,
-        free_iters=7, free_tol=1e-12, log_every=1,
+        "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, bounded_max_iter=3,
+        free_max_iter=7, free_tol=1e-12, log_every=1,
     )
     train(model, config, tmp_path, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["fp_evaluations"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
-    assert model.solver.options.f_max_iter == 7
+    assert model.solver.options.train_max_iter == 7
 
 
 def test_generated_batches_are_reproducible(tmp_path):
@@ -154,7 +154,7 @@ def test_warmup_wins_where_it_overlaps_the_decay():
 def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
     config = TrainConfig.for_task(
         "words", group="S3", sequence_length=5, batch_size=4, lr=0.01, min_lr=0.001, warmup_steps=0,
-        decay_fraction=0.5, total_steps=4, bounded_fraction=0.5, free_iters=5, log_every=1,
+        decay_fraction=0.5, total_steps=4, bounded_fraction=0.5, free_max_iter=5, log_every=1,
     )
     train(tiny_model(), config, tmp_path, progress=False)
     logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -206,7 +206,7 @@ def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path
 # ---------------------------------------------------------------- one trainer: former checkpoints, torchrun
 
 WORD_SETTINGS = {"group": "S3", "sequence_length": 6, "batch_size": 8, "lr": 0.01, "warmup_steps": 1, "log_every": 1,
-                 "total_steps": 4, "bounded_fraction": 0.5, "free_iters": 5, "free_phantom_steps": 2}
+                 "total_steps": 4, "bounded_fraction": 0.5, "free_max_iter": 5, "free_phantom_steps": 2}
 
 
 def as_former_word_checkpoint(run) -> None:
@@ -224,7 +224,7 @@ def as_former_word_checkpoint(run) -> None:
     bounded = round(settings["bounded_fraction"] * after_warm_up)
     former = {k: v for k, v in settings.items() if k in (
         "group", "batch_size", "hard_prob", "lr", "min_lr", "weight_decay", "warmup_steps", "decay_fraction",
-        "grad_clip", "seed", "unroll_steps", "unroll_depth", "bounded_iters", "bounded_phantom_steps", "free_iters",
+        "grad_clip", "seed", "unroll_steps", "unroll_depth", "bounded_max_iter", "bounded_phantom_steps", "free_max_iter",
         "free_phantom_steps", "free_tol", "log_every", "checkpoint_every", "precision", "compile")}
     former.update(train_length=settings["sequence_length"], bounded_steps=bounded, free_steps=after_warm_up - bounded)
     (run / "checkpoint" / "trainer.json").write_text(json.dumps({"step": meta["step"], "train": former, "data": None}))
@@ -282,7 +282,7 @@ def test_resume_accepts_the_runs_own_preset_and_refuses_another(tmp_path, capsys
     """``--resume --preset P`` with the preset the run started from continues it (a hostile
     probe found it refused); a preset that says otherwise is refused, naming the option."""
     preset = {"model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4, "head_dim": 8,
-                        "fixed_point": {"tau": 0.6, "eval_f_max_iter": 20}},
+                        "fixed_point": {"tau": 0.6, "max_iter": 20}},
               "train": {**WORD_SETTINGS, "total_steps": 2}}
     (tmp_path / "p.json").write_text(json.dumps(preset))
     start = ["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "p.json"), "--no-progress"]

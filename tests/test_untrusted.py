@@ -384,7 +384,7 @@ def test_weights_without_their_digest_load_with_one_warning(words_checkpoint, tm
 
 @pytest.mark.parametrize("key, value, hint", [
     ("hiden_size", 8, "did you mean 'hidden_size'?"),
-    ("fixed_piont", {"eval_f_max_iter": 64}, "did you mean 'fixed_point'?"),
+    ("fixed_piont", {"max_iter": 64}, "did you mean 'fixed_point'?"),
 ])
 def test_words_eval_refuses_an_unknown_key_in_config_json(words_checkpoint, tmp_path, capsys, key, value, hint):
     checkpoint = copy_of(words_checkpoint, tmp_path, {**saved_config(words_checkpoint), key: value})

@@ -89,7 +89,7 @@ def test_the_warm_start_is_the_import_of_the_same_weights_from_transformers():
 
 def test_an_implicit_model_started_from_an_implicit_one_computes_what_it_did():
     source = small_model("mamba2", implicit=True, seed=0)
-    fixed_point = {"eval_f_max_iter": 40, "eval_f_tol": 1e-3}
+    fixed_point = {"max_iter": 40, "tol": 1e-3}
     started = initialise_from(small_model("mamba2", implicit=True, seed=1, fixed_point=fixed_point), source)
     expected = logits(source, max_iter=6, tol=1e-6)
     # Equal to weight norm's rounding; the model before the start is far off.
@@ -119,7 +119,7 @@ def test_a_start_from_weights_that_do_not_fit_is_refused_by_name(target, source,
 
 def train_command(shards: Path, out: Path, *options: str) -> list[str]:
     settings = [f"sequence_length={SEQUENCE}", f"batch_size={BATCH}", f"batch_tokens={BATCH * SEQUENCE}",
-                "warmup_steps=0", "bounded_fraction=0", "free_iters=4", "free_phantom_steps=1", "checkpoint_every=0"]
+                "warmup_steps=0", "bounded_fraction=0", "free_max_iter=4", "free_phantom_steps=1", "checkpoint_every=0"]
     return ["train", "--data", str(shards), "--out", str(out), "--no-progress",
             *[arg for setting in settings for arg in ("--train", setting)], *options]
 

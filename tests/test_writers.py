@@ -59,7 +59,7 @@ TEXT = "\n".join(f"line {i}: the cat sat on the mat, and the dog ran to the door
 
 def tiny_model(vocab_size: int):
     torch.manual_seed(0)
-    options = {**TINY_MAMBA2, "vocab_size": vocab_size, "implicit": True, "fixed_point": {"eval_f_max_iter": 4}}
+    options = {**TINY_MAMBA2, "vocab_size": vocab_size, "implicit": True, "fixed_point": {"max_iter": 4}}
     return build_model(config_from_options({"architecture": "mamba2", **options})).eval()
 
 
@@ -83,14 +83,14 @@ def inputs(tmp_path_factory) -> SimpleNamespace:
     )).save_pretrained(root / "hf")
     (root / "records").mkdir()
     (root / "records" / "word_length.json").write_text(json.dumps(GOOD_RECORD))
-    demo = {"model": {**TINY_MAMBA2, "fixed_point": {"eval_f_max_iter": 4}},
+    demo = {"model": {**TINY_MAMBA2, "fixed_point": {"max_iter": 4}},
             "train": {"group": "Z3", "sequence_length": 6, "batch_size": 4, "log_every": 1},
             "implicit_train": {"total_steps": 1}, "explicit_train": {"total_steps": 1},
             "eval": {"length_multiples": [1], "count": 4, "sequential_count": 2}}
     (root / "demo.json").write_text(json.dumps(demo))
     # The standard library's first files; a loose tolerance keeps the held-out solves short.
     lm_demo = {"corpus": {"max_bytes": 6_000, "vocab_size": 280, "test_fraction": 0.2},
-               "model": {**TINY_MAMBA2, "fixed_point": {"eval_f_max_iter": 4, "eval_f_tol": 0.5}},
+               "model": {**TINY_MAMBA2, "fixed_point": {"max_iter": 4, "tol": 0.5}},
                "train": {"sequence_length": 8, "batch_size": 2, "batch_tokens": 16, "total_steps": 1,
                          "warmup_steps": 1, "eval_every": 1, "eval_batches": 1, "checkpoint_every": 1}}
     (root / "lm_demo.json").write_text(json.dumps(lm_demo))
@@ -125,7 +125,7 @@ def record(name: str) -> tuple[str, str]:
     return f"out/{name}.json", f"out/{name}.json"
 
 
-BUDGETS = ("--budgets", "1,2")
+BUDGETS = ("--max-iter", "1,2")
 CASES = {
     "demo": Case(lambda i, out: ["demo", "--preset", i.root / "demo.json", "--out", out / "out", "--no-progress"],
                  "out", "out/results.json"),

@@ -19,6 +19,7 @@ from .core.schema import POSITIVE, Rule, at_least, check_known_keys
 from .presets import KINDS
 from .core.run_folder import latest_checkpoint
 from .core.targets import exclusive_target
+from .tasks.word_scoring import raise_word_budget
 from .train.runs import word_model, word_train_config
 from .train.trainer import train
 
@@ -76,16 +77,23 @@ def _train_and_test(model, config, evaluation: DemoEval, staging: Path, out_dir:
     it will be once ``staging`` becomes ``out_dir``."""
     train(model, config, staging / kind, progress=progress, description=f"train {kind}")
     lengths = [config.sequence_length * m for m in evaluation.length_multiples]
-    budget = {"max_iter": evaluation.max_iter, "tol": evaluation.tol, "progress": progress}
+    if evaluation.max_iter is None:
+        raise_word_budget(model, max(lengths))
+    else:
+        model.set_fixed_point_options(max_iter=evaluation.max_iter, simultaneous_max_iter=0)
+    if evaluation.tol is not None:
+        model.set_fixed_point_options(tol=evaluation.tol)
     entry = {
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_steps": config.total_steps,
         "checkpoint": str(out_dir / latest_checkpoint(staging / kind).relative_to(staging)),
-        "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, **budget),
+        "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, progress=progress),
     }
     if model.config.implicit:
         # RNN mode on fewer words, which simultaneous mode solves too: the duality check.
-        both = agreement_by_length(model, config.group, lengths, evaluation.sequential_count, config.seed, **budget)
+        both = agreement_by_length(
+            model, config.group, lengths, evaluation.sequential_count, config.seed, progress=progress
+        )
         entry["sequential_by_length"] = [row["sequential"] for row in both]
         entry["mode_agreement"] = [
             {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both

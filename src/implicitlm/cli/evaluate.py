@@ -9,7 +9,7 @@ from pathlib import Path
 from .arguments import (
     add_overwrite_option, budget_list, float_list, fraction, int_list, non_negative_int, positive_int,
 )
-from .shared import add_budget_options, add_dtype_option, add_solver_flags, solver_flags
+from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
 
 TASKS = ("words", "lm", "catbabi")
 # The options of the tasks, as the library names them; one not given (None) takes the task's default.
@@ -68,8 +68,11 @@ def add_length(commands, name: str = "length", task: str | None = None, help: st
 
 def add_budget(commands, name: str = "budget", task: str | None = None, help: str | None = None) -> None:
     p = _parser(commands, name, "budget", task, help)
-    p.add_argument("--budgets", type=budget_list, default=[1, 2, 4, 8, 16, 32, 64], help="comma-separated max_iter values")
-    p.add_argument("--tols", type=float_list, default=None, help="comma-separated tolerances (default: the model's)")
+    # The sweep's own lists: apart from the flags of one budget, which fixed_point_settings reads.
+    p.add_argument("--max-iter", dest="swept_max_iter", type=budget_list, default=[1, 2, 4, 8, 16, 32, 64],
+                   help="comma-separated fixed-point budgets, each a point of the sweep")
+    p.add_argument("--tol", dest="swept_tol", type=float_list, default=None,
+                   help="comma-separated tolerances, a curve each (default: the model's)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("budget", task))
@@ -96,22 +99,20 @@ def add_aliases(commands, task: str) -> None:
 def _run_length(args) -> None:
     from ..eval.length import evaluate_by_length
 
-    _report(evaluate_by_length(_task(args), args.mode, args.max_iter, args.tol, solver_flags(args), args.out,
-                               progress=not args.no_progress, overwrite=args.overwrite))
+    _report(evaluate_by_length(_task(args), args.mode, args.out, progress=not args.no_progress, overwrite=args.overwrite))
 
 
 def _run_budget(args) -> None:
     from ..eval.budget import budget_by_task
 
-    _report(budget_by_task(_task(args), args.budgets, args.tols, args.mode, solver_flags(args), args.out,
+    _report(budget_by_task(_task(args), args.swept_max_iter, args.swept_tol, args.mode, args.out,
                            progress=not args.no_progress, overwrite=args.overwrite))
 
 
 def _run_convergence(args) -> None:
     from ..eval.convergence import convergence_by_task
 
-    _report(convergence_by_task(_task(args), args.max_iter, args.tol, solver_flags(args), args.out,
-                                progress=not args.no_progress, overwrite=args.overwrite))
+    _report(convergence_by_task(_task(args), args.out, progress=not args.no_progress, overwrite=args.overwrite))
 
 
 def _task(args):
@@ -119,7 +120,7 @@ def _task(args):
     from ..tasks import make_task
 
     options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
-    return make_task(args.task, args.checkpoint, dtype=args.dtype, **options)
+    return make_task(args.task, args.checkpoint, dtype=args.dtype, fixed_point=fixed_point_settings(args), **options)
 
 
 def _report(result) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .arguments import add_overwrite_option, add_run_options, non_negative_int, positive_float, positive_int
 from .shared import (
-    add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, apply_solver_flags,
-    check_resume_or_overwrite, print_run_summary, report_demo,
+    add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, check_resume_or_overwrite,
+    fixed_point_settings, print_run_summary, report_demo,
 )
 
 
@@ -109,10 +109,10 @@ def _score_downstream(args, make_table) -> None:
             print(f"warning: skipped {reason}", file=sys.stderr)
         tasks = list(local_sets)
     model = load_model(args.checkpoint)
-    apply_solver_flags(model, args)
+    model.set_fixed_point_options(**fixed_point_settings(args))
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    settings = {"mode": args.mode, "max_iter": args.max_iter, "tol": args.tol, "batch_size": args.batch_size,
-                "max_length": args.max_length, "device": args.device, "dtype": args.dtype}
+    settings = {"mode": args.mode, "batch_size": args.batch_size, "max_length": args.max_length, "device": args.device,
+                "dtype": args.dtype}
     try:
         results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
                             tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets, **settings)
@@ -124,5 +124,7 @@ def _score_downstream(args, make_table) -> None:
     if any(task in PAPER_TASKS for task in tasks):
         print(paper_table(results)[1])
     data = {"data_dir": str(args.data_dir), "skipped": skipped} if args.data_dir is not None else {"data_dir": None}
-    downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **data, **settings)
+    # The budget as solved: the model's own, or as --max-iter / --tol set it.
+    budget = dict(zip(("max_iter", "tol"), model.solver.options.budget(None, None, args.mode))) if model.config.implicit else {}
+    downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **data, **settings, **budget)
     print(f"results: {args.out / 'downstream.json'}, plot: {args.out / 'downstream.png'}")

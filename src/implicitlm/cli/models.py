@@ -9,7 +9,7 @@ from pathlib import Path
 from .arguments import (
     add_overwrite_option, key_value, non_negative_int, option_sections, options_epilog, position_list, positive_int,
 )
-from .shared import add_budget_options
+from .shared import add_budget_options, fixed_point_settings
 
 
 def add_models_list(commands) -> None:
@@ -132,7 +132,7 @@ def _run_jacobian(args) -> None:
     records = run_jacobian(
         args.models, args.out, layer=args.layer, coordinates=args.coordinates,
         positions=args.positions, length=args.length, count=args.count,
-        words=args.words, method=args.method, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
+        words=args.words, method=args.method, fixed_point=fixed_point_settings(args), seed=args.seed,
         progress=not args.no_progress, overwrite=args.overwrite,
     )
     print(f"{'model':<28}{'kind':<10}{'share mean':>12}{'median':>12}{'max':>12}")

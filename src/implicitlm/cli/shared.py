@@ -12,7 +12,7 @@ from .arguments import add_overwrite_option, iteration_budget, non_negative_int,
 
 
 def add_budget_options(p) -> None:
-    p.add_argument("--max-iter", type=iteration_budget, default=None, help="fixed-point budget (default: the model's eval budget)")
+    p.add_argument("--max-iter", type=iteration_budget, default=None, help="fixed-point budget (default: the model's max_iter)")
     p.add_argument("--tol", type=positive_float, default=None, help="fixed-point tolerance (default: the model's)")
 
 
@@ -22,26 +22,33 @@ def add_dtype_option(p) -> None:
 
 
 def add_solver_flags(p) -> None:
-    """How an evaluation's solves run, besides their budget: ``apply_solver_flags`` sets them."""
+    """How an evaluation's solves run, besides their budget: ``fixed_point_settings`` reads them."""
     p.add_argument("--fail-on-nonconvergence", action="store_true",
                    help="stop with exit code 1 if any sample or token misses the tolerance (default: count them)")
     p.add_argument("--chunk-length", type=non_negative_int, default=None,
                    help="simultaneous mode solves in chunks of this many tokens, carrying the state "
-                        "(0: the whole sequence; default: the model's eval_chunk_length, its training length)")
+                        "(0: the whole sequence; default: the model's chunk_length, its training length)")
     p.add_argument("--solver", default=None,
-                   help="fixed-point solver of every solve in this run, one of f_solver's (implicitlm options) "
+                   help="fixed-point solver of every solve in this run, one of solver's (implicitlm options) "
                         "(default: the model's, per mode)")
 
 
-def solver_flags(args) -> dict[str, Any]:
-    """The flags ``add_solver_flags`` adds, as ``tasks.base.configure_solver``'s keywords."""
-    return {"fail_on_nonconvergence": args.fail_on_nonconvergence, "chunk_length": args.chunk_length, "solver": args.solver}
-
-
-def apply_solver_flags(model, args) -> None:
-    from ..tasks.base import configure_solver
-
-    configure_solver(model, **solver_flags(args))
+def fixed_point_settings(args) -> dict[str, Any]:
+    """The fixed-point flags given (``add_budget_options``, ``add_solver_flags``), as the
+    ``FixedPointOptions`` fields they set on the model: the flag ``--max-iter`` is the field
+    ``max_iter``. A budget or solver given holds in both modes, so it clears the per-mode one."""
+    settings: dict[str, Any] = {}
+    if getattr(args, "max_iter", None) is not None:
+        settings.update(max_iter=args.max_iter, simultaneous_max_iter=0)
+    if getattr(args, "tol", None) is not None:
+        settings["tol"] = args.tol
+    if getattr(args, "chunk_length", None) is not None:
+        settings["chunk_length"] = args.chunk_length
+    if getattr(args, "solver", None) is not None:
+        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="")
+    if getattr(args, "fail_on_nonconvergence", False):
+        settings["nonconvergence"] = "error"
+    return settings
 
 
 def check_resume_or_overwrite(args) -> None:

@@ -16,6 +16,17 @@ from .errors import OptionError
 # The one checkpoint folder of a run of the former word trainer: ``RUN/checkpoint``.
 FORMER_WORD_CHECKPOINT = "checkpoint"
 
+# The fixed-point options as torchdeq spelt them (``f_`` the forward solve, ``eval_`` its
+# inference budget), and the curriculum's phase budgets as counts of "iters"; saved since
+# under the one vocabulary of deq.options (``max_iter`` / ``tol`` for inference).
+RENAMED_FIXED_POINT_OPTIONS = {
+    "f_solver": "solver", "f_max_iter": "train_max_iter", "f_tol": "train_tol", "f_stop_mode": "stop_mode",
+    "eval_f_max_iter": "max_iter", "eval_f_tol": "tol", "eval_f_solver": "simultaneous_solver",
+    "sequential_f_solver": "sequential_solver", "eval_chunk_length": "chunk_length",
+    "eval_nonconvergence": "nonconvergence",
+}
+RENAMED_PHASE_BUDGETS = {"bounded_iters": "bounded_max_iter", "free_iters": "free_max_iter"}
+
 # Training options the former trainers spelt otherwise; a preset or command that still
 # spells them so is refused with today's name.
 RENAMED_TRAINING_OPTIONS = {
@@ -23,6 +34,7 @@ RENAMED_TRAINING_OPTIONS = {
     "micro_batch_size": "batch_size",
     "bounded_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
     "free_steps": "total_steps with bounded_fraction (the bounded share of the steps after unroll_steps)",
+    **RENAMED_PHASE_BUDGETS,
 }
 
 
@@ -42,12 +54,30 @@ def former_word_checkpoint(run_dir: Path) -> Path | None:
     return former if former.is_dir() else None
 
 
+def fixed_point_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's ``fixed_point`` with today's names: a config saved before the one
+    vocabulary spelt them as torchdeq does. A key given under both names is refused."""
+    return _renamed(values, RENAMED_FIXED_POINT_OPTIONS, "fixed-point option")
+
+
+def _renamed(values: Mapping[str, Any], renamed: Mapping[str, str], what: str) -> dict[str, Any]:
+    current = dict(values)
+    for old, new in renamed.items():
+        if old in current:
+            if new in current:
+                raise OptionError(f"{what} given twice: '{old}' is the former name of '{new}'")
+            current[new] = current.pop(old)
+    return current
+
+
 def training_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A checkpoint's training settings (its ``trainer.json`` "train") as ``TrainConfig``
     spells them today, with the ``task``: today's carry it; the former LM trainer's spell
-    ``micro_batch_size``; the rest are the former word trainer's."""
+    ``micro_batch_size``; the rest are the former word trainer's. The phase budgets of
+    either are renamed (``free_iters`` is ``free_max_iter``)."""
+    settings = _renamed(settings, RENAMED_PHASE_BUDGETS, "training option")
     if "task" in settings:
-        return dict(settings)
+        return settings
     if "micro_batch_size" in settings:
         return former_lm_settings(settings)
     return former_word_settings(settings)

@@ -1,9 +1,17 @@
 """Validated options of the fixed-point solve and its gradient.
 
 torchdeq reads its options from a loose dict and silently drops keys it does not know
-(``stop_mode`` for ``f_stop_mode`` runs with the default and no warning). Every option
+(its ``stop_mode`` for ``f_stop_mode`` runs with the default and no warning). Every option
 here is declared, type-checked and range-checked, and an unknown key is an error that
 names the closest known one.
+
+These names are the one vocabulary of the fixed-point knobs: the command line's
+``--max-iter``, ``--tol``, ``--solver`` and ``--chunk-length``, a Python call's ``max_iter``
+and ``tol``, the ``fixed_point`` of a model's config, logs and records all say ``max_iter``,
+``tol``, ``solver`` and ``chunk_length`` for inference; training's own budget is
+``train_max_iter`` / ``train_tol`` (the curriculum's phases: ``bounded_max_iter``,
+``free_max_iter``). Configs saved under torchdeq's names (``eval_f_max_iter``, ``f_solver``
+...) are read by ``core.migrations.fixed_point_options``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ def evaluations(minimum: int) -> Rule:
 class FixedPointOptions(Options):
     """How to find the fixed point and how to differentiate through it.
 
-    Training runs ``f_max_iter`` solver steps without gradient, then ``phantom_steps``
+    Training runs ``train_max_iter`` solver steps without gradient, then ``phantom_steps``
     damped steps ``z <- tau f(z) + (1 - tau) z`` with autograd (phantom gradient), unless
     ``unroll_steps > 0``, which replaces both by a fully differentiable weight-tied unroll
     (the warm-up phase). Evaluation has its own budget, the test-time-compute knob.
@@ -43,105 +51,115 @@ class FixedPointOptions(Options):
     ``divergence_patience`` evaluations in a row is given up as diverged (patience 0:
     never). A converging sample's step may grow for a while (in simultaneous mode, while
     its later tokens catch up), but not a hundredfold beyond where it started.
-    ``eval_nonconvergence``: "report" (count the samples short of the tolerance in the
+    ``nonconvergence``: "report" (count the samples short of the tolerance in the
     stats) or "error" (raise NumericalFault); evaluation only, since training phases
     spend tiny budgets on purpose.
-    ``eval_f_solver`` / ``sequential_f_solver``: the solver of an evaluation in
+    ``simultaneous_solver`` / ``sequential_solver``: the solver of an evaluation in
     simultaneous mode (one fixed point per sequence or chunk) and in sequential mode (one
-    per token); empty: ``f_solver``. Which solver pays differs by mode: an accelerated
+    per token); empty: ``solver``. Which solver pays differs by mode: an accelerated
     solver's per-iteration cost is a small linear solve per sample, which a token step of
     a few small matrix products hardly notices and a short chunk of a small model may.
     ``jacobian_penalty``: in training, this weight times an estimate of
     ``||df/dz||_F^2 / numel(z)`` at the solution is added to the loss (Bai et al. 2021,
     "Stabilizing Equilibrium Models by Jacobian Regularization"): a map whose Jacobian is
     smaller contracts faster, so every later solve needs fewer evaluations. 0: off.
-    Every tolerance (``f_tol``, ``eval_f_tol``, a call's ``tol``) is raised to the
+    Every tolerance (``train_tol``, ``tol``, a call's ``tol``) is raised to the
     residual floor of the precision the map computes in (``solver.residual_floor``: twice
     its machine epsilon, 1.6e-2 in bfloat16, 2.0e-3 in float16): a half-precision map's
     rounding keeps the residual above its epsilon's order, and a lower tolerance would
     make every solve spin to its budget. The stats record the tolerance that was held, and
     one warning per process names a raised one.
-    ``eval_chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
+    ``chunk_length``: an evaluation in simultaneous mode solves a longer sequence in
     chunks of this many tokens, each from the state the previous chunk's fixed point left
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
     to the tolerance; the cost is not: a whole-sequence solve needs about as many
     iterations as the sequence has tokens, and re-solves settled tokens in every one.
-    Every budget (``f_max_iter``, ``eval_f_max_iter``, ``unroll_steps``, ``phantom_steps``,
+    Every budget (``train_max_iter``, ``max_iter``, ``unroll_steps``, ``phantom_steps``,
     a call's ``max_iter``) is at most ``MAX_EVALUATIONS`` (10,000) evaluations.
     """
 
-    f_solver: str = "fixed_point_iter"
-    f_max_iter: int = 4
-    f_tol: float = 1e-3
-    f_stop_mode: str = "rel"
+    solver: str = "fixed_point_iter"
+    train_max_iter: int = 4
+    train_tol: float = 1e-3
+    stop_mode: str = "rel"
     phantom_steps: int = 1
     tau: float = 0.8
     unroll_steps: int = 0
-    eval_f_max_iter: int = 16
-    eval_f_tol: float = 1e-3
+    max_iter: int = 16
+    simultaneous_max_iter: int = 0
+    tol: float = 1e-3
     divergence_patience: int = 16
     divergence_growth: float = 100.0
-    eval_nonconvergence: str = "report"
-    eval_chunk_length: int = 0
-    eval_f_solver: str = ""
-    sequential_f_solver: str = ""
+    nonconvergence: str = "report"
+    chunk_length: int = 0
+    simultaneous_solver: str = ""
+    sequential_solver: str = ""
     jacobian_penalty: float = 0.0
 
     WHAT = "fixed-point option"
     FIELD_RULES = {
-        "f_solver": one_of(*SOLVERS), "eval_f_solver": one_of("", *SOLVERS), "sequential_f_solver": one_of("", *SOLVERS),
-        "f_stop_mode": one_of(*STOP_MODES), "eval_nonconvergence": one_of("report", "error"),
-        "f_max_iter": evaluations(0), "eval_f_max_iter": evaluations(1), "phantom_steps": evaluations(1),
-        "unroll_steps": evaluations(0), "divergence_patience": at_least(0), "eval_chunk_length": at_least(0),
-        "f_tol": POSITIVE, "eval_f_tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
+        "solver": one_of(*SOLVERS), "simultaneous_solver": one_of("", *SOLVERS), "sequential_solver": one_of("", *SOLVERS),
+        "stop_mode": one_of(*STOP_MODES), "nonconvergence": one_of("report", "error"),
+        "train_max_iter": evaluations(0), "max_iter": evaluations(1), "simultaneous_max_iter": evaluations(0), "phantom_steps": evaluations(1),
+        "unroll_steps": evaluations(0), "divergence_patience": at_least(0), "chunk_length": at_least(0),
+        "train_tol": POSITIVE, "tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
         "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
     }
     FIELD_HELP = {
-        "f_solver": "solver: " + ", ".join(SOLVERS),
-        "eval_f_solver": "inference in simultaneous mode: solver (empty: f_solver)",
-        "sequential_f_solver": "inference in sequential (RNN) mode: solver (empty: f_solver)",
-        "f_max_iter": "training: solver iterations before the phantom-gradient steps",
-        "f_tol": "training: residual at which the solve stops",
-        "f_stop_mode": "residual measured relative to |f(z)| (rel) or absolute (abs)",
+        "solver": "solver: " + ", ".join(SOLVERS),
+        "simultaneous_solver": "inference in simultaneous mode: solver (empty: solver)",
+        "sequential_solver": "inference in sequential (RNN) mode: solver (empty: solver)",
+        "train_max_iter": "training: solver iterations before the phantom-gradient steps",
+        "train_tol": "training: residual at which the solve stops",
+        "stop_mode": "residual measured relative to |f(z)| (rel) or absolute (abs)",
         "phantom_steps": "training: damped steps with autograd after the solve",
         "tau": "damping of the phantom steps, z <- tau f(z) + (1 - tau) z",
         "unroll_steps": "training: a differentiable unroll of this many steps instead (0: phantom gradient)",
-        "eval_f_max_iter": "inference: most solver iterations (the test-time-compute knob)",
-        "eval_f_tol": "inference: residual at which the solve stops",
+        "max_iter": "inference: most solver iterations (the test-time-compute knob)",
+        "simultaneous_max_iter": "inference in simultaneous mode: most solver iterations of a sequence or chunk "
+                                 "(0: max_iter)",
+        "tol": "inference: residual at which the solve stops",
         "divergence_patience": "evaluations in a row above divergence_growth x the first residual before a sample "
                                "is given up as diverged (0: never)",
         "divergence_growth": "see divergence_patience",
-        "eval_nonconvergence": "inference: report (count unconverged samples) or error (raise)",
+        "nonconvergence": "inference: report (count unconverged samples) or error (raise)",
         "jacobian_penalty": "training: weight of the Jacobian penalty |df/dz|_F^2 / numel at the solution, for a map "
                             "that contracts faster (fewer solver iterations at inference; 0: off)",
-        "eval_chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
+        "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
 
     @classmethod
     def check_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:
         """A call's ``max_iter`` and ``tol`` (None: the options' own). ``max_iter`` is held to
-        the rule of the field it stands in for: ``f_max_iter`` in training (where 0
-        evaluations leave the phantom steps alone), ``eval_f_max_iter`` in an evaluation,
+        the rule of the field it stands in for: ``train_max_iter`` in training (where 0
+        evaluations leave the phantom steps alone), ``max_iter`` in an evaluation,
         which needs at least one. ``tol`` is a number >= 0 or infinite: 0 asks for the
         tightest the map's precision allows (its floor, ``solver.held_tolerance``); every
         residual meets an infinite one, so each solve stops at its first evaluation and counts
         as converged (a memory probe's one evaluation, which no convergence check should fail)."""
         if max_iter is not None:
-            field = "f_max_iter" if training else "eval_f_max_iter"
+            field = "train_max_iter" if training else "max_iter"
             check_field("argument", "max_iter", max_iter, int, cls.FIELD_RULES[field])
         if tol is not None and not (isinstance(tol, float) and tol == math.inf):
             check_field("argument", "tol", tol, float, NON_NEGATIVE)
 
-    def budget(self, max_iter: int | None, tol: float | None, training: bool = False) -> tuple[int, float]:
-        """A call's ``(max_iter, tol)``, each None filled from the options: the training
-        budget (``f_max_iter``, ``f_tol``) or the evaluation one (``eval_f_max_iter``,
-        ``eval_f_tol``). The one place a default budget is filled in."""
-        own_max_iter, own_tol = (self.f_max_iter, self.f_tol) if training else (self.eval_f_max_iter, self.eval_f_tol)
+    def budget(self, max_iter: int | None, tol: float | None, mode: str = "sequential") -> tuple[int, float]:
+        """A call's ``(max_iter, tol)``, each None filled from the options of ``mode``
+        ("training", "simultaneous" or "sequential", as ``solver_for``): training's own
+        (``train_max_iter``, ``train_tol``), or inference's (``max_iter``, ``tol``; a
+        simultaneous solve's ``simultaneous_max_iter`` where set). The one place a default
+        budget is filled in."""
+        if mode == "training":
+            own_max_iter, own_tol = self.train_max_iter, self.train_tol
+        else:
+            own_max_iter, own_tol = self.max_iter, self.tol
+            if mode == "simultaneous" and self.simultaneous_max_iter:
+                own_max_iter = self.simultaneous_max_iter
         return (own_max_iter if max_iter is None else max_iter, own_tol if tol is None else tol)
 
     def solver_for(self, mode: str) -> str:
         """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""
-        chosen = {"training": self.f_solver, "simultaneous": self.eval_f_solver,
-                  "sequential": self.sequential_f_solver}[mode]
-        return chosen or self.f_solver
+        chosen = {"training": self.solver, "simultaneous": self.simultaneous_solver,
+                  "sequential": self.sequential_solver}[mode]
+        return chosen or self.solver

@@ -7,7 +7,7 @@ the solver's own, per sample, so a sample's answer never depends on what else is
 batch. A sample frozen for token t is also left out of token t's further steps: they
 run on the rows still iterating, with their slices of u_t and the state.
 
-Every token's solve is an evaluation solve: with ``eval_nonconvergence="error"``, the
+Every token's solve is an evaluation solve: with ``nonconvergence="error"``, the
 sequence raises ``NumericalFault`` once all its tokens are solved, counting the tokens
 short of the tolerance.
 """
@@ -68,7 +68,7 @@ def solve_sequence(
         evaluations=evaluations,
         row_evaluations=row_evaluations,
         tol=tol,
-        stop_mode=solver.options.f_stop_mode,
+        stop_mode=solver.options.stop_mode,
         solver=solver.options.solver_for("sequential"),
     )
     solver.require_convergence(stats, max_iter, "tokens")

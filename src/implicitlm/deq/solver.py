@@ -23,7 +23,7 @@ it started. A non-finite image
 is never returned nor handed back to the solver, whose per-sample linear algebra would
 otherwise carry one sample's NaN into a batch-wide error; a sample that never had a
 finite image has nothing to return, and the solve raises ``NumericalFault``. In
-evaluation, ``eval_nonconvergence="error"`` makes any sample short of the tolerance a
+evaluation, ``nonconvergence="error"`` makes any sample short of the tolerance a
 ``NumericalFault`` as well.
 
 Frozen rows cost nothing when the caller can restrict ``f`` to a subset of rows
@@ -107,7 +107,7 @@ class FixedPointSolver:
         if opts.unroll_steps > 0:
             z, stats = self.unroll(f, z0, opts.unroll_steps)
         else:
-            z_star, stats = self.solve(f, z0, *opts.budget(max_iter, tol, training=True), restrict)
+            z_star, stats = self.solve(f, z0, *opts.budget(max_iter, tol, "training"), restrict)
             z = self._phantom(None, _damped(f), z_star.detach())[-1]
         if opts.jacobian_penalty > 0:
             stats.jacobian_penalty = opts.jacobian_penalty * jacobian_frobenius(f, z)
@@ -124,10 +124,10 @@ class FixedPointSolver:
         phase: str = "simultaneous",
         on_improved: ImprovedFn | None = None,
     ) -> tuple[torch.Tensor, FixedPointStats]:
-        """No-grad solve with the evaluation budget (``max_iter`` / ``tol`` override it).
-        ``check=False`` leaves ``require_convergence`` to a caller that may retry.
-        ``phase``: "simultaneous" (a sequence or chunk) or "sequential" (a token)."""
-        max_iter, tol = self.options.budget(max_iter, tol)
+        """No-grad solve with the evaluation budget of ``phase`` (``max_iter`` / ``tol``
+        override it). ``check=False`` leaves ``require_convergence`` to a caller that may
+        retry. ``phase``: "simultaneous" (a sequence or chunk) or "sequential" (a token)."""
+        max_iter, tol = self.options.budget(max_iter, tol, phase)
         z_star, stats = self.solve(f, z0, max_iter, tol, restrict, phase, on_improved)
         if check:
             self.require_convergence(stats, max_iter, "samples")
@@ -153,7 +153,7 @@ class FixedPointSolver:
         self.options.check_budget(max_iter, tol, training=phase == "training")
         if max_iter == 0:
             return z0, self._stats_without_solve(z0)
-        stop_mode = self.options.f_stop_mode
+        stop_mode = self.options.stop_mode
         tol = held_tolerance(tol, computed_dtype(z0))
         # The solver's iterates, and so its residual norms and its small linear solves
         # (Anderson, Broyden), in at least float32, whatever the model's precision: a
@@ -183,13 +183,12 @@ class FixedPointSolver:
             solver=self.options.solver_for(phase),
         )
 
-    def require_convergence(self, stats: FixedPointStats, max_iter: int | None, unit: str) -> None:
-        """With ``eval_nonconvergence="error"``: raise NumericalFault, in one line, if any of
+    def require_convergence(self, stats: FixedPointStats, max_iter: int, unit: str) -> None:
+        """With ``nonconvergence="error"``: raise NumericalFault, in one line, if any of
         the ``unit`` (samples, tokens) that ``stats`` describe missed the tolerance.
-        ``max_iter``: the budget they had (None: the evaluation budget)."""
-        max_iter, _ = self.options.budget(max_iter, None)
+        ``max_iter``: the budget they had."""
         missed = ~stats.converged
-        if self.options.eval_nonconvergence != "error" or not bool(missed.any()):
+        if self.options.nonconvergence != "error" or not bool(missed.any()):
             return
         raise NumericalFault(
             f"fixed point not reached for {int(missed.sum())} of {missed.numel()} {unit}: "
@@ -214,8 +213,8 @@ class FixedPointSolver:
             non_finite=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
             evaluations=steps,
             row_evaluations=steps * z0.shape[0],
-            tol=self.options.f_tol,
-            stop_mode=self.options.f_stop_mode,
+            tol=self.options.train_tol,
+            stop_mode=self.options.stop_mode,
             solver="unroll",
         )
 
@@ -229,9 +228,9 @@ class FixedPointSolver:
             non_finite=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
             evaluations=0,
             row_evaluations=0,
-            tol=self.options.f_tol,
-            stop_mode=self.options.f_stop_mode,
-            solver=self.options.f_solver,
+            tol=self.options.train_tol,
+            stop_mode=self.options.stop_mode,
+            solver=self.options.solver,
         )
 
 

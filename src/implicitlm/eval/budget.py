@@ -91,26 +91,30 @@ def budget_record(
 
 def budget_by_task(
     task: Task,
-    budgets: Iterable[int],
-    tols: Sequence[float | None] = (None,),
+    max_iter: Iterable[int],
+    tol: Sequence[float | None] = (None,),
     mode: str = "simultaneous",
-    solver: dict[str, Any] | None = None,
     out: str | Path = ".",
     progress: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """The budget sweep of ``task``'s test sets on an implicit checkpoint: its ``rows``, the
-    printed ``table`` and the ``files`` written in ``out`` (``<task.budget_experiment>.json``
-    and its figure: the task's ``quality`` against the budget, a curve per test length; a
-    record already there is refused, before the sweep, unless ``overwrite``).
-    ``solver``: ``configure_solver``'s keywords."""
+    """The sweep of ``task``'s test sets on an implicit checkpoint over every budget in
+    ``max_iter`` and tolerance in ``tol`` (None: the model's), the task's other
+    ``fixed_point`` settings held: its ``rows``, the printed ``table`` and the ``files``
+    written in ``out`` (``<task.budget_experiment>.json`` and its figure: the task's
+    ``quality`` against the budget, a curve per test length; a record already there is
+    refused, before the sweep, unless ``overwrite``)."""
     with claimed_records(out, [task.budget_experiment], overwrite):
-        model, test_sets = task.prepare("budget", solver)
+        model, test_sets = task.prepare("budget")
+        model_tol = model.solver.options.tol
 
-        def evaluate(max_iter, tol):
-            return [task.evaluate(model, s, mode=mode, max_iter=max_iter, tol=tol, warn=False) for s in test_sets]
+        def evaluate(budget, tolerance):
+            # A budget swept holds in both modes, as --max-iter does.
+            model.set_fixed_point_options(max_iter=budget, simultaneous_max_iter=0,
+                                          tol=model_tol if tolerance is None else tolerance)
+            return [task.evaluate(model, s, mode=mode, warn=False) for s in test_sets]
 
-        rows = budget_sweep(evaluate, budgets, tols or [None], progress=progress)
+        rows = budget_sweep(evaluate, max_iter, tol or [None], progress=progress)
         title = f"{task.budget_title} ({mode} mode)"
         budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title, mode=mode,
                       **task.details())

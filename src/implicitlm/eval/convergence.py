@@ -128,25 +128,22 @@ def convergence_record(
 
 def convergence_by_task(
     task: Task,
-    max_iter: int | None = None,
-    tol: float | None = None,
-    solver: dict[str, Any] | None = None,
     out: str | Path = ".",
     progress: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Per-token iterations of an implicit checkpoint on ``task``'s convergence inputs, in
-    sequential mode with the budget ``max_iter`` / ``tol`` (default: the model's), split into
-    hard and easy tokens where the task marks them. Returns the ``summary``, the printed
-    ``table`` and the ``files`` written in ``out`` (``convergence.json`` and its histogram;
-    a record already there is refused, before the solves, unless ``overwrite``).
-    ``solver``: ``configure_solver``'s keywords."""
+    sequential mode, solved as the task's ``fixed_point`` settings say (by default the
+    model's budget), split into hard and easy tokens where the task marks them. Returns
+    the ``summary``, the printed ``table`` and the ``files`` written in ``out``
+    (``convergence.json`` and its histogram; a record already there is refused, before the
+    solves, unless ``overwrite``)."""
     with claimed_records(out, [EXPERIMENT], overwrite):
-        model, inputs = task.prepare("convergence", solver)
+        model, inputs = task.prepare("convergence")
         iterations, residuals, hard = [], [], []
         for tokens, mask in inputs:
             counts, residual, used_max_iter, used_tol = token_iterations(
-                model, tokens, max_iter, tol, task.batch_size, progress
+                model, tokens, batch_size=task.batch_size, progress=progress
             )
             iterations.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
         masks = None if any(mask is None for mask in hard) else np.concatenate([mask.ravel() for mask in hard])

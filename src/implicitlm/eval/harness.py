@@ -108,7 +108,7 @@ class ImplicitLMHarness(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         """The settings lm-eval records in its results' "config" (the budget as used)."""
-        max_iter, tol = self.model.solver.options.budget(self.max_iter, self.tol)
+        max_iter, tol = self.model.solver.options.budget(self.max_iter, self.tol, self.mode)
         return {
             "model_name": self.model.name_or_path, "implicit": bool(self.model.config.implicit), "mode": self.mode,
             "max_iter": max_iter, "tol": tol, "max_length": self.max_length,

@@ -329,10 +329,12 @@ def plot_jacobians(records: list[dict[str, Any]], path: str | Path) -> Path:
 def run_jacobian(
     specs: Sequence[str], out_dir: str | Path, layer: int = 0, coordinates: int = 64,
     positions: Sequence[int] | None = None, length: int = 32, count: int = 4, words: str | None = None,
-    method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0, progress: bool = False,
+    method: str = "ift", fixed_point: dict[str, Any] | None = None, seed: int = 0, progress: bool = False,
     overwrite: bool = False,
 ) -> list[dict[str, Any]]:
-    """Analyse each model (``analysis_model`` specs) on the same tokens; returns the records.
+    """Analyse each model (``analysis_model`` specs) on the same tokens, solved as its own
+    fixed-point options say or as ``fixed_point`` sets them (``FixedPointOptions`` fields:
+    ``max_iter``, ``tol`` ...); returns the records.
 
     One model: ``<out>/jacobian.json`` and ``<out>/jacobian.png``. Several:
     ``<out>/<label>/jacobian.json`` and ``.png`` per model, and every heatmap side by side
@@ -341,7 +343,7 @@ def run_jacobian(
     """
     out_dir = Path(out_dir)
     positions = list(positions) if positions else default_positions(length)
-    settings = dict(layer=layer, method=method, max_iter=max_iter, tol=tol)
+    settings = dict(layer=layer, method=method)
     details = dict(positions=positions, length=length, count=count, tokens=f"words:{words}" if words else "random", seed=seed)
     folders = {label: out_dir if len(specs) == 1 else out_dir / label for label in _labels(specs)}
     outputs = [file for folder in folders.values() for file in record_files(folder, EXPERIMENT)]
@@ -349,11 +351,13 @@ def run_jacobian(
     with claimed_outputs([*outputs, record_files(out_dir, EXPERIMENT)[1]], overwrite):
         for spec, (label, folder) in zip(specs, folders.items()):
             model = analysis_model(spec, seed)
+            model.set_fixed_point_options(**(fixed_point or {}))
             _require_sequences(model, count, length)
             ids = analysis_tokens(model, length, count, seed, words)
             analysis = jacobian_analysis(model, ids, positions, coordinates=coordinates, seed=seed, progress=progress,
                                          **settings)
-            record = jacobian_record(spec, model, analysis, label, **settings, **details)
+            budget = dict(zip(("max_iter", "tol"), model.solver.options.budget(None, None)))
+            record = jacobian_record(spec, model, analysis, label, **settings, **budget, **details)
             write_record(folder, record)
             if len(specs) > 1:
                 plot_jacobians([record], record_files(folder, EXPERIMENT)[1])

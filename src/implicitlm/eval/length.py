@@ -23,50 +23,44 @@ from .words import word_length_record
 def evaluate_by_length(
     task: Task,
     mode: str = "simultaneous",
-    max_iter: int | None = None,
-    tol: float | None = None,
-    solver: dict[str, Any] | None = None,
     out: str | Path | None = None,
     progress: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """``task``'s rows at each of its test lengths, with the budget ``max_iter`` / ``tol``
-    (default: the model's), the solver settings ``solver`` (``configure_solver``'s keywords).
-    Returns ``rows``, the printed ``table`` and, with ``out``, the ``files`` written there
-    (the task's record and its figure; a record already there is refused, before the
-    evaluation, unless ``overwrite``)."""
+    """``task``'s rows at each of its test lengths, solved as its ``fixed_point`` settings
+    say (``Task.solve_with``; by default the model's own). Returns ``rows``, the printed
+    ``table`` and, with ``out``, the ``files`` written there (the task's record and its
+    figure; a record already there is refused, before the evaluation, unless ``overwrite``)."""
     with contextlib.nullcontext() if out is None else claimed_records(out, [task.experiment], overwrite):
-        model, test_sets = task.prepare("length", solver)
+        model, test_sets = task.prepare("length")
         rows = [
-            task.evaluate(model, test_set, mode=mode, max_iter=max_iter, tol=tol, progress=progress)
+            task.evaluate(model, test_set, mode=mode, progress=progress)
             for test_set in tqdm(test_sets, desc="eval", disable=not progress)
         ]
-        files = write_length_record(task, model, rows, out, mode, max_iter, tol) if out is not None else None
+        files = write_length_record(task, model, rows, out, mode) if out is not None else None
     return {"rows": rows, "table": task.format_rows(rows), "files": files}
 
 
-def write_length_record(
-    task: Task, model, rows: list[dict[str, Any]], out: str | Path, mode: str, max_iter: int | None, tol: float | None
-) -> tuple[Path, Path]:
+def write_length_record(task: Task, model, rows: list[dict[str, Any]], out: str | Path, mode: str) -> tuple[Path, Path]:
     """Each task's own record of a length evaluation (``word_length``, ``lm_length``,
     ``catbabi``): the JSON file and its figure."""
     writer = next((LENGTH_RECORDS[kind] for kind in type(task).__mro__ if kind in LENGTH_RECORDS), None)
     if writer is None:
         raise OptionError(f"--out: no length record for task {task.name!r}")
-    writer(task, model, rows, out, mode, max_iter, tol)
+    writer(task, model, rows, out, mode)
     return record_files(out, task.experiment)
 
 
 # The writer of each task's length record. They live here, not on the task: the records and
 # their figures are eval's, and tasks/ sits below eval/.
 LENGTH_RECORDS = {
-    WordsTask: lambda task, model, rows, out, mode, max_iter, tol: word_length_record(
+    WordsTask: lambda task, model, rows, out, mode: word_length_record(
         model, task.checkpoint, rows, out, task.group, mode, task.train_length
     ),
-    LMTask: lambda task, model, rows, out, mode, max_iter, tol: lm_length_record(
+    LMTask: lambda task, model, rows, out, mode: lm_length_record(
         model, task.checkpoint, rows, out, mode, task.train_length
     ),
-    CatbabiTask: lambda task, model, rows, out, mode, max_iter, tol: write_catbabi_results(
-        out, task.checkpoint, model, rows[0], **task.record_settings(mode, max_iter, tol)
+    CatbabiTask: lambda task, model, rows, out, mode: write_catbabi_results(
+        out, task.checkpoint, model, rows[0], **task.record_settings(mode)
     ),
 }

@@ -9,6 +9,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from ..core.migrations import fixed_point_options
 from ..deq.options import FixedPointOptions
 from ..core.schema import NON_NEGATIVE, POSITIVE, at_least, check_fields, one_of, option_error
 
@@ -50,7 +51,7 @@ class ImplicitLMConfig(PretrainedConfig):
         "layer_norm_epsilon": "RMSNorm epsilon",
         "initializer_range": "std of the normal initialisation of embeddings (and Llama's linear layers)",
         "label_alignment": "shifted (next-token labels) or aligned (label t belongs to token t: word problems)",
-        "fixed_point": "a JSON object of fixed-point options (below), e.g. fixed_point='{\"eval_f_max_iter\": 64}'",
+        "fixed_point": "a JSON object of fixed-point options (below), e.g. fixed_point='{\"max_iter\": 64}'",
         "tie_word_embeddings": "read logits off the embedding matrix (false: a head of its own)",
     }
 
@@ -61,7 +62,7 @@ class ImplicitLMConfig(PretrainedConfig):
         fixed_point: dict[str, Any] | None = None, tie_word_embeddings: bool = True, **kwargs: Any,
     ) -> None:
         set_arguments(self, ImplicitLMConfig, locals())
-        self.fixed_point = FixedPointOptions.from_dict(fixed_point or {}).to_dict()
+        self.fixed_point = FixedPointOptions.from_dict(fixed_point_options(fixed_point or {})).to_dict()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     def check_consistency(self) -> None:

@@ -119,7 +119,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both
         inference modes, whatever the per-mode options said."""
-        self.set_fixed_point_options(f_solver=name, eval_f_solver="", sequential_f_solver="")
+        self.set_fixed_point_options(solver=name, simultaneous_solver="", sequential_solver="")
 
     @contextlib.contextmanager
     def track_convergence(self, tally: ConvergenceTally | None = None) -> Iterator[ConvergenceTally]:
@@ -187,7 +187,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         transformers' models take it; ``generate`` asks for the last one.
         ``chunk_length``: in an evaluation in simultaneous mode, solve in chunks of this
         many tokens, carrying the state (0: the whole sequence; default the solver options'
-        ``eval_chunk_length``). ``fixed_point`` then describes each sample's chunks together.
+        ``chunk_length``). ``fixed_point`` then describes each sample's chunks together.
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = _transformers_options(kwargs)

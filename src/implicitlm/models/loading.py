@@ -67,7 +67,7 @@ def model_options_help() -> str:
         cls = family.config_class
         sections.append(option_help(f"architecture={family.architecture}:", _own_defaults(cls), cls.FIELD_HELP))
     sections.append(option_help(
-        "fixed_point (a JSON object: --model 'fixed_point={\"eval_f_max_iter\": 64}'):",
+        "fixed_point (a JSON object: --model 'fixed_point={\"max_iter\": 64}'):",
         dataclass_defaults(FixedPointOptions), FixedPointOptions.FIELD_HELP,
     ))
     return "\n".join(sections)

@@ -19,7 +19,7 @@ class StackPasses:
         """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
         implicit model's evaluation chunks: training differentiates through one solve."""
         if chunk_length is None:
-            chunk_length = self.solver.options.eval_chunk_length
+            chunk_length = self.solver.options.chunk_length
         elif isinstance(chunk_length, bool) or not isinstance(chunk_length, int) or chunk_length < 0:
             raise OptionError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
         return chunk_length if self.config.implicit and not self.training else 0
@@ -29,7 +29,7 @@ class StackPasses:
         retrying: bool = False,
     ):
         """``retrying``: a retry inside a chunked solve, whose convergence the outer solve
-        checks once all its retries are done (``eval_nonconvergence="error"``)."""
+        checks once all its retries are done (``nonconvergence="error"``)."""
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
@@ -41,6 +41,7 @@ class StackPasses:
         # row's real tokens then fall into the same chunks as they would alone, whatever the
         # padding, so a row's answer does not depend on its batch.
         length = embedded.shape[1]
+        max_iter, tol = self.solver.options.budget(max_iter, tol, "simultaneous")
         bounds = [0, *range(length % chunk_length or chunk_length, length + 1, chunk_length)]
         pieces, chunk_stats = [], []
         for start, end in zip(bounds, bounds[1:]):

@@ -56,7 +56,7 @@ def variant_fixed_point(variant: str, architecture: str) -> dict[str, Any]:
         # (1e-3) stays, and stopping there changes z* by about that much.
         return _budget(iterations=4, phantom_steps=1)
     free = _budget(iterations=FREE_ITERATIONS[architecture], phantom_steps=4)
-    return free | {"f_tol": FREE_TOL, "eval_f_tol": FREE_TOL}
+    return free | {"train_tol": FREE_TOL, "tol": FREE_TOL}
 
 
 def preset_summary(name: str) -> dict[str, Any]:
@@ -69,8 +69,8 @@ def preset_summary(name: str) -> dict[str, Any]:
         "architecture": options["architecture"],
         "layers": options["num_hidden_layers"],
         "d_model": options["hidden_size"],
-        "variant": f"{variant} ({fixed_point['f_max_iter']}+{fixed_point['phantom_steps']})" if implicit else variant,
-        "eval_iterations": fixed_point["eval_f_max_iter"] if implicit else None,
+        "variant": f"{variant} ({fixed_point['train_max_iter']}+{fixed_point['phantom_steps']})" if implicit else variant,
+        "eval_iterations": fixed_point["max_iter"] if implicit else None,
         "parameters": count_parameters(name),
     }
 
@@ -88,11 +88,11 @@ def count_parameters(name: str) -> int:
 
 def _budget(iterations: int, phantom_steps: int) -> dict[str, Any]:
     return {
-        "f_max_iter": iterations,
+        "train_max_iter": iterations,
         "phantom_steps": phantom_steps,
         "tau": TAU,
-        "f_stop_mode": "rel",
-        "eval_f_max_iter": EVAL_FACTOR * iterations,
+        "stop_mode": "rel",
+        "max_iter": EVAL_FACTOR * iterations,
     }
 
 

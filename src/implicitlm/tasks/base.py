@@ -18,6 +18,7 @@ import torch
 
 from ..core.errors import OptionError
 from ..core.run_folder import training_settings
+from ..deq.options import FixedPointOptions
 from ..models import load_model
 
 EVALUATIONS = ("length", "budget", "convergence")
@@ -44,6 +45,15 @@ class Task(ABC):
         self.checkpoint = Path(checkpoint)
         self.batch_size = self.BATCH_SIZE if batch_size is None else batch_size
         self.model = None
+        # Set on the model when it loads: ``FixedPointOptions`` fields, the budget among them.
+        self.fixed_point: dict[str, Any] = {}
+
+    def solve_with(self, **fixed_point: Any) -> "Task":
+        """Evaluate with these ``FixedPointOptions`` fields set on the model (``max_iter=64``,
+        ``tol``, ``solver``, ``chunk_length`` ...): checked now, before anything is read."""
+        FixedPointOptions().replace(**self.fixed_point, **fixed_point)
+        self.fixed_point.update(fixed_point)
+        return self
 
     def require(self, evaluation: str) -> None:
         """Refuse, in one line, an evaluation that makes no sense for this task."""
@@ -54,21 +64,21 @@ class Task(ABC):
         return ""
 
     def load(self):
-        """The checkpoint's model, the task's options settled against its training settings."""
+        """The checkpoint's model, its fixed-point options set (``solve_with``), the task's
+        options settled against its training settings."""
         self.model = load_model(self.checkpoint, dtype=self.dtype)
+        self.model.set_fixed_point_options(**self.fixed_point)
         self.resolve()
         return self.model
 
-    def prepare(self, evaluation: str, solver: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
+    def prepare(self, evaluation: str) -> tuple[Any, list[Any]]:
         """(model, data) for ``evaluation``: the model loaded, the task's data (its test sets, or
         for convergence its token arrays and masks), an implicit model where the evaluation needs
-        one, and the solver set up by ``solver`` (``configure_solver``'s keywords)."""
+        one."""
         self.require(evaluation)
         model = self.load()
         if evaluation in NEEDS_IMPLICIT:
             require_implicit(model, NEEDS_IMPLICIT[evaluation])
-        # Before the data: what a test set's evaluation takes depends on the chunk length.
-        configure_solver(model, **(solver or {}))
         data = self.convergence_inputs() if evaluation == "convergence" else self.evaluation_sets()
         return model, data
 
@@ -86,12 +96,10 @@ class Task(ABC):
         """The test data, one set per test length, in the order of the rows."""
 
     @abstractmethod
-    def evaluate(
-        self, model, test_set: Any, mode: str = "simultaneous", max_iter: int | None = None, tol: float | None = None,
-        warn: bool = True, progress: bool = False,
-    ) -> dict[str, Any]:
+    def evaluate(self, model, test_set: Any, mode: str = "simultaneous", warn: bool = True, progress: bool = False
+                 ) -> dict[str, Any]:
         """One row of metrics on ``test_set``, with its ``length`` and, for implicit models,
-        the fixed-point iterations and the misses of the tolerance. ``warn``: log a line when
+        the fixed-point iterations (with the model's budget) and the misses of the tolerance. ``warn``: log a line when
         fixed points missed it (a budget sweep, whose table shows them, turns it off);
         ``progress``: a bar inside the set's evaluation, where the task has one."""
 
@@ -134,20 +142,6 @@ class FolderTask(Task):
 def require_implicit(model, what: str) -> None:
     if not model.config.implicit:
         raise OptionError(f"{what} needs an implicit model; this checkpoint is explicit")
-
-
-def configure_solver(
-    model, fail_on_nonconvergence: bool = False, chunk_length: int | None = None, solver: str | None = None
-) -> None:
-    """How an evaluation's solves run, besides their budget: stop at the first fixed point
-    above the tolerance (else count them), solve in chunks of ``chunk_length`` tokens (0: the
-    whole sequence), run ``solver`` in every solve."""
-    if fail_on_nonconvergence:
-        model.set_fixed_point_options(eval_nonconvergence="error")
-    if chunk_length is not None:
-        model.set_fixed_point_options(eval_chunk_length=chunk_length)
-    if solver is not None:
-        model.use_solver(solver)
 
 
 def missed_cell(row: dict[str, Any]) -> str:

@@ -158,17 +158,19 @@ class CatbabiTask(FolderTask):
     def evaluation_sets(self) -> list[int]:
         return [self.sequence_length]
 
-    def evaluate(self, model, test_set, mode="simultaneous", max_iter=None, tol=None, warn=True, progress=False):
+    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
         result = answer_accuracy(
-            model, self.data, self.split, test_set, self.stride, mode, max_iter, tol, self.batch_size, progress, warn
+            model, self.data, self.split, test_set, self.stride, mode, batch_size=self.batch_size, progress=progress,
+            warn=warn,
         )
         return {"length": test_set, **result}
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         return "\n".join(format_task_table(row) for row in rows)
 
-    def record_settings(self, mode: str, max_iter: int | None, tol: float | None) -> dict[str, Any]:
-        """The settings ``catbabi.json`` records beside the accuracies."""
+    def record_settings(self, mode: str) -> dict[str, Any]:
+        """The settings ``catbabi.json`` records beside the accuracies: the budget as solved."""
+        max_iter, tol = self.model.solver.options.budget(None, None, mode)
         return {"data": str(self.data), "split": self.split, "sequence_length": self.sequence_length, "mode": mode,
                 "max_iter": max_iter, "tol": tol}
 

@@ -141,10 +141,8 @@ class LMTask(FolderTask):
     def evaluation_sets(self) -> list[int]:
         return list(self.lengths)
 
-    def evaluate(self, model, test_set, mode="simultaneous", max_iter=None, tol=None, warn=True, progress=False):
-        return perplexity_at_length(
-            model, self.shards, test_set, self.batch_size, self.max_tokens, mode=mode, max_iter=max_iter, tol=tol, warn=warn
-        )
+    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+        return perplexity_at_length(model, self.shards, test_set, self.batch_size, self.max_tokens, mode=mode, warn=warn)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         lines = [f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}"]

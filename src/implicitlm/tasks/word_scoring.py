@@ -28,17 +28,25 @@ SIMULTANEOUS_BUDGET_MARGIN = 32
 def simultaneous_budget(model, length: int) -> int:
     """The evaluation budget of a simultaneous solve over words of ``length`` tokens: the
     model's own, or twice the length plus a margin where that is more; a model that solves
-    in chunks (``eval_chunk_length``) needs that for a chunk's length only. Converged words
+    in chunks (``chunk_length``) needs that for a chunk's length only. Converged words
     stop early, so a generous budget costs only where it is needed."""
     return max(
-        model.solver.options.eval_f_max_iter,
+        model.solver.options.max_iter,
         SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once(model, length) + SIMULTANEOUS_BUDGET_MARGIN,
     )
 
 
+def raise_word_budget(model, longest: int) -> None:
+    """Give an implicit model's simultaneous solves the budget that words of ``longest``
+    tokens need (``simultaneous_budget``) as its ``simultaneous_max_iter``: its own
+    ``max_iter`` may be a training length's."""
+    if model.config.implicit:
+        model.set_fixed_point_options(simultaneous_max_iter=simultaneous_budget(model, longest))
+
+
 def solved_at_once(model, length: int) -> int:
     """How many tokens of a ``length``-token word one simultaneous solve takes: a chunk's worth."""
-    return min(length, model.solver.options.eval_chunk_length or length)
+    return min(length, model.solver.options.chunk_length or length)
 
 
 # Tokens one forward of a word evaluation reads (words per batch times positions per window):
@@ -56,7 +64,7 @@ def evaluation_window(model, modes: tuple[str, ...], length: int, rows: int) -> 
     ``modes``, the state carried from window to window. A simultaneous solve in chunks reads
     whole chunks (windows are counted back from the end, as the chunks are, so the answers
     are those of one forward over the whole words); one over the whole sequence
-    (``eval_chunk_length`` 0) reads all of it."""
+    (``chunk_length`` 0) reads all of it."""
     if "simultaneous" in modes and model.config.implicit:
         chunk = solved_at_once(model, length)
         return min(length, chunk * max(1, WINDOW_TOKENS // (rows * chunk)))
@@ -88,8 +96,9 @@ def word_accuracy(
     ``targets`` (arrays), or a ``WordWindows`` set, read a window at a time
     (``evaluation_window``) in memory that does not grow with their length.
 
-    Budget: ``max_iter`` if given; else in simultaneous mode ``simultaneous_budget`` (it
-    grows with the length), in sequential mode the model's per-token evaluation budget.
+    Budget: ``max_iter`` / ``tol`` if given, else the model's for ``mode`` (a simultaneous
+    solve over words longer than the model's budget needs ``simultaneous_budget``: the
+    words task sets it as ``simultaneous_max_iter``).
     ``warn``: log a one-line warning when fixed points stopped above the tolerance (a
     budget sweep, which shows the share itself, turns it off); ``progress``: a bar over the
     windows."""
@@ -156,8 +165,6 @@ class WordScore:
     def __init__(self, model, mode: str, max_iter: int | None, tol: float | None, length: int, last: int = 10):
         if length < 2:
             raise OptionError("word accuracy needs words of at least 2 tokens: token 1's label is its input")
-        if max_iter is None and mode == "simultaneous" and model.config.implicit:
-            max_iter = simultaneous_budget(model, length)
         self.model, self.mode, self.max_iter, self.tol, self.length, self.last = model, mode, max_iter, tol, length, last
         self.states: dict[int, Any] = {}
         self.chained: dict[int, FixedPointStats] = {}
@@ -204,9 +211,9 @@ class WordScore:
             "accuracy": self.hits / (self.words * (self.length - 1)),
         }
         if self.tally.fixed_points:
-            row["fp_max_iter"], row["fp_tol"] = self.model.solver.options.budget(self.max_iter, self.tol)
+            row["max_iter"], row["tol"] = self.model.solver.options.budget(self.max_iter, self.tol, self.mode)
             if self.mode == "simultaneous":
-                row["fp_chunk_length"] = solved_at_once(self.model, self.length)
+                row["chunk_length"] = solved_at_once(self.model, self.length)
             row["fp_iterations_mean"] = self.iterations / self.tally.fixed_points
             row["fp_rel_residual_mean"] = self.rel_residual / self.tally.fixed_points
             row.update(self.tally.as_dict())

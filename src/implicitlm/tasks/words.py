@@ -19,7 +19,7 @@ from ..data.groups import get_group
 from ..data.word_storage import load_words
 from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
 from .base import Task, missed_cell
-from .word_scoring import evaluation_bytes, word_accuracy
+from .word_scoring import evaluation_bytes, raise_word_budget, word_accuracy
 
 # Test words come from seeds far from any training step's seed sequence.
 TEST_SEED_OFFSET = 1_000_000_007
@@ -89,10 +89,19 @@ class WordsTask(Task):
         count = count if self.count is None else self.count
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
-    def evaluate(self, model, test_set, mode="simultaneous", max_iter=None, tol=None, warn=True, progress=False):
+    def prepare(self, evaluation: str) -> tuple[Any, list[Any]]:
+        """As ``Task.prepare``; where no budget was given, a simultaneous solve gets the budget
+        the longest test words need (``simultaneous_budget``): the model's own may be a
+        training length's."""
+        model, data = super().prepare(evaluation)
+        if "max_iter" not in self.fixed_point and evaluation != "convergence":
+            raise_word_budget(model, max(test_set.length for test_set in data))
+        return model, data
+
+    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
         require(f"{test_set.count} test words of length {test_set.length:,}",
                 evaluation_bytes(model, test_set, mode, self.batch_size))
-        return word_accuracy(model, test_set, None, mode, max_iter, tol, self.batch_size, warn=warn, progress=progress)
+        return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         # Token 1 is left out of "all": its label is its input.

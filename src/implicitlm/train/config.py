@@ -42,9 +42,9 @@ class TrainConfig(Options):
     unroll_steps: int = 0
     unroll_depth: int = 16
     bounded_fraction: float = 0.9
-    bounded_iters: int = 4
+    bounded_max_iter: int = 4
     bounded_phantom_steps: int = 1
-    free_iters: int = 24
+    free_max_iter: int = 24
     free_phantom_steps: int = 4
     free_tol: float = 0.05
     precision: str = "auto"
@@ -68,8 +68,8 @@ class TrainConfig(Options):
         "betas": Rule("in [0, 1)", lambda betas: all(0 <= beta < 1 for beta in betas)),
         "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "decay_fraction": UNIT_INTERVAL,
         "grad_clip": POSITIVE, "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1),
-        "bounded_fraction": UNIT_INTERVAL, "bounded_iters": evaluations(0),
-        "bounded_phantom_steps": evaluations(1), "free_iters": evaluations(0), "free_phantom_steps": evaluations(1), "free_tol": POSITIVE,
+        "bounded_fraction": UNIT_INTERVAL, "bounded_max_iter": evaluations(0),
+        "bounded_phantom_steps": evaluations(1), "free_max_iter": evaluations(0), "free_phantom_steps": evaluations(1), "free_tol": POSITIVE,
         "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
         "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),
         "checkpoint_every": NON_NEGATIVE, "keep_checkpoints": at_least(1), "hard_prob": UNIT_INTERVAL,
@@ -91,9 +91,9 @@ class TrainConfig(Options):
         "unroll_steps": "implicit: steps of the differentiable unroll warm-up, first (0: none, as the paper)",
         "unroll_depth": "implicit: stack applications in each warm-up step",
         "bounded_fraction": "implicit: share of the steps after the warm-up in the bounded phase; the rest is free",
-        "bounded_iters": "implicit: solver iterations per bounded step (the paper's 4)",
+        "bounded_max_iter": "implicit: solver iterations per bounded step (the paper's 4)",
         "bounded_phantom_steps": "implicit: phantom-gradient steps per bounded step (the paper's 1)",
-        "free_iters": "implicit: most solver iterations per free step",
+        "free_max_iter": "implicit: most solver iterations per free step",
         "free_phantom_steps": "implicit: phantom-gradient steps per free step",
         "free_tol": "implicit: relative residual at which a free-phase solve stops",
         "precision": "auto (bf16 autocast on CUDA, full precision elsewhere), no (full precision), bf16 (autocast)",
@@ -164,8 +164,8 @@ class TrainConfig(Options):
             bounded_steps,
             after_warm_up - bounded_steps,
             unroll_depth=self.unroll_depth,
-            bounded=(self.bounded_iters, self.bounded_phantom_steps),
-            free=(self.free_iters, self.free_phantom_steps),
+            bounded=(self.bounded_max_iter, self.bounded_phantom_steps),
+            free=(self.free_max_iter, self.free_phantom_steps),
             free_tol=self.free_tol,
         )
 

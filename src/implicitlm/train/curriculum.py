@@ -79,12 +79,12 @@ class Curriculum:
                 Phase(
                     "bounded",
                     bounded_steps,
-                    {"unroll_steps": 0, "f_max_iter": bounded[0], "phantom_steps": bounded[1]},
+                    {"unroll_steps": 0, "train_max_iter": bounded[0], "phantom_steps": bounded[1]},
                 ),
                 Phase(
                     "free",
                     free_steps,
-                    {"unroll_steps": 0, "f_max_iter": free[0], "phantom_steps": free[1], "f_tol": free_tol},
+                    {"unroll_steps": 0, "train_max_iter": free[0], "phantom_steps": free[1], "train_tol": free_tol},
                 ),
             )
         )

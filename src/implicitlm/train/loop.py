@@ -108,7 +108,7 @@ def run_training(
                     "phase": phase.name, "tokens_per_s": tokens / (time.perf_counter() - started),
                 }
                 if outcome.output.fixed_point is not None:
-                    metrics.update(outcome.output.fixed_point.summary(), fp_budget=core.solver.options.f_max_iter)
+                    metrics.update(outcome.output.fixed_point.summary(), train_max_iter=core.solver.options.train_max_iter)
                 log.write(step, metrics)
                 bar.set_postfix(_postfix(metrics))
             held_out = task.evaluate(step)
@@ -139,8 +139,8 @@ def chunk_evaluations_at(model, train_length: int) -> None:
     """Make ``train_length`` the chunk length of the model's simultaneous evaluations,
     unless one was set: beyond the length it trained at, a whole-sequence solve needs
     iterations in proportion to the length, and chunks of it converge as training did."""
-    if model.config.implicit and not model.solver.options.eval_chunk_length:
-        model.set_fixed_point_options(eval_chunk_length=train_length)
+    if model.config.implicit and not model.solver.options.chunk_length:
+        model.set_fixed_point_options(chunk_length=train_length)
 
 
 def check_updated_weights(model, recheck, accelerator, step: int, last_checkpoint: Path | None) -> None:

@@ -62,7 +62,7 @@ def train_words_run(
 
 # Fixed-point options the curriculum sets phase by phase, and the trainer from the training
 # length: a checkpoint holds the last phase's, whatever the preset said.
-SET_IN_TRAINING = ("f_max_iter", "phantom_steps", "f_tol", "unroll_steps", "eval_chunk_length")
+SET_IN_TRAINING = ("train_max_iter", "phantom_steps", "train_tol", "unroll_steps", "chunk_length")
 
 
 def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: bool, changed: set[str]) -> None:
