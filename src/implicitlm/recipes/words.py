@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.atomic_io import staged_directory, write_json
-from .data.groups import get_group
-from .eval.plots import plot_accuracy_by_length
-from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
-from .core.options import Options
-from .core.schema import POSITIVE, Rule, at_least, check_known_keys
-from .presets import KINDS
-from .core.run_folder import latest_checkpoint
-from .core.targets import exclusive_target
-from .train.runs import word_model, word_train_config
-from .train.trainer import train
+from ..core.atomic_io import staged_directory, write_json
+from ..data.groups import get_group
+from ..eval.plots import plot_accuracy_by_length
+from ..eval.words import accuracy_by_length, agreement_by_length, word_length_record
+from ..core.options import Options
+from ..core.schema import POSITIVE, Rule, at_least, check_known_keys
+from ..presets import KINDS
+from ..core.run_folder import latest_checkpoint
+from ..core.targets import exclusive_target
+from ..train.runs import word_model, word_train_config
+from ..train.trainer import train
 
 PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train", "eval")
 
