@@ -17,8 +17,8 @@ from implicitlm.eval.convergence import convergence_summary, token_iterations
 from implicitlm.tasks.lm import perplexity, perplexity_by_length
 from implicitlm.eval.records import make_record, write_record
 from implicitlm.eval.report import find_records, markdown_tables, write_report
-from implicitlm.eval.words import word_accuracy
 from implicitlm.models import build_model, config_from_options
+from implicitlm.tasks.word_scoring import word_accuracy
 
 from contractive import make_contractive
 
