@@ -71,26 +71,35 @@ def assert_same(capsys, tmp_path, old: list[str], new: list[str]) -> dict:
 
 @pytest.mark.parametrize("evaluation, alias, options", [
     ("length", "eval", ["--multiples", "1,2", "--count", "16"]),
-    ("budget", "budget", ["--lengths", "12", "--count", "8", "--budgets", "1,4"]),
     ("convergence", "convergence", ["--multiples", "1", "--count", "4", "--max-iter", "6"]),
 ])
 def test_words_aliases_print_and_write_what_eval_task_words_does(evaluation, alias, options, capsys, tmp_path, trained_s3):
     run = str(trained_s3[1])  # the run folder: its latest checkpoint and training settings
     records = assert_same(capsys, tmp_path, ["words", alias, run, *options],
                           ["eval", evaluation, "--task", "words", run, *options])
-    assert list(records) == [{"length": "word_length.json", "budget": "word_budget.json"}.get(evaluation, "convergence.json")]
+    assert list(records) == ["word_length.json" if evaluation == "length" else "convergence.json"]
 
 
-@pytest.mark.parametrize("evaluation, alias, options", [
-    ("length", "eval", ["--split", "eval", "--lengths", "8,16", "--max-tokens", "64"]),
-    ("budget", "budget", ["--split", "eval", "--lengths", "16", "--budgets", "1,3"]),
-    ("convergence", "convergence", ["--split", "eval", "--lengths", "16", "--max-iter", "4"]),
+def test_lm_eval_prints_and_writes_what_eval_length_task_lm_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
+    options = [str(lm_checkpoint), "--data", str(catbabi_folder), "--split", "eval", "--lengths", "8,16",
+               "--max-tokens", "64"]
+    records = assert_same(capsys, tmp_path, ["lm", "eval", *options], ["eval", "length", "--task", "lm", *options])
+    assert list(records) == ["lm_length.json"]
+
+
+@pytest.mark.parametrize("shortcut, spelling", [
+    ("words budget", "eval budget --task words"),
+    ("lm budget", "eval budget --task lm"),
+    ("lm convergence", "eval convergence --task lm"),
 ])
-def test_lm_aliases_print_and_write_what_eval_task_lm_does(evaluation, alias, options, capsys, tmp_path, catbabi_folder,
-                                                          lm_checkpoint):
-    data = ["--data", str(catbabi_folder)]
-    assert_same(capsys, tmp_path, ["lm", alias, str(lm_checkpoint), *data, *options],
-                ["eval", evaluation, "--task", "lm", str(lm_checkpoint), *data, *options])
+def test_a_budget_sweep_and_an_lm_convergence_report_have_one_spelling(shortcut, spelling, capsys, lm_checkpoint):
+    """The task-group shortcuts that only repeated ``eval budget|convergence --task`` are gone."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*shortcut.split(), str(lm_checkpoint), "--out", "o"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*spelling.split(), "--help"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: implicitlm " + spelling.split(" --")[0])
 
 
 def test_catbabi_eval_prints_and_writes_what_eval_length_task_catbabi_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
