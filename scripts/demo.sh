@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the state-tracking demo (implicit vs explicit Mamba2) on CPU.
+# Sets up .venv and runs the state-tracking demo (implicit vs explicit Mamba2; recipes/words.py) on CPU.
 # Its results go to demo_out, which a rerun replaces; DEMO_OUT=DIR writes DIR, never replaced.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,8 +17,8 @@ from implicitlm.eval.convergence import convergence_summary, token_iterations
 from implicitlm.tasks.lm import perplexity, perplexity_by_length
 from implicitlm.eval.records import make_record, write_record
 from implicitlm.eval.report import find_records, markdown_tables, write_report
-from implicitlm.eval.words import word_accuracy
 from implicitlm.models import build_model, config_from_options
+from implicitlm.tasks.word_scoring import word_accuracy
 
 from contractive import make_contractive
 
@@ -191,7 +191,7 @@ def test_report_errors_name_the_folder(tmp_path, capsys):
 def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     _, run = trained_s3
     checkpoint = str(run)  # a run folder: its latest checkpoint
-    assert main(["words", "budget", checkpoint, "--lengths", "12,24", "--count", "16", "--max-iter", "1,4,16",
+    assert main(["eval", "budget", "--task", "words", checkpoint, "--lengths", "12,24", "--count", "16", "--max-iter", "1,4,16",
                  "--solver", "anderson", "--out", str(tmp_path / "budget"), "--no-progress"]) == 0
     record = json.loads((tmp_path / "budget" / "word_budget.json").read_text())
     assert record["model"]["solvers"] == {"simultaneous": "anderson", "sequential": "anderson"}
@@ -217,5 +217,6 @@ def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
 def test_budget_of_an_explicit_model_is_a_clean_error(tmp_path, capsys):
     model = tiny_word_model(implicit=False)
     model.save_pretrained(tmp_path / "explicit")
-    code = main(["words", "budget", str(tmp_path / "explicit"), "--group", "S3", "--lengths", "8", "--out", str(tmp_path / "o")])
+    code = main(["eval", "budget", "--task", "words", str(tmp_path / "explicit"), "--group", "S3", "--lengths", "8",
+                 "--out", str(tmp_path / "o")])
     assert code == 2 and "explicit" in capsys.readouterr().err

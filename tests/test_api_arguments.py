@@ -158,7 +158,7 @@ def test_a_training_budget_above_the_limit_is_refused_before_the_run(tmp_path, c
     ["words", "eval", "CHECKPOINT", "--max-iter", str(HUGE)],
     ["lm", "eval", "CHECKPOINT", "--max-iter", str(MAX_EVALUATIONS + 1)],
     ["jacobian", "CHECKPOINT", "--out", "o", "--max-iter", str(HUGE)],
-    ["words", "budget", "CHECKPOINT", "--out", "o", "--max-iter", f"1,2,{HUGE}"],
+    ["eval", "budget", "--task", "words", "CHECKPOINT", "--out", "o", "--max-iter", f"1,2,{HUGE}"],
 ])
 def test_a_command_line_budget_above_the_limit_is_refused_naming_the_option(argv, capsys):
     """Before: --max-iter 10**30 parsed, and the evaluation ran without end."""

@@ -23,7 +23,7 @@ POSITIVE_FLOATS = lambda v: bool(v) and all(POSITIVE_FLOAT(x) for x in v)  # noq
 
 GENERATE = (["words", "generate"], ["--group", "S3", "--length", "4", "--count", "2", "--out", "x.npy"])
 EVAL = (["words", "eval"], ["ckpt"])
-BUDGET = (["words", "budget"], ["ckpt", "--out", "o"])
+BUDGET = (["eval", "budget"], ["--task", "words", "ckpt", "--out", "o"])
 CORPUS = (["corpus", "build"], ["src", "--tokenizer", "t", "--out", "o"])
 CATBABI = (["catbabi", "eval"], ["ckpt", "--data", "d", "--out", "o"])
 JACOBIAN = (["jacobian"], ["m", "--out", "o"])

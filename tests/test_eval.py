@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from implicitlm.data.words import generate_words, prefix_products
-from implicitlm.eval.words import accuracy_by_length, word_accuracy
 from implicitlm.models.output import ImplicitLMOutput
-from implicitlm.tasks.words import WordBatches
+from implicitlm.tasks.word_scoring import word_accuracy
+from implicitlm.tasks.words import WordBatches, accuracy_by_length
 
 from stubs import ExplicitStub
 

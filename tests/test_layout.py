@@ -231,3 +231,35 @@ def test_only_the_tasks_branch_on_a_task_name():
     assert not found, f"move these branches on a task's name into the task: {', '.join(found)}"
     source = 'if config.task == "lm": pass\nif task in ("lm", "words"): pass\nif task.name != "catbabi": pass\nif task == other: pass'
     assert task_name_comparisons(source) == [1, 2, 3]
+
+
+def task_class_uses(source: str, classes: set[str]) -> list[int]:
+    """Lines naming one of the task classes ``classes`` (an import, an ``isinstance``, a table
+    keyed by them) or walking a class's ``__mro__``: a branch on a task's class."""
+    names = classes | {"__mro__"}
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in names or isinstance(node, ast.Attribute) and node.attr in names:
+            found.add(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and any(alias.name in names for alias in node.names):
+            found.add(node.lineno)
+    return sorted(found)
+
+
+def test_eval_and_train_name_no_task_class():
+    """They call the methods of ``Task`` (the base they may name): each task's record comes from
+    the task (``Task.length_record``), not from a writer eval/ keeps per task class (before:
+    ``LENGTH_RECORDS`` in eval/length.py, keyed by WordsTask, LMTask and CatbabiTask)."""
+    from implicitlm import tasks
+    from implicitlm.tasks.base import Task
+
+    modules = [importlib.import_module(f"implicitlm.tasks.{info.name}") for info in pkgutil.iter_modules(tasks.__path__)]
+    classes = {value.__name__ for module in modules for value in vars(module).values()
+               if inspect.isclass(value) and issubclass(value, Task) and value is not Task}
+    assert {"WordsTask", "LMTask", "CatbabiTask", "FolderTask"} <= classes
+    found = [f"{path.relative_to(SOURCE)}:{line}" for folder in ("eval", "train")
+             for path in sorted((SOURCE / folder).rglob("*.py")) for line in task_class_uses(path.read_text(), classes)]
+    assert not found, f"call a method of the task instead: {', '.join(found)}"
+    source = ("from ..tasks.words import WordsTask\nRECORDS = {LMTask: 1}\nif isinstance(task, tasks.CatbabiTask): pass\n"
+              "kinds = type(task).__mro__\ndef run(task: Task): pass")
+    assert task_class_uses(source, classes) == [1, 2, 3, 4]

@@ -264,10 +264,12 @@ def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     assert result["tokens"] == 4 * SEQUENCE and result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     assert 100 < result["perplexity"] < 1000  # one step from a uniform start over 300 tokens
     data = ["--data", str(tmp_path / "shards"), "--lengths", str(SEQUENCE), "--max-tokens", str(2 * SEQUENCE), "--no-progress"]
-    assert main(["lm", "budget", str(checkpoint), *data, "--max-iter", "1,3", "--out", str(tmp_path / "budget")]) == 0
+    assert main(["eval", "budget", "--task", "lm", str(checkpoint), *data, "--max-iter", "1,3",
+                 "--out", str(tmp_path / "budget")]) == 0
     budget = json.loads((tmp_path / "budget" / "lm_budget.json").read_text())
     assert [(row["max_iter"], row["tokens"]) for row in budget["rows"]] == [(1, 2 * SEQUENCE), (3, 2 * SEQUENCE)]
-    assert main(["lm", "convergence", str(checkpoint), *data, "--max-iter", "5", "--out", str(tmp_path / "conv")]) == 0
+    assert main(["eval", "convergence", "--task", "lm", str(checkpoint), *data, "--max-iter", "5",
+                 "--out", str(tmp_path / "conv")]) == 0
     summary = json.loads((tmp_path / "conv" / "convergence.json").read_text())["summary"]
     assert summary["all"]["tokens"] == 2 * SEQUENCE and summary["max_iter"] == 5
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from implicitlm.cli import main
 from implicitlm.presets import load_preset, preset_names
-from implicitlm.demo import DemoEval
+from implicitlm.recipes.words import DemoEval
 from implicitlm.models import ImplicitLlamaConfig, config_from_options
 from implicitlm.models.loading import model_option_names
 from implicitlm.core.schema import UNIT_INTERVAL, OptionError, at_least, check_field, conforms, expectation, one_of

@@ -1,6 +1,7 @@
 """Tasks and the evaluations over them: ``implicitlm eval length|budget|convergence --task ...``
-prints and writes what the old spellings (``words eval``, ``lm budget``, ``catbabi eval`` ...)
-do, each task's rows are its metric's own, and a combination that makes no sense is one line."""
+prints and writes what the task-group shortcuts (``words eval``, ``lm eval``, ``catbabi eval`` ...)
+do, each task's rows are its metric's own and its record its own, and a combination that makes no
+sense is one line."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from implicitlm.data.shards import TokenShards
 from implicitlm.eval.length import evaluate_by_length
 from implicitlm.models import build_model, config_from_options
 from implicitlm.tasks import TASKS, make_task
-from implicitlm.tasks.base import EVALUATIONS
+from implicitlm.core.errors import OptionError
+from implicitlm.eval.plots import DRAW_FIGURE
+from implicitlm.tasks.base import EVALUATIONS, FIGURE_KINDS, Figure, Task, TaskRecord
 from implicitlm.tasks.catbabi import answer_accuracy
 from implicitlm.tasks.lm import perplexity_by_length
 from implicitlm.tasks.word_scoring import word_accuracy
@@ -68,26 +71,35 @@ def assert_same(capsys, tmp_path, old: list[str], new: list[str]) -> dict:
 
 @pytest.mark.parametrize("evaluation, alias, options", [
     ("length", "eval", ["--multiples", "1,2", "--count", "16"]),
-    ("budget", "budget", ["--lengths", "12", "--count", "8", "--max-iter", "1,4"]),
     ("convergence", "convergence", ["--multiples", "1", "--count", "4", "--max-iter", "6"]),
 ])
 def test_words_aliases_print_and_write_what_eval_task_words_does(evaluation, alias, options, capsys, tmp_path, trained_s3):
     run = str(trained_s3[1])  # the run folder: its latest checkpoint and training settings
     records = assert_same(capsys, tmp_path, ["words", alias, run, *options],
                           ["eval", evaluation, "--task", "words", run, *options])
-    assert list(records) == [{"length": "word_length.json", "budget": "word_budget.json"}.get(evaluation, "convergence.json")]
+    assert list(records) == ["word_length.json" if evaluation == "length" else "convergence.json"]
 
 
-@pytest.mark.parametrize("evaluation, alias, options", [
-    ("length", "eval", ["--split", "eval", "--lengths", "8,16", "--max-tokens", "64"]),
-    ("budget", "budget", ["--split", "eval", "--lengths", "16", "--max-iter", "1,3"]),
-    ("convergence", "convergence", ["--split", "eval", "--lengths", "16", "--max-iter", "4"]),
+def test_lm_eval_prints_and_writes_what_eval_length_task_lm_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
+    options = [str(lm_checkpoint), "--data", str(catbabi_folder), "--split", "eval", "--lengths", "8,16",
+               "--max-tokens", "64"]
+    records = assert_same(capsys, tmp_path, ["lm", "eval", *options], ["eval", "length", "--task", "lm", *options])
+    assert list(records) == ["lm_length.json"]
+
+
+@pytest.mark.parametrize("shortcut, spelling", [
+    ("words budget", "eval budget --task words"),
+    ("lm budget", "eval budget --task lm"),
+    ("lm convergence", "eval convergence --task lm"),
 ])
-def test_lm_aliases_print_and_write_what_eval_task_lm_does(evaluation, alias, options, capsys, tmp_path, catbabi_folder,
-                                                          lm_checkpoint):
-    data = ["--data", str(catbabi_folder)]
-    assert_same(capsys, tmp_path, ["lm", alias, str(lm_checkpoint), *data, *options],
-                ["eval", evaluation, "--task", "lm", str(lm_checkpoint), *data, *options])
+def test_a_budget_sweep_and_an_lm_convergence_report_have_one_spelling(shortcut, spelling, capsys, lm_checkpoint):
+    """The task-group shortcuts that only repeated ``eval budget|convergence --task`` are gone."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*shortcut.split(), str(lm_checkpoint), "--out", "o"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*spelling.split(), "--help"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: implicitlm " + spelling.split(" --")[0])
 
 
 def test_catbabi_eval_prints_and_writes_what_eval_length_task_catbabi_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
@@ -126,6 +138,59 @@ def test_the_catbabi_task_row_is_answer_accuracy(catbabi_folder, lm_checkpoint, 
     assert result["files"] == (tmp_path / "out" / "catbabi.json", tmp_path / "out" / "catbabi.png")
     record = json.loads(result["files"][0].read_text())
     assert record["split"] == "valid" and record["metrics"]["accuracy"] == expected["accuracy"]
+
+
+class SquaresTask(Task):
+    """A task no module of eval/ knows: its rows square the test length, its record is its own."""
+
+    name = "squares"
+    OPTIONS = ()
+    BATCH_SIZE = 1
+    experiment = "squares_length"
+    budget_experiment = "squares_budget"
+    quality = "square"
+
+    def __init__(self, checkpoint, figure_kind: str):
+        super().__init__(checkpoint)
+        self.figure_kind = figure_kind
+
+    def evaluation_sets(self):
+        return [2, 3]
+
+    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+        return {"length": test_set, "square": test_set**2}
+
+    def format_rows(self, rows):
+        return "\n".join(f"{row['length']} {row['square']}" for row in rows)
+
+    def length_record(self, rows, mode):
+        series = [{"label": mode, "x": [row["length"] for row in rows], "y": [row["square"] for row in rows]}]
+        figure = Figure(self.figure_kind, "squares", series, {"x": "length", "y": "square"}, vertical={"two": 2},
+                        horizontal={"five": 5.0}, ylim=(0, 10))
+        return TaskRecord(self.experiment, {"square@3": 9}, figure, series, figure.axes, {"mode": mode, "max_iter": self.model.solver.options.max_iter})
+
+
+@pytest.mark.parametrize("kind", FIGURE_KINDS)
+def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kind, tmp_path):
+    tiny_model(6, "aligned").save_pretrained(tmp_path / "model")
+    result = evaluate_by_length(
+        SquaresTask(tmp_path / "model", kind).solve_with(max_iter=3), mode="sequential", out=tmp_path / "out"
+    )
+    assert result["rows"] == [{"length": 2, "square": 4}, {"length": 3, "square": 9}] and result["table"] == "2 4\n3 9"
+    record_file, figure_file = result["files"]
+    assert (record_file.name, figure_file.name) == ("squares_length.json", "squares_length.png")
+    record = json.loads(record_file.read_text())
+    assert record["experiment"] == "squares_length" and record["checkpoint"] == str(tmp_path / "model")
+    assert record["metrics"] == {"square@3": 9.0} and record["model"]["architecture"] == "mamba2"
+    assert record["curves"] == [{"label": "sequential", "x": [2, 3], "y": [4, 9]}] and record["axes"]["y"] == "square"
+    assert (record["mode"], record["max_iter"]) == ("sequential", 3)
+    assert figure_file.read_bytes().startswith(b"\x89PNG")
+
+
+def test_every_kind_of_figure_is_drawn_and_no_other_is_described():
+    assert set(DRAW_FIGURE) == set(FIGURE_KINDS)
+    with pytest.raises(OptionError, match="figure kind 'pie'"):
+        Figure("pie", "title", [], {})
 
 
 def test_every_task_takes_the_evaluations_it_names():

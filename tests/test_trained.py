@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from implicitlm.data.words import generate_words
-from implicitlm.eval.words import held_out_words, mode_agreement, word_accuracy
 from implicitlm.models import load_model
+from implicitlm.tasks.word_scoring import mode_agreement, word_accuracy
+from implicitlm.tasks.words import held_out_words
 
 from conftest import TRAINED_GROUP, TRAINED_LENGTH
 

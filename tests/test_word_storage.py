@@ -14,8 +14,8 @@ from implicitlm.core.errors import DataError
 from implicitlm.data.word_dataset import WordDataset
 from implicitlm.data.word_storage import load_words, save_words, sidecar_path, write_generated_words
 from implicitlm.data.words import DerivedTargets, generate_words, verify_targets
-from implicitlm.eval.words import word_accuracy
 from implicitlm.models import build_model, config_from_options
+from implicitlm.tasks.word_scoring import word_accuracy
 from implicitlm.tasks.words import WordBatches
 
 

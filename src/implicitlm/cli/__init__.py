@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")
     add_words_generate(words)
     add_words_train(words)
-    add_aliases(words, "words")  # words eval|budget|convergence: eval ... --task words
+    add_aliases(words, "words")  # words eval|convergence: eval length|convergence --task words
     models = commands.add_parser("models", help="the paper's model presets; import from Hugging Face")
     models = models.add_subparsers(title="commands")
     add_models_list(models)
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_catbabi(commands)
     add_train(commands)
     lm = commands.add_parser("lm", help="language models: perplexity, the CPU demo").add_subparsers(title="commands")
-    add_aliases(lm, "lm")  # lm eval|budget|convergence: eval ... --task lm
+    add_aliases(lm, "lm")  # lm eval: eval length --task lm
     add_lm_demo(lm)
     add_lm_downstream(lm)
     add_eval(commands)

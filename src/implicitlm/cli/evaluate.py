@@ -1,6 +1,6 @@
 """``implicitlm eval length|budget|convergence --task words|lm|catbabi``: one command per
-evaluation, over any task; and the task-group shortcuts (``words eval``, ``lm budget``, ``catbabi
-eval`` ...), the same commands with the task fixed and its own options only."""
+evaluation, over any task; and the task-group shortcuts (``words eval``, ``words convergence``,
+``lm eval``, ``catbabi eval``), the same commands with the task fixed and its own options only."""
 
 from __future__ import annotations
 
@@ -30,18 +30,14 @@ HELP = {
 }
 
 
-# The task-group shortcuts, per task: (command name, evaluation, the command's help).
+# The task-group shortcuts, per task: (command name, evaluation, the command's help). A budget
+# sweep, and an LM's convergence report, are ``eval budget|convergence --task`` alone.
 ALIASES = {
     "words": (
         ("eval", "length", "per-token accuracy of a checkpoint by test length (length extrapolation)"),
-        ("budget", "budget", "test-time compute: accuracy by iteration budget, a curve per test length"),
         ("convergence", "convergence", "iterations each token needs in sequential mode; hard vs easy tokens"),
     ),
-    "lm": (
-        ("eval", "length", "held-out perplexity of a checkpoint by context length (length extrapolation)"),
-        ("budget", "budget", "test-time compute: perplexity by iteration budget, a curve per context length"),
-        ("convergence", "convergence", "iterations each token needs in sequential mode, on held-out text"),
-    ),
+    "lm": (("eval", "length", "held-out perplexity of a checkpoint by context length (length extrapolation)"),),
     "catbabi": (("eval", "length", "answer accuracy of a checkpoint, overall and per task"),),
 }
 
@@ -66,8 +62,8 @@ def add_length(commands, name: str = "length", task: str | None = None, help: st
     p.set_defaults(run=_run_length)
 
 
-def add_budget(commands, name: str = "budget", task: str | None = None, help: str | None = None) -> None:
-    p = _parser(commands, name, "budget", task, help)
+def add_budget(commands) -> None:
+    p = _parser(commands, "budget", "budget")
     # The sweep's own lists: apart from the flags of one budget, which fixed_point_settings reads.
     p.add_argument("--max-iter", dest="swept_max_iter", type=budget_list, default=[1, 2, 4, 8, 16, 32, 64],
                    help="comma-separated fixed-point budgets, each a point of the sweep")
@@ -75,7 +71,7 @@ def add_budget(commands, name: str = "budget", task: str | None = None, help: st
                    help="comma-separated tolerances, a curve each (default: the model's)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
     add_solver_flags(p)
-    p.add_argument("--out", type=Path, required=True, help=_out_help("budget", task))
+    p.add_argument("--out", type=Path, required=True, help=_out_help("budget"))
     add_overwrite_option(p, "a record already in --out")
     p.set_defaults(run=_run_budget)
 
@@ -91,7 +87,7 @@ def add_convergence(commands, name: str = "convergence", task: str | None = None
 
 def add_aliases(commands, task: str) -> None:
     """The shortcuts for ``task``'s evaluations in its command group (``words eval`` ...)."""
-    adders = {"length": add_length, "budget": add_budget, "convergence": add_convergence}
+    adders = {"length": add_length, "convergence": add_convergence}
     for name, evaluation, help in ALIASES[task]:
         adders[evaluation](commands, name, task, help)
 
@@ -130,7 +126,7 @@ def _report(result) -> None:
         print(f"results: {record}, plot: {figure}")
 
 
-def _parser(commands, name: str, evaluation: str, task: str | None, help: str | None):
+def _parser(commands, name: str, evaluation: str, task: str | None = None, help: str | None = None):
     if task is None:
         p = commands.add_parser(name, help=HELP[evaluation], description=HELP[evaluation])
         p.add_argument("--task", required=True, choices=TASKS, help="what the checkpoint is evaluated on")
@@ -189,7 +185,7 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _out_help(evaluation: str, task: str | None) -> str:
+def _out_help(evaluation: str, task: str | None = None) -> str:
     records = RECORDS[evaluation]
     if task is not None:
         return f"folder for {records[task]}.json and {records[task]}.png"

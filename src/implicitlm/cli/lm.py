@@ -49,7 +49,7 @@ def add_lm_demo(commands) -> None:
 
 
 def _run_lm_demo(args) -> None:
-    from ..lm_demo import format_lm_table, run_lm_demo
+    from ..recipes.lm import format_lm_table, run_lm_demo
 
     report_demo(args, run_lm_demo, format_lm_table, "perplexity.png")
 

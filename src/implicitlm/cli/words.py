@@ -13,7 +13,7 @@ def add_demo(commands) -> None:
 
 
 def _run_demo(args) -> None:
-    from ..demo import format_table, run_demo
+    from ..recipes.words import format_table, run_demo
 
     report_demo(args, run_demo, format_table, "accuracy_by_length.png")
 

@@ -72,16 +72,12 @@ def budget_record(
     quality: str,
     out_dir: str | Path,
     title: str,
+    quality_scale: str = "linear",
     **details: Any,
 ) -> dict[str, Any]:
-    """Write a sweep's ``<experiment>.json`` and its figure: ``quality`` against budget, a
-    curve per test length."""
-    axes = {
-        "x": "iteration budget (max_iter)",
-        "y": quality,
-        "xscale": "log2",
-        "yscale": "log" if quality == "perplexity" else "linear",
-    }
+    """Write a sweep's ``<experiment>.json`` and its figure: ``quality`` (on a ``quality_scale``
+    axis) against budget, a curve per test length."""
+    axes = {"x": "iteration budget (max_iter)", "y": quality, "xscale": "log2", "yscale": quality_scale}
     curves = budget_curves(rows, quality)
     record = make_record(experiment, checkpoint, model, budget_metrics(rows, quality), curves, axes, rows=rows, **details)
     write_record(out_dir, record)
@@ -116,8 +112,8 @@ def budget_by_task(
 
         rows = budget_sweep(evaluate, max_iter, tol or [None], progress=progress)
         title = f"{task.budget_title} ({mode} mode)"
-        budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title, mode=mode,
-                      **task.details())
+        budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title,
+                      task.quality_scale, mode=mode, **task.details())
     files = record_files(out, task.budget_experiment)
     return {"rows": rows, "table": format_budget_table(rows, task.quality), "files": files}
 

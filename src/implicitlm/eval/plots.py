@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # headless: figures are written to files, never shown
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 from ..core.atomic_io import atomic_write  # noqa: E402
 
-
-def plot_accuracy_by_length(
-    curves: dict[str, list[dict]],
-    path: str | Path,
-    title: str,
-    train_length: int | None = None,
-    chance: float | None = None,
-) -> Path:
-    """One line per model: per-token accuracy over each word's last 10 tokens against test length."""
-    series = [
-        {"label": name, "x": [r["length"] for r in rows], "y": [r["accuracy_last10"] for r in rows]}
-        for name, rows in curves.items()
-    ]
-    marks = {"training length": train_length} if train_length else {}
-    return plot_curves(
-        series, path, title, {"x": "test sequence length", "y": "accuracy, last 10 tokens", "xscale": "log2"},
-        vertical=marks, horizontal={"chance": chance} if chance else {}, ylim=(0, 1.02),
-    )
+if TYPE_CHECKING:  # read, never built, here: importing tasks/ would load torch into ``report``
+    from ..tasks.base import Figure
 
 
 def plot_curves(
@@ -47,16 +32,59 @@ def plot_curves(
     figure, axis = plt.subplots(figsize=(6, 4))
     for curve in curves:
         axis.plot(curve["x"], curve["y"], marker="o", markersize=4, label=curve["label"])
-    for (label, value), style in zip((vertical or {}).items(), (":", "-.")):
-        axis.axvline(value, color="grey", linestyle=style, label=label)
-    for label, value in (horizontal or {}).items():
-        axis.axhline(value, color="grey", linestyle="--", linewidth=0.8, label=label)
+    _reference_lines(axis, vertical, horizontal)
     _set_scale(axis, "x", axes.get("xscale", "linear"), sorted({x for c in curves for x in c["x"]}))
     _set_scale(axis, "y", axes.get("yscale", "linear"), [])
     if ylim:
         axis.set_ylim(*ylim)
     axis.grid(alpha=0.3, which="both")
     return _finish(figure, axis, path, title, axes, legend=bool(curves))
+
+
+def plot_bars(
+    series: list[dict[str, Any]],
+    path: str | Path,
+    title: str,
+    axes: dict[str, str],
+    vertical: dict[str, float] | None = None,
+    horizontal: dict[str, float] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """A bar per x value (a category, shown as text) of each series ``{"label", "x", "y"}``,
+    side by side where several share one; reference lines as ``plot_curves`` draws them."""
+    categories = list(dict.fromkeys(str(x) for bars in series for x in bars["x"]))
+    width = 0.8 / max(len(series), 1)
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    for i, bars in enumerate(series):
+        positions = [categories.index(str(x)) + (i - (len(series) - 1) / 2) * width for x in bars["x"]]
+        axis.bar(positions, bars["y"], width=width, label=bars["label"])
+    axis.set_xticks(range(len(categories)), categories)
+    _reference_lines(axis, vertical, horizontal)
+    if ylim:
+        # Headroom above the range for the legend, which would otherwise cover full bars.
+        low, high = ylim
+        axis.set_ylim(low, high + 0.15 * (high - low))
+        axis.set_yticks(np.linspace(low, high, 6))
+    axis.grid(alpha=0.3, axis="y")
+    return _finish(figure, axis, path, title, axes, legend=True)
+
+
+# How each kind of a task's figure (``tasks.base.FIGURE_KINDS``) is drawn.
+DRAW_FIGURE = {"curves": plot_curves, "bars": plot_bars}
+
+
+def plot_figure(figure: Figure, path: str | Path) -> Path:
+    """A task's figure, drawn by its kind; every kind takes the same description."""
+    draw = DRAW_FIGURE[figure.kind]
+    return draw(figure.series, path, figure.title, figure.axes, figure.vertical, figure.horizontal, figure.ylim)
+
+
+def _reference_lines(axis, vertical: dict[str, float] | None, horizontal: dict[str, float] | None) -> None:
+    """Labelled grey lines at x values (the training length) and y values (chance)."""
+    for (label, value), style in zip((vertical or {}).items(), (":", "-.")):
+        axis.axvline(value, color="grey", linestyle=style, label=label)
+    for label, value in (horizontal or {}).items():
+        axis.axhline(value, color="grey", linestyle="--", linewidth=0.8, label=label)
 
 
 def _set_scale(axis, which: str, scale: str, ticks: list[float]) -> None:

@@ -20,11 +20,15 @@ import contextlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..core.atomic_io import write_json
 from ..core.errors import DataError, OptionError, quoted
 from ..core.targets import exclusive_targets
+from .plots import plot_figure
+
+if TYPE_CHECKING:  # read, never built, here: importing tasks/ would load torch into ``report``
+    from ..tasks.base import TaskRecord
 
 RECORD_KEYS = ("experiment", "checkpoint", "model", "metrics")
 # An experiment names its files in --out: a name, never a path that would lead out of it.
@@ -102,6 +106,16 @@ def write_record(out_dir: str | Path, record: dict[str, Any]) -> Path:
     path = record_files(out_dir, record["experiment"])[0]
     write_json(path, record)
     return path
+
+
+def write_task_record(out_dir: str | Path, checkpoint: str | Path, model, record: TaskRecord) -> tuple[Path, Path]:
+    """A task's ``record`` of ``model`` on ``checkpoint``, written in ``out_dir`` as every record
+    is, with its figure beside it; returns both files."""
+    write_record(out_dir, make_record(record.experiment, checkpoint, model, record.metrics, record.curves, record.axes,
+                                      **record.details))
+    files = record_files(out_dir, record.experiment)
+    plot_figure(record.figure, files[1])
+    return files
 
 
 def read_record(path: str | Path) -> dict[str, Any] | None:

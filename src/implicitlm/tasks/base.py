@@ -1,6 +1,7 @@
 """What an evaluation needs of a task: a ``Task`` names its checkpoint and its own options and
 gives the evaluations in ``eval/`` (by length, by iteration budget, per-token convergence)
-its evaluation sets, its metrics, its tables and the names of its records.
+its evaluation sets, its metrics, its tables, the names of its records and what its length
+record holds (``TaskRecord``), with its figure described (``Figure``) for ``eval/`` to draw.
 
 A task is described before anything is read: ``load`` reads the checkpoint's model and
 settles the task's options against what its training recorded (a group, a training length),
@@ -10,6 +11,7 @@ settles the task's options against what its training recorded (a group, a traini
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +26,44 @@ from ..models import load_model
 EVALUATIONS = ("length", "budget", "convergence")
 # What needs an implicit model, in an error's words: a sweep of its budget, its per-token iterations.
 NEEDS_IMPLICIT = {"budget": "a budget sweep", "convergence": "convergence statistics"}
+# The kinds of figure ``eval/`` draws: lines over a shared x axis; a bar per x value (a category).
+FIGURE_KINDS = ("curves", "bars")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A record's figure as a task describes it; ``eval/`` draws it by its ``kind`` alone.
+    ``series``: ``{"label", "x", "y"}`` each (a line, or a set of bars); ``axes``: the "x" and
+    "y" labels and the "xscale" / "yscale" ("linear", "log", "log2"); ``vertical`` /
+    ``horizontal``: labelled reference lines at an x or a y value (the training length, chance);
+    ``ylim``: the y range shown."""
+
+    kind: str
+    title: str
+    series: list[dict[str, Any]]
+    axes: dict[str, str]
+    vertical: dict[str, float] = field(default_factory=dict)
+    horizontal: dict[str, float] = field(default_factory=dict)
+    ylim: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        # Refused when the task builds it, not after an evaluation, with its record half written.
+        if self.kind not in FIGURE_KINDS:
+            raise OptionError(f"figure kind {self.kind!r}: one of {', '.join(FIGURE_KINDS)}")
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """What a task's record of an evaluation holds besides the checkpoint and the model, which
+    ``eval/`` adds as it writes it: ``<experiment>.json`` with the ``metrics``, the ``curves``
+    on their ``axes`` (if any) and the ``details``, and ``<experiment>.png``, the ``figure``."""
+
+    experiment: str
+    metrics: dict[str, float]
+    figure: Figure
+    curves: list[dict[str, Any]] | None = None
+    axes: dict[str, str] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 class Task(ABC):
@@ -37,6 +77,7 @@ class Task(ABC):
     experiment: ClassVar[str]  # the record of a length evaluation: <experiment>.json and .png
     budget_experiment: ClassVar[str]  # the record of a budget sweep
     quality: ClassVar[str]  # the metric of a row that a budget sweep plots against the budget
+    quality_scale: ClassVar[str] = "linear"  # the scale of its axis ("log" for a perplexity)
     # The dtype the model is evaluated in (None: as saved). Every task takes it
     # (``make_task``), so it is no task's own option.
     dtype: torch.dtype | None = None
@@ -106,6 +147,11 @@ class Task(ABC):
     @abstractmethod
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         """The rows of a length evaluation as the aligned table the command prints."""
+
+    @abstractmethod
+    def length_record(self, rows: list[dict[str, Any]], mode: str) -> TaskRecord:
+        """The record of a length evaluation (``experiment``) whose rows are ``rows``, evaluated
+        in ``mode``, and its figure."""
 
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Token arrays (N, L) whose per-token iterations a convergence report counts, each with

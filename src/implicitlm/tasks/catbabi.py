@@ -1,4 +1,5 @@
-"""catbAbI as a task: answer accuracy, overall and per bAbI task, in either inference mode.
+"""catbAbI as a task: answer accuracy, overall and per bAbI task, in either inference mode, and
+the ``catbabi`` record.
 
 The model reads a split's stream (see implicitlm.data.catbabi) in windows of
 ``sequence_length`` tokens; an answer counts as right when the argmax of the logits at the
@@ -31,7 +32,7 @@ from ..core.errors import DataError, OptionError
 from ..data.catbabi import SHARD_SPLITS, read_answers
 from ..data.shards import TokenShards
 from ..deq import warn_not_converged
-from .base import EVALUATIONS, FolderTask
+from .base import EVALUATIONS, Figure, FolderTask, TaskRecord
 
 
 def window_starts(positions: np.ndarray, stream_length: int, sequence_length: int, stride: int) -> np.ndarray:
@@ -168,11 +169,27 @@ class CatbabiTask(FolderTask):
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         return "\n".join(format_task_table(row) for row in rows)
 
-    def record_settings(self, mode: str) -> dict[str, Any]:
-        """The settings ``catbabi.json`` records beside the accuracies: the budget as solved."""
+    def length_record(self, rows, mode) -> TaskRecord:
+        """``catbabi``: answer accuracy overall and per bAbI task (``task_01`` ...), with the
+        settings it was scored with; its figure a bar per task, the overall accuracy a line."""
+        result = rows[0]
+        metrics = {"accuracy": result["accuracy"]}
+        metrics.update({f"task_{task:02d}": row["accuracy"] for task, row in result["tasks"].items()})
+        metrics.update({key: result[key] for key in ("fp_iterations_mean", "fp_not_converged_share") if key in result})
+        details = {key: result[key] for key in ("answers", "stride", "windows")}
+        details["tasks"] = {str(task): row for task, row in result["tasks"].items()}
+        # The budget as solved: the model's own, or as the task's fixed_point settings set it.
         max_iter, tol = self.model.solver.options.budget(None, None, mode)
-        return {"data": str(self.data), "split": self.split, "sequence_length": self.sequence_length, "mode": mode,
-                "max_iter": max_iter, "tol": tol}
+        details.update(data=str(self.data), split=self.split, sequence_length=self.sequence_length, mode=mode,
+                       max_iter=max_iter, tol=tol)
+        tasks = sorted(result["tasks"])
+        bars = {"label": "", "x": tasks, "y": [result["tasks"][task]["accuracy"] for task in tasks]}
+        figure = Figure(
+            "bars", f"catbAbI {self.split} answer accuracy: {self.checkpoint.name}", [bars],
+            {"x": "bAbI task", "y": "answer accuracy"}, horizontal={f"all tasks: {result['accuracy']:.1%}": result["accuracy"]},
+            ylim=(0, 1),
+        )
+        return TaskRecord(self.experiment, metrics, figure, details=details)
 
     def details(self) -> dict[str, Any]:
         return {"split": self.split}

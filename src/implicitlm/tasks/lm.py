@@ -1,6 +1,6 @@
 """Language modelling as a task: training batches of token windows, held-out loss and
-perplexity of a causal language model on a shard split, overall and by context length; the
-split's leading windows for convergence."""
+perplexity of a causal language model on a shard split, overall and by context length, and the
+``lm_length`` record; the split's leading windows for convergence."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
 from ..deq import warn_not_converged
 from ..models.loss import token_cross_entropy
-from .base import FolderTask, missed_cell
+from .base import Figure, FolderTask, TaskRecord, missed_cell
 
 # Tokens a convergence report counts unless --max-tokens says otherwise.
 CONVERGENCE_TOKENS = 4096
@@ -119,6 +119,7 @@ class LMTask(FolderTask):
     experiment = "lm_length"
     budget_experiment = "lm_budget"
     quality = "perplexity"
+    quality_scale = "log"
 
     def __init__(
         self, checkpoint: str | Path, *, data: Any = None, split: str | None = None, lengths: list[int] | None = None,
@@ -149,6 +150,16 @@ class LMTask(FolderTask):
         for row in rows:
             lines.append(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{missed_cell(row)}")
         return "\n".join(lines)
+
+    def length_record(self, rows, mode) -> TaskRecord:
+        """``lm_length``: perplexity by context length, the training context marked."""
+        metrics = {f"perplexity@{row['length']}": row["perplexity"] for row in rows}
+        curve = {"label": f"{mode} mode", "x": [r["length"] for r in rows], "y": [r["perplexity"] for r in rows]}
+        axes = {"x": "context length (tokens)", "y": "perplexity", "xscale": "log2", "yscale": "log"}
+        marks = {"training context": self.train_length} if self.train_length else {}
+        figure = Figure("curves", "perplexity by context length", [curve], axes, vertical=marks)
+        details = {"mode": mode, "train_length": self.train_length, "rows": rows}
+        return TaskRecord(self.experiment, metrics, figure, figure.series, axes, details)
 
     def convergence_inputs(self) -> list[tuple[np.ndarray, None]]:
         """The split's leading windows of the one context length, as many as --max-tokens fill."""

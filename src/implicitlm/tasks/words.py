@@ -1,25 +1,26 @@
 """Word problems (state tracking) as a task: training batches (fresh words or a word file, each
 process its own rows), test words of each length, generated or read from files, scored by
-per-token accuracy in either inference mode; the hard tokens of a product group's words split a
-convergence report."""
+per-token accuracy in either inference mode, by length, with the ``word_length`` record and its
+figure; the hard tokens of a product group's words split a convergence report."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..core.errors import DataError, OptionError
 from ..core.memory import require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
 from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
-from .base import Task, missed_cell
-from .word_scoring import evaluation_bytes, raise_word_budget, word_accuracy
+from .base import Figure, Task, TaskRecord, missed_cell
+from .word_scoring import evaluation_bytes, mode_agreement, raise_word_budget, word_accuracy
 
 # Test words come from seeds far from any training step's seed sequence.
 TEST_SEED_OFFSET = 1_000_000_007
@@ -37,6 +38,65 @@ def held_out_word_windows(group: str, length: int, count: int, seed: int = 0, ha
 
 # Generated words per length unless --count says otherwise: for accuracy, for a convergence report.
 COUNT, CONVERGENCE_COUNT = 512, 64
+ACCURACY_AXES = {"x": "test sequence length", "y": "accuracy, last 10 tokens", "xscale": "log2"}
+
+
+def accuracy_by_length(
+    model,
+    group: str,
+    lengths: Iterable[int],
+    count: int = COUNT,
+    seed: int = 0,
+    hard_prob: float | None = None,
+    progress: bool = False,
+    **kwargs,
+) -> list[dict[str, Any]]:
+    """``word_accuracy`` on fresh test words of each length."""
+    return _by_length(word_accuracy, model, group, lengths, count, seed, hard_prob, progress, "eval", **kwargs)
+
+
+def agreement_by_length(
+    model,
+    group: str,
+    lengths: Iterable[int],
+    count: int = 64,
+    seed: int = 0,
+    hard_prob: float | None = None,
+    progress: bool = False,
+    **budget,
+) -> list[dict[str, Any]]:
+    """``mode_agreement`` on fresh test words of each length."""
+    return _by_length(mode_agreement, model, group, lengths, count, seed, hard_prob, progress, "duality", **budget)
+
+
+def _by_length(evaluate, model, group, lengths, count, seed, hard_prob, progress, desc, **kwargs):
+    return [
+        evaluate(model, *held_out_words(group, length, count, seed, hard_prob), **kwargs)
+        for length in tqdm(list(lengths), desc=desc, disable=not progress)
+    ]
+
+
+def accuracy_figure(curves: dict[str, list[dict[str, Any]]], group: str, title: str, train_length: int | None) -> Figure:
+    """A line per label of ``curves`` (rows of ``word_accuracy``): accuracy over each word's
+    last 10 tokens against test length, the training length and chance marked."""
+    series = [
+        {"label": label, "x": [row["length"] for row in rows], "y": [row["accuracy_last10"] for row in rows]}
+        for label, rows in curves.items()
+    ]
+    return Figure(
+        "curves", title, series, dict(ACCURACY_AXES), vertical={"training length": train_length} if train_length else {},
+        horizontal={"chance": 1.0 / get_group(group).order}, ylim=(0, 1.02),
+    )
+
+
+def word_length_record(rows: list[dict[str, Any]], group: str, mode: str, train_length: int | None) -> TaskRecord:
+    """The ``word_length`` record of ``rows`` (``word_accuracy``'s, one per test length) in
+    ``mode``: accuracy by length, over each word's last 10 tokens and over all but the first."""
+    metrics = {f"accuracy_last10@{row['length']}": row["accuracy_last10"] for row in rows}
+    metrics.update({f"accuracy@{row['length']}": row["accuracy"] for row in rows})
+    figure = accuracy_figure({f"{mode} mode": rows}, group, f"{group} word problem: accuracy by length", train_length)
+    details = {"group": group, "mode": mode, "train_length": train_length, "rows": rows}
+    return TaskRecord(WordsTask.experiment, metrics, figure, figure.series, figure.axes, details)
 
 
 class WordsTask(Task):
@@ -110,6 +170,9 @@ class WordsTask(Task):
             iters = f"{row['fp_iterations_mean']:>10.1f}" if "fp_iterations_mean" in row else f"{'-':>10}"
             lines.append(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{iters}{missed_cell(row)}")
         return "\n".join(lines)
+
+    def length_record(self, rows, mode) -> TaskRecord:
+        return word_length_record(rows, self.group, mode, self.train_length)
 
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         # Hard vs easy only where the group is a product, whose first factor the mask reads.

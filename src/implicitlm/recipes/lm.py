@@ -13,23 +13,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.atomic_io import staged_directory, write_json
-from .data.corpus import read_documents
-from .data.shard_writer import write_shards
-from .data.shards import TokenShards
-from .data.token_windows import evaluation_windows
-from .data.tokenizer import train_tokenizer
-from .tasks.lm import perplexity
-from .eval.plots import plot_learning_curves
-from .models import build_model, config_from_options
-from .presets import merged_options
-from .core.errors import DataError
-from .core.options import Options
-from .core.schema import at_least, between, check_known_keys
-from .core.targets import exclusive_target
-from .train.config import TrainConfig
-from .train.held_out import held_out_curve
-from .train.trainer import train
+from ..core.atomic_io import staged_directory, write_json
+from ..data.corpus import read_documents
+from ..data.shard_writer import write_shards
+from ..data.shards import TokenShards
+from ..data.token_windows import evaluation_windows
+from ..data.tokenizer import train_tokenizer
+from ..tasks.lm import perplexity
+from ..eval.plots import plot_learning_curves
+from ..models import build_model, config_from_options
+from ..presets import merged_options
+from ..core.errors import DataError
+from ..core.options import Options
+from ..core.schema import at_least, between, check_known_keys
+from ..core.targets import exclusive_target
+from ..train.config import TrainConfig
+from ..train.held_out import held_out_curve
+from ..train.trainer import train
 
 
 @dataclass(frozen=True)

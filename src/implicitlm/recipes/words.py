@@ -10,18 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core.atomic_io import staged_directory, write_json
-from .data.groups import get_group
-from .eval.plots import plot_accuracy_by_length
-from .eval.words import accuracy_by_length, agreement_by_length, word_length_record
-from .core.options import Options
-from .core.schema import POSITIVE, Rule, at_least, check_known_keys
-from .presets import KINDS
-from .core.run_folder import latest_checkpoint
-from .core.targets import exclusive_target
-from .tasks.word_scoring import raise_word_budget
-from .train.runs import word_model, word_train_config
-from .train.trainer import train
+from ..core.atomic_io import staged_directory, write_json
+from ..eval.plots import plot_figure
+from ..eval.records import write_task_record
+from ..tasks.words import accuracy_by_length, accuracy_figure, agreement_by_length, word_length_record
+from ..core.options import Options
+from ..core.schema import POSITIVE, Rule, at_least, check_known_keys
+from ..presets import KINDS
+from ..core.run_folder import latest_checkpoint
+from ..core.targets import exclusive_target
+from ..tasks.word_scoring import raise_word_budget
+from ..train.runs import word_model, word_train_config
+from ..train.trainer import train
 
 PRESET_SECTIONS = ("model", "implicit_model", "explicit_model", "train", "implicit_train", "explicit_train", "eval")
 
@@ -62,13 +62,13 @@ def run_demo(
             results["models"][kind] = entry
             results.update(group=configs[kind].group, train_length=configs[kind].sequence_length)
         write_json(staging / "results.json", results)
-        plot_accuracy_by_length(
-            {k: v["by_length"] for k, v in results["models"].items()},
-            staging / "accuracy_by_length.png",
-            title=f"{results['group']} word problem, trained at length {results['train_length']}",
-            train_length=results["train_length"],
-            chance=1.0 / get_group(results["group"]).order,
+        figure = accuracy_figure(
+            {kind: entry["by_length"] for kind, entry in results["models"].items()},
+            results["group"],
+            f"{results['group']} word problem, trained at length {results['train_length']}",
+            results["train_length"],
         )
+        plot_figure(figure, staging / "accuracy_by_length.png")
     return results
 
 
@@ -99,8 +99,8 @@ def _train_and_test(model, config, evaluation: DemoEval, staging: Path, out_dir:
             {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both
         ]
     # Each model's result also as a record, for ``implicitlm report``.
-    word_length_record(model, entry["checkpoint"], entry["by_length"], staging / kind, config.group, "simultaneous",
-                       config.sequence_length)
+    record = word_length_record(entry["by_length"], config.group, "simultaneous", config.sequence_length)
+    write_task_record(staging / kind, entry["checkpoint"], model, record)
     return entry
 
 
