@@ -116,7 +116,7 @@ def _task(args):
     from ..tasks import make_task
 
     options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
-    return make_task(args.task, args.checkpoint, dtype=args.dtype, fixed_point=fixed_point_settings(args), **options)
+    return make_task(args.task, args.checkpoint, dtype=args.dtype, **options).solve_with(**fixed_point_settings(args))
 
 
 def _report(result) -> None:

@@ -41,42 +41,39 @@ def plot_curves(
     return _finish(figure, axis, path, title, axes, legend=bool(curves))
 
 
-def plot_bars(
-    series: list[dict[str, Any]],
-    path: str | Path,
-    title: str,
-    axes: dict[str, str],
-    vertical: dict[str, float] | None = None,
-    horizontal: dict[str, float] | None = None,
-    ylim: tuple[float, float] | None = None,
-) -> Path:
-    """A bar per x value (a category, shown as text) of each series ``{"label", "x", "y"}``,
-    side by side where several share one; reference lines as ``plot_curves`` draws them."""
+def plot_bars(figure: Figure, path: str | Path) -> Path:
+    """A bar per x value (a category, shown as text) of each of ``figure``'s series
+    ``{"label", "x", "y"}``, side by side where several share one; reference lines as
+    ``plot_curves`` draws them."""
+    series, ylim = figure.series, figure.ylim
     categories = list(dict.fromkeys(str(x) for bars in series for x in bars["x"]))
     width = 0.8 / max(len(series), 1)
-    figure, axis = plt.subplots(figsize=(7, 3.5))
+    drawing, axis = plt.subplots(figsize=(7, 3.5))
     for i, bars in enumerate(series):
         positions = [categories.index(str(x)) + (i - (len(series) - 1) / 2) * width for x in bars["x"]]
         axis.bar(positions, bars["y"], width=width, label=bars["label"])
     axis.set_xticks(range(len(categories)), categories)
-    _reference_lines(axis, vertical, horizontal)
+    _reference_lines(axis, figure.vertical, figure.horizontal)
     if ylim:
         # Headroom above the range for the legend, which would otherwise cover full bars.
         low, high = ylim
         axis.set_ylim(low, high + 0.15 * (high - low))
         axis.set_yticks(np.linspace(low, high, 6))
     axis.grid(alpha=0.3, axis="y")
-    return _finish(figure, axis, path, title, axes, legend=True)
+    return _finish(drawing, axis, path, figure.title, figure.axes, legend=True)
+
+
+def _plot_curves_figure(figure: Figure, path: str | Path) -> Path:
+    return plot_curves(figure.series, path, figure.title, figure.axes, figure.vertical, figure.horizontal, figure.ylim)
 
 
 # How each kind of a task's figure (``tasks.base.FIGURE_KINDS``) is drawn.
-DRAW_FIGURE = {"curves": plot_curves, "bars": plot_bars}
+DRAW_FIGURE = {"curves": _plot_curves_figure, "bars": plot_bars}
 
 
 def plot_figure(figure: Figure, path: str | Path) -> Path:
     """A task's figure, drawn by its kind; every kind takes the same description."""
-    draw = DRAW_FIGURE[figure.kind]
-    return draw(figure.series, path, figure.title, figure.axes, figure.vertical, figure.horizontal, figure.ylim)
+    return DRAW_FIGURE[figure.kind](figure, path)
 
 
 def _reference_lines(axis, vertical: dict[str, float] | None, horizontal: dict[str, float] | None) -> None:

@@ -21,14 +21,11 @@ TASKS: dict[str, type[Task]] = {task.name: task for task in (WordsTask, LMTask, 
 TRAINING_BATCHES: dict[str, type[WordBatches | TokenBatches]] = {"words": WordBatches, "lm": TokenBatches}
 
 
-def make_task(
-    name: str, checkpoint: str | Path, dtype: str | None = None, fixed_point: dict[str, Any] | None = None,
-    **options: Any,
-) -> Task:
+def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **options: Any) -> Task:
     """Task ``name`` on ``checkpoint`` with ``options`` (None: the task's default), which must
     all be the task's own: another task's option is refused in one line. ``dtype``: the
-    model's, for any task (None: as saved); ``fixed_point``: ``FixedPointOptions`` fields
-    to solve with (``Task.solve_with``: the budget ``max_iter``, ``tol``, ``solver`` ...)."""
+    model's, for any task (None: as saved). How it solves (the budget ``max_iter``, ``tol``,
+    ``solver`` ...) is ``Task.solve_with``'s."""
     if name not in TASKS:
         raise OptionError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
     task = TASKS[name]
@@ -39,4 +36,4 @@ def make_task(
         raise OptionError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
     made = task(checkpoint, **given)
     made.dtype = torch_dtype(dtype)  # a wrong name is refused here, before any data is read
-    return made.solve_with(**(fixed_point or {}))
+    return made
