@@ -56,6 +56,7 @@ TEXT = st.one_of(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "required", "option", "valid"), OPTIONS, ids=[f"{o[0][-1]} {o[2]}" for o in OPTIONS])
 @settings(max_examples=60, deadline=None)
 @given(text=TEXT)

@@ -92,6 +92,7 @@ def test_eval_on_another_group_than_the_trained_one_is_refused(group, fragment, 
     assert_clean_error(code, err, f"--group {group}", fragment)
 
 
+@pytest.mark.slow
 def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_path, capsys, trained_s3):
     _, train_run = trained_s3
     rows = {}
@@ -106,6 +107,7 @@ def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_
     assert rows["whole"]["fp_iterations_mean"] < rows["default"]["fp_iterations_mean"]
 
 
+@pytest.mark.slow
 def test_train_then_eval_writes_a_record_and_a_figure(tmp_path, capsys, trained_s3):
     _, train_run = trained_s3
     out = tmp_path / "eval"

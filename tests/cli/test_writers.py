@@ -217,6 +217,7 @@ def test_every_command_that_writes_has_a_case_and_an_overwrite_flag():
     assert all("--overwrite" in commands[name] for name in writers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_finished_work_is_refused_unless_overwrite(name, inputs, tmp_path, capsys, workdir):
     case = CASES[name]
@@ -255,6 +256,7 @@ def full_disk_under(root: Path, monkeypatch) -> None:
         monkeypatch.setattr(os, name, full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_full_disk_fails_in_one_line_and_leaves_the_earlier_target(name, inputs, tmp_path, capsys, monkeypatch,
                                                                      workdir):
@@ -299,6 +301,7 @@ def test_a_tokenizer_trained_onto_a_checkpoint_leaves_its_tokenizer(inputs, tmp_
     assert len(load_tokenizer(model)) == 300 and (model / "model.safetensors").read_bytes() == before["model.safetensors"]
 
 
+@pytest.mark.slow
 def test_a_report_into_the_run_it_reads_keeps_the_evaluations_figure(inputs, tmp_path, capsys):
     """before: report RUN --out RUN replaced RUN/word_length.png, the evaluation's own figure."""
     run_dir = tmp_path / "run"

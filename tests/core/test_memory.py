@@ -77,6 +77,7 @@ def test_training_sizes_beyond_the_memory_are_refused_in_one_line(tmp_path, caps
     assert latest_checkpoint(tmp_path / "run") is None
 
 
+@pytest.mark.slow
 def test_test_words_beyond_the_memory_are_refused(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["words", "train", "--out", str(run), "--no-progress", *SMALL, "--train", "total_steps=1",
@@ -137,6 +138,7 @@ print(peak_growth(lambda: codes.append(main(["words", "eval", run, "--lengths", 
 """
 
 
+@pytest.mark.slow
 def test_a_long_evaluation_runs_in_memory_that_does_not_grow_with_the_length_and_is_estimated(tmp_path):
     """``words eval`` reads the words a window at a time, carrying the state: its peak
     memory (the peak resident size of a fresh process, less what it held before the command)

@@ -266,6 +266,7 @@ def assert_fields_conform(config: Any) -> None:
         assert conforms(getattr(config, field.name), hints[field.name]), field.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config_class, build",
     [(TrainConfig, lambda values: TrainConfig.for_task("words", **values)),
@@ -285,6 +286,7 @@ def test_any_json_training_options_give_a_config_or_an_option_error(config_class
     assert_fields_conform(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", list(BASES))
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())

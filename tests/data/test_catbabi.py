@@ -265,6 +265,7 @@ def test_accuracy_per_task_of_a_model_with_known_answers(built, length, stride):
 # ---------------------------------------------------------------- the commands
 
 
+@pytest.mark.slow
 def test_sample_build_train_and_eval_commands_chain(tmp_path, capsys):
     babi, data, run, out = (tmp_path / name for name in ("babi", "data", "run", "out"))
     assert main(["catbabi", "sample", "--out", str(babi)]) == 0

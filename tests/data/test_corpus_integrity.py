@@ -200,6 +200,7 @@ print(json.dumps({"before": before, "after": peak(), "codes": codes}))
 """
 
 
+@pytest.mark.slow
 def test_corpus_build_of_megabytes_in_one_line_or_many_stays_in_bounded_memory(tokenizer, tmp_path):
     """Before: 1.7 MB took 370 MB more as one line or as 8,000 lines (10 MB: 2.2 GB; 100 MB in
     one line: 16 GB), since each document was tokenized whole."""
@@ -242,6 +243,7 @@ def long_document() -> str:
     return prose + " ".join(words[45_000:80_000]) + "\n" + "".join(f"    {word}\n\n" for word in words[80_000:])
 
 
+@pytest.mark.slow
 def test_a_document_of_many_pieces_is_written_token_for_token_as_whole(tokenizer, tmp_path):
     """Pieces end where the byte-level BPE's words end: the shards hold the tokens of the
     document tokenized whole, and a killed run resumed in the middle of it writes the same bytes."""
@@ -265,6 +267,7 @@ def test_a_document_of_many_pieces_is_written_token_for_token_as_whole(tokenizer
     assert tree_bytes(resumed) == tree_bytes(tmp_path / "whole")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line_break", ["\n", "\r\n"])
 def test_the_held_out_lines_of_a_long_document_are_those_of_the_documented_rule(line_break, tokenizer, tmp_path):
     """The last document is held only from where its held-out lines can begin: the split is

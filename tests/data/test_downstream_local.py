@@ -110,6 +110,7 @@ def test_missing_files_are_skipped_only_when_asked():
         read_local_set("mmlu", SLICES)
 
 
+@pytest.mark.slow
 def test_full_shared_copies_have_the_published_sizes(shared_data):
     for task, size in FULL_SIZES.items():
         assert len(read_local_set(task, shared_data).documents) == size, task
@@ -130,6 +131,7 @@ def explicit_pair(tmp_path: Path, tokenizer) -> tuple[Path, Path]:
     return tmp_path / "hf", tmp_path / "ours"
 
 
+@pytest.mark.slow
 def test_scores_equal_lm_evals_hf_model_on_the_same_weights(tmp_path, tokenizer):
     from lm_eval import simple_evaluate
 
@@ -158,6 +160,7 @@ def small_implicit_checkpoint(folder: Path, tokenizer) -> None:
     tokenizer.save_pretrained(folder)
 
 
+@pytest.mark.slow
 def test_downstream_command_reads_a_data_folder_and_skips_what_is_missing(tmp_path, tokenizer, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)  # outside any git repository, where lm-eval's git question fails
     small_implicit_checkpoint(tmp_path / "model", tokenizer)

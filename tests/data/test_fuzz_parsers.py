@@ -61,6 +61,7 @@ def fuzz(name: str, trial: Callable[[np.random.Generator], str]) -> dict[str, in
     return counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS, ids=lambda target: target.name)
 def test_fuzz_file_parser(target: Any, tmp_path, summary, record_property) -> None:
     layout = Layout(target, tmp_path)

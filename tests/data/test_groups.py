@@ -58,6 +58,7 @@ def test_orders(name: str, order: int) -> None:
     assert algebra.table.dtype == smallest_uint_dtype(order)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SMALL_ALGEBRAS)
 def test_table_is_closed_associative_with_identity_zero(name: str) -> None:
     algebra = get_group(name)

@@ -394,6 +394,7 @@ def test_valid_layouts_parse(target: Target, layouts: dict[str, Layout]) -> None
 CORRUPTION = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS, ids=lambda target: target.name)
 @CORRUPTION
 @given(data=st.data())
@@ -403,6 +404,7 @@ def test_damaged_files_parse_or_give_one_line_errors(
     layouts[target.name].trial(DrawChooser(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS, ids=lambda target: target.name)
 @CORRUPTION
 @given(content=st.binary(max_size=300))

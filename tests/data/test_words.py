@@ -354,6 +354,7 @@ def test_test_words_drawn_in_windows_are_the_words_drawn_whole():
     np.testing.assert_array_equal(np.concatenate([w[1] for w in windows], axis=1), targets)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 def test_an_evaluation_in_windows_scores_exactly_as_one_forward_over_the_whole_words(trained_s3, monkeypatch, mode):
     """Chunked solves carry the state from window to window: accuracy, iterations and every

@@ -29,6 +29,7 @@ def stack_map(model, input_ids):
     return lambda z: model.stack(z, u)[0]
 
 
+@pytest.mark.slow
 def test_estimate_is_unbiased_for_the_exact_frobenius_norm():
     model = tiny_model(0.0)
     ids = torch.randint(0, 6, (2, 10), generator=torch.Generator().manual_seed(1))
@@ -42,6 +43,7 @@ def test_estimate_is_unbiased_for_the_exact_frobenius_norm():
     assert estimates.std().item() > 0.01 * exact.item()  # a random estimate, not the exact value
 
 
+@pytest.mark.slow
 def test_scan_and_conv_backward_passes_are_differentiable():
     """The penalty differentiates a backward pass: the hand-written ones of the SSD's scan
     across chunks (several chunks here) and of the causal conv must give exact second
@@ -104,6 +106,7 @@ def test_training_forward_carries_the_weighted_penalty():
         assert penalised_model(ids).fixed_point.jacobian_penalty is None  # training only
 
 
+@pytest.mark.slow
 def test_penalty_makes_the_map_contract():
     """The same model, seed and steps, with and without the penalty: trained with it, the
     map's Jacobian at its fixed point is smaller and evaluation solves need fewer iterations."""

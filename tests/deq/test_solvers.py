@@ -209,6 +209,7 @@ def token_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 6, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["mamba2", "llama"])
 def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
     # torchdeq's anderson needs the large budget: its absolute regularisation (1e-4) swamps
@@ -227,6 +228,7 @@ def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
                 torch.testing.assert_close(out.logits, reference, rtol=0, atol=1e-4 * reference.abs().max().item())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_a_sequences_answer_does_not_depend_on_its_batch(solver, mode):
@@ -260,6 +262,7 @@ def test_sequential_model_steps_only_the_rows_still_running():
     assert min(rows_per_call) < 4  # some calls ran on the unconverged rows only
 
 
+@pytest.mark.slow
 def test_simultaneous_model_passes_only_the_samples_still_running():
     model = contractive_model(tol=1e-6)
     # Different lengths of left padding make the samples converge at different iterations.
@@ -287,6 +290,7 @@ def test_simultaneous_model_passes_only_the_samples_still_running():
 # ---------------------------------------------------------------- the solver in the metrics
 
 
+@pytest.mark.slow
 def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path):
     model = contractive_model(tol=1e-4)
     inputs, _ = generate_words("S3", 6, 3, seed=1)
@@ -300,6 +304,7 @@ def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path)
     assert json.loads((tmp_path / "convergence.json").read_text())["solver"] == "safeguarded_anderson"
 
 
+@pytest.mark.slow
 def test_convergence_command_takes_a_solver(tmp_path, capsys):
     contractive_model(tol=1e-4).save_pretrained(tmp_path / "model")
     common = ["words", "convergence", str(tmp_path / "model"), "--group", "S3", "--lengths", "6", "--count", "4",
@@ -313,6 +318,7 @@ def test_convergence_command_takes_a_solver(tmp_path, capsys):
 # ---------------------------------------------------------------- a solver per mode
 
 
+@pytest.mark.slow
 def test_each_mode_runs_its_own_solver_and_training_keeps_f_solver():
     model = contractive_model(tol=1e-6)
     ids = token_ids(2, 6)

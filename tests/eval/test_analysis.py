@@ -55,6 +55,7 @@ def test_budget_one_is_one_pass_of_the_stack():
     assert row["fp_iterations_mean"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 def test_more_budget_never_reports_fewer_iterations(mode):
     model = tiny_word_model(contractive=True)
@@ -188,6 +189,7 @@ def test_report_errors_name_the_folder(tmp_path, capsys):
     assert "missing: no such run folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_word_budget_and_convergence_commands(tmp_path, capsys, trained_s3):
     _, run = trained_s3
     checkpoint = str(run)  # a run folder: its latest checkpoint

@@ -139,6 +139,7 @@ def test_rolling_loglikelihood_is_the_text_logprob_and_windows_keep_the_longest_
     assert abs(windowed - whole) > 1e-3  # the windows did cut the context
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 def test_batching_and_left_padding_leave_the_scores_unchanged(mode, tokenizer):
     model = make_model("mamba2", True, len(tokenizer))
@@ -165,6 +166,7 @@ def test_batching_and_left_padding_leave_the_scores_unchanged(mode, tokenizer):
     torch.testing.assert_close(four_rolled, one_rolled, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_auto_batch_size_is_the_largest_that_fits_and_scores_the_same(tokenizer):
     model = make_model("mamba2", True, len(tokenizer))
     pairs = [(s[:12], s[12:20]) for s in SENTENCES]
@@ -195,6 +197,7 @@ def test_batch_size_must_be_a_positive_integer_or_auto(value, tokenizer):
         ImplicitLMHarness(make_model("mamba2", False, len(tokenizer)), tokenizer=tokenizer, batch_size=value)
 
 
+@pytest.mark.slow
 def test_generate_until_is_greedy_decoding_cut_at_the_stop_string(tokenizer):
     model = make_model("llama", True, len(tokenizer))
     contexts = ["The sun rises", "Question: What do bees make?\nAnswer:", "A"]
@@ -257,6 +260,7 @@ def test_registered_by_name_from_model_args_without_hiding_the_built_in_models(c
         ImplicitLMHarness(checkpoint, mode="parallel")
 
 
+@pytest.mark.slow
 def test_sample_tasks_run_end_to_end_and_agree_with_the_adapters_own_scores(checkpoint):
     results = run_tasks(checkpoint, SAMPLE_TASKS, include_path=SAMPLE_TASKS_DIR, batch_size=4, bootstrap_iters=0,
                         progress=False)["results"]
@@ -274,6 +278,7 @@ def test_sample_tasks_run_end_to_end_and_agree_with_the_adapters_own_scores(chec
     assert results["implicitlm_sample_choice"]["acc,none"] == pytest.approx(sum(correct) / len(docs))
 
 
+@pytest.mark.slow
 def test_downstream_command_writes_its_record_and_figure(checkpoint, tmp_path, capsys):
     out = tmp_path / "downstream"
     code = main(["lm", "downstream", str(checkpoint), "--tasks", "implicitlm_sample_choice,implicitlm_sample_completion",
@@ -326,6 +331,7 @@ def real_items(task: str, shared_data: Path, count: int) -> list[tuple[str, str]
     return [(f"Question: {doc['goal']}\nAnswer:", " " + doc[key]) for doc in documents for key in ("sol1", "sol2")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 @pytest.mark.parametrize("task", ["hellaswag", "piqa"])
 def test_shared_contexts_score_as_whole_texts_on_real_items_and_read_fewer_tokens(task, mode, shared_data, tokenizer):

@@ -87,6 +87,7 @@ def test_explicit_mamba2_diagonal_is_the_decay_of_the_token(layer):
     assert off_diagonal_share(jacobian) < 1e-6
 
 
+@pytest.mark.slow
 def test_implicit_mamba2_jacobian_is_not_diagonal():
     model = make_model(MAMBA2, implicit=True, fixed_point=TIGHT, **FAST)
     analysis = jacobian_analysis(model, tokens(1, 8), [3, 7], coordinates=64)
@@ -95,6 +96,7 @@ def test_implicit_mamba2_jacobian_is_not_diagonal():
     assert metrics["off_diagonal_share_min"] > 1e-2
 
 
+@pytest.mark.slow
 def test_ift_equals_unroll_and_finite_differences_on_a_contractive_model():
     model = make_contractive(make_model(MAMBA2, implicit=True, layers=2, fixed_point=TIGHT, **FAST))
     ids, position, layer = tokens(1, 4, seed=2), 2, 1
@@ -128,6 +130,7 @@ def test_attention_models_are_refused():
         state_jacobian(model, tokens(1, 4)[0], 2)
 
 
+@pytest.mark.slow
 def test_cli_writes_a_record_per_model_and_the_heatmaps(tmp_path, capsys):
     options = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, **MAMBA2, **FAST)
     explicit, implicit = tmp_path / "explicit.json", tmp_path / "implicit.json"

@@ -45,6 +45,7 @@ def scan_with_grads(scan, leaves, with_state: bool, chunk: int):
     return y.detach(), final.detach(), [None if t.grad is None else t.grad.detach() for t in leaves]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-l{}-h{}-p{}-g{}-n{}-chunk{}".format(*s))
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 def test_ssd_scan_dispatches_to_the_fused_kernel_and_matches_the_pure_scan(monkeypatch, shape, with_state):
@@ -68,6 +69,7 @@ def test_ssd_scan_dispatches_to_the_fused_kernel_and_matches_the_pure_scan(monke
     torch.testing.assert_close(fused[1].double(), final64, rtol=0, atol=1e-5 * final64.abs().max().item())
 
 
+@pytest.mark.slow
 def test_a_wrong_convention_is_caught(monkeypatch):
     """B and C swapped: the check above is able to fail."""
     leaves = inputs(2, 24, 4, 8, 2, 8)
@@ -80,6 +82,7 @@ def test_a_wrong_convention_is_caught(monkeypatch):
     assert (y - y_pure).abs().max() > 0.1 * y_pure.abs().max()
 
 
+@pytest.mark.slow
 def test_an_implicit_mamba2_trains_through_the_fused_kernel_as_through_the_pure_path(monkeypatch):
     torch.manual_seed(0)
     options = dict(architecture="mamba2", implicit=True, vocab_size=11, hidden_size=16, num_hidden_layers=1,

@@ -202,6 +202,7 @@ def test_the_adapter_refuses_an_empty_stop_string(until, tokenizer):
     refused(lambda: lm.generate_until([request]), "until")
 
 
+@pytest.mark.slow
 def test_the_adapters_batch_probe_passes_a_run_that_fails_on_nonconvergence(tokenizer):
     """Before: the probe's one evaluation missed the tolerance, and with
     eval_nonconvergence="error" the probe raised NumericalFault before any request ran."""

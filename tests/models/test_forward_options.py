@@ -14,6 +14,7 @@ def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, model.embeddings.weight)[..., : model.config.vocab_size]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_inputs_embeds_give_the_logits_of_their_ids(architecture, implicit):
     model, ids = make_model(architecture, implicit), tokens(2, 7, seed=10)
@@ -63,6 +64,7 @@ def test_implicit_hidden_states_are_one_pass_at_the_fixed_point(architecture):
     assert torch.equal(head_logits(model, hidden[-1]), output.logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_sequential_mode_gives_the_hidden_states_of_simultaneous_mode(architecture, implicit):
     model, ids = make_model(architecture, implicit), tokens(2, 6, seed=13)
@@ -86,6 +88,7 @@ def test_hidden_states_follow_the_config_default_and_the_tuple_form():
     assert len(as_tuple[-1]) == 3  # (logits, state, hidden_states)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_generate_returns_the_hidden_states_of_every_step(architecture, implicit):
     model, prompt = make_model(architecture, implicit), tokens(2, 5, seed=15)
@@ -99,6 +102,7 @@ def test_generate_returns_the_hidden_states_of_every_step(architecture, implicit
         assert torch.equal(chosen, out.sequences[:, 5 + step])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_generate_from_inputs_embeds_equals_generate_from_ids(architecture, implicit):
     model, prompt = make_model(architecture, implicit), tokens(2, 5, seed=16)
@@ -110,6 +114,7 @@ def test_generate_from_inputs_embeds_equals_generate_from_ids(architecture, impl
     assert torch.equal(from_embeds, from_ids[:, 5:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["mamba2", "llama"])
 def test_position_ids_of_the_token_order_are_accepted(architecture):
     model, ids = make_model(architecture, True), tokens(2, 6, seed=17)
@@ -142,6 +147,7 @@ def test_position_ids_the_model_cannot_honour_are_refused(positions, mask):
         model(ids, attention_mask=mask, position_ids=positions)
 
 
+@pytest.mark.slow
 def test_loss_is_normalised_by_num_items_in_batch():
     model, ids = make_model("mamba2", True), tokens(2, 6, seed=19)
     with torch.no_grad():
@@ -181,6 +187,7 @@ def test_transformers_bookkeeping_options_leave_the_logits_unchanged():
     assert torch.equal(with_options, plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_logits_to_keep_gives_those_positions_of_the_full_logits(architecture, implicit):
     model, ids = make_model(architecture, implicit), tokens(2, 7, seed=21)
@@ -206,6 +213,7 @@ def test_a_loss_with_partial_logits_is_refused():
         model(ids, labels=ids, logits_to_keep=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_generate_computes_the_prompts_last_logits_only(architecture, implicit):
     model, prompt = make_model(architecture, implicit), tokens(2, 5, seed=22)

@@ -37,6 +37,7 @@ def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_sequential_run_resumes_exactly_from_its_state(architecture, implicit):
     model, ids = make_model(architecture, implicit), tokens(2, 9, seed=1)
@@ -47,6 +48,7 @@ def test_sequential_run_resumes_exactly_from_its_state(architecture, implicit):
     assert torch.equal(torch.cat([head.logits, tail.logits], dim=1), whole.logits)
 
 
+@pytest.mark.slow
 @pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_parallel_prefill_then_recurrent_decoding_equals_full_forward(architecture, implicit, device):
@@ -63,6 +65,7 @@ def test_parallel_prefill_then_recurrent_decoding_equals_full_forward(architectu
     torch.testing.assert_close(torch.cat([prefill.logits, decoded.logits], dim=1), reference.logits, atol=tolerance, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_greedy_generation_equals_argmax_of_a_full_sequential_forward(architecture, implicit, device):
@@ -74,6 +77,7 @@ def test_greedy_generation_equals_argmax_of_a_full_sequential_forward(architectu
     assert torch.equal(logits[:, 4:-1].argmax(-1), generated[:, 5:])
 
 
+@pytest.mark.slow
 def test_generation_stops_at_eos_and_pads_finished_sequences():
     model, prompt = make_model("mamba2", True), tokens(3, 4, seed=4)
     free_run = model.generate(prompt, max_new_tokens=6)
@@ -99,6 +103,7 @@ def test_sampling_is_reproducible_under_a_seed_and_respects_top_k():
     assert torch.equal(wide[0], wide[1]) and not torch.equal(wide[0], wide[2])
 
 
+@pytest.mark.slow
 @pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_beam_search_scores_equal_the_log_probability_of_its_sequences(architecture, implicit, device):
@@ -116,6 +121,7 @@ def test_beam_search_scores_equal_the_log_probability_of_its_sequences(architect
     torch.testing.assert_close(out.sequences_scores.double(), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.device
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_generation_continues_from_a_given_state(architecture, implicit, device):
@@ -127,6 +133,7 @@ def test_generation_continues_from_a_given_state(architecture, implicit, device)
     assert torch.equal(continued, whole[:, 4:])
 
 
+@pytest.mark.slow
 def test_generation_without_cache_rereads_the_sequence_and_agrees():
     model, prompt = make_model("mamba2", True), tokens(2, 4, seed=13)
     assert torch.equal(model.generate(prompt, max_new_tokens=4, use_cache=False), model.generate(prompt, max_new_tokens=4))
@@ -168,6 +175,7 @@ def test_auto_class_round_trip_gives_identical_logits(architecture, implicit, tm
         assert torch.equal(reloaded(ids).logits, model(ids).logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_left_padding_leaves_the_real_tokens_logits_unchanged(architecture, implicit):
     model = make_model(architecture, implicit)
@@ -184,6 +192,7 @@ def test_left_padding_leaves_the_real_tokens_logits_unchanged(architecture, impl
         torch.testing.assert_close(padded.logits[1], model(long).logits[0], atol=tolerance, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_left_padding_after_a_state_leaves_the_real_tokens_and_the_next_state_unchanged(architecture, implicit):
     # Mamba's convolution must show the first real tokens the inputs before the padding
@@ -202,6 +211,7 @@ def test_left_padding_after_a_state_leaves_the_real_tokens_and_the_next_state_un
     torch.testing.assert_close(after_padding.logits, after_alone.logits, atol=tolerance, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
 def test_generation_from_a_left_padded_prompt_equals_unpadded_generation(architecture, implicit):
     model = make_model(architecture, implicit)
@@ -221,6 +231,7 @@ def test_padded_sequential_run_is_refused():
 IMPLICIT_VARIANTS = [("mamba2", True), ("llama", True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, implicit", IMPLICIT_VARIANTS, ids=["mamba2", "llama"])
 def test_chunked_simultaneous_solve_equals_the_whole_sequence_solve(architecture, implicit):
     # Left padding longer than a chunk (row 0's first chunk is all padding), a partial last
@@ -256,6 +267,7 @@ def test_a_left_padded_row_is_chunked_as_it_is_alone():
     assert torch.equal(in_padding.fixed_point.iterations, alone.fixed_point.iterations + 1)
 
 
+@pytest.mark.slow
 def test_chunked_solve_stats_add_up_the_chunks_solves():
     model, ids = make_model("mamba2", True), tokens(3, 10, seed=19)
     with torch.no_grad():

@@ -152,6 +152,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_an_import_killed_while_writing_leaves_nothing_and_the_rerun_clears_it(hf_checkpoint, tmp_path, capsys, caplog):
     out = tmp_path / "ours"
     command = [sys.executable, "-c", HELD_IMPORT, "models", "import", str(hf_checkpoint), "--out", str(out)]
@@ -202,6 +203,7 @@ def test_load_model_reads_the_next_checkpoint_when_the_run_removes_the_one_read(
 STEP_SECONDS = 0.05
 
 
+@pytest.mark.slow
 def test_load_model_in_a_loop_beside_a_run_writing_every_step(tmp_path):
     run = tmp_path / "run"
     make_run(run, 0, seed=0)

@@ -57,6 +57,7 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: 
 # ---------------------------------------------------------------- the two modes
 
 
+@pytest.mark.slow
 @pytest.mark.device
 def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     # 1e-6: reached within the budget by the contractive model, tight enough for 1e-3 agreement.
@@ -90,6 +91,7 @@ def test_explicit_sequential_equals_simultaneous(device):
         torch.testing.assert_close(step_state.conv, parallel_state.conv, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_sequential_stop_is_per_sample():
     tol = 1e-5
     model = contractive_model(tol)

@@ -223,6 +223,7 @@ def lm_eval_adapter(model, reference, ids, tokenizer):
 PATHS = [parallel, chunked, sequential, prefill_then_decode, greedy, sampling, beams, left_padding, lm_eval_adapter]
 
 
+@pytest.mark.slow
 @pytest.mark.device
 @pytest.mark.parametrize("path", PATHS, ids=[path.__name__ for path in PATHS])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -361,6 +362,7 @@ def test_a_bfloat16_autocast_training_step_gives_the_float64_gradient(family, im
     assert float((autocast - exact).norm() / exact.norm()) < 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 def test_words_eval_in_bfloat16_scores_the_trained_model_as_float32_does(mode, trained_s3, tmp_path):
     """``words eval --dtype bfloat16`` on a trained S3 model: the record says the dtype, no

@@ -39,6 +39,7 @@ def test_every_preset_builds_a_config(name):
     assert config.padded_vocab_size % 16 == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LM_PRESETS)
 def test_parameter_counts_match_the_paper(name):
     size, _, variant = name.rpartition("-")
@@ -82,6 +83,7 @@ def test_unknown_preset_names_close_matches():
         model_preset("mamba2-words-a5-bounded")  # a size file that lists its variants has only those
 
 
+@pytest.mark.slow
 def test_models_list_shows_every_preset(capsys):
     assert main(["models", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -147,6 +149,7 @@ def test_a_registered_preset_loads_by_name_as_a_copy_and_cannot_replace_a_shippe
     assert "tiny_z3" not in preset_names()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_a_preset_of_its_own_model_and_training(tmp_path):
     from implicitlm.models import load_model
     from implicitlm.presets import model_options_from

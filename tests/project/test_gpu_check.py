@@ -18,6 +18,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 # The files a remote GPU machine returns of an output folder, at most.
 MOST_FILES = 8
 

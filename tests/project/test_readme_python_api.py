@@ -9,6 +9,10 @@ import math
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

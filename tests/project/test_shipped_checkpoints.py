@@ -40,6 +40,7 @@ def validation_shards(shared_data, tmp_path_factory) -> Path:
     return root / "shards"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SAVED))
 def test_a_shipped_wikitext2_checkpoint_scores_the_validation_file_as_when_saved(kind, validation_shards, tmp_path):
     parameters, perplexity = SAVED[kind]
@@ -74,6 +75,7 @@ def test_a_shipped_checkpoint_generates_in_half_precision_as_a_user_loads_it(kin
         assert model.generation_convergence["fp_not_converged"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_implicit_checkpoint_scores_in_half_precision_as_in_float32(dtype, validation_shards, tmp_path):
     """``lm eval --dtype``: every fixed point converges (bfloat16's tolerance raised from the

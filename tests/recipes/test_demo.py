@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from implicitlm.cli import main
+
+pytestmark = pytest.mark.slow
 
 
 def test_demo_trains_both_models_and_reports_by_length(tmp_path, capsys):

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from implicitlm.cli import main
 from tests.train.test_lm_train import SEQUENCE
+
+pytestmark = pytest.mark.slow
 
 
 def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):

@@ -66,6 +66,7 @@ def assert_same(capsys, tmp_path, old: list[str], new: list[str]) -> dict:
     return old_result[2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("evaluation, alias, options", [
     ("length", "eval", ["--multiples", "1,2", "--count", "16"]),
     ("budget", "budget", ["--lengths", "12", "--count", "8", "--budgets", "1,4"]),
@@ -78,6 +79,7 @@ def test_words_aliases_print_and_write_what_eval_task_words_does(evaluation, ali
     assert list(records) == [{"length": "word_length.json", "budget": "word_budget.json"}.get(evaluation, "convergence.json")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("evaluation, alias, options", [
     ("length", "eval", ["--split", "eval", "--lengths", "8,16", "--max-tokens", "64"]),
     ("budget", "budget", ["--split", "eval", "--lengths", "16", "--budgets", "1,3"]),

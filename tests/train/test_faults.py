@@ -86,6 +86,7 @@ def wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
 # ---------------------------------------------------------------- process faults
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_path, uninterrupted):
     out = tmp_path / "run"
     process = start_training(out, "checkpoint_every=2")
@@ -103,6 +104,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_
     assert_same_weights(weights(out), weights(uninterrupted))
 
 
+@pytest.mark.slow
 def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninterrupted):
     out = tmp_path / "run"
     process = start_training(out, "checkpoint_every=2")
@@ -334,6 +336,7 @@ def test_an_out_path_that_is_a_file_is_bad_input(tmp_path, capsys):
     assert (tmp_path / "taken").read_text() == "notes"
 
 
+@pytest.mark.slow
 def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_words(tmp_path, capsys):
     words = tmp_path / "words.npy"
     assert main(["words", "generate", "--group", "S3", "--length", "6", "--count", "20", "--out", str(words)]) == 0

@@ -139,6 +139,7 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_resume_continues_exactly(shards, tmp_path):
     settings = ["total_steps=10", "checkpoint_every=2", "keep_checkpoints=10", "batch_size=8",
                 f"batch_tokens={8 * SEQUENCE * 4}"]
@@ -158,6 +159,7 @@ def test_sigkill_after_a_checkpoint_then_resume_continues_exactly(shards, tmp_pa
     assert logged(tmp_path / "killed", "loss") == logged(tmp_path / "whole", "loss")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
 def test_two_processes_equal_one_process_with_the_same_global_batch(shards, tmp_path, distributed):
     settings = ["total_steps=3", "checkpoint_every=3", f"batch_tokens={4 * SEQUENCE}"]
@@ -195,6 +197,7 @@ def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
     assert logged(tmp_path, "fp_budget") == [4, 4, 6, 6]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_the_former_lm_trainer_loads_and_resumes_exactly(shards, tmp_path):
     """The former LM trainer's checkpoints lie where today's do, spell the batch size
     ``micro_batch_size`` and hold no task, warm-up or word options."""
@@ -214,6 +217,7 @@ def test_a_checkpoint_of_the_former_lm_trainer_loads_and_resumes_exactly(shards,
         assert torch.equal(resumed[name], uninterrupted[name]), name
 
 
+@pytest.mark.slow
 def test_tokenizer_corpus_train_and_eval_commands_chain(tmp_path, capsys):
     sources = str(Path(__file__).parents[2] / "src" / "implicitlm" / "data")
     assert main(["tokenizer", "train", sources, "--pattern", "*.py", "--vocab-size", "300", "--out", str(tmp_path / "tok")]) == 0
@@ -322,6 +326,7 @@ def signal_every_process_naming(marker: str, number: int) -> int:
     return signalled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every_process", [False, True], ids=["torchrun", "every-process"])
 def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoint(shards, tmp_path, every_process):
     """Signalled all at once (``pkill -f``, a scheduler ending the job step), each worker
@@ -434,6 +439,7 @@ def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_p
         assert max(float(value.abs().max()) for value in load_file(saved / "model.safetensors").values()) < 100
 
 
+@pytest.mark.slow
 def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
     import shutil
 
@@ -456,6 +462,7 @@ def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
 
 # The trainer runs where accelerate puts it, on CUDA wherever there is a GPU: the `device`
 # fixture only skips it where cuda is asked for and missing; the GPU check runs it on CUDA.
+@pytest.mark.slow
 @pytest.mark.device
 @pytest.mark.usefixtures("device")
 @pytest.mark.parametrize("architecture", ["mamba2", "llama"])

@@ -183,6 +183,7 @@ def train_under_file_size_limit(out: Path, limit: int) -> subprocess.CompletedPr
     return subprocess.run(command, preexec_fn=limited, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing", ["training_state.pt", "model.safetensors"])
 def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_last_one_resumes(tmp_path, failing):
     """before: a failed write of training_state.pt was a 42-line chained RuntimeError traceback."""

@@ -16,6 +16,7 @@ from tests.train.test_words_train import tiny_model
 INDUCTOR_JIT_WARNING = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.filterwarnings(INDUCTOR_JIT_WARNING))])
 def test_compiled_stack_keeps_names_outputs_and_gradients(backend):
     # "eager" runs dynamo's tracing of the stack (custom autograd function, weight-norm

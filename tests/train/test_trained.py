@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from implicitlm.data.words import generate_words
@@ -14,6 +15,7 @@ from implicitlm.models import load_model
 from tests.conftest import TRAINED_GROUP, TRAINED_LENGTH
 
 
+@pytest.mark.slow
 def test_training_learns_the_word_problem(trained_s3):
     model, _ = trained_s3
     inputs, targets = generate_words(TRAINED_GROUP, TRAINED_LENGTH, 256, seed=123)
@@ -52,6 +54,7 @@ def test_training_log_records_phases_and_convergence(trained_s3):
     assert (run / "tensorboard").is_dir()
 
 
+@pytest.mark.slow
 def test_both_modes_converge_up_to_eight_times_the_training_length_and_agree_at_it(trained_s3):
     """The duality on a (briefly) trained model, each mode with a budget of 8 times the
     length; the few fixed points this short training leaves unsettled are reported.
@@ -73,6 +76,7 @@ def test_both_modes_converge_up_to_eight_times_the_training_length_and_agree_at_
         "fp_not_converged"] == 0  # at the training length, the default budget suffices
 
 
+@pytest.mark.slow
 def test_sequential_fixed_points_solve_the_simultaneous_equation_at_eight_times_the_training_length(trained_s3):
     """The duality itself, whether or not the fixed point is unique: the token-by-token
     (RNN) solution, put into one parallel pass of the stack over the whole word, comes back
@@ -94,6 +98,7 @@ def test_sequential_fixed_points_solve_the_simultaneous_equation_at_eight_times_
     assert float(((f_elsewhere - z).norm(dim=-1) / fz.norm(dim=-1)).min()) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_converging_sample_whose_step_grows_first_is_kept_to_the_fixed_point(trained_s3):
     """At 8x the training length, simultaneous mode's step grows while the later tokens
     catch up; the solve keeps every such sample until it converges."""

@@ -87,6 +87,7 @@ def test_the_warm_start_is_the_import_of_the_same_weights_from_transformers():
         assert torch.equal(logits(started, max_iter=iterations), logits(imported, max_iter=iterations))
 
 
+@pytest.mark.slow
 def test_an_implicit_model_started_from_an_implicit_one_computes_what_it_did():
     source = small_model("mamba2", implicit=True, seed=0)
     fixed_point = {"eval_f_max_iter": 40, "eval_f_tol": 1e-3}

@@ -163,6 +163,7 @@ def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
     assert logged == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
     config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
     train(tiny_model(), config, tmp_path, progress=False)
@@ -251,6 +252,7 @@ def test_a_checkpoint_of_the_former_word_trainer_loads_and_resumes_exactly(tmp_p
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_words_train_under_torchrun_as_one_process_with_the_global_batch(tmp_path):
     import os
     import subprocess
