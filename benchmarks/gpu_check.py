@@ -72,7 +72,7 @@ MINIMUM_STEP_S = 10.0
 # The files of the tests marked `device` (built on the `device` fixture's device): only they are
 # collected, since other test files import what the GPU machine lacks (lm-eval), which fails
 # their collection.
-TEST_FILES = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py")
+TEST_FILES = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
                     if "@pytest.mark.device" in path.read_text())
 REHEARSED_TESTS = "test_steps_match_parallel_from_zero_state or test_gradients_match_recurrence"
 # decoding has a step of its own; multiple_choice needs lm-eval and ../shared/data, which the
@@ -432,13 +432,13 @@ def kernel_step(rehearse: bool, limit_s: float) -> None:
 def fused_dispatch(rehearse: bool):
     """Inside, ``ssd_scan`` runs mamba_ssm's fused kernel and records each call (the tests'
     ``FusedKernel``): on a GPU as the library finds it, on a CPU through Triton's interpreter
-    and the tests' shims (tests/interpreted_kernel.py)."""
+    and the tests' shims (tests/support/interpreted_kernel.py)."""
     import importlib
 
     import pytest
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from interpreted_kernel import FusedKernel, interpreted_fused_kernel, kernel_packages_missing
+    sys.path.insert(0, str(ROOT))
+    from tests.support.interpreted_kernel import FusedKernel, interpreted_fused_kernel, kernel_packages_missing
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         if rehearse:

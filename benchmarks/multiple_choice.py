@@ -6,7 +6,7 @@ context solved once, each ending going on from its state) and off (every context
 solved whole); the explicit model of the same shape in the same run is the baseline. Every
 solve runs a fixed number of iterations (tolerance out of reach), the LM evaluation's 12, so
 both ways do the work a converging solve would; that the scores agree where solves converge
-is the tests' job (test_harness.py). The tokenizer is a byte-level BPE trained on the first
+is the tests' job (tests/eval/test_harness.py). The tokenizer is a byte-level BPE trained on the first
 lines of WikiText-2, the model random, d_model 272, 4 layers (the README's WikiText-2 shape).
 """
 

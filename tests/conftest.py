@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 # Without a GPU, Triton's interpreter runs the fused GPU kernels on the CPU
-# (tests/interpreted_kernel.py). Triton reads the setting once, when it is first imported,
+# (tests/support/interpreted_kernel.py). Triton reads the setting once, when it is first imported,
 # and importing transformers imports it: so here, before anything else.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -28,7 +28,7 @@ from implicitlm.train.config import TrainConfig  # noqa: E402
 from implicitlm.train.trainer import train  # noqa: E402
 
 # Property tests draw the same examples on every run: CI is reproducible, and the
-# fuzzing run (tests/test_fuzz_parsers.py) is where fresh inputs come from.
+# fuzzing run (tests/data/test_fuzz_parsers.py) is where fresh inputs come from.
 settings.register_profile("implicitlm", derandomize=True, database=None)
 settings.load_profile("implicitlm")
 

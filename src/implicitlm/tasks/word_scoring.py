@@ -15,6 +15,7 @@ from ..core.errors import OptionError
 from ..core.memory import activation_bytes, peak_growth, return_freed_memory, tensor_bytes
 from ..data.words import StoredWords, WordWindows
 from ..deq import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
+from ..deq.options import MAX_EVALUATIONS
 from ..models.implicit_lm import MODES
 
 # Simultaneous mode carries a token's state about one position further per iteration, so
@@ -41,7 +42,8 @@ def raise_word_budget(model, longest: int) -> None:
     tokens need (``simultaneous_budget``) as its ``simultaneous_max_iter``: its own
     ``max_iter`` may be a training length's."""
     if model.config.implicit:
-        model.set_fixed_point_options(simultaneous_max_iter=simultaneous_budget(model, longest))
+        # Held to the solver's limit: words that need more are refused by the memory check first.
+        model.set_fixed_point_options(simultaneous_max_iter=min(simultaneous_budget(model, longest), MAX_EVALUATIONS))
 
 
 def solved_at_once(model, length: int) -> int:

@@ -1,0 +1,114 @@
+"""Command-line options take any text: a value of the right kind, or one line naming the option and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from implicitlm.cli import build_parser
+
+# (command words, required arguments, option, what a valid value satisfies)
+POSITIVE_INT = lambda v: isinstance(v, int) and v > 0  # noqa: E731
+NON_NEGATIVE_INT = lambda v: isinstance(v, int) and v >= 0  # noqa: E731
+POSITIVE_FLOAT = lambda v: math.isfinite(v) and v > 0  # noqa: E731
+FRACTION = lambda v: 0 <= v <= 1  # noqa: E731
+POSITIVE_INTS = lambda v: bool(v) and all(POSITIVE_INT(x) for x in v)  # noqa: E731
+POSITIVE_FLOATS = lambda v: bool(v) and all(POSITIVE_FLOAT(x) for x in v)  # noqa: E731
+
+GENERATE = (["words", "generate"], ["--group", "S3", "--length", "4", "--count", "2", "--out", "x.npy"])
+EVAL = (["words", "eval"], ["ckpt"])
+BUDGET = (["eval", "budget"], ["--task", "words", "ckpt", "--out", "o"])
+CORPUS = (["corpus", "build"], ["src", "--tokenizer", "t", "--out", "o"])
+CATBABI = (["catbabi", "eval"], ["ckpt", "--data", "d", "--out", "o"])
+JACOBIAN = (["jacobian"], ["m", "--out", "o"])
+OPTIONS = [
+    (*GENERATE, "--length", POSITIVE_INT),
+    (*GENERATE, "--count", POSITIVE_INT),
+    (*GENERATE, "--hard-prob", FRACTION),
+    (*GENERATE, "--seed", NON_NEGATIVE_INT),
+    (*EVAL, "--lengths", POSITIVE_INTS),
+    (*EVAL, "--batch-size", POSITIVE_INT),
+    (*EVAL, "--max-iter", POSITIVE_INT),
+    (*EVAL, "--tol", POSITIVE_FLOAT),
+    (*EVAL, "--chunk-length", NON_NEGATIVE_INT),
+    (*BUDGET, "--max-iter", POSITIVE_INTS),
+    (*BUDGET, "--tol", POSITIVE_FLOATS),
+    (*CORPUS, "--test-fraction", FRACTION),
+    (*CORPUS, "--shard-tokens", POSITIVE_INT),
+    (*CATBABI, "--sequence-length", POSITIVE_INT),
+    (*JACOBIAN, "--positions", lambda v: bool(v) and all(NON_NEGATIVE_INT(x) for x in v)),
+]
+
+PARSER = build_parser()
+
+# Text a user might type by mistake, and anything else.
+TEXT = st.one_of(
+    st.sampled_from(["0", "-1", "1.5", "nan", "inf", "-inf", "1e400", "", ",", "1,,2", "0x10", " 3", "1_000", "٣"]),
+    st.integers(-10**30, 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.lists(st.integers(-5, 5), min_size=1, max_size=4).map(lambda xs: ",".join(map(str, xs))),
+    st.text(max_size=12),
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "required", "option", "valid"), OPTIONS, ids=[f"{o[0][-1]} {o[2]}" for o in OPTIONS])
+@settings(max_examples=60, deadline=None)
+@given(text=TEXT)
+def test_an_option_value_parses_to_a_valid_value_or_is_one_line_naming_the_option(command, required, option, valid, text):
+    argv = [*command, *required, f"{option}={text}"]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = PARSER.parse_args(argv)
+    except SystemExit as exit:
+        err = stderr.getvalue().strip().splitlines()
+        assert exit.code == 2
+        assert len(err) == 1 and f"argument {option}" in err[0], err
+        return
+    value = getattr(args, destination(command, option))
+    assert valid(value), (text, value)
+
+
+def destination(command: list[str], option: str) -> str:
+    """Where ``command``'s parser keeps ``option`` (the budget sweep's ``--max-iter`` list is
+    kept apart from the one budget that other commands take)."""
+    parser = PARSER
+    for name in command:
+        commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+        parser = commands.choices[name]
+    return next(action.dest for action in parser._actions if option in action.option_strings)
+
+
+def test_a_value_of_two_dashes_is_refused_not_taken_for_the_end_of_options():
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
+        PARSER.parse_args(["words", "generate", "--group", "S3", "--length", "4", "--count", "2", "--out", "x.npy",
+                           "--hard-prob=--"])
+    assert exit.value.code == 2
+    assert stderr.getvalue().splitlines() == [
+        "implicitlm words generate: error: argument --hard-prob: expected a value, got '--' "
+        "(see implicitlm words generate --help)"
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.one_of(TEXT, st.sampled_from(["lr", "=3", "lr=", "lr=[1", "x=" + "[" * 5000, "seed=" + "9" * 5000]),
+                      st.tuples(st.text(max_size=6), TEXT).map("=".join)))
+def test_a_key_value_option_parses_to_a_pair_or_is_one_line_naming_the_option(text):
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = PARSER.parse_args(["words", "train", "--out", "o", f"--train={text}"])
+    except SystemExit as exit:
+        err = stderr.getvalue().strip().splitlines()
+        assert exit.code == 2 and len(err) == 1 and "argument --train" in err[0], err
+        return
+    [(key, _)] = args.train
+    assert key and text.startswith(f"{key}=")

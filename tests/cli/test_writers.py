@@ -1,0 +1,355 @@
+"""Every command that writes, taken from the parser so that a new one cannot be left out: a
+target holding finished work is refused unless ``--overwrite`` (and replaced with it), a
+target another process is writing is refused, and a full disk fails in one line leaving the
+earlier target as it was and no temporaries; then the cases users met, one test each."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+import torch
+from transformers import Mamba2Config, Mamba2ForCausalLM
+
+from implicitlm.cli import build_parser, main
+from implicitlm.core.run_folder import latest_checkpoint
+from implicitlm.core.targets import writer_lock
+from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
+from implicitlm.data.catbabi import build_catbabi
+from implicitlm.data.corpus import read_documents
+from implicitlm.data.shard_writer import write_shards
+from implicitlm.data.shards import TokenShards
+from implicitlm.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from implicitlm.models import build_model, config_from_options
+from implicitlm.tasks.words import WordsTask
+from implicitlm.train.run_log import run_folder_lock
+
+pytestmark = pytest.mark.usefixtures("offline_hub")  # lm downstream reads its sets from local files
+
+MARKER = b"finished work\n"
+SLICES = Path(__file__).parents[1] / "support" / "downstream"
+# Leaf commands that only print.
+READ_ONLY = {"models list", "models show", "options"}
+TINY_MAMBA2 = {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8, "chunk_size": 8}
+WORDS_RUN = [
+    "--no-progress", *[arg for key, value in TINY_MAMBA2.items() for arg in ("--model", f"{key}={value}")],
+    "--train", "group=Z3", "--train", "sequence_length=6", "--train", "batch_size=4", "--train", "total_steps=1",
+]
+LM_RUN = [
+    "--no-progress", *[arg for key, value in TINY_MAMBA2.items() for arg in ("--model", f"{key}={value}")],
+    *[arg for setting in ("sequence_length=8", "batch_size=2", "batch_tokens=16", "total_steps=1", "warmup_steps=1",
+                          "checkpoint_every=1") for arg in ("--train", setting)],
+]
+GOOD_RECORD = {
+    "experiment": "word_length", "checkpoint": "c", "metrics": {"accuracy@6": 0.5},
+    "model": {"architecture": "mamba2", "implicit": True, "parameters": 10, "dtype": "float32"},
+    "curves": [{"label": "simultaneous mode", "x": [6, 12], "y": [0.5, 0.25]}], "axes": {"x": "length"},
+}
+TEXT = "\n".join(f"line {i}: the cat sat on the mat, and the dog ran to the door {i % 7}." for i in range(60))
+
+
+def tiny_model(vocab_size: int):
+    torch.manual_seed(0)
+    options = {**TINY_MAMBA2, "vocab_size": vocab_size, "implicit": True, "fixed_point": {"max_iter": 4}}
+    return build_model(config_from_options({"architecture": "mamba2", **options})).eval()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> SimpleNamespace:
+    """What the commands read, built once: runs, checkpoints, shards, sources, presets."""
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "corpus.txt").write_text(TEXT)
+    tokenizer = train_tokenizer([TEXT], 280, root / "tokenizer")
+    write_shards(read_documents([root / "corpus.txt"]), tokenizer, root / "shards", test_fraction=0.2, progress=False)
+    tiny_model(len(tokenizer)).save_pretrained(root / "lm")
+    save_tokenizer(tokenizer, root / "lm")
+    build_catbabi(write_babi_sample(root / "babi"), root / "catbabi", tasks=SAMPLE_TASKS, seed=0)
+    tiny_model(TokenShards(root / "catbabi", "train").vocab_size).save_pretrained(root / "catbabi_lm")
+    save_tokenizer(load_tokenizer(root / "catbabi" / "tokenizer"), root / "catbabi_lm")
+    assert main(["words", "train", "--out", str(root / "words_run"), *WORDS_RUN]) == 0
+    torch.manual_seed(0)
+    Mamba2ForCausalLM(Mamba2Config(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_heads=2, head_dim=16, expand=2,
+        state_size=8, n_groups=1, chunk_size=8, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+    )).save_pretrained(root / "hf")
+    (root / "records").mkdir()
+    (root / "records" / "word_length.json").write_text(json.dumps(GOOD_RECORD))
+    demo = {"model": {**TINY_MAMBA2, "fixed_point": {"max_iter": 4}},
+            "train": {"group": "Z3", "sequence_length": 6, "batch_size": 4, "log_every": 1},
+            "implicit_train": {"total_steps": 1}, "explicit_train": {"total_steps": 1},
+            "eval": {"length_multiples": [1], "count": 4, "sequential_count": 2}}
+    (root / "demo.json").write_text(json.dumps(demo))
+    # The standard library's first files; a loose tolerance keeps the held-out solves short.
+    lm_demo = {"corpus": {"max_bytes": 6_000, "vocab_size": 280, "test_fraction": 0.2},
+               "model": {**TINY_MAMBA2, "fixed_point": {"max_iter": 4, "tol": 0.5}},
+               "train": {"sequence_length": 8, "batch_size": 2, "batch_tokens": 16, "total_steps": 1,
+                         "warmup_steps": 1, "eval_every": 1, "eval_batches": 1, "checkpoint_every": 1}}
+    (root / "lm_demo.json").write_text(json.dumps(lm_demo))
+    (root / "cwd").mkdir()
+    return SimpleNamespace(root=root, words_run=root / "words_run", lm=root / "lm", shards=root / "shards",
+                           catbabi=root / "catbabi", catbabi_lm=root / "catbabi_lm", babi=root / "babi")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A writing command: its arguments (given the inputs and the folder it writes in), its
+    target and the file of finished work planted there (both relative to that folder), and
+    how another process holds the target while writing it."""
+
+    argv: Callable[[SimpleNamespace, Path], list]
+    target: str
+    marker: str
+    hold: Callable[[Path], contextlib.AbstractContextManager] = writer_lock
+
+
+def words_eval(command: list[str], *options: str) -> Callable:
+    return lambda i, out: [*command, i.words_run, "--lengths", "6", "--count", "4", *options, "--no-progress",
+                           "--out", out / "out"]
+
+
+def lm_eval(command: list[str], *options: str) -> Callable:
+    return lambda i, out: [*command, i.lm, "--data", i.shards, "--lengths", "8", "--max-tokens", "16", *options,
+                           "--no-progress", "--out", out / "out"]
+
+
+def record(name: str) -> tuple[str, str]:
+    return f"out/{name}.json", f"out/{name}.json"
+
+
+BUDGETS = ("--max-iter", "1,2")
+CASES = {
+    "demo": Case(lambda i, out: ["demo", "--preset", i.root / "demo.json", "--out", out / "out", "--no-progress"],
+                 "out", "out/results.json"),
+    "lm demo": Case(lambda i, out: ["lm", "demo", "--preset", i.root / "lm_demo.json", "--out", out / "out",
+                                    "--no-progress"], "out", "out/results.json"),
+    "words generate": Case(lambda i, out: ["words", "generate", "--group", "S3", "--length", "4", "--count", "3",
+                                           "--out", out / "words.npy"], "words.npy", "words.npy"),
+    "words train": Case(lambda i, out: ["words", "train", "--out", out / "run", *WORDS_RUN], "run",
+                        "run/metrics.jsonl", run_folder_lock),
+    "words eval": Case(words_eval(["words", "eval"]), *record("word_length")),
+    "words convergence": Case(words_eval(["words", "convergence"], "--max-iter", "4"), *record("convergence")),
+    "eval length": Case(words_eval(["eval", "length", "--task", "words"]), *record("word_length")),
+    "eval budget": Case(words_eval(["eval", "budget", "--task", "words"], *BUDGETS), *record("word_budget")),
+    "eval convergence": Case(words_eval(["eval", "convergence", "--task", "words"], "--max-iter", "4"),
+                             *record("convergence")),
+    "lm eval": Case(lm_eval(["lm", "eval"]), *record("lm_length")),
+    "eval budget --task lm": Case(lm_eval(["eval", "budget", "--task", "lm"], *BUDGETS), *record("lm_budget")),
+    "eval convergence --task lm": Case(lm_eval(["eval", "convergence", "--task", "lm"], "--max-iter", "4"),
+                                       *record("convergence")),
+    "eval budget --task catbabi": Case(lambda i, out: ["eval", "budget", "--task", "catbabi", i.catbabi_lm, "--data",
+                                                       i.catbabi, *BUDGETS, "--no-progress", "--out", out / "out"],
+                                       *record("catbabi_budget")),
+    "lm downstream": Case(lambda i, out: ["lm", "downstream", i.lm, "--data-dir", SLICES, "--tasks", "piqa",
+                                          "--limit", "4", "--batch-size", "4", "--no-progress", "--out", out / "out"],
+                          *record("downstream")),
+    "catbabi eval": Case(lambda i, out: ["catbabi", "eval", i.catbabi_lm, "--data", i.catbabi, "--no-progress",
+                                         "--out", out / "out"], *record("catbabi")),
+    "catbabi build": Case(lambda i, out: ["catbabi", "build", i.babi, "--tasks", "1,6,8,15,19", "--out", out / "built"],
+                          "built", "built/index.json"),
+    "catbabi sample": Case(lambda i, out: ["catbabi", "sample", "--out", out / "babi"], "babi", "babi/qa1_train.txt"),
+    "tokenizer train": Case(lambda i, out: ["tokenizer", "train", i.root / "corpus.txt", "--vocab-size", "280",
+                                            "--out", out / "tok"], "tok", "tok/tokenizer.json"),
+    "corpus build": Case(lambda i, out: ["corpus", "build", i.root / "corpus.txt", "--tokenizer", i.root / "tokenizer",
+                                         "--test-fraction", "0.2", "--no-progress", "--out", out / "shards"],
+                         "shards", "shards/index.json"),
+    "models import": Case(lambda i, out: ["models", "import", i.root / "hf", "--out", out / "imported"],
+                          "imported", "imported/config.json"),
+    "train": Case(lambda i, out: ["train", "--data", i.shards, "--out", out / "run", *LM_RUN], "run",
+                  "run/metrics.jsonl", run_folder_lock),
+    "report": Case(lambda i, out: ["report", i.root / "records", "--out", out / "report"], "report/report.md",
+                   "report/report.md"),
+    "jacobian": Case(lambda i, out: ["jacobian", i.lm, "--length", "6", "--count", "1", "--coordinates", "4",
+                                     "--no-progress", "--out", out / "out"], *record("jacobian")),
+}
+
+
+def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command, its option strings) for every command that runs."""
+    children = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not children:
+        yield " ".join(path), {option for action in parser._actions for option in action.option_strings}
+    for action in children:
+        for name, child in action.choices.items():
+            yield from leaf_commands(child, (*path, name))
+
+
+def run(capsys, argv: list) -> tuple[int, list[str]]:
+    code = main([str(arg) for arg in argv])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def plant(case: Case, out: Path) -> None:
+    """Finished work at the case's target: a file of it, in a folder where the target is one."""
+    marker = out / case.marker
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_bytes(MARKER)
+
+
+def contents(path: Path) -> dict[str, bytes]:
+    """Every file and folder under ``path`` (or ``path`` itself, a file), with its bytes."""
+    if path.is_file():
+        return {path.name: path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else b"/" for p in sorted(path.rglob("*"))}
+
+
+def assert_one_line(lines: list[str], code: int, expected: int, *fragments: str) -> None:
+    assert code == expected and len(lines) == 1 and lines[0].startswith("implicitlm: error:"), (code, lines)
+    assert all(fragment in lines[0] for fragment in fragments), lines
+
+
+@pytest.fixture
+def workdir(inputs, monkeypatch):
+    # lm-eval asks git about the folder it runs in: one outside any repository, and not the one written.
+    monkeypatch.chdir(inputs.root / "cwd")
+
+
+def test_every_command_that_writes_has_a_case_and_an_overwrite_flag():
+    commands = dict(leaf_commands(build_parser()))
+    writers = {name for name, options in commands.items() if "--out" in options}
+    # A case named "COMMAND --task TASK" is that command on another task than the words.
+    assert writers == {name.split(" --")[0] for name in CASES}, "a command that writes needs its case here"
+    assert set(commands) - writers == READ_ONLY, "a command that writes without --out needs its case here"
+    assert all("--overwrite" in commands[name] for name in writers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_finished_work_is_refused_unless_overwrite(name, inputs, tmp_path, capsys, workdir):
+    case = CASES[name]
+    plant(case, tmp_path)
+    before = contents(tmp_path)
+    code, err = run(capsys, case.argv(inputs, tmp_path))
+    assert_one_line(err, code, 2, "--overwrite")
+    assert contents(tmp_path) == before
+    code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
+    assert code == 0, err
+    marker = tmp_path / case.marker
+    assert not marker.exists() or marker.read_bytes() != MARKER
+    assert (tmp_path / case.target).exists()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_target_another_process_writes_is_refused(name, inputs, tmp_path, capsys, workdir):
+    case = CASES[name]
+    plant(case, tmp_path)
+    with case.hold(tmp_path / case.target):
+        before = contents(tmp_path)
+        code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
+        assert_one_line(err, code, 2, "another")
+        assert contents(tmp_path) == before
+
+
+def full_disk_under(root: Path, monkeypatch) -> None:
+    """Every rename into ``root`` fails as on a full disk: a writer's last step, which
+    commits its work."""
+    for name in ("replace", "rename"):
+        def full(source, destination, *args, real=getattr(os, name), **kwargs):
+            if Path(os.fspath(destination)).absolute().is_relative_to(root):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(destination))
+            return real(source, destination, *args, **kwargs)
+
+        monkeypatch.setattr(os, name, full)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_full_disk_fails_in_one_line_and_leaves_the_earlier_target(name, inputs, tmp_path, capsys, monkeypatch,
+                                                                     workdir):
+    case = CASES[name]
+    plant(case, tmp_path)
+    before = contents(tmp_path)
+    full_disk_under(tmp_path, monkeypatch)
+    code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
+    monkeypatch.undo()
+    assert_one_line(err, code, 1, os.strerror(errno.ENOSPC))
+    assert contents(tmp_path) == before  # no temporaries, no lock, the earlier work as it was
+
+
+# ---------------------------------------------------------------- the cases users met
+
+
+@pytest.fixture
+def checkpoint(inputs, tmp_path) -> Path:
+    """A copy of a finished run's checkpoint."""
+    return Path(shutil.copytree(latest_checkpoint(inputs.words_run), tmp_path / "checkpoint"))
+
+
+@pytest.mark.parametrize("out, replaced", [("model.safetensors", "model.safetensors"), ("config", "config.json")])
+def test_generate_onto_a_checkpoint_keeps_its_weights_and_config(out, replaced, checkpoint, capsys):
+    """before: the words replaced model.safetensors (or, as the .npy's sidecar, config.json), exit 0."""
+    before = contents(checkpoint)
+    code, err = run(capsys, ["words", "generate", "--group", "S3", "--length", "4", "--count", "3",
+                             "--out", checkpoint / out])
+    assert_one_line(err, code, 2, replaced, "--overwrite")
+    assert contents(checkpoint) == before
+
+
+def test_a_tokenizer_trained_onto_a_checkpoint_leaves_its_tokenizer(inputs, tmp_path, capsys):
+    """before: tokenizer.json of the language model replaced by one of another vocabulary, exit 0."""
+    model = Path(shutil.copytree(inputs.lm, tmp_path / "lm"))
+    before = contents(model)
+    code, err = run(capsys, ["tokenizer", "train", inputs.root / "corpus.txt", "--vocab-size", "300", "--out", model])
+    assert_one_line(err, code, 2, str(model), "--overwrite")
+    assert contents(model) == before
+    assert main(["tokenizer", "train", str(inputs.root / "corpus.txt"), "--vocab-size", "300", "--out", str(model),
+                 "--overwrite"]) == 0
+    assert len(load_tokenizer(model)) == 300 and (model / "model.safetensors").read_bytes() == before["model.safetensors"]
+
+
+@pytest.mark.slow
+def test_a_report_into_the_run_it_reads_keeps_the_evaluations_figure(inputs, tmp_path, capsys):
+    """before: report RUN --out RUN replaced RUN/word_length.png, the evaluation's own figure."""
+    run_dir = tmp_path / "run"
+    assert main(["words", "eval", str(inputs.words_run), "--lengths", "6", "--count", "4", "--no-progress",
+                 "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    before = contents(run_dir)
+    code, err = run(capsys, ["report", run_dir, "--out", run_dir])
+    assert_one_line(err, code, 2, "word_length.png", "--overwrite")
+    assert contents(run_dir) == before
+    assert main(["report", str(run_dir), "--out", str(run_dir), "--overwrite"]) == 0
+    assert (run_dir / "report.md").is_file() and (run_dir / "word_length.png").read_bytes() != before["word_length.png"]
+
+
+@pytest.mark.parametrize("existing", ["a file", "a record"])
+def test_an_evaluation_refuses_its_output_before_it_evaluates(existing, inputs, tmp_path, capsys, monkeypatch):
+    """before: words eval --out EXISTING_FILE ran the whole evaluation, then failed on the
+    output, its results neither written nor printed."""
+    out = tmp_path / "out"
+    if existing == "a file":
+        out.write_bytes(MARKER)
+    else:
+        out.mkdir()
+        (out / "word_length.json").write_bytes(MARKER)
+    prepared = []
+    monkeypatch.setattr(WordsTask, "prepare", lambda *args, **kwargs: prepared.append(args) or pytest.fail("evaluated"))
+    code, err = run(capsys, ["words", "eval", inputs.words_run, "--lengths", "6", "--count", "4", "--out", out])
+    assert_one_line(err, code, 2, str(out))
+    assert prepared == [] and contents(out) == ({"out": MARKER} if existing == "a file" else {"word_length.json": MARKER})
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"curves": [{"label": "simultaneous mode", "x": [6, 12], "y": "oops"}]}, "'curves[0].y'"),
+    ({"metrics": {"accuracy@6": "oops"}}, "'metrics.accuracy@6'"),
+    ({"model": "oops"}, "'model'"),
+    ({"curves": [{"label": "simultaneous mode", "x": [6, 12], "y": [0.5]}]}, "'curves[0].y'"),
+    ({"axes": {"x": "length", "xscale": "oops"}}, "'axes.xscale'"),
+    ({"experiment": "../escaped"}, "'experiment'"),
+])
+def test_a_result_file_with_a_bad_field_is_named_with_the_field(change, field, tmp_path, capsys):
+    """before: "'oops' is not a valid format string", an AttributeError traceback, or, for an
+    experiment named "../escaped", its figure written outside --out."""
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({**GOOD_RECORD, **change}))
+    code, err = run(capsys, ["report", results, "--out", tmp_path / "report"])
+    assert_one_line(err, code, 2, str(results), field, "oops" if "oops" in json.dumps(change) else "")
+    assert sorted(os.listdir(tmp_path)) == ["results.json"]

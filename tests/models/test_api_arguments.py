@@ -1,0 +1,212 @@
+"""The Python API checks its arguments as the command line does: a bad one is an OptionError
+(a ValueError) of one line naming it, before any work; and the fixed-point budget is bounded
+at every entrance (a call's ``max_iter``, the config fields, the CLI options, the lm-eval
+adapter)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from implicitlm.cli import main
+from implicitlm.core.errors import OptionError
+from implicitlm.core.targets import TargetExistsError
+from implicitlm.data.tokenizer import train_tokenizer
+from implicitlm.deq import FixedPointOptions, FixedPointSolver
+from implicitlm.deq.options import MAX_EVALUATIONS
+from implicitlm.eval.harness import ImplicitLMHarness
+from implicitlm.models import config_from_options
+from implicitlm.train.config import TrainConfig
+
+from tests.models.test_generation import VOCAB, make_model, tokens
+from tests.eval.test_harness import SENTENCES
+from tests.eval.test_harness import make_model as scoring_model
+
+HUGE = 10**30  # a budget no solve could spend
+
+
+def refused(call, *fragments: str) -> str:
+    """``call()`` raises an OptionError of one line holding every fragment; its message."""
+    with pytest.raises(OptionError) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message and all(fragment in message for fragment in fragments), message
+    return message
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("mamba2", True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_tokenizer(SENTENCES, 300, tmp_path_factory.mktemp("tokenizer"))
+
+
+def test_an_attention_mask_of_another_shape_is_refused(model):
+    """Before: a (2, 7) mask for (2, 5) ids was accepted and changed the logits; a (1, 5) one
+    was an IndexError."""
+    ids = tokens(2, 5, seed=0)
+    for mask in (torch.ones(2, 7, dtype=torch.long), torch.tensor([[0, 1, 1, 1, 1]]), [[1] * 5] * 2):
+        refused(lambda: model(ids, attention_mask=mask), "attention_mask", "(2, 5)")
+
+
+@pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
+@pytest.mark.parametrize("budget, name", [
+    (dict(max_iter=-5), "'max_iter'"), (dict(max_iter=0), "'max_iter'"), (dict(max_iter=1.5), "'max_iter'"),
+    (dict(max_iter=HUGE), f"[1, {MAX_EVALUATIONS}]"),
+    (dict(tol=math.nan), "'tol'"), (dict(tol=-1.0), "'tol'"), (dict(tol="1e-3"), "'tol'"),
+])
+def test_a_call_budget_out_of_range_is_refused(model, mode, budget, name):
+    """Before: max_iter=-5 was AttributeError: '_RowTracker' ...; max_iter=0, tol=nan,
+    tol=-1 ran (0 returned z=0 as the answer); max_iter=10**30 was taken as the budget."""
+    with torch.no_grad():
+        refused(lambda: model(tokens(2, 5, seed=1), mode=mode, **budget), name)
+
+
+def test_an_infinite_tolerance_stops_every_solve_at_its_first_evaluation(model):
+    """What a memory probe of one evaluation asks: converged, so no convergence check fails it."""
+    model.set_fixed_point_options(nonconvergence="error")
+    try:
+        with torch.no_grad():
+            stats = model(tokens(2, 5, seed=1), max_iter=1, tol=math.inf).fixed_point
+    finally:
+        model.set_fixed_point_options(nonconvergence="report")
+    assert stats.iterations.tolist() == [1, 1] and bool(stats.converged.all())
+
+
+@pytest.mark.parametrize("ids, expected", [
+    (tokens(1, 5, seed=2)[0], "2-d tensor"),  # before: ValueError: not enough values to unpack
+    (tokens(1, 5, seed=2)[None], "2-d tensor"),  # before: ValueError: too many values to unpack
+    (tokens(1, 5, seed=2).float(), "integer token ids"),  # before: RuntimeError from the embedding
+    (torch.full((1, 3), VOCAB), f"[0, {VOCAB})"),  # before: accepted (a padded row of the embedding)
+    (torch.full((1, 3), 40), f"[0, {VOCAB})"),  # before: IndexError: index out of range in self
+    (torch.full((1, 3), -1), f"[0, {VOCAB})"),  # before: IndexError
+    (torch.zeros(1, 0, dtype=torch.long), "at least one"),  # before: ZeroDivisionError in the scan
+    (torch.zeros(0, 4, dtype=torch.long), "at least one"),
+])
+def test_token_ids_of_a_wrong_shape_type_or_range_are_refused(model, ids, expected):
+    refused(lambda: model(ids), "input_ids", expected)
+
+
+def test_embeddings_and_labels_of_a_wrong_shape_or_range_are_refused(model):
+    """Before: inputs_embeds of another width was a RuntimeError from a product; labels of
+    another shape a ValueError of cross_entropy's, labels >= vocab an IndexError."""
+    ids = tokens(2, 5, seed=3)
+    refused(lambda: model(inputs_embeds=torch.zeros(2, 5, 8, dtype=torch.float64)), "inputs_embeds", "16")
+    refused(lambda: model(inputs_embeds=torch.zeros(5, 16, dtype=torch.float64)), "inputs_embeds")
+    refused(lambda: model(ids, labels=ids[:, :3]), "labels", "(2, 5)")
+    refused(lambda: model(ids, labels=ids + VOCAB), "labels", f"[0, {VOCAB})")
+    ignored = torch.where(ids > 5, ids, -100)  # the ignored label is no error
+    with torch.no_grad():
+        assert math.isfinite(float(model(ids, labels=ignored).loss))
+
+
+def test_a_state_of_another_batch_or_no_state_at_all_is_refused(model):
+    """Before: RuntimeError: Sizes of tensors must match ...; [1, 2]: AttributeError."""
+    with torch.no_grad():
+        state = model(tokens(2, 4, seed=4), use_cache=True).state
+        for mode in ("simultaneous", "sequential"):
+            refused(lambda: model(tokens(3, 2, seed=5), state=state, mode=mode), "state holds 2 rows", "has 3")
+        refused(lambda: model(tokens(2, 2, seed=5), state=[1, 2]), "state[0]")
+        refused(lambda: model(tokens(2, 2, seed=5), state=state[:1]), "list of 2 block states", "1 items")
+        # The state of the same rows goes on as before.
+        assert model(tokens(2, 2, seed=5), state=state, mode="sequential").logits.shape == (2, 2, VOCAB)
+
+
+def test_generate_on_an_empty_prompt_is_refused(model):
+    """Before: an IndexError (ZeroDivisionError in the scan, here) from inside the prefill."""
+    refused(lambda: model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2), "input_ids", "(1, 0)")
+
+
+def test_save_pretrained_onto_a_file_is_refused_and_leaves_it(model, tmp_path):
+    """Before: transformers logged an error and returned None, having saved nothing."""
+    target = tmp_path / "model"
+    target.write_text("mine")
+    with pytest.raises(TargetExistsError, match="is a file"):
+        model.save_pretrained(target)
+    assert target.read_text() == "mine"
+
+
+# The budget's bound, at each entrance.
+
+@pytest.mark.parametrize("field", ["train_max_iter", "max_iter", "unroll_steps", "phantom_steps"])
+def test_a_config_budget_above_the_limit_is_refused(field):
+    """Before: max_iter 10**30 in a config ran without end."""
+    assert FixedPointOptions(**{field: MAX_EVALUATIONS}).to_dict()[field] == MAX_EVALUATIONS
+    for budget in (MAX_EVALUATIONS + 1, HUGE):
+        refused(lambda: config_from_options(dict(architecture="mamba2", fixed_point={field: budget})),
+                f"'{field}'", str(MAX_EVALUATIONS))
+
+
+def test_a_training_budget_above_the_limit_is_refused_before_the_run(tmp_path, capsys):
+    """The curriculum's iterations are train_max_iter: refused before anything is written."""
+    refused(lambda: TrainConfig.for_task("words", free_max_iter=HUGE).curriculum(implicit=True), str(MAX_EVALUATIONS))
+    out = tmp_path / "run"
+    code = main(["words", "train", "--out", str(out), "--train", f"free_max_iter={HUGE}", "--train", "total_steps=1",
+                 "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(MAX_EVALUATIONS) in err[0] and "'free_max_iter'" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["words", "eval", "CHECKPOINT", "--max-iter", str(HUGE)],
+    ["lm", "eval", "CHECKPOINT", "--max-iter", str(MAX_EVALUATIONS + 1)],
+    ["jacobian", "CHECKPOINT", "--out", "o", "--max-iter", str(HUGE)],
+    ["eval", "budget", "--task", "words", "CHECKPOINT", "--out", "o", "--max-iter", f"1,2,{HUGE}"],
+])
+def test_a_command_line_budget_above_the_limit_is_refused_naming_the_option(argv, capsys):
+    """Before: --max-iter 10**30 parsed, and the evaluation ran without end."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    option = argv[-2]
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert f"argument {option}" in err[0] and str(MAX_EVALUATIONS) in err[0]
+
+
+def test_a_solver_call_above_the_limit_is_refused_in_every_phase():
+    """Before: solve(max_iter=10**30) iterated until every sample converged, or forever."""
+    solver = FixedPointSolver(FixedPointOptions())
+    z0 = torch.zeros(2, 3)
+    for phase in ("training", "simultaneous", "sequential"):
+        refused(lambda: solver.solve(lambda z: 0.5 * z + 1, z0, HUGE, 1e-3, phase=phase), "'max_iter'")
+    z, stats = solver.solve(lambda z: 0.5 * z + 1, z0, MAX_EVALUATIONS, 1e-6)
+    assert torch.allclose(z, torch.full_like(z0, 2.0), atol=1e-5) and int(stats.iterations.max()) < 30
+
+
+# The lm-eval adapter.
+
+@pytest.mark.parametrize("arguments, name", [
+    (dict(max_length=0), "max_length"),  # before: became 2048
+    (dict(max_batch_size=0), "max_batch_size"),  # before: became 64
+    (dict(tol=math.nan), "'tol'"),  # before: accepted, and recorded in the results as run
+    (dict(max_iter=0), "'max_iter'"),
+    (dict(max_iter=HUGE), "'max_iter'"),
+])
+def test_the_adapter_refuses_a_bad_length_or_budget(arguments, name, tokenizer):
+    model = scoring_model("mamba2", True, len(tokenizer))
+    refused(lambda: ImplicitLMHarness(model, tokenizer=tokenizer, progress=False, **arguments), name)
+
+
+@pytest.mark.parametrize("until", [[""], ["\n", ""], [None]])
+def test_the_adapter_refuses_an_empty_stop_string(until, tokenizer):
+    """Before: ValueError: empty separator, from str.split."""
+    lm = ImplicitLMHarness(scoring_model("llama", True, len(tokenizer)), tokenizer=tokenizer, progress=False)
+    request = Instance("generate_until", {}, ("The sun", {"until": until, "max_gen_toks": 2}), 0)
+    refused(lambda: lm.generate_until([request]), "until")
+
+
+@pytest.mark.slow
+def test_the_adapters_batch_probe_passes_a_run_that_fails_on_nonconvergence(tokenizer):
+    """Before: the probe's one evaluation missed the tolerance, and with
+    nonconvergence="error" the probe raised NumericalFault before any request ran."""
+    model = scoring_model("llama", True, len(tokenizer))
+    model.set_fixed_point_options(nonconvergence="error")
+    lm = ImplicitLMHarness(model, tokenizer=tokenizer, batch_size="auto", max_batch_size=2, progress=False)
+    assert lm._fitting_batch_size(6) == 2

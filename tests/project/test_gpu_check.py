@@ -1,0 +1,87 @@
+"""The GPU check rehearsed on the CPU: the one command a GPU at hand for minutes runs must not
+spend them on a typo. Every step of ``scripts/gpu-check.sh --rehearse`` (tiny shapes, Triton's
+interpreter for the fused kernel) runs, ends ok and reports finite key figures, in an output
+folder of at most 8 files, which a remote machine returning a few files returns whole."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# The files a remote GPU machine returns of an output folder, at most.
+MOST_FILES = 8
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    finished = subprocess.run(["bash", "scripts/gpu-check.sh", "--rehearse", "--out", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert "| step | status |" in finished.stdout  # the report, printed last for whoever ran it
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def test_every_step_runs_and_ends_ok(rehearsal):
+    out, summary = rehearsal
+    assert summary["complete"]
+    assert [step["step"] for step in summary["steps"]] == [step.name for step in gpu_check.STEPS]
+    for step in summary["steps"]:
+        assert step["status"] == "ok", (step, (out / step["log"]).read_text()[-3000:])
+        assert step["figures"], step["step"]
+        assert 0 < step["seconds"] <= step["limit_s"]
+    report = (out / "report.md").read_text()
+    assert all(f"| {step.name} | ok |" in report for step in gpu_check.STEPS)
+
+
+def test_the_output_folder_is_flat_and_small_enough_to_come_back_whole(rehearsal):
+    out, _ = rehearsal
+    entries = list(out.iterdir())
+    assert all(entry.is_file() for entry in entries) and len(entries) <= MOST_FILES
+
+
+def test_key_figures_are_present_and_finite(rehearsal):
+    _, summary = rehearsal
+    figures = {step["step"]: step["figures"] for step in summary["steps"]}
+    numbers = [value for step in figures.values() for value in step.values() if isinstance(value, (int, float))]
+    assert all(math.isfinite(value) for value in numbers)
+    assert figures["tests"]["passed"] > 0 and "failed" not in figures["tests"]
+    kernel = figures["kernel"]
+    assert kernel["checks"] == len(gpu_check.KERNEL_QUANTITIES) and kernel["failed"] == 0
+    assert kernel["float32 max rel err"] < gpu_check.KERNEL_THRESHOLDS["float32"]
+    assert kernel["oracle vs recurrence"] < 1e-12
+    assert figures["benchmarks"]["tables"] == 1
+    for variant in gpu_check.TRAINING_VARIANTS:
+        assert figures["training"][f"{variant} tokens/s"] > 0
+    assert figures["training"]["free solver passes"] > figures["training"]["bounded solver passes"] == 4
+    near, far = gpu_check.DECODING_SIZES["rehearsal"][:2]
+    assert all(figures["decoding"][f"{name} ms/token @{position}"] > 0
+               for name in ("implicit Mamba2", "explicit Mamba2") for position in (near, far))
+    words = figures["words"]
+    assert 0 <= words["accuracy_last10@8"] <= 1 and words["hard token share"] > 0
+    assert {"hard iterations_mean", "easy iterations_mean", "all share_unconverged"} <= set(words)
+
+
+def test_a_step_past_its_limit_is_stopped_and_reported_without_losing_the_others(tmp_path, monkeypatch):
+    """The budget's guard: a step that overruns is ended (its process group), marked "timed
+    out", and what it printed before is still read."""
+    script = tmp_path / "slow.py"
+    script.write_text(f"print({gpu_check.FIGURES!r} + '{{\"first\": 1}}', flush=True)\nimport time\ntime.sleep(60)\n")
+    monkeypatch.setattr(gpu_check, "step_command", lambda name, rehearse, limit: [sys.executable, str(script)])
+    monkeypatch.setattr(gpu_check, "MINIMUM_STEP_S", 1.0)
+    result = gpu_check.run_step(gpu_check.Step("slow", 1.0, "slow.log"), 3.0, tmp_path, rehearse=True)
+    assert result.status == "timed out" and result.figures == {"first": 1}
+    assert result.seconds < 20
+    assert gpu_check.run_step(gpu_check.Step("late", 1.0, "late.log"), 0.5, tmp_path, rehearse=True).status == "skipped"

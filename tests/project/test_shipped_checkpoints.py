@@ -1,0 +1,89 @@
+"""The WikiText-2 pairs the README ships (``checkpoints/wikitext2``: trained from scratch, and
+continued from an explicit checkpoint, ``warm_start``): each model loads with its checksum and
+tokenizer, and scores the start of the real validation file as it did when it was saved."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from implicitlm.cli import main
+from implicitlm.models import load_model
+
+SHIPPED = Path(__file__).parents[2] / "checkpoints" / "wikitext2"
+# Each model's parameters (the warm-started implicit one has the injection on top of the
+# explicit one's weights), and its perplexity by `implicitlm lm eval` on the first 4,096 tokens of
+# WikiText-2's validation file, as this test tokenises it (its first 40,000 characters), at the
+# training length, measured when it was saved. The README's table scores the first 65,536 tokens.
+SAVED = {
+    "explicit": (1_783_176, 46.0924),
+    "implicit": (1_780_128, 46.1647),
+    "warm_start/explicit": (1_783_176, 45.2135),
+    "warm_start/implicit": (2_176_528, 42.7650),
+}
+
+
+@pytest.fixture(scope="module")
+def validation_shards(shared_data, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("wikitext2")
+    text = lzma.open(shared_data / "wikitext-2" / "valid.txt.xz", "rt", encoding="utf-8").read(50_000)
+    (root / "valid.txt").write_text(text[:40_000], encoding="utf-8")
+    (root / "train.txt").write_text(text[40_000:], encoding="utf-8")  # not read: eval scores the test split
+    command = ["corpus", "build", str(root / "train.txt"), "--test-sources", str(root / "valid.txt"),
+               "--tokenizer", str(SHIPPED / "implicit"), "--out", str(root / "shards"), "--no-progress"]
+    assert main(command) == 0
+    return root / "shards"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(SAVED))
+def test_a_shipped_wikitext2_checkpoint_scores_the_validation_file_as_when_saved(kind, validation_shards, tmp_path):
+    parameters, perplexity = SAVED[kind]
+    model = load_model(SHIPPED / kind)
+    implicit = kind.endswith("implicit")
+    assert model.config.implicit == implicit and model.config.num_hidden_layers == 1
+    assert model.num_parameters() == parameters
+    command = ["lm", "eval", str(SHIPPED / kind), "--data", str(validation_shards), "--max-tokens", "4096",
+               "--batch-size", "16", "--no-progress", "--out", str(tmp_path)]
+    assert main(command) == 0
+    row = json.loads((tmp_path / "lm_length.json").read_text())["rows"][0]
+    assert row["tokens"] == 4096
+    assert row["perplexity"] == pytest.approx(perplexity, rel=1e-4)
+    if implicit:
+        assert row["fp_not_converged_share"] == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", ["warm_start/implicit", "warm_start/explicit"])
+def test_a_shipped_checkpoint_generates_in_half_precision_as_a_user_loads_it(kind, dtype):
+    """transformers' Auto class with ``dtype``, then greedy decoding (the step form, RNN mode):
+    each token the float32 model's argmax up to the half precision's rounding of the logits
+    (the explicit model's two best first tokens lie 0.007 apart: bfloat16 may swap them)."""
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED / kind, dtype=getattr(torch, dtype))
+    prompt = AutoTokenizer.from_pretrained(SHIPPED / kind)("The history of the", return_tensors="pt").input_ids
+    generated = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    with torch.no_grad():
+        logits = load_model(SHIPPED / kind)(generated, mode="sequential").logits[0, prompt.shape[1] - 1 : -1]
+    chosen = logits.gather(-1, generated[0, prompt.shape[1]:, None])[:, 0]
+    assert float((logits.max(-1).values - chosen).max()) <= 8 * torch.finfo(model.dtype).eps * float(logits.abs().max())
+    if model.config.implicit:
+        assert model.generation_convergence["fp_not_converged"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_implicit_checkpoint_scores_in_half_precision_as_in_float32(dtype, validation_shards, tmp_path):
+    """``lm eval --dtype``: every fixed point converges (bfloat16's tolerance raised from the
+    checkpoint's 0.01 to its floor, 0.0156) and the perplexity is float32's to 0.5%."""
+    command = ["lm", "eval", str(SHIPPED / "warm_start/implicit"), "--data", str(validation_shards), "--max-tokens",
+               "4096", "--batch-size", "16", "--dtype", dtype, "--no-progress", "--out", str(tmp_path)]
+    assert main(command) == 0
+    record = json.loads((tmp_path / "lm_length.json").read_text())
+    row = record["rows"][0]
+    assert record["model"]["dtype"] == dtype and row["fp_not_converged_share"] == 0.0
+    assert row["perplexity"] == pytest.approx(SAVED["warm_start/implicit"][1], rel=5e-3)

@@ -1,0 +1,1 @@
+"""Helpers and files the tests share: imported as ``tests.support.<module>``."""

@@ -1,0 +1,226 @@
+"""Tasks and the evaluations over them: ``implicitlm eval length|budget|convergence --task ...``
+prints and writes what the task-group shortcuts (``words eval``, ``lm eval``, ``catbabi eval`` ...)
+do, each task's rows are its metric's own and its record its own, and a combination that makes no
+sense is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
+from implicitlm.data.catbabi import build_catbabi
+from implicitlm.data.shards import TokenShards
+from implicitlm.eval.length import evaluate_by_length
+from implicitlm.models import build_model, config_from_options
+from implicitlm.tasks import TASKS, make_task
+from implicitlm.core.errors import OptionError
+from implicitlm.eval.plots import DRAW_FIGURE
+from implicitlm.tasks.base import EVALUATIONS, FIGURE_KINDS, Figure, Task, TaskRecord
+from implicitlm.tasks.catbabi import answer_accuracy
+from implicitlm.tasks.lm import perplexity_by_length
+from implicitlm.tasks.word_scoring import word_accuracy
+from implicitlm.tasks.words import held_out_words
+
+
+def tiny_model(vocab: int, alignment: str, implicit: bool = True):
+    torch.manual_seed(0)
+    options = dict(architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8,
+                   head_dim=8, chunk_size=8, implicit=implicit, label_alignment=alignment)
+    return build_model(config_from_options(options)).eval()
+
+
+@pytest.fixture(scope="module")
+def catbabi_folder(tmp_path_factory) -> Path:
+    """A built catbAbI folder of the shipped sample: token shards and answer positions."""
+    root = tmp_path_factory.mktemp("catbabi")
+    build_catbabi(write_babi_sample(root / "babi"), root / "data", tasks=SAMPLE_TASKS, seed=0, overwrite=True)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def lm_checkpoint(tmp_path_factory, catbabi_folder) -> Path:
+    """A random language model over the catbAbI folder's vocabulary."""
+    folder = tmp_path_factory.mktemp("lm") / "model"
+    tiny_model(TokenShards(catbabi_folder, "train").vocab_size, "shifted").save_pretrained(folder)
+    return folder
+
+
+def outputs(capsys, tmp_path, name: str, argv: list[str]) -> tuple[int, str, dict]:
+    """Exit code, printed text (the --out folder spelled OUT) and the records written there."""
+    out = tmp_path / name
+    code = main([*argv, "--no-progress", "--out", str(out)])
+    printed = capsys.readouterr().out.replace(str(out), "OUT")
+    records = {path.name: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
+    figures = sorted(path.name for path in out.glob("*.png"))
+    assert [name.replace(".json", ".png") for name in records] == figures
+    return code, printed, records
+
+
+def assert_same(capsys, tmp_path, old: list[str], new: list[str]) -> dict:
+    old_result = outputs(capsys, tmp_path, "old", old)
+    new_result = outputs(capsys, tmp_path, "new", new)
+    assert old_result[0] == 0 and old_result[2], old_result
+    assert new_result == old_result
+    return old_result[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("evaluation, alias, options", [
+    ("length", "eval", ["--multiples", "1,2", "--count", "16"]),
+    ("convergence", "convergence", ["--multiples", "1", "--count", "4", "--max-iter", "6"]),
+])
+def test_words_aliases_print_and_write_what_eval_task_words_does(evaluation, alias, options, capsys, tmp_path, trained_s3):
+    run = str(trained_s3[1])  # the run folder: its latest checkpoint and training settings
+    records = assert_same(capsys, tmp_path, ["words", alias, run, *options],
+                          ["eval", evaluation, "--task", "words", run, *options])
+    assert list(records) == ["word_length.json" if evaluation == "length" else "convergence.json"]
+
+
+@pytest.mark.slow
+def test_lm_eval_prints_and_writes_what_eval_length_task_lm_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
+    options = [str(lm_checkpoint), "--data", str(catbabi_folder), "--split", "eval", "--lengths", "8,16",
+               "--max-tokens", "64"]
+    records = assert_same(capsys, tmp_path, ["lm", "eval", *options], ["eval", "length", "--task", "lm", *options])
+    assert list(records) == ["lm_length.json"]
+
+
+@pytest.mark.parametrize("shortcut, spelling", [
+    ("words budget", "eval budget --task words"),
+    ("lm budget", "eval budget --task lm"),
+    ("lm convergence", "eval convergence --task lm"),
+])
+def test_a_budget_sweep_and_an_lm_convergence_report_have_one_spelling(shortcut, spelling, capsys, lm_checkpoint):
+    """The task-group shortcuts that only repeated ``eval budget|convergence --task`` are gone."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*shortcut.split(), str(lm_checkpoint), "--out", "o"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main([*spelling.split(), "--help"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: implicitlm " + spelling.split(" --")[0])
+
+
+def test_catbabi_eval_prints_and_writes_what_eval_length_task_catbabi_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
+    options = [str(lm_checkpoint), "--data", str(catbabi_folder), "--sequence-length", "16", "--max-iter", "3"]
+    records = assert_same(capsys, tmp_path, ["catbabi", "eval", *options], ["eval", "length", "--task", "catbabi", *options])
+    assert records["catbabi.json"]["answers"] == 6 and records["catbabi.json"]["sequence_length"] == 16
+
+
+def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
+    model = tiny_model(6, "aligned")
+    model.save_pretrained(tmp_path / "model")
+    task = make_task("words", tmp_path / "model", group="S3", lengths=[6, 12], count=8, seed=2, batch_size=4)
+    result = evaluate_by_length(task.solve_with(max_iter=3), mode="sequential")
+    expected = [word_accuracy(model, *held_out_words("S3", n, 8, seed=2), mode="sequential", max_iter=3, batch_size=4)
+                for n in (6, 12)]
+    assert result["rows"] == expected and result["files"] is None
+    assert result["table"].splitlines()[0].split() == ["length", "last10", "all", "fp", "iters", "not", "converged"]
+
+
+def test_the_lm_task_rows_are_perplexity_by_length_rows(catbabi_folder, lm_checkpoint):
+    from implicitlm.models import load_model
+
+    task = make_task("lm", lm_checkpoint, data=[catbabi_folder], split="eval", lengths=[8, 16], max_tokens=64)
+    result = evaluate_by_length(task.solve_with(max_iter=4, tol=1e-2))
+    shards = TokenShards(catbabi_folder, "eval")
+    assert result["rows"] == perplexity_by_length(load_model(lm_checkpoint), shards, [8, 16], 8, 64, max_iter=4, tol=1e-2)
+
+
+def test_the_catbabi_task_row_is_answer_accuracy(catbabi_folder, lm_checkpoint, tmp_path):
+    from implicitlm.models import load_model
+
+    task = make_task("catbabi", lm_checkpoint, data=catbabi_folder, split="valid", sequence_length=12, stride=4)
+    result = evaluate_by_length(task, mode="sequential", out=tmp_path / "out")
+    expected = answer_accuracy(load_model(lm_checkpoint), catbabi_folder, "valid", 12, 4, mode="sequential")
+    assert result["rows"] == [{"length": 12, **expected}]
+    assert result["files"] == (tmp_path / "out" / "catbabi.json", tmp_path / "out" / "catbabi.png")
+    record = json.loads(result["files"][0].read_text())
+    assert record["split"] == "valid" and record["metrics"]["accuracy"] == expected["accuracy"]
+
+
+class SquaresTask(Task):
+    """A task no module of eval/ knows: its rows square the test length, its record is its own."""
+
+    name = "squares"
+    OPTIONS = ()
+    BATCH_SIZE = 1
+    experiment = "squares_length"
+    budget_experiment = "squares_budget"
+    quality = "square"
+
+    def __init__(self, checkpoint, figure_kind: str):
+        super().__init__(checkpoint)
+        self.figure_kind = figure_kind
+
+    def evaluation_sets(self):
+        return [2, 3]
+
+    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+        return {"length": test_set, "square": test_set**2}
+
+    def format_rows(self, rows):
+        return "\n".join(f"{row['length']} {row['square']}" for row in rows)
+
+    def length_record(self, rows, mode):
+        series = [{"label": mode, "x": [row["length"] for row in rows], "y": [row["square"] for row in rows]}]
+        figure = Figure(self.figure_kind, "squares", series, {"x": "length", "y": "square"}, vertical={"two": 2},
+                        horizontal={"five": 5.0}, ylim=(0, 10))
+        return TaskRecord(self.experiment, {"square@3": 9}, figure, series, figure.axes, {"mode": mode, "max_iter": self.model.solver.options.max_iter})
+
+
+@pytest.mark.parametrize("kind", FIGURE_KINDS)
+def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kind, tmp_path):
+    tiny_model(6, "aligned").save_pretrained(tmp_path / "model")
+    result = evaluate_by_length(
+        SquaresTask(tmp_path / "model", kind).solve_with(max_iter=3), mode="sequential", out=tmp_path / "out"
+    )
+    assert result["rows"] == [{"length": 2, "square": 4}, {"length": 3, "square": 9}] and result["table"] == "2 4\n3 9"
+    record_file, figure_file = result["files"]
+    assert (record_file.name, figure_file.name) == ("squares_length.json", "squares_length.png")
+    record = json.loads(record_file.read_text())
+    assert record["experiment"] == "squares_length" and record["checkpoint"] == str(tmp_path / "model")
+    assert record["metrics"] == {"square@3": 9.0} and record["model"]["architecture"] == "mamba2"
+    assert record["curves"] == [{"label": "sequential", "x": [2, 3], "y": [4, 9]}] and record["axes"]["y"] == "square"
+    assert (record["mode"], record["max_iter"]) == ("sequential", 3)
+    assert figure_file.read_bytes().startswith(b"\x89PNG")
+
+
+def test_every_kind_of_figure_is_drawn_and_no_other_is_described():
+    assert set(DRAW_FIGURE) == set(FIGURE_KINDS)
+    with pytest.raises(OptionError, match="figure kind 'pie'"):
+        Figure("pie", "title", [], {})
+
+
+def test_every_task_takes_the_evaluations_it_names():
+    assert set(TASKS) == {"words", "lm", "catbabi"}
+    assert TASKS["words"].EVALUATIONS == TASKS["lm"].EVALUATIONS == EVALUATIONS
+    assert TASKS["catbabi"].EVALUATIONS == ("length", "budget")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["eval", "convergence", "--task", "catbabi", "CKPT", "--data", "DATA"], "convergence is not evaluated for --task catbabi"),
+    (["eval", "length", "--task", "lm", "CKPT", "--data", "DATA", "--group", "S3"], "--group does not apply to --task lm"),
+    (["eval", "length", "--task", "catbabi", "CKPT", "--data", "DATA", "--lengths", "8"], "--lengths does not apply"),
+    (["eval", "budget", "--task", "words", "CKPT", "--max-tokens", "64", "--sequence-length", "8"],
+     "--max-tokens, --sequence-length do not apply to --task words"),
+    (["eval", "length", "--task", "lm", "CKPT"], "--task lm reads one --data folder"),
+    (["eval", "length", "--task", "lm", "CKPT", "--data", "DATA", "--data", "DATA"], "--task lm reads one --data folder"),
+    (["eval", "length", "--task", "catbabi", "CKPT", "--data", "DATA", "--split", "eval"], "--split eval: --task catbabi"),
+    (["eval", "length", "--task", "tokens", "CKPT"], "argument --task: invalid choice"),
+])
+def test_a_combination_that_makes_no_sense_is_one_line_and_exit_2(argv, fragment, capsys, tmp_path, catbabi_folder,
+                                                                   lm_checkpoint):
+    argv = [{"CKPT": str(lm_checkpoint), "DATA": str(catbabi_folder)}.get(arg, arg) for arg in argv]
+    if argv[1] != "length":
+        argv += ["--out", str(tmp_path / "out")]
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's own refusals
+        code = exit.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and fragment in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,305 @@
+"""Curriculum, checkpoints and the trainer's plumbing on word problems."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.deq import OptionError
+from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
+from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
+from implicitlm.train.curriculum import Curriculum, Phase
+from implicitlm.train.schedule import warmup_stable_sqrt_decay
+from implicitlm.train.config import TrainConfig
+from implicitlm.train.trainer import train
+
+
+def tiny_model(implicit: bool = True) -> ImplicitMamba2ForCausalLM:
+    torch.manual_seed(0)
+    config = ImplicitMamba2Config(
+        vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=4, head_dim=8, implicit=implicit,
+        label_alignment="aligned",
+    )
+    return ImplicitMamba2ForCausalLM(config)
+
+
+def test_curriculum_phases_switch_at_their_boundaries():
+    curriculum = Curriculum.unroll_bounded_free(3, 5, 2, unroll_depth=6, bounded=(4, 1), free=(24, 4), free_tol=0.05)
+    names = [curriculum.phase_at(step).name for step in range(11)]
+    assert names == ["unroll"] * 3 + ["bounded"] * 5 + ["free"] * 3  # the last phase holds past the end
+    assert curriculum.total_steps == 10
+    assert curriculum.boundaries() == [(0, "unroll"), (3, "bounded"), (8, "free")]
+    assert curriculum.phase_at(8).fixed_point == {"unroll_steps": 0, "train_max_iter": 24, "phantom_steps": 4, "train_tol": 0.05}
+
+
+def test_empty_phases_are_skipped():
+    curriculum = Curriculum.unroll_bounded_free(0, 4, 0)
+    assert {curriculum.phase_at(step).name for step in range(4)} == {"bounded"}
+
+
+def test_phase_options_are_validated():
+    with pytest.raises(OptionError, match="did you mean 'train_max_iter'"):
+        Phase("free", 3, {"train_max_iters": 24})
+    with pytest.raises(OptionError, match="negative"):
+        Phase("free", -1)
+
+
+def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
+    model = tiny_model()
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, bounded_max_iter=3,
+        free_max_iter=7, free_tol=1e-12, log_every=1,
+    )
+    train(model, config, tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["fp_evaluations"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
+    assert model.solver.options.train_max_iter == 7
+
+
+def test_generated_batches_are_reproducible(tmp_path):
+    config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
+    losses = []
+    for run in ("a", "b"):
+        train(tiny_model(), config, tmp_path / run, progress=False)
+        losses.append([json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()])
+    assert losses[0] == losses[1]
+
+
+def test_checkpoint_round_trip_and_replacement(tmp_path):
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 3, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long)).loss.backward()
+    optimizer.step()
+    state = {"optimizer": optimizer.state_dict()}
+    save_checkpoint(tmp_path / "ckpt", model, training_state=state, meta={"step": 1})
+    save_checkpoint(tmp_path / "ckpt", model, training_state=state, meta={"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "no staging or retired folders left"
+    assert json.loads((tmp_path / "ckpt" / "trainer.json").read_text()) == {"step": 2}
+    state = load_training_state(tmp_path / "ckpt")
+    assert state["optimizer"]["state"][0]["step"] == 1
+    reloaded = load_model(tmp_path / "ckpt")
+    for (name, a), (_, b) in zip(model.state_dict().items(), reloaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = tiny_model()
+    save_checkpoint(tmp_path / "ckpt", model, meta={"step": 1})
+
+    def failing_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model, "save_pretrained", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path / "ckpt", model, meta={"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert json.loads((tmp_path / "ckpt" / "trainer.json").read_text()) == {"step": 1}
+
+
+def test_corrupt_training_state_is_a_clear_error(tmp_path):
+    state = {"optimizer": torch.optim.AdamW(tiny_model().parameters()).state_dict()}
+    save_checkpoint(tmp_path / "ckpt", tiny_model(), training_state=state)
+    (tmp_path / "ckpt" / "training_state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="training_state.pt"):
+        load_training_state(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("damage", ["no_config", "bad_json", "foreign_type", "no_weights", "truncated_weights"])
+def test_damaged_model_directory_is_a_clear_error(tmp_path, damage):
+    save_checkpoint(tmp_path / "ckpt", tiny_model())
+    config, weights = tmp_path / "ckpt" / "config.json", tmp_path / "ckpt" / "model.safetensors"
+    if damage == "no_config":
+        config.unlink()
+    elif damage == "bad_json":
+        config.write_text("{")
+    elif damage == "foreign_type":
+        config.write_text(json.dumps({"model_type": "gpt2"}))
+    elif damage == "no_weights":
+        weights.unlink()
+    else:
+        weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="ckpt"):
+        load_model(tmp_path / "ckpt")
+
+
+def learning_rates(warmup_steps: int, total_steps: int, decay_steps: int, min_lr_ratio: float) -> list[float]:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = warmup_stable_sqrt_decay(optimizer, warmup_steps, total_steps, decay_steps, min_lr_ratio)
+    rates = []
+    for _ in range(total_steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def test_learning_rate_warms_up_holds_then_falls_by_square_root():
+    # Decay progress 0, 1/4, 1/2, 3/4 over the last four steps: 1 - sqrt(p), floored at 0.1.
+    decay = [0.1 + 0.9 * (1 - (p / 4) ** 0.5) for p in range(4)]
+    assert learning_rates(2, 10, 4, 0.1) == pytest.approx([0.1, 0.55, 1.0, 1.0, 1.0, 1.0, *decay])
+    assert decay[-1] == pytest.approx(0.2206, abs=1e-4)
+
+
+def test_warmup_wins_where_it_overlaps_the_decay():
+    rates = learning_rates(8, 10, 5, 0.0)
+    assert rates[:8] == pytest.approx([step / 8 for step in range(8)])
+    assert rates[8:] == pytest.approx([1.0, 1 - 0.5**0.5])
+
+
+def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=5, batch_size=4, lr=0.01, min_lr=0.001, warmup_steps=0,
+        decay_fraction=0.5, total_steps=4, bounded_fraction=0.5, free_max_iter=5, log_every=1,
+    )
+    train(tiny_model(), config, tmp_path, progress=False)
+    logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # Each row logs the rate of the next step; the decay spans the free phase's two steps.
+    expected = [0.01 * rate for rate in learning_rates(0, 4, 2, 0.1)[1:]] + [0.001]
+    assert logged == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
+    config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
+    train(tiny_model(), config, tmp_path, progress=False)
+    log = (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(FileExistsError, match="holds a training run"):
+        train(tiny_model(), config, tmp_path, progress=False)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == log
+    shorter = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=2, log_every=1)
+    train(tiny_model(), shorter, tmp_path, progress=False, overwrite=True)
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    command = ["words", "train", "--out", str(tmp_path), "--no-progress", "--model", "hidden_size=16", "--model", "head_dim=8",
+               "--train", "total_steps=1", "--train", "sequence_length=4", "--train", "batch_size=2"]
+    assert main(command) == 2
+    assert "continue it with --resume or replace it with --overwrite" in capsys.readouterr().err
+    assert main([*command, "--overwrite"]) == 0
+
+
+def test_warmup_longer_than_the_run_keeps_its_slope_for_a_resume_with_more_steps():
+    assert learning_rates(10, 3, 0, 0.0) == pytest.approx([0.0, 0.1, 0.2])
+    assert learning_rates(10, 3, 0, 0.0) == learning_rates(10, 7, 0, 0.0)[:3]
+
+
+def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = TrainConfig.for_task("words", group="S3", sequence_length=6, batch_size=8, total_steps=3, log_every=1)
+    train(tiny_model(), config, tmp_path, progress=False)
+    more = dataclasses.replace(config, total_steps=5)
+    train(tiny_model(), more, tmp_path, progress=False, resume=True)
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for name in ("loss", "grad_norm", "fp_iterations_mean"):
+        scalars = {event.step: event.value for event in events.Scalars(name)}
+        assert scalars == pytest.approx({record["step"]: record[name] for record in logged}, rel=1e-6), name
+    assert sorted(scalars) == list(range(5))
+    assert "phase" not in events.Tags()["scalars"]
+
+
+
+# ---------------------------------------------------------------- one trainer: former checkpoints, torchrun
+
+WORD_SETTINGS = {"group": "S3", "sequence_length": 6, "batch_size": 8, "lr": 0.01, "warmup_steps": 1, "log_every": 1,
+                 "total_steps": 4, "bounded_fraction": 0.5, "free_max_iter": 5, "free_phantom_steps": 2}
+
+
+def as_former_word_checkpoint(run) -> None:
+    """Rewrite a run's latest checkpoint as the former word trainer left its one checkpoint:
+    ``RUN/checkpoint``, settings spelt ``train_length`` / ``bounded_steps`` / ``free_steps``,
+    no batch position in the training state."""
+    from implicitlm.core.run_folder import latest_checkpoint
+
+    latest = latest_checkpoint(run)
+    latest.rename(run / "checkpoint")
+    (run / "checkpoints").rmdir()
+    meta = json.loads((run / "checkpoint" / "trainer.json").read_text())
+    settings = meta["train"]
+    after_warm_up = settings["total_steps"] - settings["unroll_steps"]
+    bounded = round(settings["bounded_fraction"] * after_warm_up)
+    former = {k: v for k, v in settings.items() if k in (
+        "group", "batch_size", "hard_prob", "lr", "min_lr", "weight_decay", "warmup_steps", "decay_fraction",
+        "grad_clip", "seed", "unroll_steps", "unroll_depth", "bounded_max_iter", "bounded_phantom_steps", "free_max_iter",
+        "free_phantom_steps", "free_tol", "log_every", "checkpoint_every", "precision", "compile")}
+    former.update(train_length=settings["sequence_length"], bounded_steps=bounded, free_steps=after_warm_up - bounded)
+    (run / "checkpoint" / "trainer.json").write_text(json.dumps({"step": meta["step"], "train": former, "data": None}))
+    state = load_training_state(run / "checkpoint")
+    del state["sampler"]
+    torch.save(state, run / "checkpoint" / "training_state.pt")
+
+
+def test_a_checkpoint_of_the_former_word_trainer_loads_and_resumes_exactly(tmp_path):
+    config = TrainConfig.for_task("words", **WORD_SETTINGS, checkpoint_every=2, keep_checkpoints=2)
+    train(tiny_model(), config, tmp_path / "whole", progress=False)
+    train(tiny_model(), config, tmp_path / "run", progress=False)
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_0000004")  # as if stopped after step 2
+    as_former_word_checkpoint(tmp_path / "run")
+    assert load_model(tmp_path / "run").num_parameters() == tiny_model().num_parameters()  # the run folder loads it
+    assert main(["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress",
+                 "--train", "total_steps=4", "--train", "bounded_fraction=0.5"]) == 0
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+              for run in ("run", "whole")]
+    assert losses[0] == losses[1]
+    resumed, uninterrupted = load_model(tmp_path / "run"), load_model(tmp_path / "whole")
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_0000004"]
+    for (name, a), (_, b) in zip(resumed.state_dict().items(), uninterrupted.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.slow
+def test_words_train_under_torchrun_as_one_process_with_the_global_batch(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    model = ["--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4",
+             "--model", "head_dim=8"]
+
+    def command(out, batch_size):
+        settings = {**WORD_SETTINGS, "total_steps": 3, "batch_size": batch_size}
+        train_options = [arg for key, value in settings.items() for arg in ("--train", f"{key}={value}")]
+        return ["words", "train", "--out", str(tmp_path / out), "--no-progress", *model, *train_options]
+
+    assert main(command("single", 8)) == 0
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*launch, *command("two", 4)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+              for run in ("single", "two")]
+    for key in ("loss", "accuracy"):
+        torch.testing.assert_close([r[key] for r in logged[1]], [r[key] for r in logged[0]], atol=1e-5, rtol=0, msg=key)
+    for (name, a), (_, b) in zip(load_model(tmp_path / "two").state_dict().items(),
+                                 load_model(tmp_path / "single").state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_resume_accepts_the_runs_own_preset_and_refuses_another(tmp_path, capsys):
+    """``--resume --preset P`` with the preset the run started from continues it (a hostile
+    probe found it refused); a preset that says otherwise is refused, naming the option."""
+    preset = {"model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4, "head_dim": 8,
+                        "fixed_point": {"tau": 0.6, "max_iter": 20}},
+              "train": {**WORD_SETTINGS, "total_steps": 2}}
+    (tmp_path / "p.json").write_text(json.dumps(preset))
+    start = ["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "p.json"), "--no-progress"]
+    assert main(start) == 0
+    assert main([*start, "--resume", "--train", "total_steps=3"]) == 0
+    assert json.loads((tmp_path / "run" / "checkpoints" / "step_0000003" / "trainer.json").read_text())["step"] == 3
+    capsys.readouterr()
+    for changed, named in ((dict(preset, model={**preset["model"], "hidden_size": 32}), "hidden_size=32"),
+                           (dict(preset, train={**preset["train"], "lr": 0.5}), "lr=0.5"),
+                           (dict(preset, model={**preset["model"], "fixed_point": {"tau": 0.9}}), "fixed_point.tau=0.9")):
+        (tmp_path / "other.json").write_text(json.dumps(changed))
+        assert main(["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "other.json"),
+                     "--resume", "--no-progress", "--train", "total_steps=3"]) == 2
+        assert f"the preset's {named} is not the run's" in capsys.readouterr().err
+    assert main([*start, "--resume"]) == 2  # the run now trains for 3 steps, the preset says 2
+    assert "the preset's total_steps=2 is not the run's 3" in capsys.readouterr().err
+    assert main([*start, "--resume", "--explicit"]) == 2
+    assert "its own model, an implicit one" in capsys.readouterr().err
