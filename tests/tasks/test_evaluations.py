@@ -224,3 +224,19 @@ def test_a_combination_that_makes_no_sense_is_one_line_and_exit_2(argv, fragment
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and fragment in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_task_is_told_how_to_solve_once_and_the_model_it_loads_solves_so(tmp_path):
+    """``Task.solve_with`` is the one way a task's solves are set: checked when given (before
+    any data is read), a later call replacing what it names, applied to the model it loads."""
+    model = build_model(config_from_options({"hidden_size": 16, "state_size": 8, "head_dim": 8, "num_hidden_layers": 1,
+                                              "vocab_size": 6}))
+    model.save_pretrained(tmp_path / "model")
+    task = make_task("words", tmp_path / "model", group="S3", lengths=[4])
+    with pytest.raises(OptionError, match="fixed-point option 'max_iter'"):
+        task.solve_with(max_iter=0)
+    with pytest.raises(OptionError, match="did you mean 'max_iter'"):
+        task.solve_with(max_iters=3)
+    assert task.solve_with(max_iter=3, tol=0.25).solve_with(max_iter=5).fixed_point == {"max_iter": 5, "tol": 0.25}
+    options = task.load().solver.options
+    assert (options.max_iter, options.tol, options.budget(None, None, "simultaneous")) == (5, 0.25, (5, 0.25))

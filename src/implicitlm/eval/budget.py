@@ -105,9 +105,9 @@ def budget_by_task(
         model_tol = model.solver.options.tol
 
         def evaluate(budget, tolerance):
-            # A budget swept holds in both modes, as --max-iter does.
-            model.set_fixed_point_options(max_iter=budget, simultaneous_max_iter=0,
-                                          tol=model_tol if tolerance is None else tolerance)
+            # Each point of the sweep is a budget the task is told to solve with, in both modes.
+            task.solve_with(max_iter=budget, simultaneous_max_iter=0, tol=model_tol if tolerance is None else tolerance)
+            model.set_fixed_point_options(**task.fixed_point)
             return [task.evaluate(model, s, mode=mode, warn=False) for s in test_sets]
 
         rows = budget_sweep(evaluate, max_iter, tol or [None], progress=progress)

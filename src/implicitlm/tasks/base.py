@@ -92,7 +92,7 @@ class Task(ABC):
     def solve_with(self, **fixed_point: Any) -> "Task":
         """Evaluate with these ``FixedPointOptions`` fields set on the model (``max_iter=64``,
         ``tol``, ``solver``, ``chunk_length`` ...): checked now, before anything is read."""
-        FixedPointOptions().replace(**self.fixed_point, **fixed_point)
+        FixedPointOptions().replace(**{**self.fixed_point, **fixed_point})
         self.fixed_point.update(fixed_point)
         return self
 

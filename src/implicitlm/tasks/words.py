@@ -149,18 +149,13 @@ class WordsTask(Task):
         count = count if self.count is None else self.count
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
-    def prepare(self, evaluation: str) -> tuple[Any, list[Any]]:
-        """As ``Task.prepare``; where no budget was given, a simultaneous solve gets the budget
-        the longest test words need (``simultaneous_budget``): the model's own may be a
-        training length's."""
-        model, data = super().prepare(evaluation)
-        if "max_iter" not in self.fixed_point and evaluation != "convergence":
-            raise_word_budget(model, max(test_set.length for test_set in data))
-        return model, data
-
     def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
         require(f"{test_set.count} test words of length {test_set.length:,}",
                 evaluation_bytes(model, test_set, mode, self.batch_size))
+        if "max_iter" not in self.fixed_point:
+            # No budget given: a simultaneous solve gets what words of this length need
+            # (the model's own may be a training length's).
+            raise_word_budget(model, test_set.length)
         return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
