@@ -106,7 +106,7 @@ class FixedPointOptions(Options):
         "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
     }
     FIELD_HELP = {
-        "solver": "solver: " + ", ".join(SOLVERS),
+        "solver": "every solve's, unless a mode names its own: " + ", ".join(SOLVERS),
         "simultaneous_solver": "inference in simultaneous mode: solver (empty: solver)",
         "sequential_solver": "inference in sequential (RNN) mode: solver (empty: solver)",
         "train_max_iter": "training: solver iterations before the phantom-gradient steps",
