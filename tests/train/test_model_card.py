@@ -3,12 +3,14 @@ load it and how it solves; the weights and their digest are untouched by it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train.checkpoint import save_checkpoint
 
 
+@pytest.mark.slow
 def test_a_checkpoint_has_a_model_card_and_still_loads(tmp_path):
     torch.manual_seed(0)
     model = build_model(config_from_options(dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, state_size=8,
