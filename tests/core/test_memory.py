@@ -67,7 +67,7 @@ def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, 
     [
         (["--train", "unroll_steps=1", "--train", "unroll_depth=1000000000"], "pass(es) kept for the gradient"),
         (["--train", "batch_size=100000000", "--train", "sequence_length=100000"], "per batch"),
-        (["--model", "num_hidden_layers=100000000"], "parameters needs at least"),
+        (["--model", "num_hidden_layers=100000000"], "parameters at 128 x 16 tokens per batch"),
     ],
     ids=["unroll-depth", "batch", "layers"],
 )

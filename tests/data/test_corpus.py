@@ -343,11 +343,11 @@ def test_resumed_run_writes_the_same_bytes_as_an_uninterrupted_one(
 def test_existing_output_is_only_replaced_when_asked(texts, tokenizer, tmp_path):
     with pytest.raises(RuntimeError, match="killed"):
         write_shards(killed_after(texts, 9), tokenizer, tmp_path, batch_documents=1, **QUIET)
-    assert "unfinished run; continue it with --resume (resume=True)" in data_error(
+    assert "unfinished run; continue it with resume=True" in data_error(
         write_shards, texts, tokenizer, tmp_path, **QUIET
     )
     write_shards(texts, tokenizer, tmp_path, overwrite=True, **QUIET)
-    assert "replace them with --overwrite (overwrite=True)" in data_error(write_shards, texts, tokenizer, tmp_path, **QUIET)
+    assert "replace them with overwrite=True" in data_error(write_shards, texts, tokenizer, tmp_path, **QUIET)
     assert write_shards(texts, tokenizer, tmp_path, resume=True, **QUIET)["documents"] == 40
     other = {**QUIET, "shard_tokens": 2 * SHARD_TOKENS}
     changed = data_error(write_shards, texts, tokenizer, tmp_path, resume=True, **other)

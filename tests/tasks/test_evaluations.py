@@ -202,14 +202,14 @@ def test_every_task_takes_the_evaluations_it_names():
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["eval", "convergence", "--task", "catbabi", "CKPT", "--data", "DATA"], "convergence is not evaluated for --task catbabi"),
-    (["eval", "length", "--task", "lm", "CKPT", "--data", "DATA", "--group", "S3"], "--group does not apply to --task lm"),
+    (["eval", "convergence", "--task", "catbabi", "CKPT", "--data", "DATA"], "convergence is not evaluated for the catbabi task"),
+    (["eval", "length", "--task", "lm", "CKPT", "--data", "DATA", "--group", "S3"], "--group does not apply to the lm task"),
     (["eval", "length", "--task", "catbabi", "CKPT", "--data", "DATA", "--lengths", "8"], "--lengths does not apply"),
     (["eval", "budget", "--task", "words", "CKPT", "--max-tokens", "64", "--sequence-length", "8"],
-     "--max-tokens, --sequence-length do not apply to --task words"),
-    (["eval", "length", "--task", "lm", "CKPT"], "--task lm reads one --data folder"),
-    (["eval", "length", "--task", "lm", "CKPT", "--data", "DATA", "--data", "DATA"], "--task lm reads one --data folder"),
-    (["eval", "length", "--task", "catbabi", "CKPT", "--data", "DATA", "--split", "eval"], "--split eval: --task catbabi"),
+     "--max-tokens, --sequence-length do not apply to the words task"),
+    (["eval", "length", "--task", "lm", "CKPT"], "the lm task reads one --data folder"),
+    (["eval", "length", "--task", "lm", "CKPT", "--data", "DATA", "--data", "DATA"], "the lm task reads one --data folder"),
+    (["eval", "length", "--task", "catbabi", "CKPT", "--data", "DATA", "--split", "eval"], "--split eval: the catbabi task"),
     (["eval", "length", "--task", "tokens", "CKPT"], "argument --task: invalid choice"),
 ])
 def test_a_combination_that_makes_no_sense_is_one_line_and_exit_2(argv, fragment, capsys, tmp_path, catbabi_folder,

@@ -358,7 +358,7 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoin
 def test_a_fresh_run_never_lands_on_an_earlier_one(shards, tmp_path):
     train(tiny_model(), train_config(total_steps=6, keep_checkpoints=3), tmp_path, data=shards, progress=False)
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file() and "tensorboard" not in path.parts}
-    with pytest.raises(FileExistsError, match="holds a training run .*--resume.*--overwrite"):
+    with pytest.raises(FileExistsError, match="holds a training run .*resume=True.*overwrite=True"):
         train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
     assert {path: path.read_bytes() for path in before} == before  # nothing appended, nothing pruned
     (tmp_path / "notes.txt").write_text("mine")

@@ -4,12 +4,15 @@ arguments and calling the library; heavy imports happen inside the command that 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Sequence
 
-from .arguments import Parser
+from .arguments import Parser, as_flags, command_flags
 from .data import add_catbabi, add_corpus_build, add_tokenizer_train
 from .evaluate import add_aliases, add_eval
 from .lm import add_lm_demo, add_lm_downstream, add_train
@@ -39,10 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A target refused as another writer's is that writer's, even if it appeared meanwhile.
         if new_out and not isinstance(error, FileExistsError):
             _remove_partial_output(out)
-        return _fail(error, 2)
+        return _fail(error, 2, parser, args)
+    except BrokenPipeError:
+        # The reader closed the pipe (`| head`): the rest of the output has no one to read it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (NumericalFault, OSError) as error:
         # Valid input, but the run cannot go on: NaN/Inf, a fatal non-convergence, a full disk.
-        return _fail(error, 1)
+        return _fail(error, 1, parser, args)
     except TrainingInterrupted as stopped:
         hint = "; continue with --resume" if hasattr(args, "resume") else ""
         print(f"implicitlm: {stopped}{hint}", file=sys.stderr)
@@ -60,11 +67,12 @@ def _remove_partial_output(out: Path) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _fail(error: BaseException, code: int) -> int:
+def _fail(error: BaseException, code: int, parser, args) -> int:
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         message = f"{error.filename}: {error.strerror}"  # not "[Errno 17] File exists: 'x'"
     else:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    message = as_flags(message, getattr(error, "arguments", ()), command_flags(parser, args.run))
     print(f"implicitlm: error: {message}", file=sys.stderr)
     return code
 
@@ -82,6 +90,7 @@ def _quiet_libraries() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="implicitlm", description="Implicit language models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('implicitlm')}")
     commands = parser.add_subparsers(title="commands")
     add_demo(commands)
     words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")

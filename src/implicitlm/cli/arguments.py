@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any
+import re
+from typing import Any, Callable, Sequence
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,7 +31,8 @@ def add_run_options(p, trainer: str) -> None:
     p.add_argument("--train", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars: a plain line of step, loss, lr and tokens/s every log_every steps")
     p.epilog = options_epilog(trainer)
 
 
@@ -147,3 +149,36 @@ def position_list(text: str) -> list[int]:
 
 def float_list(text: str) -> list[float]:
     return _list_of(text, positive_float, "positive numbers")
+
+
+# Library arguments whose flag has another name than the argument: the options dicts.
+ARGUMENT_DESTS = {"model_options": "model", "train_options": "train"}
+
+
+def command_flags(parser: argparse.ArgumentParser, run: Callable) -> dict[str, str]:
+    """The flags of the (sub)command of ``parser`` that ``run`` runs, by their dest."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                if command.get_default("run") is run:
+                    return {a.dest: a.option_strings[-1] for a in command._actions if a.option_strings}
+                found = command_flags(command, run)
+                if found:
+                    return found
+    return {}
+
+
+def as_flags(message: str, arguments: Sequence[str], flags: dict[str, str]) -> str:
+    """A library message as the command line says it: each of ``arguments`` (Python names
+    the message spells ``name`` or ``name=value``) as its flag, ``--resume`` or
+    ``--errors replace``; a name the command has no flag for, in the flags' spelling."""
+    for name in arguments:
+        dest = ARGUMENT_DESTS.get(name, name)
+        flag = flags.get(dest, "--" + dest.replace("_", "-"))
+
+        def spelt(match: re.Match, flag=flag) -> str:
+            value = match.group(1)
+            return flag if value in (None, "True") else f"{flag} {value.strip(chr(39) + chr(34))}"
+
+        message = re.sub(rf"\b{re.escape(name)}(?:=('[^']*'|\"[^\"]*\"|[^\s,;()]+))?(?![\w='])", spelt, message)
+    return message

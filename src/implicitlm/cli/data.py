@@ -13,7 +13,8 @@ def add_tokenizer_train(commands) -> None:
     p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders")
     p.add_argument("--out", type=Path, required=True, help="tokenizer folder (Hugging Face format)")
     add_overwrite_option(p, "what --out holds: the tokenizer's files replace theirs, other files stay")
-    p.add_argument("--vocab-size", type=positive_int, default=32768)
+    p.add_argument("--vocab-size", type=positive_int, default=32768,
+                   help="tokens in the vocabulary, the end-of-text token included (default: 32768)")
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
     p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
     _add_errors(p)
@@ -72,7 +73,7 @@ def add_corpus_build(commands) -> None:
     _add_errors(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted build")
     p.add_argument("--overwrite", action="store_true", help="replace a finished build")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_corpus_build)
 
 

@@ -55,7 +55,8 @@ def add_length(commands, name: str = "length", task: str | None = None, help: st
     p = _parser(commands, name, "length", task, help)
     add_budget_options(p)
     add_solver_flags(p)
-    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",
+                   help="simultaneous: all tokens solved together (training's way); sequential: token by token, as an RNN")
     # catbabi eval always wrote its record; the others write one when asked.
     p.add_argument("--out", type=Path, default=None, required=task == "catbabi", help=_out_help("length", task))
     add_overwrite_option(p, "a record already in --out")
@@ -69,7 +70,8 @@ def add_budget(commands) -> None:
                    help="comma-separated fixed-point budgets, each a point of the sweep")
     p.add_argument("--tol", dest="swept_tol", type=float_list, default=None,
                    help="comma-separated tolerances, a curve each (default: the model's)")
-    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",
+                   help="simultaneous: all tokens solved together (training's way); sequential: token by token, as an RNN")
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("budget"))
     add_overwrite_option(p, "a record already in --out")

@@ -18,7 +18,7 @@ def add_train(commands) -> None:
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
     p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
     p.add_argument(
-        "--config", default=None,
+        "--config", dest="preset", default=None,
         help="training preset name, JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model'), "
              "or a checkpoint",
     )
@@ -37,7 +37,7 @@ def _run_train(args) -> None:
 
     check_resume_or_overwrite(args)
     metrics = train_lm_run(
-        args.data, args.out, preset=args.config, model_preset=args.model_preset, model_options=dict(args.model),
+        args.data, args.out, preset=args.preset, model_preset=args.model_preset, model_options=dict(args.model),
         train_options=dict(args.train), init_from=args.init_from, resume=args.resume, overwrite=args.overwrite,
         progress=not args.no_progress,
     )
@@ -66,17 +66,18 @@ def add_lm_downstream(commands) -> None:
                         "whose files are missing are skipped with a warning")
     p.add_argument("--limit", type=positive_float, default=None, help="documents per task (a fraction if below 1): quick checks only")
     p.add_argument("--num-fewshot", type=non_negative_int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
-    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous")
+    p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",
+                   help="simultaneous: all tokens solved together (training's way); sequential: token by token, as an RNN")
     add_budget_options(p)
     add_solver_flags(p)
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="documents per forward (default: 8)")
     p.add_argument("--max-length", type=positive_int, default=None, help="context window in tokens (default: 2048)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     add_dtype_option(p)
     p.add_argument("--out", type=Path, required=True, help="folder for downstream.json and downstream.png")
     add_overwrite_option(p, "a record already in --out")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_lm_downstream)
 
 

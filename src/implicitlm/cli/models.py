@@ -122,7 +122,7 @@ def add_jacobian(commands) -> None:
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random weights, tokens and coordinates")
     # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
     add_budget_options(p)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_jacobian)
 
 

@@ -3,7 +3,6 @@ check, the demo commands' options and report, a training run's summary."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -78,8 +77,19 @@ def report_demo(args, run_demo: Callable, format_table: Callable, plot: str) -> 
 
 
 def print_run_summary(metrics: dict[str, Any], out: Path) -> None:
-    """A finished training run's last metrics and its checkpoints, printed once: under
-    torchrun by the first process only."""
-    if os.environ.get("RANK", "0") == "0":
-        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, str)}))
-        print(f"checkpoints: {out / 'checkpoints'}")
+    """A finished training run's last metrics, its held-out perplexity, what it trained and
+    where its checkpoints are, printed once: under torchrun by the first process only."""
+    from ..core.run_folder import latest_checkpoint
+    from ..train.loop import duration
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    final = f"final loss {metrics['loss']:.4f}"
+    if "ppl" in metrics:
+        final += f" (perplexity {metrics['ppl']:.2f})"
+    if "accuracy" in metrics:
+        final += f", accuracy {metrics['accuracy']:.1%}"
+    print(f"trained {metrics['steps']:,} steps, {metrics['tokens']:,} tokens in {duration(metrics['seconds'])}; {final}")
+    if "test_ppl" in metrics:
+        print(f"held-out perplexity {metrics['test_ppl']:.2f} (loss {metrics['test_loss']:.4f})")
+    print(f"checkpoints: {out / 'checkpoints'} (latest: {latest_checkpoint(out)})")

@@ -21,10 +21,10 @@ def _run_demo(args) -> None:
 def add_words_generate(commands) -> None:
     p = commands.add_parser("generate", help="generate word-problem data")
     p.add_argument("--group", required=True, help="e.g. S5, A5, Z6, S3xZ2, A5xM")
-    p.add_argument("--length", type=positive_int, required=True)
-    p.add_argument("--count", type=positive_int, required=True)
+    p.add_argument("--length", type=positive_int, required=True, help="tokens per word")
+    p.add_argument("--count", type=positive_int, required=True, help="words to generate")
     p.add_argument("--hard-prob", type=fraction, default=None, help="identity probability of the group part (A5xM)")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the words drawn (default: 0)")
     p.add_argument("--out", type=Path, required=True, help=".csv for CSV; any other suffix: memory-mapped .npy")
     p.add_argument(
         "--targets", choices=("stored", "derived"), default="stored",

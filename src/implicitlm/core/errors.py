@@ -17,7 +17,16 @@ QUOTED_CHARS = 60
 
 
 class ImplicitLMError(Exception):
-    """The base of every error implicitlm raises; its message is one line."""
+    """The base of every error implicitlm raises; its message is one line.
+
+    A message that tells what to pass instead names the library's own arguments, as Python
+    spells them (``resume=True``, ``overwrite=True``, ``group``), and lists them in
+    ``arguments``: the command line shows each as its flag (``--resume``), from one table.
+    """
+
+    def __init__(self, *args: object, arguments: Sequence[str] = ()):
+        super().__init__(*args)
+        self.arguments = tuple(arguments)
 
 
 class OptionError(ImplicitLMError, ValueError):

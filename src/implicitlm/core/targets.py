@@ -34,7 +34,7 @@ def refuse_existing(target: str | os.PathLike, overwrite: bool = False) -> None:
         return
     if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
         return
-    raise TargetExistsError(f"{target}: exists; replace it with --overwrite")
+    raise TargetExistsError(f"{target}: exists; replace it with overwrite=True", arguments=("overwrite",))
 
 
 def lock_path(target: str | os.PathLike) -> Path:

@@ -336,7 +336,7 @@ def _check_replaceable(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"{out_dir}: expected a folder to build in, got a file")
     if (out_dir / INDEX_FILE).exists() and not overwrite:
-        raise DataError(f"{out_dir}: holds built shards; replace them with --overwrite (overwrite=True)")
+        raise DataError(f"{out_dir}: holds built shards; replace them with overwrite=True", arguments=("overwrite",))
     if not out_dir.is_dir():
         return
     # A build replaces the whole folder, which must therefore hold nothing else.

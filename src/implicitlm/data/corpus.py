@@ -139,8 +139,8 @@ class Documents(Iterator[str]):
         except UnicodeDecodeError as error:
             if self.errors == "strict":
                 raise DataError(
-                    f"{path}:{line_number}: {not_utf8(error)}; --errors replace (errors='replace') "
-                    f"reads such bytes as U+FFFD"
+                    f"{path}:{line_number}: {not_utf8(error)}; errors='replace' reads such bytes as U+FFFD",
+                    arguments=("errors",),
                 ) from None
         # surrogateescape turns each undecodable byte, and only those, into a lone surrogate.
         escaped = line.decode("utf-8", errors="surrogateescape")

@@ -223,7 +223,7 @@ def _finished_index(
     if overwrite or not index_path.exists():
         return None
     if not resume:
-        raise DataError(f"{out_dir}: holds finished shards; replace them with --overwrite (overwrite=True)")
+        raise DataError(f"{out_dir}: holds finished shards; replace them with overwrite=True", arguments=("overwrite",))
     index = read_index(index_path)
     _check_settings(index_path, index, settings)
     return index
@@ -237,8 +237,8 @@ def _saved_progress(
     if progress_path.exists() and not overwrite:
         if not resume:
             raise DataError(
-                f"{out_dir}: holds an unfinished run; continue it with --resume (resume=True) "
-                f"or start again with --overwrite (overwrite=True)"
+                f"{out_dir}: holds an unfinished run; continue it with resume=True or start again with overwrite=True",
+                arguments=("resume", "overwrite"),
             )
         what = "shard writing progress"
         saved = read_json_object(progress_path, what)
@@ -275,8 +275,8 @@ def _check_settings(path: Path, saved: dict[str, Any], settings: dict[str, Any])
     changed = sorted(key for key, value in settings.items() if saved.get(key) != value)
     if changed:
         raise DataError(
-            f"{path}: was written with other settings ({', '.join(changed)}); "
-            f"start again with --overwrite (overwrite=True)"
+            f"{path}: was written with other settings ({', '.join(changed)}); start again with overwrite=True",
+            arguments=("overwrite",),
         )
 
 

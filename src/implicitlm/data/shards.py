@@ -133,7 +133,7 @@ def check_positive(**values: int) -> None:
 def read_index(path: Path) -> dict[str, Any]:
     """The index at ``path``, every field checked."""
     if not path.is_file():
-        raise DataError(f"{path}: no shard index; write the shards with write_shards first")
+        raise DataError(f"{path}: no shard index; build the shards with `implicitlm corpus build` (write_shards)")
     index = shard_index_format_1(read_json_object(path, "a shard index"))
     check_header(index, INDEX_KEYS, FORMAT_VERSION, path, "a shard index", optional=INDEX_OPTIONAL_KEYS)
     dtype = index["dtype"]

@@ -68,8 +68,11 @@ def _trained(documents: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFa
         show_progress=False,
     )
     backend.train_from_iterator(documents, trainer)
-    # Cleaning up spaces around punctuation on decoding would break the round trip.
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, clean_up_tokenization_spaces=False)
+    # Cleaning up spaces around punctuation on decoding would break the round trip. The pad
+    # token is the eos token (id 0), as a trained model's config says (tasks.lm.mark_end_of_text).
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, clean_up_tokenization_spaces=False,
+    )
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:

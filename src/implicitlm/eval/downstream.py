@@ -66,7 +66,10 @@ def run_tasks(
     from .harness import ImplicitLMHarness
 
     if local_sets is not None and num_fewshot:
-        raise OptionError("few-shot prompts need a training split, which local sets do not have: drop --num-fewshot")
+        raise OptionError(
+            "few-shot prompts need a training split, which local sets do not have: drop num_fewshot",
+            arguments=("num_fewshot",),
+        )
     lm = ImplicitLMHarness(model, **model_args)  # before the task index, which takes a while
     manager = task_manager(tasks, include_path)
     if local_sets is not None:

@@ -32,8 +32,9 @@ def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **opt
     given = {key: value for key, value in options.items() if value is not None}
     foreign = [key for key in given if key not in task.OPTIONS]
     if foreign:
-        flags = ", ".join("--" + key.replace("_", "-") for key in foreign)
-        raise OptionError(f"{flags} {'does' if len(foreign) == 1 else 'do'} not apply to --task {name}")
+        raise OptionError(
+            f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to the {name} task", arguments=foreign,
+        )
     made = task(checkpoint, **given)
     made.dtype = torch_dtype(dtype)  # a wrong name is refused here, before any data is read
     return made

@@ -99,7 +99,8 @@ class Task(ABC):
     def require(self, evaluation: str) -> None:
         """Refuse, in one line, an evaluation that makes no sense for this task."""
         if evaluation not in self.EVALUATIONS:
-            raise OptionError(f"{evaluation} is not evaluated for --task {self.name}{self.refusal_hint(evaluation)}")
+            raise OptionError(f"{evaluation} is not evaluated for the {self.name} task{self.refusal_hint(evaluation)}",
+                              arguments=("split",))
 
     def refusal_hint(self, evaluation: str) -> str:
         return ""
@@ -181,7 +182,8 @@ class FolderTask(Task):
         super().__init__(checkpoint, batch_size)
         folders = [data] if isinstance(data, (str, Path)) else list(data or [])
         if len(folders) != 1:
-            raise OptionError(f"--task {self.name} reads one --data folder ({self.FOLDER}), got {len(folders) or 'none'}")
+            raise OptionError(f"the {self.name} task reads one data folder ({self.FOLDER}), got {len(folders) or 'none'}",
+                              arguments=("data",))
         self.data, self.split = Path(folders[0]), "test" if split is None else split
 
 

@@ -149,12 +149,13 @@ class CatbabiTask(FolderTask):
     ):
         super().__init__(checkpoint, data, split, batch_size)
         if self.split not in SHARD_SPLITS:
-            raise OptionError(f"--split {self.split}: --task catbabi reads a bAbI split, one of {', '.join(SHARD_SPLITS)}")
+            raise OptionError(f"split={self.split}: the catbabi task reads a bAbI split, one of {', '.join(SHARD_SPLITS)}",
+                              arguments=("split",))
         self.sequence_length = 256 if sequence_length is None else sequence_length
         self.stride = stride
 
     def refusal_hint(self, evaluation: str) -> str:
-        return f": its folder is token shards, so use --task lm --data {self.data} --split eval"
+        return f": its folder is token shards, so evaluate it as the lm task, split=eval"
 
     def evaluation_sets(self) -> list[int]:
         return [self.sequence_length]

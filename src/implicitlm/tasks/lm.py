@@ -134,7 +134,7 @@ class LMTask(FolderTask):
         self.train_length = self.training().get("sequence_length")
         if not self.lengths:
             if self.train_length is None:
-                raise OptionError("the checkpoint does not record its training context; give --lengths")
+                raise OptionError("the checkpoint does not record its training context; give lengths", arguments=("lengths",))
             self.lengths = [self.train_length * m for m in self.multiples or [1]]
         self.shards = TokenShards(self.data, self.split, verify=True)
         check_tokens_of_model(self.shards, self.model)

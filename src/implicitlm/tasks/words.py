@@ -127,7 +127,7 @@ class WordsTask(Task):
         train = self.training()
         group = self.group or train.get("group")
         if not group:
-            raise OptionError("--group is needed: the checkpoint does not name its training group")
+            raise OptionError("group is needed: the checkpoint does not name its training group", arguments=("group",))
         _check_group_fits(group, train.get("group"), self.model.config.vocab_size)
         self.group, self.train_length = group, train.get("sequence_length")
         if self.hard_prob is None:
@@ -140,12 +140,18 @@ class WordsTask(Task):
             return [StoredWords(words.inputs, words.targets) for words in (load_words(path, self.group) for path in self.data)]
         if self.multiples:
             if not self.train_length:
-                raise OptionError("--multiples needs the training length, which the checkpoint does not record; give --lengths")
+                raise OptionError(
+                    "multiples needs the training length, which the checkpoint does not record; give lengths",
+                    arguments=("multiples", "lengths"),
+                )
             lengths = [self.train_length * m for m in self.multiples]
         elif self.lengths:
             lengths = self.lengths
         else:
-            raise OptionError("give --lengths (e.g. 16,32,64), --multiples (e.g. 1,2,4,8) or --data FILE")
+            raise OptionError(
+                "give lengths (e.g. [16, 32, 64]), multiples (e.g. [1, 2, 4, 8]) or data (a word file)",
+                arguments=("lengths", "multiples", "data"),
+            )
         count = count if self.count is None else self.count
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
@@ -195,9 +201,11 @@ def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:
     would be read as those elements and scored against meaningless labels."""
     algebra = get_group(group)
     if trained and algebra.name != get_group(trained).name:
-        raise OptionError(f"--group {group}: the checkpoint was trained on {trained}; evaluate it on {trained}")
+        raise OptionError(f"group={group}: the checkpoint was trained on {trained}; evaluate it on {trained}",
+                          arguments=("group",))
     if algebra.order != vocab_size:
-        raise OptionError(f"--group {group}: {algebra.order} elements, but the model reads {vocab_size} tokens")
+        raise OptionError(f"group={group}: {algebra.order} elements, but the model reads {vocab_size} tokens",
+                          arguments=("group",))
 
 
 class WordBatches:

@@ -27,6 +27,7 @@ from ..core.run_folder import (
     CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories, step_in_name,
 )
 from ..models import ImplicitCausalLM, load_model
+from .model_card import MODEL_CARD, write_model_card
 
 TRAINING_STATE = "training_state.pt"
 
@@ -46,7 +47,8 @@ def save_checkpoint(
     """``training_state``: tensors and plain containers only (optimiser, scheduler, sampler,
     RNG state), loadable without unpickling objects. ``weights``: the state dict to save
     when the model's own is not the full one (gathered from FSDP shards). ``tokenizer``:
-    saved beside the model, so that the checkpoint alone can be evaluated on text."""
+    saved beside the model, so that the checkpoint alone can be evaluated on text. A model
+    card (``README.md``) says what the model is and how to load it."""
     path = Path(path)
     with staged_directory(path) as staging:
         with writing(path, "model.safetensors"):
@@ -61,6 +63,8 @@ def save_checkpoint(
                 torch.save(training_state, file)
         with writing(path, TRAINER_META):
             (staging / TRAINER_META).write_text(json.dumps(meta or {}, indent=2))
+        with writing(path, MODEL_CARD):
+            write_model_card(staging, model, meta or {})
     return path
 
 

@@ -20,7 +20,6 @@ from tqdm.auto import tqdm
 
 from .curriculum import Curriculum
 from ..core.errors import NumericalFault
-from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from .guard import (
     StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_on_write_failure,
     stop_requested,
@@ -76,18 +75,23 @@ def run_training(
     last_checkpoint: Path | None,
     progress: bool,
 ) -> dict[str, Any]:
-    """Steps ``start_step`` .. the curriculum's end; returns the last logged metrics. A resumed
+    """Steps ``start_step`` .. the curriculum's end; returns the last logged metrics, the last
+    held-out ones, and the ``steps``, ``tokens`` and ``seconds`` this call trained. A resumed
     run (``start_step`` > 0) first drops the log records the interrupted run wrote after
     its checkpoint. Raises ``TrainingInterrupted`` after the checkpoint a stop signal asks
-    for, and ``NumericalFault`` before an update that a non-finite number would poison."""
+    for, and ``NumericalFault`` before an update that a non-finite number would poison.
+    Without ``progress`` (bars), a line of step, loss, rate and speed every ``log_every``
+    steps on stdout; a held-out evaluation is a line either way (beside the bars, on stderr)."""
     core = accelerator.unwrap_model(model)
     total = task.curriculum.total_steps
     main = accelerator.is_main_process
     bar = tqdm(range(start_step, total), initial=start_step, total=total, desc=task.description,
                disable=not progress or not main)
-    phase, metrics, started, tokens = None, {}, time.perf_counter(), 0
+    phase, metrics, held_out_last, started, tokens = None, {}, {}, time.perf_counter(), 0
     model.train()
     log = RunLog(out_dir, accelerator, keep_before_step=start_step if start_step else None)
+    # Beside the bars, where they are drawn; without them, a log of the run's output, as its summary.
+    lines = sys.stderr if progress else sys.stdout
     with log, StopSignals() as stop:
         for step in bar:
             phase = task.curriculum.enter(step, phase, core)
@@ -111,9 +115,14 @@ def run_training(
                     metrics.update(outcome.output.fixed_point.summary(), train_max_iter=core.solver.options.train_max_iter)
                 log.write(step, metrics)
                 bar.set_postfix(_postfix(metrics))
+                if main and not progress:
+                    tqdm.write(step_line(step, total, metrics), file=lines)
             held_out = task.evaluate(step)
             if held_out:
                 log.write(step, held_out)
+                held_out_last = held_out
+                if main:
+                    tqdm.write(held_out_line(step, held_out), file=lines)
             signal_number = stop_requested(stop, accelerator)
             periodic = task.checkpoint_every and (step + 1) % task.checkpoint_every == 0
             if signal_number or periodic or last:
@@ -122,17 +131,18 @@ def run_training(
                     last_checkpoint = task.save(step + 1)
             if signal_number:
                 raise TrainingInterrupted(signal_number, step + 1, last_checkpoint)
-    return metrics
+    seconds = time.perf_counter() - started
+    return {**metrics, **held_out_last, "steps": total - start_step, "tokens": tokens, "seconds": seconds}
 
 
-def require_training(model, batch: int, length: int, graphs: int) -> None:
-    """A training step holds weights, gradients and two Adam moments (four floats per
-    parameter) and the activations of ``graphs`` passes of the stack."""
-    config = model.config
-    needed = 4 * FLOAT_BYTES * model.num_parameters() + activation_bytes(
-        batch, length, config.hidden_size, config.num_hidden_layers, graphs
-    )
-    require(f"training at {batch} x {length} tokens per batch ({graphs} pass(es) kept for the gradient)", needed)
+def step_line(step: int, total: int, metrics: dict[str, Any]) -> str:
+    """A logged step as one plain line, for a run without progress bars."""
+    return (f"step {step + 1:,}/{total:,}: loss {metrics['loss']:.4f}, lr {metrics['lr']:.2e}, "
+            f"{metrics['tokens_per_s']:,.0f} tokens/s")
+
+
+def held_out_line(step: int, held_out: dict[str, float]) -> str:
+    return f"step {step + 1:,}: held-out loss {held_out['test_loss']:.4f}, perplexity {held_out['test_ppl']:.2f}"
 
 
 def chunk_evaluations_at(model, train_length: int) -> None:
@@ -166,11 +176,11 @@ def check_updated_weights(model, recheck, accelerator, step: int, last_checkpoin
 
 def pace(first_step_seconds: float, steps_left: int) -> str:
     """The first step's time and what the rest will take at that pace."""
-    left = _duration(first_step_seconds * steps_left)
+    left = duration(first_step_seconds * steps_left)
     return f"the first step took {first_step_seconds:.1f} s; the {steps_left:,} steps left take about {left}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

@@ -39,7 +39,8 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
     found = existing_run(out_dir)
     if found and not overwrite:
         raise TargetExistsError(
-            f"{out_dir}: holds a training run ({', '.join(found)}); continue it with --resume or replace it with --overwrite"
+            f"{out_dir}: holds a training run ({', '.join(found)}); continue it with resume=True or replace it with "
+            "overwrite=True", arguments=("resume", "overwrite"),
         )
 
 

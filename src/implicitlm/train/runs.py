@@ -13,11 +13,15 @@ from ..core.errors import OptionError
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
-from ..models import ImplicitCausalLM, build_model, config_from_options, load_model
+from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
 from .checkpoint import warm_start
 from .config import TrainConfig
+from .step_memory import fitting_preset, require_training, training_memory
 from .trainer import resume_config, train
+
+# What a refusal for memory suggests instead, the largest model first.
+SMALLER_PRESETS = {"words": ("words_s5", "demo"), "lm": ("lm_wikitext2", "lm_demo")}
 
 
 def word_train_config(preset: dict[str, Any], kind: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -28,14 +32,27 @@ def word_model(
     preset: dict[str, Any], kind: str, config: TrainConfig, overrides: dict[str, Any] | None = None
 ) -> ImplicitCausalLM:
     """A freshly initialised model (seeded by ``config.seed``) whose vocabulary is the group's elements."""
+    model_config = word_model_config(preset, kind, config, overrides)
+    torch.manual_seed(config.seed)
+    return build_model(model_config)
+
+
+def word_model_config(
+    preset: dict[str, Any], kind: str, config: TrainConfig, overrides: dict[str, Any] | None = None
+) -> ImplicitLMConfig:
     options = {
         **merged_options(preset, "model", kind, overrides or {}),
         "implicit": kind == "implicit",
         "vocab_size": get_group(config.group).order,
         "label_alignment": "aligned",
     }
-    torch.manual_seed(config.seed)
-    return build_model(config_from_options(options))
+    return config_from_options(options)
+
+
+def _word_preset_memory(name: str, kind: str) -> int:
+    preset = load_preset(name)
+    config = word_train_config(preset, kind)
+    return training_memory(word_model_config(preset, kind, config), config)
 
 
 def train_words_run(
@@ -47,7 +64,10 @@ def train_words_run(
     model), or, with ``resume``, the run in ``out_dir`` continued with its own model and
     settings (``train_options`` on top). ``data``: a word file; None trains on fresh words."""
     if resume and model_options:
-        raise OptionError("--resume continues the run with its own model; only --train options may change")
+        raise OptionError(
+            "resume=True continues the run with its own model; only train_options may change",
+            arguments=("resume", "train_options"),
+        )
     presets = load_preset(preset) if preset else {}
     if resume and (preset or explicit):
         require_the_runs_preset(out_dir, presets, explicit, changed=set(train_options or {}))
@@ -56,6 +76,9 @@ def train_words_run(
     words = load_words(data, group=config.group) if data else None
     if words is not None and words.group != get_group(config.group).name:
         raise OptionError(f"{data}: words over {words.group}, but the training group is {config.group}")
+    if not resume:
+        require_training(word_model_config(presets, kind, config, model_options), config, lambda available: fitting_preset(
+            {name: lambda name=name: _word_preset_memory(name, kind) for name in SMALLER_PRESETS["words"]}, available))
     model = load_model(out_dir) if resume else word_model(presets, kind, config, model_options)
     return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress)
 
@@ -73,7 +96,7 @@ def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: boo
     run = checkpoint_preset(out_dir)
     kind = "implicit" if run["model"].get("implicit", True) else "explicit"
     if explicit != (kind == "explicit"):
-        raise OptionError(f"--resume continues the run with its own model, an {kind} one")
+        raise OptionError(f"resume=True continues the run with its own model, an {kind} one", arguments=("resume",))
     given = merged_options(preset, "train", kind, {})
     recorded, wanted = TrainConfig.for_task("words", **run["train"]), TrainConfig.for_task("words", **given)
     differing = [(key, getattr(wanted, key), getattr(recorded, key)) for key in given
@@ -87,8 +110,8 @@ def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: boo
     if differing:
         key, value, own = differing[0]
         raise OptionError(
-            f"--resume continues the run with its own settings; the preset's {key}={value!r} is not the run's {own!r} "
-            "(only --train options may change)"
+            f"resume=True continues the run with its own settings; the preset's {key}={value!r} is not the run's "
+            f"{own!r} (only train_options may change)", arguments=("resume", "train_options"),
         )
 
 
@@ -105,12 +128,18 @@ def train_lm_run(
     settings only, as its model widths are the checkpoint's."""
     if resume:
         if init_from is not None:
-            raise OptionError("--resume continues the run from its own weights; --init-from starts a new run")
+            raise OptionError(
+                "resume=True continues the run from its own weights; init_from starts a new run",
+                arguments=("resume", "init_from"),
+            )
         config = resume_config(out_dir, train_options or {})
         model = load_model(out_dir)
         return train(model, config, out_dir, data=data, resume=True, progress=progress)
     if init_from is not None and model_preset is not None:
-        raise OptionError("--init-from builds the checkpoint's model; --model-preset cannot choose another")
+        raise OptionError(
+            "init_from builds the checkpoint's model; model_preset cannot choose another",
+            arguments=("init_from", "model_preset"),
+        )
     presets = load_preset(preset) if preset else {}
     command_line = dict(model_options or {})
     source = init_from if init_from is not None else model_preset
@@ -121,14 +150,31 @@ def train_lm_run(
     config = TrainConfig.for_task("lm", **merged_options(presets, "train", kind, train_options or {}))
     vocab_size = TokenShards(data, "train").vocab_size
     if init_from is not None:
-        options = {**base, **command_line}
-        if options["vocab_size"] != vocab_size:
-            raise OptionError(f"{init_from}: a model of {options['vocab_size']} tokens, but the shards' tokenizer has {vocab_size}")
+        model_config = config_from_options({**base, **command_line})
+        if model_config.vocab_size != vocab_size:
+            raise OptionError(f"{init_from}: a model of {model_config.vocab_size} tokens, but the shards' tokenizer has {vocab_size}")
     else:
-        # The vocabulary is the shards' tokenizer's, unless an option says otherwise.
-        base["vocab_size"] = vocab_size
-        options = {"label_alignment": "shifted", **merged_options(presets, "model", kind, command_line, base)}
+        model_config = lm_model_config(presets, kind, vocab_size, command_line, base)
+    require_training(model_config, config, lambda available: fitting_preset(
+        {name: lambda name=name: _lm_preset_memory(name, vocab_size) for name in SMALLER_PRESETS["lm"]}, available))
     torch.manual_seed(config.seed)  # the initial weights are part of the run's seed
-    model = build_model(config_from_options(options))
+    model = build_model(model_config)
     start = warm_start(model, init_from) if init_from is not None else None
     return train(model, config, out_dir, data=data, overwrite=overwrite, progress=progress, warm_start=start)
+
+
+def lm_model_config(
+    presets: dict[str, Any], kind: str, vocab_size: int, model_options: dict[str, Any], base: dict[str, Any] | None = None,
+) -> ImplicitLMConfig:
+    """A fresh language model's config: ``base`` (a model preset's options), the run
+    preset's sections and the options given; the vocabulary is the shards' tokenizer's,
+    unless an option says otherwise."""
+    base = {**(base or {}), "vocab_size": vocab_size}
+    return config_from_options({"label_alignment": "shifted", **merged_options(presets, "model", kind, model_options, base)})
+
+
+def _lm_preset_memory(name: str, vocab_size: int) -> int:
+    presets = load_preset(name)
+    kind = model_kind(presets, {})
+    config = TrainConfig.for_task("lm", **merged_options(presets, "train", kind, {}))
+    return training_memory(lm_model_config(presets, kind, vocab_size, {}), config)

@@ -40,10 +40,11 @@ from .checkpoint import (
 from .config import TrainConfig
 from .guard import non_finite_images
 from .held_out import held_out_metrics, write_training_record
-from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, require_training, run_training
+from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, run_training
 from .run_log import earlier_run_set_aside, refuse_earlier_run, run_folder_lock, tracking_options
 from .schedule import apply_current_rate, warmup_stable_sqrt_decay
 from .speed import accelerator_for, compile_stack
+from .step_memory import require_training
 
 LOGGER = logging.getLogger("implicitlm")
 TRAINING_STATE_KEYS = ("optimizer", "scheduler", "torch_rng")
@@ -95,7 +96,7 @@ def _train(
     accelerator, model, config: TrainConfig, data, out_dir: Path, resume: bool, progress: bool, description: str,
     warm_start: WarmStart | None,
 ) -> dict[str, Any]:
-    require_training(model, config.batch_size, config.sequence_length, config.gradient_passes(model.config.implicit))
+    require_training(model.config, config)
     chunk_evaluations_at(model, config.sequence_length)
     torch.manual_seed(config.seed)
     batches = _batches(config, data, accelerator)

@@ -1,0 +1,56 @@
+"""A checkpoint's model card (``README.md``): what the model is, what it was trained on, how
+to load it, and how it solves; written with the checkpoint, in its staging folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MODEL_CARD = "README.md"
+# The fixed-point settings a reader needs to run the model as it was trained and evaluated.
+SHOWN_FIXED_POINT = ("max_iter", "tol", "solver", "chunk_length", "train_max_iter", "phantom_steps", "tau")
+
+
+def model_card(model, meta: dict[str, Any]) -> str:
+    """Markdown for the checkpoint of ``model`` whose trainer metadata is ``meta`` (its step,
+    training settings and number of processes)."""
+    config, train = model.config, meta.get("train", {})
+    step = meta.get("step", 0)
+    tokens_per_step = train.get("batch_tokens") or (
+        train.get("sequence_length", 0) * train.get("batch_size", 0) * meta.get("processes", 1)
+    )
+    kind = "implicit (its stack iterated to a fixed point over depth)" if config.implicit else "explicit (one pass)"
+    lines = [
+        f"# {config.model_type}: {model.num_parameters() / 1e6:.1f}M parameters, {'implicit' if config.implicit else 'explicit'}",
+        "",
+        f"- family: {config.model_type} ({config.num_hidden_layers} blocks of width {config.hidden_size}, "
+        f"{config.vocab_size:,} tokens)",
+        f"- kind: {kind}",
+        f"- parameters: {model.num_parameters():,}",
+        f"- trained: {step:,} steps, {step * tokens_per_step:,} tokens ({train.get('task', 'lm')} task, "
+        f"sequence length {train.get('sequence_length')})",
+        "",
+        "## Loading",
+        "",
+        "```python",
+        "from implicitlm.models import load_model",
+        "model = load_model(\"CHECKPOINT\")",
+        "",
+        "import implicitlm.models  # registers the model types with transformers",
+        "from transformers import AutoModelForCausalLM",
+        "model = AutoModelForCausalLM.from_pretrained(\"CHECKPOINT\")",
+        "```",
+        "",
+        "where CHECKPOINT is this folder.",
+    ]
+    if config.implicit:
+        fixed_point = config.fixed_point
+        lines += ["", "## Fixed-point settings", ""]
+        lines += [f"- {name}: {fixed_point[name]}" for name in SHOWN_FIXED_POINT if name in fixed_point]
+        lines += ["", "Change them with `model.set_fixed_point_options(max_iter=..., tol=...)`, or on the command "
+                      "line with --max-iter, --tol, --solver and --chunk-length."]
+    return "\n".join(lines) + "\n"
+
+
+def write_model_card(folder: Path, model, meta: dict[str, Any]) -> None:
+    (Path(folder) / MODEL_CARD).write_text(model_card(model, meta), encoding="utf-8")

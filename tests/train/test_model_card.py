@@ -1,0 +1,34 @@
+"""Every checkpoint carries a model card: what the model is, what it was trained on, how to
+load it and how it solves; the weights and their digest are untouched by it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from implicitlm.models import build_model, config_from_options, load_model
+from implicitlm.train.checkpoint import save_checkpoint
+
+
+@pytest.mark.slow
+def test_a_checkpoint_has_a_model_card_and_still_loads(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(config_from_options(dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, state_size=8,
+                                                 head_dim=8, fixed_point={"max_iter": 40, "tol": 0.02})))
+    meta = {"step": 30, "processes": 1, "train": {"task": "lm", "sequence_length": 64, "batch_size": 4, "batch_tokens": 512}}
+    path = save_checkpoint(tmp_path / "step_0000030", model, meta=meta)
+    card = (path / "README.md").read_text()
+    assert card.startswith(f"# implicit_mamba2: {model.num_parameters() / 1e6:.1f}M parameters, implicit\n")
+    assert "2 blocks of width 16, 300 tokens" in card and f"parameters: {model.num_parameters():,}" in card
+    assert "trained: 30 steps, 15,360 tokens (lm task, sequence length 64)" in card
+    assert "load_model(\"CHECKPOINT\")" in card and "AutoModelForCausalLM.from_pretrained(\"CHECKPOINT\")" in card
+    assert "- max_iter: 40" in card and "- tol: 0.02" in card
+    loaded = load_model(path)  # the weights' digest is checked as it loads
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_an_explicit_models_card_has_no_fixed_point_settings(tmp_path):
+    model = build_model(config_from_options(dict(vocab_size=300, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                                 head_dim=8, implicit=False)))
+    card = (save_checkpoint(tmp_path / "step_0000001", model, meta={"step": 1}) / "README.md").read_text()
+    assert ", explicit\n" in card.splitlines(keepends=True)[0] and "Fixed-point" not in card
