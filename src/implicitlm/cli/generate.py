@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .arguments import non_negative_int, positive_float, positive_int
+from .arguments import add_overwrite_option, non_negative_int, positive_float, positive_int
 from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
 
 DESCRIPTION = (
@@ -40,7 +40,8 @@ def add_generate(commands) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     add_dtype_option(p)
-    p.add_argument("--out", type=Path, default=None, help="also write the text to this file (refused if it exists)")
+    p.add_argument("--out", type=Path, default=None, help="also write the text to this file")
+    add_overwrite_option(p, "a file already at --out")
     p.set_defaults(run=_run_generate)
 
 
@@ -53,7 +54,8 @@ def _run_generate(args) -> None:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_return_sequences=args.num_return_sequences,
     )
     generate_text(args.checkpoint, prompt, decoding, tokenizer=args.tokenizer, mode=args.mode,
-                  fixed_point=fixed_point_settings(args), dtype=args.dtype, device=args.device, on_text=_print, out=args.out)
+                  fixed_point=fixed_point_settings(args), dtype=args.dtype, device=args.device, on_text=_print, out=args.out,
+                  overwrite=args.overwrite)
 
 
 def _print(text: str) -> None:

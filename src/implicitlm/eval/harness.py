@@ -1,8 +1,9 @@
 """lm-evaluation-harness adapter: an implicitlm checkpoint as the lm-eval model "implicitlm".
 
 Importing this module registers the model with lm-eval (``import implicitlm`` alone does
-not import lm-eval, which is heavy). ``python -m implicitlm.eval.harness ARGS`` (or the
-``implicitlm-lm-eval`` command) is lm-eval's own command line with the model registered::
+not import lm-eval, which is heavy). ``implicitlm-lm-eval ARGS`` (or ``python -m
+implicitlm.eval.harness ARGS``) is lm-eval's own command line with the model registered and
+the shipped local tasks included (``eval.lm_eval_command``)::
 
     python -m implicitlm.eval.harness --model implicitlm \
         --model_args pretrained=CHECKPOINT,max_iter=96,mode=simultaneous --tasks hellaswag
@@ -415,11 +416,12 @@ def _boolean(name: str, value: Any) -> bool:
     return value
 
 
-def main() -> None:
-    """lm-eval's command line (``sys.argv``), with "implicitlm" registered."""
-    from lm_eval.__main__ import cli_evaluate
+def main() -> int:
+    """``implicitlm-lm-eval``: lm-eval's command line (``sys.argv``), with "implicitlm"
+    registered and the shipped local tasks included (``eval.lm_eval_command``)."""
+    from .lm_eval_command import run_command
 
-    cli_evaluate()
+    return run_command()
 
 
 def _register() -> None:

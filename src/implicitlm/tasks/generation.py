@@ -116,6 +116,7 @@ def generate_text(
     device: str = "cpu",
     on_text: OnText | None = None,
     out: str | Path | None = None,
+    overwrite: bool = False,
 ) -> list[str]:
     """The continuations of ``prompt`` (``decoding.num_return_sequences`` of them) by ``model``
     (a checkpoint or run folder, or a loaded model), without the prompt.
@@ -125,12 +126,12 @@ def generate_text(
     fields set on the model (``max_iter``, ``tol``, ``solver``, ``chunk_length``).
     ``on_text``: called with each piece of text as it is decoded. ``out``: a file the texts
     are also written to, as ``format_texts`` joins them (an existing one is refused before
-    anything is generated)."""
+    anything is generated, unless ``overwrite``)."""
     if not isinstance(prompt, str) or not prompt:
         raise OptionError("the prompt is empty: give the text to continue")
     if mode not in MODES:
         raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    with exclusive_target(out) if out is not None else contextlib.nullcontext():
+    with exclusive_target(out, overwrite) if out is not None else contextlib.nullcontext():
         if isinstance(model, (str, Path)):
             model = load_model(model, dtype=dtype)
         model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
