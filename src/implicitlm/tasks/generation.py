@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -93,8 +94,6 @@ def _check(holds: bool, name: str, expected: str, value: Any) -> None:
 def read_prompt(source: str | Path) -> str:
     """The prompt in a text file (UTF-8), or on standard input for ``-``; the line break
     that ends a file's last line is no part of it."""
-    import sys
-
     if str(source) == STDIN:
         text = sys.stdin.read()
     else:
