@@ -167,6 +167,8 @@ CASES = {
                   "run/metrics.jsonl", run_folder_lock),
     "report": Case(lambda i, out: ["report", i.root / "records", "--out", out / "report"], "report/report.md",
                    "report/report.md"),
+    "generate": Case(lambda i, out: ["generate", i.lm, "--prompt", "the cat", "--max-new-tokens", "3", "--seed", "0",
+                                     "--out", out / "text.txt"], "text.txt", "text.txt"),
     "jacobian": Case(lambda i, out: ["jacobian", i.lm, "--length", "6", "--count", "1", "--coordinates", "4",
                                      "--no-progress", "--out", out / "out"], *record("jacobian")),
 }

@@ -15,6 +15,7 @@ from typing import Sequence
 from .arguments import Parser, as_flags, command_flags
 from .data import add_catbabi, add_corpus_build, add_tokenizer_train
 from .evaluate import add_aliases, add_eval
+from .generate import add_generate
 from .lm import add_lm_demo, add_lm_downstream, add_train
 from .models import add_jacobian, add_models_import, add_models_list, add_models_show, add_options, add_report
 from .words import add_demo, add_words_generate, add_words_train
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_aliases(lm, "lm")  # lm eval: eval length --task lm
     add_lm_demo(lm)
     add_lm_downstream(lm)
+    add_generate(commands)
     add_eval(commands)
     add_report(commands)
     add_jacobian(commands)

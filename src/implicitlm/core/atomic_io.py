@@ -71,6 +71,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
         raise
 
 
+def atomic_symlink(path: str | os.PathLike, points_to: str) -> None:
+    """Make ``path`` a symbolic link to ``points_to`` in one rename: a reader finds the old
+    link or the new one, never none. A folder or file at ``path`` is not replaced."""
+    path = Path(path)
+    descriptor, temporary = _beside(path, tempfile.mkstemp)
+    os.close(descriptor)
+    os.unlink(temporary)  # the unique name only: a link cannot be made over the file
+    try:
+        os.symlink(points_to, temporary)
+        if path.exists() and not path.is_symlink():
+            raise WriteError(f"{path}: not a symbolic link, so not replaced by one")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def _beside(target: Path, make: Callable[..., Any]) -> Any:
     """``make`` (mkstemp, mkdtemp) a temporary entry beside ``target``; an error names the
     target (a read-only folder, a full disk), not a temporary name the user never chose."""

@@ -1,6 +1,12 @@
 """Where a training run keeps its checkpoints: ``RUN/checkpoints/step_NNNNNNN`` (a run of the
 former word trainer: ``migrations.former_word_checkpoint``). Loading a model from a run
-folder loads its latest checkpoint."""
+folder loads its latest checkpoint.
+
+A run also keeps two relative symbolic links to its latest checkpoint, replaced in one rename
+whenever it writes one: ``RUN/latest`` (the checkpoint folder) and ``RUN/config.json``
+(``latest/config.json``). transformers reads ``RUN/config.json`` before anything of ours, so
+with it ``AutoModelForCausalLM.from_pretrained(RUN)`` reaches this package's loader, which
+loads the latest checkpoint, as it does for ``RUN/latest`` and ``RUN``."""
 
 from __future__ import annotations
 
@@ -8,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from . import migrations
-from .atomic_io import recover_replaced, remove_entry
-from .errors import check_header_keys
+from .atomic_io import atomic_symlink, recover_replaced, remove_entry
+from .errors import DataError, check_header_keys
 from .json_file import read_json_object
 
 CHECKPOINTS = "checkpoints"
@@ -17,6 +23,9 @@ CHECKPOINTS = "checkpoints"
 TRAINER_META = "trainer.json"
 # What the trainers (today's and the two former ones) write into it.
 TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from")
+LATEST = "latest"
+# The links of a run folder to its latest checkpoint (relative: the run folder may be moved).
+LATEST_LINKS = {LATEST: None, "config.json": f"{LATEST}/config.json"}
 
 
 def step_directories(folder: Path) -> list[Path]:
@@ -45,12 +54,41 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def model_folder(path: str | Path) -> Path:
-    """``path`` when it holds a model (a config.json) or nothing a run leaves; else the run's
-    latest checkpoint."""
+    """The run's latest checkpoint when ``path`` is a run folder (its ``checkpoints``, or a
+    former word run's one checkpoint, and no model of its own); else ``path``. A symbolic link
+    (``RUN/latest``) is followed each time it is asked: the run replaces it as it goes on."""
     path = Path(path)
-    if (path / "config.json").exists():
-        return path
-    return latest_checkpoint(path) or path
+    if path.is_symlink():
+        path = path.resolve()
+    if (path / CHECKPOINTS).is_dir() or not (path / "config.json").exists():
+        return latest_checkpoint(path) or path
+    return path
+
+
+def link_latest_checkpoint(run_dir: str | Path) -> None:
+    """Point the run's ``LATEST_LINKS`` at its latest checkpoint, each in one rename. A copy
+    of the run that followed the links (``shutil.copytree``) holds a folder and a file in
+    their place: copies of the run's own, replaced by links again."""
+    run_dir = Path(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return
+    for name, target in LATEST_LINKS.items():
+        if not (run_dir / name).is_symlink():
+            remove_entry(run_dir / name)
+        atomic_symlink(run_dir / name, target or str(checkpoint.relative_to(run_dir)))
+
+
+def refuse_in_place_of_links(run_dir: str | Path) -> None:
+    """A file or folder where a new run would keep a link to its latest checkpoint is the
+    user's (``RUN/config.json`` of their own): refused before the run trains, not replaced.
+    In a folder that holds a run already, they are that run's."""
+    if latest_checkpoint(run_dir) is not None:
+        return
+    for name in LATEST_LINKS:
+        entry = Path(run_dir) / name
+        if entry.exists() and not entry.is_symlink():
+            raise DataError(f"{entry}: where a run links its latest checkpoint; move it out of the run folder")
 
 
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def run_tasks(
     manager = task_manager(tasks, include_path)
     if local_sets is not None:
         tasks = local_task_specs(local_sets, manager)
-    with _quiet_custom_dataset_notes(), _quiet_git_hash(), _request_bars(model_args.get("progress", True)):
+    with quiet_lm_eval_notes(), _request_bars(model_args.get("progress", True)):
         return simple_evaluate(
             model=lm,
             tasks=list(tasks),
@@ -111,6 +111,13 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None):
     if unknown:
         raise OptionError(f"unknown lm-eval task(s): {', '.join(unknown)} (list them with: lm-eval ls tasks)")
     return manager
+
+
+@contextlib.contextmanager
+def quiet_lm_eval_notes():
+    """lm-eval's notes that are only noise before the results of our tasks (below)."""
+    with _quiet_custom_dataset_notes(), _quiet_git_hash():
+        yield
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """lm-evaluation-harness adapter: an implicitlm checkpoint as the lm-eval model "implicitlm".
 
 Importing this module registers the model with lm-eval (``import implicitlm`` alone does
-not import lm-eval, which is heavy). ``python -m implicitlm.eval.harness ARGS`` (or the
-``implicitlm-lm-eval`` command) is lm-eval's own command line with the model registered::
+not import lm-eval, which is heavy). ``implicitlm-lm-eval ARGS`` (or ``python -m
+implicitlm.eval.harness ARGS``) is lm-eval's own command line with the model registered and
+the shipped local tasks included (``eval.lm_eval_command``)::
 
     python -m implicitlm.eval.harness --model implicitlm \
         --model_args pretrained=CHECKPOINT,max_iter=96,mode=simultaneous --tasks hellaswag
@@ -43,11 +44,11 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from ..core.errors import OptionError, quoted
-from ..data.tokenizer import load_tokenizer
 from ..deq import ConvergenceTally, FixedPointOptions, warn_not_converged
 from ..models import ImplicitCausalLM, load_model
 from ..models.loading import torch_dtype
 from ..models.implicit_lm import MODES
+from ..tasks.lm import model_tokenizer
 
 MODEL_NAME = "implicitlm"
 DEFAULT_MAX_LENGTH = 2048  # the paper's training context
@@ -91,7 +92,7 @@ class ImplicitLMHarness(TemplateLM):
         FixedPointOptions.check_budget(max_iter, tol, training=False)
         self.model = load_model(pretrained) if isinstance(pretrained, (str, Path)) else pretrained
         self.model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
-        self.tokenizer = _tokenizer(tokenizer, self.model)
+        self.tokenizer = model_tokenizer(self.model, tokenizer, "tokenizer=")
         self.mode, self.max_iter, self.tol = mode, max_iter, tol
         self.batch_size = _batch_size(batch_size)
         # None, not 0, takes the default: a 0 given is refused.
@@ -363,19 +364,6 @@ def _continuation_score(logprobs: torch.Tensor, continuation: list[int]) -> tupl
     return float(logprob), bool((predicted.argmax(-1) == target).all())
 
 
-def _tokenizer(tokenizer: Any, model: ImplicitCausalLM):
-    """``tokenizer`` loaded if it is a name or folder; by default the one saved in the folder
-    the model was loaded from (its ``name_or_path``), as the trainer's LM checkpoints have it."""
-    if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
-        return tokenizer
-    if tokenizer is None:
-        folder = model.name_or_path
-        if not folder or not (Path(folder) / "tokenizer_config.json").is_file():
-            raise OptionError(f"{folder or 'the model'}: no tokenizer saved with the model; pass tokenizer=FOLDER_OR_HUB_NAME")
-        tokenizer = folder
-    return load_tokenizer(tokenizer)
-
-
 def _stop_strings(until: Any) -> list[str]:
     """A request's ``until``: a stop string or a list of them (None: none). An empty one
     would stop every text before its first character, so it is refused."""
@@ -428,11 +416,12 @@ def _boolean(name: str, value: Any) -> bool:
     return value
 
 
-def main() -> None:
-    """lm-eval's command line (``sys.argv``), with "implicitlm" registered."""
-    from lm_eval.__main__ import cli_evaluate
+def main() -> int:
+    """``implicitlm-lm-eval``: lm-eval's command line (``sys.argv``), with "implicitlm"
+    registered and the shipped local tasks included (``eval.lm_eval_command``)."""
+    from .lm_eval_command import run_command
 
-    cli_evaluate()
+    return run_command()
 
 
 def _register() -> None:

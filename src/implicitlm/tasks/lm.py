@@ -262,6 +262,22 @@ def check_tokens_of_model(shards: TokenShards, model) -> None:
         )
 
 
+def model_tokenizer(model, tokenizer: Any = None, option: str = "--tokenizer "):
+    """``tokenizer`` (loaded if it is a name or folder); by default the one saved in the folder
+    the model was loaded from (its ``name_or_path``), as the trainer's LM checkpoints have it.
+    A model without one (a word-problem model) is refused in one line that says how to give
+    one: ``option``, the caller's spelling (a flag, or lm-eval's ``tokenizer=``)."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+        return tokenizer
+    if tokenizer is None:
+        folder = model.name_or_path
+        if not folder or not (Path(folder) / TOKENIZER_CONFIG).is_file():
+            raise OptionError(f"{folder or 'the model'}: no tokenizer saved with the model; "
+                              f"pass {option}FOLDER_OR_HUB_NAME")
+        tokenizer = folder
+    return load_tokenizer(tokenizer)
+
+
 def mark_end_of_text(model, eos_token_id: int) -> None:
     """The shards' eos id in the model's config and generation config, so that a trained
     checkpoint's ``generate()`` stops at the end of a text and pads finished rows with it

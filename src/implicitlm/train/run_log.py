@@ -14,7 +14,7 @@ from typing import Any
 from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
 from ..core.migrations import FORMER_WORD_CHECKPOINT
-from ..core.run_folder import CHECKPOINTS
+from ..core.run_folder import CHECKPOINTS, LATEST_LINKS, refuse_in_place_of_links
 from ..core.targets import TargetExistsError, writer_lock
 
 TENSORBOARD = "tensorboard"
@@ -29,7 +29,9 @@ RUN_ENTRIES = (
 def existing_run(out_dir: str | Path) -> list[str]:
     """The entries of an earlier training run in ``out_dir`` (none for a new or unrelated folder)."""
     out = Path(out_dir)
-    return [name for name in RUN_ENTRIES if (out / name).exists() or (out / name).is_symlink()]
+    found = [name for name in RUN_ENTRIES if (out / name).exists() or (out / name).is_symlink()]
+    # Beside a run, its links (or their copies: core.run_folder.link_latest_checkpoint) are its own.
+    return found + [name for name in LATEST_LINKS if (out / name).is_symlink() or (found and (out / name).exists())]
 
 
 def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
@@ -54,6 +56,7 @@ def run_folder_lock(out_dir: str | Path, enabled: bool = True):
         return
     with writer_lock(out_dir):
         refuse_links(Path(out_dir))
+        refuse_in_place_of_links(out_dir)
         yield
 
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
 from ..core import migrations
-from ..core.run_folder import CHECKPOINTS, read_trainer_meta, remove_stale_temporaries
+from ..core.run_folder import CHECKPOINTS, link_latest_checkpoint, read_trainer_meta, remove_stale_temporaries
 from ..core.schema import field_names
 from ..data.words import WordData
 from ..deq import penalised
@@ -277,6 +277,8 @@ def _checkpoint(
             meta["initialised_from"] = origin
         core = accelerator.unwrap_model(model)
         save_checkpoint(path, core, training_state=training_state, meta=meta, weights=weights, tokenizer=batches.tokenizer)
+        # Before the pruning: a link to a pruned checkpoint would lead nowhere meanwhile.
+        link_latest_checkpoint(out_dir)
         prune_checkpoints(out_dir / CHECKPOINTS, config.keep_checkpoints)
     accelerator.wait_for_everyone()
     return path

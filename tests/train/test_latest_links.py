@@ -1,0 +1,85 @@
+"""A run folder loads with transformers' own ``from_pretrained``: the links the trainer keeps
+to its latest checkpoint (``RUN/latest``, ``RUN/config.json``), followed as the run goes on,
+with every check ``load_model`` makes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import implicitlm.models  # noqa: F401  (registers the Auto classes)
+from implicitlm.cli import main
+from implicitlm.core.run_folder import LATEST
+from implicitlm.models import ImplicitCausalLM, load_model
+from implicitlm.models.errors import ModelLoadError
+
+from tests.support.lm_run import train_tiny_lm
+
+PROBE = torch.arange(3, 40).remainder(300)[None]
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(PROBE).logits
+
+
+@pytest.mark.slow
+def test_from_pretrained_on_a_run_folder_loads_its_latest_checkpoint_and_follows_it(shards, tmp_path):
+    run = train_tiny_lm(shards, tmp_path / "run", total_steps=2)
+    assert os.readlink(run / LATEST) == "checkpoints/step_0000002"
+    assert os.readlink(run / "config.json") == "latest/config.json"
+    reference = load_model(run)
+    assert Path(reference.name_or_path).name == "step_0000002"
+    for path in (run, run / LATEST):
+        for loader in (AutoModelForCausalLM, ImplicitCausalLM):
+            model = loader.from_pretrained(path)
+            assert Path(model.name_or_path) == Path(reference.name_or_path).resolve(), (loader, path)
+            assert torch.equal(logits(model), logits(reference)), (loader, path)
+    assert AutoConfig.from_pretrained(run).model_type == reference.config.model_type
+
+    train_tiny_lm(shards, run, total_steps=4, resume=True)  # steps 3 and 4; only step 4 is kept
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000004"]
+    assert os.readlink(run / LATEST) == "checkpoints/step_0000004"
+    newest = AutoModelForCausalLM.from_pretrained(run)
+    assert Path(newest.name_or_path).name == "step_0000004"
+    assert torch.equal(logits(newest), logits(load_model(run)))
+    assert not torch.equal(logits(newest), logits(reference))  # trained further
+    moved = tmp_path / "moved"
+    run.rename(moved)  # the links are relative
+    assert torch.equal(logits(AutoModelForCausalLM.from_pretrained(moved / LATEST)), logits(newest))
+    # A copy that followed the links holds a folder and a file in their place: the run's own.
+    copy = Path(shutil.copytree(moved, tmp_path / "copy"))
+    assert (copy / LATEST).is_dir() and not (copy / LATEST).is_symlink()
+    train_tiny_lm(shards, copy, total_steps=5, resume=True)
+    assert os.readlink(copy / LATEST) == "checkpoints/step_0000005" and (copy / "config.json").is_symlink()
+
+
+@pytest.mark.slow
+def test_the_checks_of_load_model_hold_through_from_pretrained_of_a_run(shards, tmp_path):
+    run = train_tiny_lm(shards, tmp_path / "run", total_steps=1)
+    weights = run / LATEST / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[-1] ^= 0xFF
+    weights.write_bytes(bytes(damaged))
+    for path in (run, run / LATEST):
+        with pytest.raises(ModelLoadError, match="SHA-256 differs"):
+            AutoModelForCausalLM.from_pretrained(path)
+
+
+@pytest.mark.slow
+def test_a_file_of_the_users_where_a_run_keeps_its_links_is_refused_before_training(shards, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    command = ["train", "--data", str(shards), "--out", str(out), "--no-progress", "--model", "hidden_size=16",
+               "--model", "num_hidden_layers=1", "--model", "state_size=8", "--model", "head_dim=8",
+               "--train", "total_steps=1", "--train", "sequence_length=16", "--train", "batch_size=2"]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json: where a run links its latest checkpoint" in err[0]
+    assert (out / "config.json").read_text() == '{"mine": true}' and not (out / "checkpoints").exists()
