@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         "# and implicitlm itself. Written by scripts/lock.sh after the test suite passed on these versions:",
         f"# {datetime.date.today().isoformat()}, Python {platform.python_version()}, {platform.system()} {platform.machine()}, "
         f"torch {torch_version}.",
-        "# Not edited by hand: `bash scripts/lock.sh` refreshes it (see the README, Install).",
+        "# Not edited by hand: `bash scripts/lock.sh` refreshes it (see docs/development, The lock).",
     ]
     for name, version in installed().items():
         hashes = index_hashes(name, version, context)

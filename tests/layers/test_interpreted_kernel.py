@@ -5,7 +5,7 @@ implicit Mamba2 trained one step through it (solve + phantom gradient) against t
 What this verifies: the dispatch, the layouts and state conventions we hand the kernel
 (dt already softplus'd, B and C per group, (b, h, p, n) states in and out) and the kernel's
 arithmetic, forward and backward. What it cannot: compilation for a GPU, TF32 / bf16
-numerics of ``tl.dot`` on real tensor cores, speed (see the README's "GPU path")."""
+numerics of ``tl.dot`` on real tensor cores, speed (see the handbook's GPU page, docs/gpu.md)."""
 
 from __future__ import annotations
 

@@ -18,12 +18,12 @@ import implicitlm
 from implicitlm.core import ImplicitLMError
 
 SOURCE = Path(implicitlm.__file__).parent
-LAYOUT = Path(__file__).resolve().parents[2] / "docs" / "layout.md"
+LAYOUT = Path(__file__).resolve().parents[2] / "docs" / "development" / "layout.md"
 
 
 def allowed_imports(layout: Path) -> dict[str, set[str]]:
     """Folder or top-level module -> the implicitlm folders and modules it may import besides
-    itself, read from the table of ``docs/layout.md`` (the picture is the rule)."""
+    itself, read from the table of ``docs/development/layout.md`` (the picture is the rule)."""
     rules = {}
     for line in layout.read_text().splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -67,10 +67,10 @@ def owner(path: Path) -> str:
 
 def test_imports_run_the_way_the_layout_says():
     modules = sorted(SOURCE.rglob("*.py"))
-    assert {owner(path) for path in modules} <= set(MAY_IMPORT), "a folder or module without a row in docs/layout.md"
+    assert {owner(path) for path in modules} <= set(MAY_IMPORT), "a folder or module without a row in docs/development/layout.md"
     for path in modules:
         wrong = implicitlm_imports(path) - MAY_IMPORT[owner(path)] - {owner(path)}
-        assert not wrong, f"{path.relative_to(SOURCE)} imports {sorted(wrong)}, which docs/layout.md does not allow"
+        assert not wrong, f"{path.relative_to(SOURCE)} imports {sorted(wrong)}, which docs/development/layout.md does not allow"
 
 
 def test_the_layout_table_is_read_and_the_import_check_can_fail():

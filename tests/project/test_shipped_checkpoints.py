@@ -1,6 +1,7 @@
-"""The WikiText-2 pairs the README ships (``checkpoints/wikitext2``: trained from scratch, and
-continued from an explicit checkpoint, ``warm_start``): each model loads with its checksum and
-tokenizer, and scores the start of the real validation file as it did when it was saved."""
+"""The WikiText-2 pairs the repository ships (``checkpoints/wikitext2``: trained from scratch,
+and continued from an explicit checkpoint, ``warm_start``; docs/results/language-modelling.md):
+each model loads with its checksum and tokenizer, and scores the start of the real validation
+file as it did when it was saved."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SHIPPED = Path(__file__).parents[2] / "checkpoints" / "wikitext2"
 # Each model's parameters (the warm-started implicit one has the injection on top of the
 # explicit one's weights), and its perplexity by `implicitlm lm eval` on the first 4,096 tokens of
 # WikiText-2's validation file, as this test tokenises it (its first 40,000 characters), at the
-# training length, measured when it was saved. The README's table scores the first 65,536 tokens.
+# training length, measured when it was saved. The handbook's table scores the first 65,536 tokens.
 SAVED = {
     "explicit": (1_783_176, 46.0924),
     "implicit": (1_780_128, 46.1647),

@@ -56,15 +56,21 @@ def option_sections(trainer: str | None) -> str:
 
     sections = [model_options_help()]
     if trainer is not None:
-        from ..train.config import OTHER_TASKS_FIELDS, TrainConfig, task_defaults
-
-        title = f"training options of {trainer} (--train KEY=VALUE; a preset's values replace these defaults):"
-        defaults = {
-            name: value for name, value in task_defaults(trainer).items()
-            if name != "task" and OTHER_TASKS_FIELDS.get(name, trainer) == trainer
-        }
-        sections.append(option_help(title, defaults, TrainConfig.FIELD_HELP))
+        sections.append(option_help(*training_option_table(trainer)))
     return "\n\n".join(sections)
+
+
+def training_option_table(trainer: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """The --train keys of a trainer ("words" or "lm") as (title, defaults, meanings): the
+    table ``implicitlm options --trainer`` prints and the handbook shows."""
+    from ..train.config import OTHER_TASKS_FIELDS, TrainConfig, task_defaults
+
+    title = f"training options of {trainer} (--train KEY=VALUE; a preset's values replace these defaults):"
+    defaults = {
+        name: value for name, value in task_defaults(trainer).items()
+        if name != "task" and OTHER_TASKS_FIELDS.get(name, trainer) == trainer
+    }
+    return title, defaults, TrainConfig.FIELD_HELP
 
 
 def key_value(text: str) -> tuple[str, Any]:

@@ -62,8 +62,8 @@ def add_lm_downstream(commands) -> None:
     p.add_argument("--include-path", type=Path, default=None, help="folder of further task definitions (YAML)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="read the tasks' documents from this folder instead of the hub (layout: lambada/, hellaswag/, "
-                        "piqa/, arc/, winogrande/, openbookqa/ as in the README); without --tasks, the paper's tasks "
-                        "whose files are missing are skipped with a warning")
+                        "piqa/, arc/, winogrande/, openbookqa/ as the handbook's evaluation guide says); without --tasks, "
+                        "the paper's tasks whose files are missing are skipped with a warning")
     p.add_argument("--limit", type=positive_float, default=None, help="documents per task (a fraction if below 1): quick checks only")
     p.add_argument("--num-fewshot", type=non_negative_int, default=None, help="examples in each prompt (default: the task's, mostly 0)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",

@@ -59,18 +59,25 @@ READ_ATTEMPTS = 10
 def model_options_help() -> str:
     """What --help lists for ``--model KEY=VALUE``: every family's options, their defaults
     and meanings, and the fixed-point options that go in ``fixed_point``."""
-    sections = [
+    return "\n".join([
         "model options (--model KEY=VALUE; architecture=mamba2 (default), llama or mamba picks the family):",
-        option_help("shared:", _own_defaults(ImplicitLMConfig), ImplicitLMConfig.FIELD_HELP),
-    ]
+        *(option_help(*table) for table in model_option_tables()),
+    ])
+
+
+def model_option_tables() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """The model options as (title, defaults, meanings) per table: those every family shares,
+    each family's own, and the fixed-point options; what ``implicitlm options`` prints and the
+    handbook's option tables show."""
+    tables = [("shared:", _own_defaults(ImplicitLMConfig), ImplicitLMConfig.FIELD_HELP)]
     for family in FAMILIES:
         cls = family.config_class
-        sections.append(option_help(f"architecture={family.architecture}:", _own_defaults(cls), cls.FIELD_HELP))
-    sections.append(option_help(
+        tables.append((f"architecture={family.architecture}:", _own_defaults(cls), cls.FIELD_HELP))
+    tables.append((
         "fixed_point (a JSON object: --model 'fixed_point={\"max_iter\": 64}'):",
         dataclass_defaults(FixedPointOptions), FixedPointOptions.FIELD_HELP,
     ))
-    return "\n".join(sections)
+    return tables
 
 
 def _own_defaults(cls: type[ImplicitLMConfig]) -> dict[str, Any]:

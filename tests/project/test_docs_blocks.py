@@ -1,0 +1,124 @@
+"""Every fenced code block of the README and of the handbook's pages (``docs/**/*.md``) runs as a
+user would paste it: each block on its own, twice in a row, in a fresh folder (so it must also
+be rerunnable). ``python`` blocks run with this interpreter; ``bash``, ``sh`` and ``console``
+blocks run as shell scripts with this interpreter's ``bin/`` (the venv's ``implicitlm``) first on
+PATH. A block that cannot run on a small CPU in seconds is marked by ``<!-- not run: reason -->``
+on the line before it; output, synopses with placeholders and data are fenced as ``text``,
+``json`` or ``yaml``. A block that is neither run nor marked fails the suite, and so does a run
+block's output that misses what ``<!-- prints: REGEX -->`` (on the line after it) says it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+RUN_AS = {"python": "python", "bash": "shell", "sh": "shell", "console": "shell"}
+NOT_CODE = {"text", "json", "yaml"}
+FENCE = re.compile(r"^```(\S*)\s*$")
+NOT_RUN = re.compile(r"^<!-- not run: (.+\S) -->$")
+PRINTS = re.compile(r"^<!-- prints: (.+\S) -->$")
+README_LINES = 300
+QUICKSTART_LINES = 40
+# Seconds one run of one block may take (the slowest take about 20 s on 2 CPU cores).
+RUN_TIMEOUT = 300
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    language: str
+    code: str
+    not_run: str | None
+    prints: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def fenced_blocks(page: Path) -> list[Block]:
+    """The page's fenced blocks (fences at the start of a line), each with the reason it is not
+    run (the line before it) and what it prints (the line after it)."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks, start = [], None
+    for number, line in enumerate(lines):
+        fence = FENCE.match(line)
+        if not fence:
+            continue
+        if start is None:
+            start, language = number, fence.group(1)
+            continue
+        before = NOT_RUN.match(lines[start - 1]) if start else None
+        after = PRINTS.match(lines[number + 1]) if number + 1 < len(lines) else None
+        code = "\n".join(lines[start + 1:number]) + "\n"
+        blocks.append(Block(page, start + 1, language, code, before and before.group(1), after and after.group(1)))
+        start = None
+    assert start is None, f"{page.relative_to(ROOT)}:{start + 1}: a fence that is never closed"
+    return blocks
+
+
+BLOCKS = [block for page in PAGES for block in fenced_blocks(page)]
+RUN = [block for block in BLOCKS if block.language in RUN_AS and block.not_run is None]
+
+
+def test_every_block_is_run_or_marked_as_not_run():
+    unknown = [block.name for block in BLOCKS if block.language not in RUN_AS and block.language not in NOT_CODE]
+    assert not unknown, f"blocks neither run nor marked (fence them as {sorted(RUN_AS)} or {sorted(NOT_CODE)}): {unknown}"
+    misplaced = [block.name for block in BLOCKS if block.prints and block not in RUN]
+    assert not misplaced, f"'prints' after a block that does not run: {misplaced}"
+    # The README and the guides show what a user runs first: blocks that run.
+    assert len(RUN) >= 8
+    assert {block.page.name for block in RUN} >= {"README.md", "word-problems.md", "language-model.md", "evaluation.md"}
+
+
+def test_the_readme_is_short_and_its_quickstart_fits_forty_lines():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_LINES
+    quickstart = text.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0].strip("\n").splitlines()
+    shown = [line for line in quickstart if not line.startswith("<!-- ")]  # the markers are not shown
+    assert len(shown) <= QUICKSTART_LINES
+    assert {block.language for block in RUN if block.page == README} == {"bash", "python"}
+
+
+def test_the_readme_links_name_files_that_exist():
+    # mkdocs checks the handbook's links; the README is outside it.
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    missing = [target for target in targets if "://" not in target and not (ROOT / target).exists()]
+    assert targets and not missing, missing
+
+
+def run_block(block: Block, folder: Path, script: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if RUN_AS[block.language] == "python":
+        script.write_text(block.code, encoding="utf-8")
+        command = [sys.executable, str(script)]
+    else:
+        code = block.code
+        if block.language == "console":  # the commands after "$ "; the rest is their output
+            code = "".join(line[2:] + "\n" for line in code.splitlines() if line.startswith("$ "))
+        script.write_text(code, encoding="utf-8")
+        command = ["bash", "-euo", "pipefail", str(script)]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUN, ids=[block.name for block in RUN])
+def test_the_block_runs_twice_in_a_fresh_folder(block, tmp_path):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    for attempt in ("first", "second"):
+        done = run_block(block, folder, tmp_path / "block")
+        assert done.returncode == 0, f"{block.name}, {attempt} run, exit {done.returncode}:\n{done.stderr[-3000:]}"
+        if block.prints:
+            assert re.search(block.prints, done.stdout, flags=re.MULTILINE), f"{block.name}: {done.stdout[-2000:]}"
