@@ -57,3 +57,18 @@ def test_a_closed_pipe_ends_the_output_quietly(reader, statuses):
     assert out[-1] in statuses and pipeline.stderr == "", pipeline
     if reader == "head -1":
         assert len(out) == 2 and out[0].startswith("name")
+
+
+def test_every_command_runs_from_a_source_tree_without_package_metadata(monkeypatch, capsys):
+    """The GPU check's machine runs the checkout's src/ uninstalled: no metadata to read the
+    version from, and the command line must still parse (it failed there on every command)."""
+    import implicitlm.cli as cli
+
+    def not_installed(name):
+        raise cli.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli, "version", not_installed)
+    assert main(["models", "list"]) == 0
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0 and "not installed" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 import sys
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Sequence
 
@@ -91,7 +91,7 @@ def _quiet_libraries() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="implicitlm", description="Implicit language models.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('implicitlm')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_installed_version()}")
     commands = parser.add_subparsers(title="commands")
     add_demo(commands)
     words = commands.add_parser("words", help="word problems (state tracking)").add_subparsers(title="commands")
@@ -119,3 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(commands)
     add_jacobian(commands)
     return parser
+
+
+def _installed_version() -> str:
+    """The installed package's version; a source tree run without installing (the GPU
+    check's machine puts src/ on the path) has no metadata, and every command must still run."""
+    try:
+        return version("implicitlm")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
