@@ -39,7 +39,7 @@ def machine(device: str) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about 5 minutes on 2 CPU cores)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
@@ -50,13 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(requested - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
-    names = [name for name in SECTIONS if name in requested]
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
+    args.sections = [name for name in SECTIONS if name in requested]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     header = f"Machine: {machine(args.device)}\n"
     print(header, flush=True)
     tables = []
-    for name in names:
+    for name in args.sections:
         table = importlib.import_module(name).run(args.quick, args.device).markdown()
         print(table, flush=True)
         tables.append(table)

@@ -6,6 +6,9 @@ PATH. A block that cannot run on a small CPU in seconds is marked by ``<!-- not 
 on the line before it; output, synopses with placeholders and data are fenced as ``text``,
 ``json`` or ``yaml``. A block that is neither run nor marked fails the suite, and so does a run
 block's output that misses what ``<!-- prints: REGEX -->`` (on the line after it) says it prints.
+A block not run is still checked: each of its commands is parsed by the parser that would run
+it, and the presets, option keys, scripts and tasks it names must exist
+(``tests.support.documented_commands``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.documented_commands import check_block
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -70,6 +75,7 @@ def fenced_blocks(page: Path) -> list[Block]:
 
 BLOCKS = [block for page in PAGES for block in fenced_blocks(page)]
 RUN = [block for block in BLOCKS if block.language in RUN_AS and block.not_run is None]
+NOT_RUN_BLOCKS = [block for block in BLOCKS if block.language in RUN_AS and block.not_run is not None]
 
 
 def test_every_block_is_run_or_marked_as_not_run():
@@ -96,6 +102,32 @@ def test_the_readme_links_name_files_that_exist():
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
     missing = [target for target in targets if "://" not in target and not (ROOT / target).exists()]
     assert targets and not missing, missing
+
+
+@pytest.mark.parametrize("block", NOT_RUN_BLOCKS, ids=[block.name for block in NOT_RUN_BLOCKS])
+def test_a_block_not_run_names_commands_flags_and_presets_that_exist(block):
+    assert RUN_AS[block.language] == "shell", f"{block.name}: a python block that does not run checks nothing"
+    problems = check_block(block.code)
+    assert not problems, f"{block.name}:\n" + "\n".join(problems)
+
+
+def test_the_check_of_blocks_not_run_refuses_stale_commands():
+    stale = {
+        "implicitlm train --data d --out r --config lm_wikitex2": "lm_wikitex2",
+        "implicitlm words train --preset demo --out s3 --train bounded_iters=4": "bounded_iters",
+        "implicitlm words train --preset demo --out s3 --model hiden_size=8": "hiden_size",
+        "implicitlm eval budget --task words RUN --budgets 1,2": "--budgets",
+        "torchrun --nproc_per_node 2 -m implicitlm words budget RUN": "invalid choice",
+        "implicitlm-lm-eval --model implicitlm --model_args pretrained=R --tasks piqa_locl": "piqa_locl",
+        "bash scripts/no-such.sh": "no script",
+        "python benchmarks/run.py --only mixr": "mixr",
+        "W=x\nimplicitlm words eval $W --lenghts 8": "--lenghts",
+        "pip install implicitlm": "no check",
+    }
+    for code, named in stale.items():
+        problems = check_block(code.replace("\\n", "\n"))
+        assert len(problems) == 1 and named in problems[0], (code, problems)
+    assert check_block("W=s3/free\nimplicitlm words eval $W --multiples 1,2 \\\n  --count 8   # a comment\n") == []
 
 
 def run_block(block: Block, folder: Path, script: Path) -> subprocess.CompletedProcess:
