@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.cli import main
-from implicitlm.core.run_folder import LATEST
+from implicitlm.core.run_folder import LATEST, link_latest_checkpoint
 from implicitlm.models import ImplicitCausalLM, load_model
 from implicitlm.models.errors import ModelLoadError
 
@@ -41,6 +41,10 @@ def test_from_pretrained_on_a_run_folder_loads_its_latest_checkpoint_and_follows
             assert Path(model.name_or_path) == Path(reference.name_or_path).resolve(), (loader, path)
             assert torch.equal(logits(model), logits(reference)), (loader, path)
     assert AutoConfig.from_pretrained(run).model_type == reference.config.model_type
+    # The run folder is also the tokenizer's folder: the latest checkpoint's copy of the shards'.
+    assert os.readlink(run / "tokenizer.json") == "latest/tokenizer.json"
+    text = "def load(path):\n    return path"
+    assert AutoTokenizer.from_pretrained(run)(text).input_ids == AutoTokenizer.from_pretrained(run / LATEST)(text).input_ids
 
     train_tiny_lm(shards, run, total_steps=4, resume=True)  # steps 3 and 4; only step 4 is kept
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000004"]
@@ -57,6 +61,16 @@ def test_from_pretrained_on_a_run_folder_loads_its_latest_checkpoint_and_follows
     assert (copy / LATEST).is_dir() and not (copy / LATEST).is_symlink()
     train_tiny_lm(shards, copy, total_steps=5, resume=True)
     assert os.readlink(copy / LATEST) == "checkpoints/step_0000005" and (copy / "config.json").is_symlink()
+    assert (copy / "tokenizer.json").is_symlink() and (copy / "tokenizer_config.json").is_symlink()
+
+
+def test_a_run_without_a_tokenizer_links_none(tmp_path):
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_0000001"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    (tmp_path / "run" / "tokenizer.json").symlink_to("latest/tokenizer.json")  # from an earlier checkpoint
+    link_latest_checkpoint(tmp_path / "run")
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == ["checkpoints", "config.json", "latest"]
 
 
 @pytest.mark.slow

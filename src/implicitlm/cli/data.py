@@ -7,6 +7,8 @@ from pathlib import Path
 from .arguments import add_overwrite_option, fraction, int_list, non_negative_int, positive_int
 from .evaluate import add_aliases
 
+PATTERN_HELP = "file name pattern inside folders, recursively (default: every file; e.g. '*.txt')"
+
 
 def add_tokenizer_train(commands) -> None:
     p = commands.add_parser("train", help="train a byte-level BPE tokenizer on local text (offline)")
@@ -16,7 +18,7 @@ def add_tokenizer_train(commands) -> None:
     p.add_argument("--vocab-size", type=positive_int, default=32768,
                    help="tokens in the vocabulary, the end-of-text token included (default: 32768)")
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet")
-    p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.py')")
+    p.add_argument("--pattern", default="*", help=PATTERN_HELP)
     _add_errors(p)
     p.set_defaults(run=_run_tokenizer_train)
 
@@ -68,7 +70,7 @@ def add_corpus_build(commands) -> None:
     p.add_argument("--workers", type=positive_int, default=1, help="tokenizer processes")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the train/test split")
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
-    p.add_argument("--pattern", default="*", help="file name pattern inside folders (e.g. '*.txt')")
+    p.add_argument("--pattern", default="*", help=PATTERN_HELP)
     p.add_argument("--split", default="train", help="split of a hub dataset")
     _add_errors(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted build")

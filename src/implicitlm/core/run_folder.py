@@ -24,8 +24,12 @@ TRAINER_META = "trainer.json"
 # What the trainers (today's and the two former ones) write into it.
 TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from")
 LATEST = "latest"
-# The links of a run folder to its latest checkpoint (relative: the run folder may be moved).
+# The links of a run folder to its latest checkpoint (relative: the run folder may be moved),
+# so that transformers' AutoModelForCausalLM and AutoTokenizer take the run folder itself.
 LATEST_LINKS = {LATEST: None, "config.json": f"{LATEST}/config.json"}
+# Linked when the latest checkpoint has them: a word run's model has no tokenizer.
+TOKENIZER_LINKS = {name: f"{LATEST}/{name}" for name in ("tokenizer.json", "tokenizer_config.json")}
+RUN_LINKS = {**LATEST_LINKS, **TOKENIZER_LINKS}
 
 
 def step_directories(folder: Path) -> list[Path]:
@@ -73,9 +77,12 @@ def link_latest_checkpoint(run_dir: str | Path) -> None:
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return
-    for name, target in LATEST_LINKS.items():
+    for name, target in RUN_LINKS.items():
         if not (run_dir / name).is_symlink():
             remove_entry(run_dir / name)
+        if name in TOKENIZER_LINKS and not (checkpoint / name).exists():
+            remove_entry(run_dir / name)
+            continue
         atomic_symlink(run_dir / name, target or str(checkpoint.relative_to(run_dir)))
 
 
@@ -85,7 +92,7 @@ def refuse_in_place_of_links(run_dir: str | Path) -> None:
     In a folder that holds a run already, they are that run's."""
     if latest_checkpoint(run_dir) is not None:
         return
-    for name in LATEST_LINKS:
+    for name in RUN_LINKS:
         entry = Path(run_dir) / name
         if entry.exists() and not entry.is_symlink():
             raise DataError(f"{entry}: where a run links its latest checkpoint; move it out of the run folder")

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
 from ..core.migrations import FORMER_WORD_CHECKPOINT
-from ..core.run_folder import CHECKPOINTS, LATEST_LINKS, refuse_in_place_of_links
+from ..core.run_folder import CHECKPOINTS, RUN_LINKS, refuse_in_place_of_links
 from ..core.targets import TargetExistsError, writer_lock
 
 TENSORBOARD = "tensorboard"
@@ -31,7 +31,7 @@ def existing_run(out_dir: str | Path) -> list[str]:
     out = Path(out_dir)
     found = [name for name in RUN_ENTRIES if (out / name).exists() or (out / name).is_symlink()]
     # Beside a run, its links (or their copies: core.run_folder.link_latest_checkpoint) are its own.
-    return found + [name for name in LATEST_LINKS if (out / name).is_symlink() or (found and (out / name).exists())]
+    return found + [name for name in RUN_LINKS if (out / name).is_symlink() or (found and (out / name).exists())]
 
 
 def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
