@@ -169,6 +169,8 @@ CASES = {
                    "report/report.md"),
     "generate": Case(lambda i, out: ["generate", i.lm, "--prompt", "the cat", "--max-new-tokens", "3", "--seed", "0",
                                      "--out", out / "text.txt"], "text.txt", "text.txt"),
+    "solver train": Case(lambda i, out: ["solver", "train", i.lm, "--data", i.shards, "--steps", "1", "--batch-size", "1",
+                                         "--no-progress", "--out", out / "solved"], "solved", "solved/config.json"),
     "jacobian": Case(lambda i, out: ["jacobian", i.lm, "--length", "6", "--count", "1", "--coordinates", "4",
                                      "--no-progress", "--out", out / "out"], *record("jacobian")),
 }

@@ -18,6 +18,7 @@ from .evaluate import add_aliases, add_eval
 from .generate import add_generate
 from .lm import add_lm_demo, add_lm_downstream, add_train
 from .models import add_jacobian, add_models_import, add_models_list, add_models_show, add_options, add_report
+from .solver import add_solver
 from .words import add_demo, add_words_generate, add_words_train
 
 
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval(commands)
     add_report(commands)
     add_jacobian(commands)
+    add_solver(commands)
     return parser
 
 

@@ -28,8 +28,11 @@ def add_solver_flags(p) -> None:
                    help="simultaneous mode solves in chunks of this many tokens, carrying the state "
                         "(0: the whole sequence; default: the model's chunk_length, its training length)")
     p.add_argument("--solver", default=None,
-                   help="fixed-point solver of every solve in this run, one of solver's (implicitlm options) "
-                        "(default: the model's, per mode)")
+                   help="fixed-point solver of every solve in this run, one of solver's (implicitlm options), "
+                        "each solve from z = 0 unless --initial-guess learned (default: the model's, per mode)")
+    p.add_argument("--initial-guess", choices=("zero", "learned"), default=None,
+                   help="where each solve starts: z = 0, or the checkpoint's learned guess (implicitlm solver train; "
+                        "default: learned where the checkpoint has one)")
 
 
 def fixed_point_settings(args) -> dict[str, Any]:
@@ -44,7 +47,9 @@ def fixed_point_settings(args) -> dict[str, Any]:
     if getattr(args, "chunk_length", None) is not None:
         settings["chunk_length"] = args.chunk_length
     if getattr(args, "solver", None) is not None:
-        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="")
+        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="", initial_guess="zero")
+    if getattr(args, "initial_guess", None) is not None:
+        settings["initial_guess"] = args.initial_guess
     if getattr(args, "fail_on_nonconvergence", False):
         settings["nonconvergence"] = "error"
     return settings

@@ -41,8 +41,12 @@ def recorded_weights_digest(folder: Path) -> str | None:
 
 
 def weights_sha256(folder: Path) -> str:
+    return file_sha256(folder / WEIGHTS)
+
+
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(folder / WEIGHTS, "rb") as handle:
+    with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()

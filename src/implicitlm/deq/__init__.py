@@ -1,6 +1,7 @@
 """Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
 
 from ..core.schema import OptionError
+from .initial_guess import InitialGuess
 from .kept_state import KeptState
 from .options import FixedPointOptions
 from .sequential import solve_sequence
@@ -12,6 +13,7 @@ __all__ = [
     "FixedPointOptions",
     "FixedPointSolver",
     "FixedPointStats",
+    "InitialGuess",
     "KeptState",
     "OptionError",
     "chain_chunks",

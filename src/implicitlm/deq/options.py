@@ -26,6 +26,9 @@ from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check
 # safeguarded Anderson (deq/anderson.py).
 SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson")
 STOP_MODES = ("rel", "abs")
+# Where an inference solve starts: z = 0, or a small network's guess saved with the
+# checkpoint (deq/initial_guess.py; implicitlm solver train).
+INITIAL_GUESSES = ("zero", "learned")
 # The most evaluations of the map that one solve, unroll or phantom gradient may spend: well
 # above any budget a model here has needed (the shipped presets' largest is 2,048), and low
 # enough that a slip of the keyboard (10**30) is refused at once rather than run without end.
@@ -95,11 +98,13 @@ class FixedPointOptions(Options):
     simultaneous_solver: str = ""
     sequential_solver: str = ""
     jacobian_penalty: float = 0.0
+    initial_guess: str = "zero"
 
     WHAT = "fixed-point option"
     FIELD_RULES = {
         "solver": one_of(*SOLVERS), "simultaneous_solver": one_of("", *SOLVERS), "sequential_solver": one_of("", *SOLVERS),
         "stop_mode": one_of(*STOP_MODES), "nonconvergence": one_of("report", "error"),
+        "initial_guess": one_of(*INITIAL_GUESSES),
         "train_max_iter": evaluations(0), "max_iter": evaluations(1), "simultaneous_max_iter": evaluations(0), "phantom_steps": evaluations(1),
         "unroll_steps": evaluations(0), "divergence_patience": at_least(0), "chunk_length": at_least(0),
         "train_tol": POSITIVE, "tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
@@ -125,6 +130,8 @@ class FixedPointOptions(Options):
         "nonconvergence": "inference: report (count unconverged samples) or error (raise)",
         "jacobian_penalty": "training: weight of the Jacobian penalty |df/dz|_F^2 / numel at the solution, for a map "
                             "that contracts faster (fewer solver iterations at inference; 0: off)",
+        "initial_guess": "inference: where each solve starts, zero or learned (the checkpoint's initial_guess.safetensors, "
+                         "from implicitlm solver train)",
         "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
@@ -163,3 +170,9 @@ class FixedPointOptions(Options):
         chosen = {"training": self.solver, "simultaneous": self.simultaneous_solver,
                   "sequential": self.sequential_solver}[mode]
         return chosen or self.solver
+
+    def described_solver(self, mode: str) -> str:
+        """What stats and records call the solve of ``mode``: its solver, and where an
+        inference solve starts from a learned guess, "+learned_guess"."""
+        learned = self.initial_guess == "learned" and mode != "training"
+        return self.solver_for(mode) + ("+learned_guess" if learned else "")

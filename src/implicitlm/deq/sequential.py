@@ -23,6 +23,8 @@ from .solver import FixedPointSolver
 from .stats import FixedPointStats
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
+# (t, the previous token's fixed point or None) -> token t's first iterate.
+GuessFn = Callable[[int, "torch.Tensor | None"], torch.Tensor]
 
 
 def solve_sequence(
@@ -35,18 +37,22 @@ def solve_sequence(
     tol: float,
     select_rows: SelectRowsFn,
     replace_rows: ReplaceRowsFn,
+    initial_guess: GuessFn | None = None,
 ) -> tuple[torch.Tensor, Any, FixedPointStats]:
     """Run tokens ``injection[:, t]`` one by one; returns (z of shape (B, L, D), state, stats).
 
     ``select_rows(state, rows)``: the state of batch rows ``rows``; ``replace_rows(state,
-    rows, new)``: ``state`` with those rows taken from ``new``. ``stats`` fields have shape
-    (B, L): iterations and residuals of every token's solve."""
+    rows, new)``: ``state`` with those rows taken from ``new``. ``initial_guess(t,
+    z_previous)``: where token t's solve starts (``z_previous``: None for the first token);
+    None: z = 0. ``stats`` fields have shape (B, L): iterations and residuals of every
+    token's solve."""
     batch, length = injection.shape[:2]
     outputs, iterations, abs_res, rel_res, diverged, non_finite = [], [], [], [], [], []
     evaluations = row_evaluations = 0
-    z0 = injection.new_zeros(batch, hidden_size)  # read-only for the solvers: one for all tokens
+    zeros = injection.new_zeros(batch, hidden_size)  # read-only for the solvers: one for all tokens
     for t in range(length):
         kept = KeptState(_token_map(step, injection[:, t], state, select_rows), select_rows, replace_rows)
+        z0 = zeros if initial_guess is None else initial_guess(t, outputs[-1] if outputs else None)
         z_t, stats = solver.solve(kept.f, z0, max_iter, tol, kept.restrict, phase="sequential",
                                   on_improved=kept.improved)
         tol = stats.tol  # the tolerance the solve held, raised to its precision's floor
@@ -69,7 +75,7 @@ def solve_sequence(
         row_evaluations=row_evaluations,
         tol=tol,
         stop_mode=solver.options.stop_mode,
-        solver=solver.options.solver_for("sequential"),
+        solver=solver.options.described_solver("sequential"),
     )
     solver.require_convergence(stats, max_iter, "tokens")
     return torch.stack(outputs, dim=1), state, stats

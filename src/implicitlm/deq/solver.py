@@ -180,7 +180,7 @@ class FixedPointSolver:
             row_evaluations=tracker.row_evaluations,
             tol=tol,
             stop_mode=stop_mode,
-            solver=self.options.solver_for(phase),
+            solver=self.options.described_solver(phase),
         )
 
     def require_convergence(self, stats: FixedPointStats, max_iter: int, unit: str) -> None:

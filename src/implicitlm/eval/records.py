@@ -47,7 +47,7 @@ def model_summary(model) -> dict[str, Any]:
     if config.implicit:
         options = model.solver.options
         summary["fixed_point"] = options.to_dict()
-        summary["solvers"] = {mode: options.solver_for(mode) for mode in ("simultaneous", "sequential")}
+        summary["solvers"] = {mode: options.described_solver(mode) for mode in ("simultaneous", "sequential")}
     return summary
 
 

@@ -28,7 +28,7 @@ from ..core.atomic_io import writing
 from ..core.errors import ArgumentTypeError, OptionError
 from ..core.targets import TargetExistsError
 from ..core.weights_digest import WEIGHTS, write_weights_digest
-from ..deq import ConvergenceTally, FixedPointSolver, warn_not_converged
+from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, warn_not_converged
 from ..layers import RMSNorm
 from .loss import IGNORE_INDEX, token_cross_entropy
 from .output import ImplicitLMOutput
@@ -61,6 +61,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.solver = FixedPointSolver(config.fixed_point_options)
+        # Kept out of the module tree (and so out of model.safetensors): a separate file,
+        # saved and loaded beside the weights (deq/initial_guess.py).
+        self.__dict__["learned_guess"] = None
         self._tallies: list[ConvergenceTally] = []
         # What the last ``generate()`` call's fixed points did (ConvergenceTally.as_dict).
         self.generation_convergence: dict[str, float] | None = None
@@ -94,6 +97,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         # A sharded or variant save has no model.safetensors, which is all load_model reads.
         if is_main_process and (Path(save_directory) / WEIGHTS).is_file():
             write_weights_digest(save_directory)
+        if is_main_process and self.learned_guess is not None:
+            self.learned_guess.save(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
@@ -115,6 +120,25 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         options = self.solver.options.replace(**changes)
         self.config.fixed_point = options.to_dict()
         self.solver = FixedPointSolver(options)
+
+    @torch.no_grad()
+    def solve_fixed_point(self, input_ids: torch.Tensor, max_iter: int | None = None, tol: float | None = None):
+        """An implicit model's input embeddings, fixed point z* (before the head) and the solve's
+        stats for ``input_ids``, by an inference solve in simultaneous mode with this budget:
+        what a learned solver is fitted to."""
+        if not self.config.implicit:
+            raise OptionError("an explicit model has no fixed point")
+        check_token_ids(input_ids, self.config.vocab_size)
+        embedded = self.embeddings(input_ids)
+        injection = self.injection(self.injection_norm(embedded))
+        z, stats, _ = self._simultaneous(embedded, injection, None, None, False, max_iter, tol, self._chunk_length(None))
+        return embedded, z, stats
+
+    def attach_learned_guess(self, guess: InitialGuess | None) -> None:
+        """Start every inference solve from ``guess`` (None: from z = 0 again); saved with the
+        model and recorded in its config (``fixed_point.initial_guess``)."""
+        self.__dict__["learned_guess"] = guess
+        self.set_fixed_point_options(initial_guess="zero" if guess is None else "learned")
 
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both

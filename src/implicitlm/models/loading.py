@@ -19,6 +19,7 @@ from transformers.utils import logging as transformers_logging
 from ..core.atomic_io import recover_replaced
 from ..core.errors import DataError, first_line, quoted
 from ..core.json_file import read_json_object
+from ..deq import InitialGuess
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import model_folder
@@ -231,6 +232,11 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
             raise ModelLoadError(message) from None
     check_load_report(path / WEIGHTS, report)
     check_finite(path / WEIGHTS, model)
+    if model.config.implicit and model.solver.options.initial_guess == "learned":
+        try:
+            model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size))
+        except DataError as error:
+            raise ModelLoadError(str(error)) from None
     if not checked:
         # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
         LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")

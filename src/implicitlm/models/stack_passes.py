@@ -91,7 +91,7 @@ class StackPasses:
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
                          self.stack.replace_state_rows)
-        z0 = torch.zeros_like(embedded)
+        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded)
         if self.training:
             z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
             if use_cache:
@@ -147,5 +147,28 @@ class StackPasses:
             tol=tol,
             select_rows=self.stack.select_state,
             replace_rows=self.stack.replace_state_rows,
+            initial_guess=self._token_guess(embedded),
         )
         return z, stats, state
+
+    def _first_iterate(self, embedded: torch.Tensor) -> torch.Tensor:
+        """Where an inference solve over these tokens starts: the learned guess from each
+        token's embedding, or z = 0."""
+        guess = self._learned_guess()
+        return torch.zeros_like(embedded) if guess is None else guess(embedded, None)
+
+    def _token_guess(self, embedded: torch.Tensor):
+        """(t, the previous token's fixed point) -> token t's first iterate; None: z = 0."""
+        guess = self._learned_guess()
+        return None if guess is None else lambda t, previous: guess(embedded[:, t], previous)
+
+    def _learned_guess(self):
+        """The learned initial guess, on the model's device, where the options ask for it;
+        None: every solve starts from z = 0."""
+        if self.solver.options.initial_guess != "learned":
+            return None
+        guess = self.learned_guess
+        if guess is None:
+            raise OptionError("initial_guess='learned', but this model has no learned initial guess "
+                              "(implicitlm solver train makes one)", arguments=("initial_guess",))
+        return guess.to(self.injection.weight.device)

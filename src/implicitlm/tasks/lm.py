@@ -198,6 +198,11 @@ class TokenBatches:
         shards = TokenShards(data, "train")
         return cls(shards, config.sequence_length, config.batch_size, config.seed, rank=rank, world_size=world_size)
 
+    @classmethod
+    def from_path(cls, config, data: str | Path | None) -> TokenBatches:
+        """``for_training``: the shards are the folder ``data`` names."""
+        return cls.for_training(config, data)
+
     def held_out(self) -> TokenShards:
         """The test split of the training shards' folder, its files checked."""
         return TokenShards(self.shards.path, "test", verify=True)

@@ -241,6 +241,11 @@ class WordBatches:
             rank=rank, world_size=world_size,
         )
 
+    @classmethod
+    def from_path(cls, config, data: str | Path | None) -> WordBatches:
+        """``for_training`` on the word file at ``data`` (None: fresh words)."""
+        return cls.for_training(config, None if data is None else load_words(data, config.group))
+
     def held_out(self) -> None:
         """No held-out split: fresh test words are the evaluation's (``WordsTask``)."""
         return None

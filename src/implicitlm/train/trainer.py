@@ -347,7 +347,12 @@ def _check_same_data(checkpoint: Path, batches) -> None:
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig:
     """The training settings of the run in ``out_dir`` (in today's spelling), with ``overrides``
     (e.g. more steps, a later switch to the free phase) applied."""
-    checkpoint = run_checkpoint(Path(out_dir))
+    return checkpoint_config(run_checkpoint(Path(out_dir)), overrides)
+
+
+def checkpoint_config(checkpoint: Path, overrides: dict[str, Any]) -> TrainConfig:
+    """The training settings a checkpoint recorded (in today's spelling), with ``overrides``;
+    settings it lacks are refused rather than run at their defaults."""
     settings = migrations.training_settings(saved_settings(checkpoint))
     task = settings.pop("task")
     fields = field_names(TrainConfig)

@@ -1,0 +1,141 @@
+"""Training a learned initial guess (``deq.InitialGuess``) for a trained implicit checkpoint,
+the model frozen, on the batches of the run's own task (token shards, or words).
+
+Each step draws a batch as the run's training did, solves its fixed point tightly
+(``TIGHT_TOL``, from z = 0), and fits the guess to it (``UPDATES_PER_BATCH`` updates): the loss is each token's distance
+to its fixed point relative to the fixed point's norm (the initial-guess loss of Bai et
+al.). Half the tokens see the previous token's fixed point, half a zero vector in its
+place, since a simultaneous solve does not know it yet and a sequential one does.
+
+The output is a new checkpoint folder: the model as it was, the guess beside its weights
+and ``fixed_point.initial_guess = "learned"`` in its config, so loading it starts every
+inference solve from the guess; ``learned_guess.json`` records the training and the passes
+a held-out batch needed from z = 0 and from the guess.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..core.atomic_io import staged_directory, write_json
+from ..core.errors import OptionError
+from ..core.run_folder import TRAINER_META, model_folder
+from ..core.targets import exclusive_target
+from ..deq import InitialGuess
+from ..models import load_model
+from ..tasks import TRAINING_BATCHES
+from .config import TrainConfig
+from .trainer import checkpoint_config
+
+TIGHT_TOL = 1e-4  # the fixed points the guess learns: well below any inference tolerance in use
+TIGHT_MAX_ITER = 400
+# Updates of the guess per batch solved: a tight solve costs a dozen passes of the model, an
+# update of the guess a small fraction of one.
+UPDATES_PER_BATCH = 8
+RECORD = "learned_guess.json"
+DEFAULT_SEQUENCE_LENGTH = 256
+# Files of the source checkpoint that the saved model does not write itself.
+COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "trainer.json", "README.md")
+
+
+def train_learned_guess(
+    source: str | Path, out: str | Path, data: str | Path | None = None, steps: int = 100, batch_size: int = 8,
+    lr: float = 1e-3, seed: int = 0, sequence_length: int | None = None, progress: bool = True, overwrite: bool = False,
+) -> dict[str, Any]:
+    """Fit a learned initial guess to the fixed points of the checkpoint (or run) ``source``
+    and save the checkpoint with it in ``out``; returns the record written there. ``data``:
+    the run's token shards (language models), or a word file (word problems; None: fresh
+    words as the run drew them). ``sequence_length``: of each batch's sequences (default: the
+    run's training length; a checkpoint without training settings, such as an imported one,
+    is a language model read ``DEFAULT_SEQUENCE_LENGTH`` tokens at a time)."""
+    if steps < 1 or batch_size < 1:
+        raise OptionError(f"steps and batch_size must be at least 1; got {steps} and {batch_size}",
+                          arguments=("steps", "batch_size"))
+    with exclusive_target(out, overwrite):
+        checkpoint = model_folder(source)
+        model = load_model(checkpoint).eval().requires_grad_(False)
+        if not model.config.implicit:
+            raise OptionError(f"{source}: an explicit model has no fixed point to guess")
+        model.attach_learned_guess(None)  # the tight solves start from z = 0, whatever the checkpoint had
+        config = _batch_settings(checkpoint, batch_size, seed, sequence_length)
+        batches = TRAINING_BATCHES[config.task].from_path(config, data)
+        batches.prepare(model)
+        torch.manual_seed(seed)
+        guess = InitialGuess(model.config.hidden_size)
+        started = time.perf_counter()
+        losses, unconverged = _fit(model, guess, batches, steps, lr, progress)
+        seconds = time.perf_counter() - started
+        held_out, _ = next(batches)
+        record = {
+            "source": str(checkpoint), "steps": steps, "batch_size": batch_size, "sequence_length": config.sequence_length,
+            "lr": lr, "seed": seed, "seconds": round(seconds, 1), "parameters": sum(p.numel() for p in guess.parameters()),
+            "tight_tol": TIGHT_TOL, "tight_unconverged_share": unconverged,
+            "loss_first": losses[0], "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+            "held_out_passes": passes_with_and_without(model, guess, held_out),
+        }
+        model.attach_learned_guess(guess)
+        with staged_directory(out) as staging:
+            model.save_pretrained(staging)
+            for name in COPIED:
+                if (checkpoint / name).is_file():
+                    shutil.copy2(checkpoint / name, staging / name)
+            write_json(staging / RECORD, record)
+    return record
+
+
+def _batch_settings(checkpoint: Path, batch_size: int, seed: int, sequence_length: int | None) -> TrainConfig:
+    """The run's training settings with this batch size and seed (and sequence length, if given)."""
+    changes = {"batch_size": batch_size, "seed": seed, **({} if sequence_length is None else {"sequence_length": sequence_length})}
+    if (checkpoint / TRAINER_META).is_file():
+        return checkpoint_config(checkpoint, changes)
+    return TrainConfig.for_task("lm", **{"sequence_length": DEFAULT_SEQUENCE_LENGTH, **changes})
+
+
+def _fit(model, guess: InitialGuess, batches, steps: int, lr: float, progress: bool) -> tuple[list[float], float]:
+    """Adam on the guess's relative distance to each batch's tight fixed points; the losses,
+    and the share of tight solves that stopped above ``TIGHT_TOL`` (their points are learnt
+    as they are)."""
+    optimizer = torch.optim.AdamW(guess.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps * UPDATES_PER_BATCH)
+    losses, missed, solved = [], 0, 0
+    for _ in tqdm(range(steps), desc="learned guess", disable=not progress):
+        inputs, _ = next(batches)
+        embedded, z_star, stats = model.solve_fixed_point(inputs, max_iter=TIGHT_MAX_ITER, tol=TIGHT_TOL)
+        missed, solved = missed + int((~stats.converged).sum()), solved + stats.converged.numel()
+        previous = torch.cat([torch.zeros_like(z_star[:, :1]), z_star[:, :-1]], dim=1)
+        for _ in range(UPDATES_PER_BATCH):
+            known = torch.rand(z_star.shape[:2], device=z_star.device) < 0.5
+            loss = _relative_distance(guess(embedded, previous * known.unsqueeze(-1)), z_star)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+    return losses, missed / max(solved, 1)
+
+
+def _relative_distance(guess: torch.Tensor, z_star: torch.Tensor) -> torch.Tensor:
+    return ((guess.float() - z_star.float()).norm(dim=-1) / (z_star.float().norm(dim=-1) + 1e-6)).mean()
+
+
+def passes_with_and_without(model, guess: InitialGuess, inputs: torch.Tensor) -> dict[str, dict[str, float]]:
+    """Mean passes of the map per solve (simultaneous: per sequence; sequential: per token)
+    at the model's own inference budget, from z = 0 and from ``guess``, with the share of
+    solves above the tolerance."""
+    measured = {}
+    for start, attached in (("zero", None), ("learned", guess)):
+        model.attach_learned_guess(attached)
+        for mode in ("simultaneous", "sequential"):
+            with torch.no_grad():
+                stats = model(inputs, mode=mode).fixed_point
+            measured[f"{mode}_{start}"] = {
+                "passes": round(stats.iterations.float().mean().item(), 3),
+                "unconverged_share": round((~stats.converged).float().mean().item(), 4),
+            }
+    return measured

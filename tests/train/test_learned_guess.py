@@ -1,0 +1,79 @@
+"""``train_learned_guess`` / ``implicitlm solver train``: a guess fitted to a run's own fixed
+points, saved as a new checkpoint that loads with it and solves to the same answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.core.targets import TargetExistsError
+from implicitlm.deq.initial_guess import GUESS_FILE
+from implicitlm.models import load_model
+from implicitlm.train.learned_guess import RECORD, train_learned_guess
+
+from tests.support.contractive import make_contractive
+from tests.support.lm_run import train_tiny_lm
+
+
+@pytest.fixture(scope="module")
+def tiny_run(shards, tmp_path_factory):
+    return train_tiny_lm(shards, tmp_path_factory.mktemp("guess") / "run", total_steps=2)
+
+
+@pytest.mark.slow
+def test_a_fitted_guess_is_saved_with_the_model_and_changes_no_answer(tiny_run, shards, tmp_path):
+    record = train_learned_guess(tiny_run, tmp_path / "out", data=shards, steps=6, batch_size=2, progress=False)
+    assert record["loss_last"] < record["loss_first"]
+    assert set(record["held_out_passes"]) == {f"{mode}_{start}" for mode in ("simultaneous", "sequential")
+                                              for start in ("zero", "learned")}
+    assert json.loads((tmp_path / "out" / RECORD).read_text()) == record
+    for name in ("tokenizer.json", "trainer.json", GUESS_FILE):
+        assert (tmp_path / "out" / name).is_file()
+    with_guess, source = load_model(tmp_path / "out"), load_model(tiny_run)
+    assert with_guess.learned_guess is not None and source.learned_guess is None
+    tokens = torch.randint(0, source.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    for model in (with_guess, source):  # a map trained for two steps is made to contract, to compare fixed points
+        make_contractive(model).set_fixed_point_options(tol=1e-5, max_iter=300)
+    for mode in ("simultaneous", "sequential"):
+        with torch.no_grad():
+            guessed, plain = with_guess(tokens, mode=mode), source(tokens, mode=mode)
+        assert guessed.fixed_point.solver.endswith("+learned_guess") and "+" not in plain.fixed_point.solver
+        assert bool(guessed.fixed_point.converged.all()) and bool(plain.fixed_point.converged.all())
+        torch.testing.assert_close(guessed.logits, plain.logits, atol=1e-3, rtol=1e-3)
+    # Seeded: the same call fits the same guess.
+    again = train_learned_guess(tiny_run, tmp_path / "again", data=shards, steps=6, batch_size=2, progress=False)
+    assert again["loss_last"] == record["loss_last"]
+
+
+@pytest.mark.slow
+def test_the_command_trains_refuses_an_existing_target_and_evaluation_can_turn_the_guess_off(tiny_run, shards, tmp_path,
+                                                                                             capsys):
+    out = tmp_path / "out"
+    command = ["solver", "train", str(tiny_run), "--data", str(shards), "--out", str(out), "--steps", "2",
+               "--batch-size", "2", "--no-progress"]
+    assert main(command) == 0
+    printed = capsys.readouterr().out
+    assert "passes per token" in printed and "saved to" in printed
+    assert main(command) == 2
+    assert "exists; replace it with --overwrite" in capsys.readouterr().err
+    with pytest.raises(TargetExistsError):
+        train_learned_guess(tiny_run, out, data=shards, steps=1, batch_size=2, progress=False)
+    for flags, solver in (([], "+learned_guess"), (["--initial-guess", "zero"], "fixed_point_iter"),
+                          (["--solver", "anderson"], "anderson")):
+        folder = tmp_path / f"eval{len(flags)}{solver}"
+        assert main(["lm", "eval", str(out), "--data", str(shards), "--max-tokens", "64", "--out", str(folder), *flags]) == 0
+        solvers = json.loads(next(folder.glob("*.json")).read_text())["model"]["solvers"]
+        assert all(name.endswith(solver) for name in solvers.values()), (flags, solvers)
+
+
+def test_an_explicit_checkpoint_is_refused(tmp_path):
+    from implicitlm.core.errors import OptionError
+    from implicitlm.models import build_model, config_from_options
+
+    build_model(config_from_options(dict(architecture="mamba2", vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                         state_size=8, head_dim=8, implicit=False))).save_pretrained(tmp_path / "m")
+    with pytest.raises(OptionError, match="explicit model has no fixed point"):
+        train_learned_guess(tmp_path / "m", tmp_path / "out", steps=1, progress=False)
