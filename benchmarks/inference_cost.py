@@ -1,7 +1,8 @@
 """A trained implicit model's inference cost against its explicit twin, per solver and tolerance.
 
     python benchmarks/inference_cost.py --implicit CKPT --explicit CKPT --data SHARDS
-        [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson] [--quick] [--out FILE]
+        [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson] [--starts zero,learned]
+        [--windows 32] [--quick] [--out FILE]
 
 A study of a trained pair (the README's WikiText-2 runs), not a section of ``run.py``: the
 number of solver iterations, which sets the cost, is a property of trained weights. On the
@@ -9,16 +10,20 @@ held-out split of ``--data``:
 
 - decoding: ``generate()`` after a 64-token prompt, greedy, per-token time
   ((N + 1 tokens) - (1 token)) / N, and the stack evaluations per token;
-- scoring: one batch of 8 x 256-token windows in simultaneous mode (one solve per window,
-  as ``lm eval`` and lm-eval's loglikelihood run them): time and held-out loss.
+- scoring: one batch of ``--windows`` x 256-token windows in simultaneous mode (one solve per
+  window, as ``lm eval`` and lm-eval's loglikelihood run them): time, held-out perplexity, and
+  its difference to a solve to 1e-4 (the fixed point itself, to the scores' digits).
 
-Every implicit row is a ratio to the explicit model measured in the same run.
+``--starts``: where each solve starts, z = 0 and (for a checkpoint that has one, from
+``implicitlm solver train``) the learned initial guess. Every implicit row is a ratio to the
+explicit model measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 from pathlib import Path
 
 import torch
@@ -28,7 +33,8 @@ from common import Table, median_seconds
 from implicitlm.data.shards import TokenShards
 from implicitlm.models import load_model
 
-PROMPT, WINDOW, WINDOWS = 64, 256, 8
+PROMPT, WINDOW = 64, 256
+TIGHT_TOL = 1e-4
 
 
 class EvaluationCounter:
@@ -91,32 +97,42 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="shard folder; its test split is read")
     parser.add_argument("--tols", default="0.05,0.01")
     parser.add_argument("--solvers", default="fixed_point_iter,safeguarded_anderson")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--starts", default="zero,learned", help="zero, and learned where the checkpoint has a guess")
+    parser.add_argument("--windows", type=int, default=32, help="256-token windows scored in one batch")
+    parser.add_argument("--tokens", type=int, default=32, help="decoded tokens timed")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median)")
+    parser.add_argument("--quick", action="store_true", help="8 tokens, one run")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    tokens, repeats = (8, 1) if args.quick else (32, 3)
+    tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
     held_out = TokenShards(args.data, "test")
     prompt = torch.as_tensor(held_out.read(0, PROMPT).astype("int64"))[None]
-    windows = torch.as_tensor(held_out.read(PROMPT, WINDOWS * (WINDOW + 1)).astype("int64")).view(WINDOWS, WINDOW + 1)
+    count = args.windows
+    windows = torch.as_tensor(held_out.read(PROMPT, count * (WINDOW + 1)).astype("int64")).view(count, WINDOW + 1)
     explicit, implicit = load_model(args.explicit).eval(), load_model(args.implicit).eval()
+    starts = [start for start in args.starts.split(",") if start == "zero" or implicit.learned_guess is not None]
     base_decode = decode(explicit, prompt, tokens, repeats)
     base_score = score(explicit, windows, repeats)
+    implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, initial_guess="zero")
+    tight_loss = score(implicit, windows, 1)[1]
     table = Table(
         f"Trained pair {args.implicit} vs {args.explicit}: decoding after {PROMPT} tokens and scoring "
-        f"{WINDOWS} x {WINDOW} held-out tokens, {torch.get_num_threads()} torch threads",
-        ["model", "solver", "tol", "decode ms/token", "decode / explicit", "stack passes per token",
-         "score s", "score / explicit", "held-out loss", "windows not converged"],
+        f"{count} x {WINDOW} held-out tokens, {torch.get_num_threads()} torch threads",
+        ["model", "solver", "start", "tol", "decode ms/token", "decode / explicit", "stack passes per token",
+         "score s", "score / explicit", "perplexity", "vs tol 1e-4", "windows not converged"],
     )
-    table.add("explicit", "-", "-", f"{base_decode[0]:.2f}", "1.00x", f"{base_decode[1]:.1f}",
-              f"{base_score[0]:.2f}", "1.00x", f"{base_score[1]:.4f}", "-")
+    table.add("explicit", "-", "-", "-", f"{base_decode[0]:.2f}", "1.00x", f"{base_decode[1]:.1f}",
+              f"{base_score[0]:.2f}", "1.00x", f"{math.exp(base_score[1]):.2f}", "-", "-")
     for solver in args.solvers.split(","):
-        for tol in (float(t) for t in args.tols.split(",")):
-            implicit.use_solver(solver)
-            implicit.set_fixed_point_options(tol=tol)
-            ms, passes = decode(implicit, prompt, tokens, repeats)
-            seconds, loss, missed = score(implicit, windows, repeats)
-            table.add("implicit", solver, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x", f"{passes:.1f}",
-                      f"{seconds:.2f}", f"{seconds / base_score[0]:.2f}x", f"{loss:.4f}", f"{missed:.1%}")
+        for start in starts:
+            for tol in (float(t) for t in args.tols.split(",")):
+                implicit.use_solver(solver)
+                implicit.set_fixed_point_options(tol=tol, max_iter=64, initial_guess=start)
+                ms, passes = decode(implicit, prompt, tokens, repeats)
+                seconds, loss, missed = score(implicit, windows, repeats)
+                table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x",
+                          f"{passes:.2f}", f"{seconds:.2f}", f"{seconds / base_score[0]:.2f}x", f"{math.exp(loss):.2f}",
+                          f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
                        "solver's evaluations (its state comes from the last of them)")
     table.publish(args.out)

@@ -129,3 +129,22 @@ def test_a_damaged_or_missing_guess_is_refused_in_one_line(tmp_path, damage):
     with pytest.raises(ModelLoadError, match=expected) as refused:
         load_model(folder)
     assert "\n" not in str(refused.value)
+
+
+def test_decoding_carries_the_last_fixed_point_to_the_next_tokens_guess():
+    model = contractive("mamba2")
+    plain = model.generate(TOKENS[:, :6], max_new_tokens=6, do_sample=False)
+    guess = fitted_guess(model)
+    model.attach_learned_guess(guess)
+    read = []
+    original = guess.forward
+    guess.forward = lambda embedded, previous=None: read.append(previous is not None) or original(embedded, previous)
+    assert torch.equal(model.generate(TOKENS[:, :6], max_new_tokens=6, do_sample=False), plain)
+    # The prefill (simultaneous) knows no previous fixed point; every decoded token's guess reads one.
+    assert read[0] is False and all(read[1:]) and len(read) == 6
+    with torch.no_grad():
+        output = model(TOKENS[:, :6], use_cache=True)
+        step = model(TOKENS[:, 6:7], state=output.state, mode="sequential")
+        whole = model(TOKENS[:, :7], mode="sequential")
+    assert torch.equal(output.state.last_fixed_point, model.solve_fixed_point(TOKENS[:, :6])[1][:, -1])
+    torch.testing.assert_close(step.logits[:, -1], whole.logits[:, -1], atol=1e-3, rtol=1e-3)

@@ -34,6 +34,9 @@ def test_a_fitted_guess_is_saved_with_the_model_and_changes_no_answer(tiny_run, 
         assert (tmp_path / "out" / name).is_file()
     with_guess, source = load_model(tmp_path / "out"), load_model(tiny_run)
     assert with_guess.learned_guess is not None and source.learned_guess is None
+    # Used by default only where no held-out token reached another fixed point from it.
+    assert with_guess.solver.options.initial_guess == ("learned" if record["used_by_default"] else "zero")
+    with_guess.set_fixed_point_options(initial_guess="learned")
     tokens = torch.randint(0, source.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     for model in (with_guess, source):  # a map trained for two steps is made to contract, to compare fixed points
         make_contractive(model).set_fixed_point_options(tol=1e-5, max_iter=300)
@@ -61,7 +64,7 @@ def test_the_command_trains_refuses_an_existing_target_and_evaluation_can_turn_t
     assert "exists; replace it with --overwrite" in capsys.readouterr().err
     with pytest.raises(TargetExistsError):
         train_learned_guess(tiny_run, out, data=shards, steps=1, batch_size=2, progress=False)
-    for flags, solver in (([], "+learned_guess"), (["--initial-guess", "zero"], "fixed_point_iter"),
+    for flags, solver in ((["--initial-guess", "learned"], "+learned_guess"), (["--initial-guess", "zero"], "fixed_point_iter"),
                           (["--solver", "anderson"], "anderson")):
         folder = tmp_path / f"eval{len(flags)}{solver}"
         assert main(["lm", "eval", str(out), "--data", str(shards), "--max-tokens", "64", "--out", str(folder), *flags]) == 0
@@ -77,3 +80,26 @@ def test_an_explicit_checkpoint_is_refused(tmp_path):
                                          state_size=8, head_dim=8, implicit=False))).save_pretrained(tmp_path / "m")
     with pytest.raises(OptionError, match="explicit model has no fixed point"):
         train_learned_guess(tmp_path / "m", tmp_path / "out", steps=1, progress=False)
+
+
+@pytest.mark.slow
+def test_a_word_problem_run_gets_a_guess_on_fresh_words_and_scores_the_same(trained_s3, tmp_path):
+    from implicitlm.tasks.word_scoring import word_accuracy
+    from implicitlm.tasks.words import held_out_words
+
+    _, run = trained_s3
+    # Fitted for 4 steps, the guess leads some tokens to another of the map's fixed points than z = 0
+    # does (the S3 map has several): it is saved, but off.
+    rough = train_learned_guess(run, tmp_path / "rough", steps=4, batch_size=16, progress=False)
+    assert rough["sequence_length"] == 12 and not rough["used_by_default"]
+    assert load_model(tmp_path / "rough").solver.options.initial_guess == "zero"
+    record = train_learned_guess(run, tmp_path / "out", steps=60, batch_size=32, progress=False)
+    assert record["used_by_default"], record
+    with_guess, source = load_model(tmp_path / "out").eval(), load_model(run).eval()
+    assert with_guess.solver.options.initial_guess == "learned"
+    for length in (12, 48):  # 1x and 4x the training length
+        inputs, targets = held_out_words("S3", length, 64, seed=3)
+        for mode in ("simultaneous", "sequential"):
+            guessed = word_accuracy(with_guess, inputs, targets, mode=mode, warn=False)
+            plain = word_accuracy(source, inputs, targets, mode=mode, warn=False)
+            assert guessed["accuracy"] == plain["accuracy"], (length, mode, guessed, plain)

@@ -38,5 +38,10 @@ def _run_solver_train(args) -> None:
         zero, learned = record["held_out_passes"][f"{mode}_zero"], record["held_out_passes"][f"{mode}_learned"]
         unit = "per token" if mode == "sequential" else "per sequence"
         print(f"{mode}: {zero['passes']:.2f} -> {learned['passes']:.2f} passes {unit} on a held-out batch "
-              f"(not converged: {zero['unconverged_share']:.1%} -> {learned['unconverged_share']:.1%})")
-    print(f"saved to {args.out} (loads with the guess; --initial-guess zero turns it off)")
+              f"(not converged: {zero['unconverged_share']:.1%} -> {learned['unconverged_share']:.1%}; "
+              f"tokens led to another fixed point: {learned['moved_share']:.1%})")
+    if record["used_by_default"]:
+        print(f"saved to {args.out} (loads with the guess; --initial-guess zero turns it off)")
+    else:
+        print(f"saved to {args.out} with the guess OFF: from it some held-out tokens reached another fixed point "
+              "than from z = 0 (more --steps may mend it; --initial-guess learned uses it anyway)")

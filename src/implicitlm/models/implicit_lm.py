@@ -32,7 +32,7 @@ from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, warn_not_con
 from ..layers import RMSNorm
 from .loss import IGNORE_INDEX, token_cross_entropy
 from .output import ImplicitLMOutput
-from .stack import BlockStack
+from .stack import BlockStack, StackState
 from .stack_passes import StackPasses
 
 MODES = ("simultaneous", "sequential")
@@ -134,11 +134,19 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         z, stats, _ = self._simultaneous(embedded, injection, None, None, False, max_iter, tol, self._chunk_length(None))
         return embedded, z, stats
 
-    def attach_learned_guess(self, guess: InitialGuess | None) -> None:
-        """Start every inference solve from ``guess`` (None: from z = 0 again); saved with the
-        model and recorded in its config (``fixed_point.initial_guess``)."""
+    def _with_last_fixed_point(self, state: list | None, z: torch.Tensor) -> list | None:
+        """``state``, and where a learned guess starts the solves, the last token's fixed point
+        with it (``StackState``): the next call's first token starts from a guess that reads it."""
+        if state is None or not self.config.implicit or self.solver.options.initial_guess != "learned":
+            return state
+        return StackState(state, last_fixed_point=z[:, -1].detach())
+
+    def attach_learned_guess(self, guess: InitialGuess | None, use: bool = True) -> None:
+        """Keep ``guess`` with the model (saved beside its weights; None: none) and, with
+        ``use``, start every inference solve from it (``fixed_point.initial_guess``
+        "learned"; else "zero", where ``initial_guess="learned"`` can turn it on)."""
         self.__dict__["learned_guess"] = guess
-        self.set_fixed_point_options(initial_guess="zero" if guess is None else "learned")
+        self.set_fixed_point_options(initial_guess="learned" if guess is not None and use else "zero")
 
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both
@@ -247,7 +255,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment, num_items_in_batch)
         output = ImplicitLMOutput(
-            loss=loss, logits=logits, fixed_point=stats, state=new_state, hidden_states=hidden_states
+            loss=loss, logits=logits, fixed_point=stats, state=self._with_last_fixed_point(new_state, z),
+            hidden_states=hidden_states
         )
         return output.to_tuple() if return_dict is False else output
 

@@ -20,6 +20,7 @@ from ..core.atomic_io import recover_replaced
 from ..core.errors import DataError, first_line, quoted
 from ..core.json_file import read_json_object
 from ..deq import InitialGuess
+from ..deq.initial_guess import GUESS_FILE
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import model_folder
@@ -232,9 +233,12 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
             raise ModelLoadError(message) from None
     check_load_report(path / WEIGHTS, report)
     check_finite(path / WEIGHTS, model)
-    if model.config.implicit and model.solver.options.initial_guess == "learned":
+    # A guess saved beside the weights is loaded (and checked) even where the config does not
+    # use it: initial_guess="learned" may turn it on.
+    use = model.solver.options.initial_guess == "learned"
+    if model.config.implicit and (use or (path / GUESS_FILE).is_file()):
         try:
-            model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size))
+            model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size), use=use)
         except DataError as error:
             raise ModelLoadError(str(error)) from None
     if not checked:

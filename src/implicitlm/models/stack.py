@@ -18,6 +18,17 @@ from ..layers import RMSNorm
 from .configuration import ImplicitLMConfig
 
 
+class StackState(list):
+    """The per-block states, and the fixed point of the last token they have read: what a
+    learned initial guess reads for the next token (``deq/initial_guess.py``). A state
+    rebuilt from its rows (``select_state``, a beam's reordering) is a plain list again,
+    whose next token's guess then reads no previous fixed point."""
+
+    def __init__(self, states: list[Any], last_fixed_point: torch.Tensor) -> None:
+        super().__init__(states)
+        self.last_fixed_point = last_fixed_point
+
+
 class BlockStack(nn.Module):
     """The same object serves explicit and implicit models; implicit ones get weight norm."""
 

@@ -128,6 +128,9 @@ class StackPasses:
 
     def _sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None):
         batch, length, _ = embedded.shape
+        # A state this model returned carries its last token's fixed point, which a learned
+        # guess reads for the first token here (a decoding step's one token).
+        previous = getattr(state, "last_fixed_point", None)
         if state is None:
             state = self.stack.initial_state(batch, embedded.device, embedded.dtype)
         if not self.config.implicit:
@@ -147,7 +150,7 @@ class StackPasses:
             tol=tol,
             select_rows=self.stack.select_state,
             replace_rows=self.stack.replace_state_rows,
-            initial_guess=self._token_guess(embedded),
+            initial_guess=self._token_guess(embedded, previous),
         )
         return z, stats, state
 
@@ -157,10 +160,13 @@ class StackPasses:
         guess = self._learned_guess()
         return torch.zeros_like(embedded) if guess is None else guess(embedded, None)
 
-    def _token_guess(self, embedded: torch.Tensor):
-        """(t, the previous token's fixed point) -> token t's first iterate; None: z = 0."""
+    def _token_guess(self, embedded: torch.Tensor, first_previous: torch.Tensor | None):
+        """(t, the previous token's fixed point) -> token t's first iterate; None: z = 0.
+        ``first_previous``: the fixed point before the first token, where it is known."""
         guess = self._learned_guess()
-        return None if guess is None else lambda t, previous: guess(embedded[:, t], previous)
+        if guess is None:
+            return None
+        return lambda t, previous: guess(embedded[:, t], first_previous if previous is None else previous)
 
     def _learned_guess(self):
         """The learned initial guess, on the model's device, where the options ask for it;

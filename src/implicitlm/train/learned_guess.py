@@ -10,7 +10,9 @@ place, since a simultaneous solve does not know it yet and a sequential one does
 The output is a new checkpoint folder: the model as it was, the guess beside its weights
 and ``fixed_point.initial_guess = "learned"`` in its config, so loading it starts every
 inference solve from the guess; ``learned_guess.json`` records the training and the passes
-a held-out batch needed from z = 0 and from the guess.
+a held-out batch needed from z = 0 and from the guess. A map may have several fixed points:
+a guess that led any held-out token to another one than z = 0 does is saved but left off
+(``initial_guess = "zero"``; ``used_by_default`` false in the record).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ TIGHT_MAX_ITER = 400
 # update of the guess a small fraction of one.
 UPDATES_PER_BATCH = 8
 RECORD = "learned_guess.json"
+# A token's logits from the guess this far (relative) from those from z = 0 went to another
+# fixed point; a solve to the same one, at the tolerances in use, moves them by a few percent.
+MOVED = 0.25
 DEFAULT_SEQUENCE_LENGTH = 256
 # Files of the source checkpoint that the saved model does not write itself.
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "trainer.json", "README.md")
@@ -79,7 +84,10 @@ def train_learned_guess(
             "loss_first": losses[0], "loss_last": sum(losses[-10:]) / len(losses[-10:]),
             "held_out_passes": passes_with_and_without(model, guess, held_out),
         }
-        model.attach_learned_guess(guess)
+        moved = max(record["held_out_passes"][f"{mode}_learned"]["moved_share"] for mode in ("simultaneous", "sequential"))
+        # Saved either way, but used by default only where it changed no answer held out.
+        record["used_by_default"] = moved == 0
+        model.attach_learned_guess(guess, use=record["used_by_default"])
         with staged_directory(out) as staging:
             model.save_pretrained(staging)
             for name in COPIED:
@@ -127,15 +135,22 @@ def _relative_distance(guess: torch.Tensor, z_star: torch.Tensor) -> torch.Tenso
 def passes_with_and_without(model, guess: InitialGuess, inputs: torch.Tensor) -> dict[str, dict[str, float]]:
     """Mean passes of the map per solve (simultaneous: per sequence; sequential: per token)
     at the model's own inference budget, from z = 0 and from ``guess``, with the share of
-    solves above the tolerance."""
-    measured = {}
+    solves above the tolerance; and, from the guess, the share of tokens whose logits
+    ``MOVED`` from those of the solve from z = 0 (another fixed point: a map may have several,
+    and the model's answers are those of the one z = 0 leads to)."""
+    measured, logits = {}, {}
     for start, attached in (("zero", None), ("learned", guess)):
         model.attach_learned_guess(attached)
         for mode in ("simultaneous", "sequential"):
             with torch.no_grad():
-                stats = model(inputs, mode=mode).fixed_point
+                output = model(inputs, mode=mode)
+            logits[mode, start] = output.logits.float()
             measured[f"{mode}_{start}"] = {
-                "passes": round(stats.iterations.float().mean().item(), 3),
-                "unconverged_share": round((~stats.converged).float().mean().item(), 4),
+                "passes": round(output.fixed_point.iterations.float().mean().item(), 3),
+                "unconverged_share": round((~output.fixed_point.converged).float().mean().item(), 4),
             }
+            if start == "learned":
+                reference = logits[mode, "zero"]
+                moved = (logits[mode, start] - reference).norm(dim=-1) > MOVED * reference.norm(dim=-1)
+                measured[f"{mode}_{start}"]["moved_share"] = round(moved.float().mean().item(), 4)
     return measured
