@@ -34,8 +34,10 @@ def test_a_fitted_guess_is_saved_with_the_model_and_changes_no_answer(tiny_run, 
         assert (tmp_path / "out" / name).is_file()
     with_guess, source = load_model(tmp_path / "out"), load_model(tiny_run)
     assert with_guess.learned_guess is not None and source.learned_guess is None
-    # Used by default only where no held-out token reached another fixed point from it.
-    assert with_guess.solver.options.initial_guess == ("learned" if record["used_by_default"] else "zero")
+    # Used by default only in the modes where no held-out token reached another fixed point from
+    # it and it cost no passes.
+    for mode in ("simultaneous", "sequential"):
+        assert (with_guess.solver.options.initial_guess_for(mode) == "learned") == (mode in record["used_in"])
     with_guess.set_fixed_point_options(initial_guess="learned")
     tokens = torch.randint(0, source.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     for model in (with_guess, source):  # a map trained for two steps is made to contract, to compare fixed points
@@ -91,12 +93,13 @@ def test_a_word_problem_run_gets_a_guess_on_fresh_words_and_scores_the_same(trai
     # Fitted for 4 steps, the guess leads some tokens to another of the map's fixed points than z = 0
     # does (the S3 map has several): it is saved, but off.
     rough = train_learned_guess(run, tmp_path / "rough", steps=4, batch_size=16, progress=False)
-    assert rough["sequence_length"] == 12 and not rough["used_by_default"]
-    assert load_model(tmp_path / "rough").solver.options.initial_guess == "zero"
+    assert rough["sequence_length"] == 12 and rough["held_out_passes"]["simultaneous_learned"]["moved_share"] > 0
+    assert "simultaneous" not in rough["used_in"]
+    assert load_model(tmp_path / "rough").solver.options.initial_guess_for("simultaneous") == "zero"
     record = train_learned_guess(run, tmp_path / "out", steps=60, batch_size=32, progress=False)
-    assert record["used_by_default"], record
+    assert all(record["held_out_passes"][f"{mode}_learned"]["moved_share"] == 0 for mode in ("simultaneous", "sequential"))
     with_guess, source = load_model(tmp_path / "out").eval(), load_model(run).eval()
-    assert with_guess.solver.options.initial_guess == "learned"
+    with_guess.set_fixed_point_options(initial_guess="learned", simultaneous_initial_guess="", sequential_initial_guess="")
     for length in (12, 48):  # 1x and 4x the training length
         inputs, targets = held_out_words("S3", length, 64, seed=3)
         for mode in ("simultaneous", "sequential"):

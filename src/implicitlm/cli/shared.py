@@ -47,9 +47,10 @@ def fixed_point_settings(args) -> dict[str, Any]:
     if getattr(args, "chunk_length", None) is not None:
         settings["chunk_length"] = args.chunk_length
     if getattr(args, "solver", None) is not None:
-        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="", initial_guess="zero")
+        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="", initial_guess="zero",
+                        simultaneous_initial_guess="", sequential_initial_guess="")
     if getattr(args, "initial_guess", None) is not None:
-        settings["initial_guess"] = args.initial_guess
+        settings.update(initial_guess=args.initial_guess, simultaneous_initial_guess="", sequential_initial_guess="")
     if getattr(args, "fail_on_nonconvergence", False):
         settings["nonconvergence"] = "error"
     return settings

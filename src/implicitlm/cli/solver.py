@@ -40,8 +40,10 @@ def _run_solver_train(args) -> None:
         print(f"{mode}: {zero['passes']:.2f} -> {learned['passes']:.2f} passes {unit} on a held-out batch "
               f"(not converged: {zero['unconverged_share']:.1%} -> {learned['unconverged_share']:.1%}; "
               f"tokens led to another fixed point: {learned['moved_share']:.1%})")
-    if record["used_by_default"]:
-        print(f"saved to {args.out} (loads with the guess; --initial-guess zero turns it off)")
+    used = record["used_in"]
+    if used:
+        print(f"saved to {args.out}, the guess used in {' and '.join(used)} mode (--initial-guess zero: z = 0)")
     else:
-        print(f"saved to {args.out} with the guess OFF: from it some held-out tokens reached another fixed point "
-              "than from z = 0 (more --steps may mend it; --initial-guess learned uses it anyway)")
+        print(f"saved to {args.out} with the guess OFF: in neither mode did it save passes without leading some "
+              "held-out token to another fixed point than z = 0 (more --steps may mend it; --initial-guess learned "
+              "uses it anyway)")

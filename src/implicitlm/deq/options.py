@@ -99,12 +99,15 @@ class FixedPointOptions(Options):
     sequential_solver: str = ""
     jacobian_penalty: float = 0.0
     initial_guess: str = "zero"
+    simultaneous_initial_guess: str = ""
+    sequential_initial_guess: str = ""
 
     WHAT = "fixed-point option"
     FIELD_RULES = {
         "solver": one_of(*SOLVERS), "simultaneous_solver": one_of("", *SOLVERS), "sequential_solver": one_of("", *SOLVERS),
         "stop_mode": one_of(*STOP_MODES), "nonconvergence": one_of("report", "error"),
-        "initial_guess": one_of(*INITIAL_GUESSES),
+        "initial_guess": one_of(*INITIAL_GUESSES), "simultaneous_initial_guess": one_of("", *INITIAL_GUESSES),
+        "sequential_initial_guess": one_of("", *INITIAL_GUESSES),
         "train_max_iter": evaluations(0), "max_iter": evaluations(1), "simultaneous_max_iter": evaluations(0), "phantom_steps": evaluations(1),
         "unroll_steps": evaluations(0), "divergence_patience": at_least(0), "chunk_length": at_least(0),
         "train_tol": POSITIVE, "tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
@@ -131,7 +134,9 @@ class FixedPointOptions(Options):
         "jacobian_penalty": "training: weight of the Jacobian penalty |df/dz|_F^2 / numel at the solution, for a map "
                             "that contracts faster (fewer solver iterations at inference; 0: off)",
         "initial_guess": "inference: where each solve starts, zero or learned (the checkpoint's initial_guess.safetensors, "
-                         "from implicitlm solver train)",
+                         "from implicitlm solver train), unless a mode names its own",
+        "simultaneous_initial_guess": "inference in simultaneous mode: initial_guess (empty: initial_guess)",
+        "sequential_initial_guess": "inference in sequential (RNN) mode: initial_guess (empty: initial_guess)",
         "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
@@ -174,5 +179,10 @@ class FixedPointOptions(Options):
     def described_solver(self, mode: str) -> str:
         """What stats and records call the solve of ``mode``: its solver, and where an
         inference solve starts from a learned guess, "+learned_guess"."""
-        learned = self.initial_guess == "learned" and mode != "training"
+        learned = mode != "training" and self.initial_guess_for(mode) == "learned"
         return self.solver_for(mode) + ("+learned_guess" if learned else "")
+
+    def initial_guess_for(self, mode: str) -> str:
+        """Where an inference solve of ``mode`` ("simultaneous" or "sequential") starts."""
+        chosen = {"simultaneous": self.simultaneous_initial_guess, "sequential": self.sequential_initial_guess}[mode]
+        return chosen or self.initial_guess

@@ -137,16 +137,21 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     def _with_last_fixed_point(self, state: list | None, z: torch.Tensor) -> list | None:
         """``state``, and where a learned guess starts the solves, the last token's fixed point
         with it (``StackState``): the next call's first token starts from a guess that reads it."""
-        if state is None or not self.config.implicit or self.solver.options.initial_guess != "learned":
+        if state is None or not self.config.implicit or self.solver.options.initial_guess_for("sequential") != "learned":
             return state
         return StackState(state, last_fixed_point=z[:, -1].detach())
 
-    def attach_learned_guess(self, guess: InitialGuess | None, use: bool = True) -> None:
+    def attach_learned_guess(self, guess: InitialGuess | None, use: bool | None = True) -> None:
         """Keep ``guess`` with the model (saved beside its weights; None: none) and, with
         ``use``, start every inference solve from it (``fixed_point.initial_guess``
-        "learned"; else "zero", where ``initial_guess="learned"`` can turn it on)."""
+        "learned"; else "zero", where ``initial_guess="learned"`` can turn it on; the
+        per-mode ``simultaneous_initial_guess`` / ``sequential_initial_guess`` are cleared).
+        ``use=None`` leaves the options as they are (a loaded model: its config says)."""
         self.__dict__["learned_guess"] = guess
-        self.set_fixed_point_options(initial_guess="learned" if guess is not None and use else "zero")
+        if use is None:
+            return
+        self.set_fixed_point_options(initial_guess="learned" if guess is not None and use else "zero",
+                                     simultaneous_initial_guess="", sequential_initial_guess="")
 
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both

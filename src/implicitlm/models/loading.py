@@ -235,12 +235,14 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     check_finite(path / WEIGHTS, model)
     # A guess saved beside the weights is loaded (and checked) even where the config does not
     # use it: initial_guess="learned" may turn it on.
-    use = model.solver.options.initial_guess == "learned"
+    options = model.solver.options
+    use = any(options.initial_guess_for(mode) == "learned" for mode in ("simultaneous", "sequential"))
     if model.config.implicit and (use or (path / GUESS_FILE).is_file()):
         try:
-            model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size), use=use)
+            guess = InitialGuess.load(path, model.config.hidden_size)
         except DataError as error:
             raise ModelLoadError(str(error)) from None
+        model.attach_learned_guess(guess, use=None)  # the saved options say where it is used
     if not checked:
         # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
         LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")

@@ -157,21 +157,21 @@ class StackPasses:
     def _first_iterate(self, embedded: torch.Tensor) -> torch.Tensor:
         """Where an inference solve over these tokens starts: the learned guess from each
         token's embedding, or z = 0."""
-        guess = self._learned_guess()
+        guess = self._learned_guess("simultaneous")
         return torch.zeros_like(embedded) if guess is None else guess(embedded, None)
 
     def _token_guess(self, embedded: torch.Tensor, first_previous: torch.Tensor | None):
         """(t, the previous token's fixed point) -> token t's first iterate; None: z = 0.
         ``first_previous``: the fixed point before the first token, where it is known."""
-        guess = self._learned_guess()
+        guess = self._learned_guess("sequential")
         if guess is None:
             return None
         return lambda t, previous: guess(embedded[:, t], first_previous if previous is None else previous)
 
-    def _learned_guess(self):
-        """The learned initial guess, on the model's device, where the options ask for it;
-        None: every solve starts from z = 0."""
-        if self.solver.options.initial_guess != "learned":
+    def _learned_guess(self, mode: str):
+        """The learned initial guess, on the model's device, where the options ask for it in
+        ``mode``; None: the solves start from z = 0."""
+        if self.solver.options.initial_guess_for(mode) != "learned":
             return None
         guess = self.learned_guess
         if guess is None:

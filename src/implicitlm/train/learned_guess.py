@@ -10,9 +10,12 @@ place, since a simultaneous solve does not know it yet and a sequential one does
 The output is a new checkpoint folder: the model as it was, the guess beside its weights
 and ``fixed_point.initial_guess = "learned"`` in its config, so loading it starts every
 inference solve from the guess; ``learned_guess.json`` records the training and the passes
-a held-out batch needed from z = 0 and from the guess. A map may have several fixed points:
-a guess that led any held-out token to another one than z = 0 does is saved but left off
-(``initial_guess = "zero"``; ``used_by_default`` false in the record).
+a held-out batch needed from z = 0 and from the guess. A map may have several fixed points,
+and a guess may cost passes in one mode while it saves them in the other: the guess is used
+by default only in the modes where, on that batch, it led no token to another fixed point
+than z = 0 does and needed no more passes (``used_in`` in the record; the per-mode
+``simultaneous_initial_guess`` / ``sequential_initial_guess`` in the config); it is saved in
+any case, and ``initial_guess="learned"`` turns it on everywhere.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ RECORD = "learned_guess.json"
 # A token's logits from the guess this far (relative) from those from z = 0 went to another
 # fixed point; a solve to the same one, at the tolerances in use, moves them by a few percent.
 MOVED = 0.25
+MODES = ("simultaneous", "sequential")
 DEFAULT_SEQUENCE_LENGTH = 256
 # Files of the source checkpoint that the saved model does not write itself.
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "trainer.json", "README.md")
@@ -84,10 +88,10 @@ def train_learned_guess(
             "loss_first": losses[0], "loss_last": sum(losses[-10:]) / len(losses[-10:]),
             "held_out_passes": passes_with_and_without(model, guess, held_out),
         }
-        moved = max(record["held_out_passes"][f"{mode}_learned"]["moved_share"] for mode in ("simultaneous", "sequential"))
-        # Saved either way, but used by default only where it changed no answer held out.
-        record["used_by_default"] = moved == 0
-        model.attach_learned_guess(guess, use=record["used_by_default"])
+        record["used_in"] = modes_it_serves(record["held_out_passes"])
+        model.attach_learned_guess(guess, use=len(record["used_in"]) == len(MODES))
+        if 0 < len(record["used_in"]) < len(MODES):
+            model.set_fixed_point_options(**{f"{mode}_initial_guess": "learned" for mode in record["used_in"]})
         with staged_directory(out) as staging:
             model.save_pretrained(staging)
             for name in COPIED:
@@ -95,6 +99,13 @@ def train_learned_guess(
                     shutil.copy2(checkpoint / name, staging / name)
             write_json(staging / RECORD, record)
     return record
+
+
+def modes_it_serves(passes: dict[str, dict[str, float]]) -> list[str]:
+    """The modes in which the guess is used by default: where, on the held-out batch, it led
+    no token to another fixed point than z = 0 and needed no more passes than z = 0."""
+    return [mode for mode in MODES if passes[f"{mode}_learned"]["moved_share"] == 0
+            and passes[f"{mode}_learned"]["passes"] <= passes[f"{mode}_zero"]["passes"]]
 
 
 def _batch_settings(checkpoint: Path, batch_size: int, seed: int, sequence_length: int | None) -> TrainConfig:
@@ -141,7 +152,7 @@ def passes_with_and_without(model, guess: InitialGuess, inputs: torch.Tensor) ->
     measured, logits = {}, {}
     for start, attached in (("zero", None), ("learned", guess)):
         model.attach_learned_guess(attached)
-        for mode in ("simultaneous", "sequential"):
+        for mode in MODES:
             with torch.no_grad():
                 output = model(inputs, mode=mode)
             logits[mode, start] = output.logits.float()
