@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from implicitlm.cli import main
 from implicitlm.core.targets import TargetExistsError
@@ -32,6 +33,8 @@ def test_a_fitted_guess_is_saved_with_the_model_and_changes_no_answer(tiny_run, 
     assert json.loads((tmp_path / "out" / RECORD).read_text()) == record
     for name in ("tokenizer.json", "trainer.json", GUESS_FILE):
         assert (tmp_path / "out" / name).is_file()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "- initial_guess: " in card and "2 steps" in card  # the source run's training, the guess's use
     with_guess, source = load_model(tmp_path / "out"), load_model(tiny_run)
     assert with_guess.learned_guess is not None and source.learned_guess is None
     # Used by default only in the modes where no held-out token reached another fixed point from
@@ -106,3 +109,35 @@ def test_a_word_problem_run_gets_a_guess_on_fresh_words_and_scores_the_same(trai
             guessed = word_accuracy(with_guess, inputs, targets, mode=mode, warn=False)
             plain = word_accuracy(source, inputs, targets, mode=mode, warn=False)
             assert guessed["accuracy"] == plain["accuracy"], (length, mode, guessed, plain)
+
+
+@pytest.mark.slow
+def test_an_interrupted_fit_resumes_to_the_guess_an_uninterrupted_one_gives(tiny_run, shards, tmp_path, monkeypatch):
+    import implicitlm.train.learned_guess as fitting
+    from implicitlm.core.errors import DataError
+    from implicitlm.deq.initial_guess import GUESS_FILE
+    from implicitlm.train.guess_progress import progress_folder
+
+    whole = train_learned_guess(tiny_run, tmp_path / "whole", data=shards, steps=12, batch_size=2, progress=False)
+    saved = fitting.save_progress
+
+    def save_then_stop(*args, **kwargs):
+        saved(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fitting, "save_progress", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_learned_guess(tiny_run, tmp_path / "cut", data=shards, steps=12, batch_size=2, progress=False)
+    monkeypatch.setattr(fitting, "save_progress", saved)
+    assert progress_folder(tmp_path / "cut").is_dir() and not (tmp_path / "cut").exists()
+    with pytest.raises(TargetExistsError, match="resume=True"):
+        train_learned_guess(tiny_run, tmp_path / "cut", data=shards, steps=12, batch_size=2, progress=False)
+    with pytest.raises(DataError, match="the interrupted fit had lr=0.001, this one 0.002"):
+        train_learned_guess(tiny_run, tmp_path / "cut", data=shards, steps=12, batch_size=2, lr=2e-3, progress=False,
+                            resume=True)
+    resumed = train_learned_guess(tiny_run, tmp_path / "cut", data=shards, steps=12, batch_size=2, progress=False,
+                                  resume=True)
+    assert resumed["loss_last"] == whole["loss_last"] and resumed["loss_first"] == whole["loss_first"]
+    cut, uncut = (load_file(str(tmp_path / name / GUESS_FILE)) for name in ("cut", "whole"))
+    assert cut.keys() == uncut.keys() and all(torch.equal(cut[name], uncut[name]) for name in cut)
+    assert not progress_folder(tmp_path / "cut").exists()

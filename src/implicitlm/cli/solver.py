@@ -23,6 +23,7 @@ def add_solver(commands) -> None:
     p.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate, cosine-decayed (default: 1e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batches and the guess's initialisation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted fit of --out where it stopped")
     add_overwrite_option(p, "a folder already at --out")
     p.set_defaults(run=_run_solver_train)
 
@@ -30,8 +31,11 @@ def add_solver(commands) -> None:
 def _run_solver_train(args) -> None:
     from ..train.learned_guess import train_learned_guess
 
-    record = train_learned_guess(args.checkpoint, args.out, data=args.data, steps=args.steps, batch_size=args.batch_size,
-                                 lr=args.lr, seed=args.seed, sequence_length=args.sequence_length, progress=not args.no_progress, overwrite=args.overwrite)
+    record = train_learned_guess(
+        args.checkpoint, args.out, data=args.data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        seed=args.seed, sequence_length=args.sequence_length, progress=not args.no_progress, resume=args.resume,
+        overwrite=args.overwrite,
+    )
     print(f"learned initial guess ({record['parameters']:,} parameters) fitted in {record['seconds']:.0f} s: "
           f"relative distance to the fixed point {record['loss_first']:.3f} -> {record['loss_last']:.3f}")
     for mode in ("simultaneous", "sequential"):
