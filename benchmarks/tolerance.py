@@ -1,7 +1,8 @@
 """Downstream scores against the solver's tolerance: what a looser tolerance saves in time and costs in scores.
 
     python benchmarks/tolerance.py CHECKPOINT --data-dir ../shared/data [--limit 50]
-        [--tols 0.05,0.01,1e-3,1e-4] [--reference-tol 1e-5] [--budget 256] [--solver NAME] [--out FILE]
+        [--tols 0.05,0.01,1e-3,1e-4] [--reference-tol 1e-5] [--budget 256] [--solver NAME]
+        [--starts zero,learned] [--out FILE]
 
 A study of one trained implicit checkpoint, not a section of ``run.py`` (a random model's
 scores say nothing). The paper's downstream tasks whose files ``--data-dir`` holds are
@@ -9,7 +10,9 @@ scored by lm-eval, the first ``--limit`` documents of each, once per tolerance a
 ``--reference-tol`` (the converged solve every other run is compared with, paired, on the
 same documents): the accuracies, how many documents' chosen answer (LAMBADA: its greedy
 match) differs from the converged solve's, how far each request's log-likelihood moves,
-the share of fixed points that stopped above their tolerance, and the wall time.
+the share of fixed points that stopped above their tolerance, and the wall time. ``--starts``:
+each tolerance from z = 0 and, for a checkpoint with one (``implicitlm solver train``), from
+its learned initial guess; the reference always from z = 0.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from implicitlm.eval.downstream import PAPER_TASKS, read_local_sets, run_tasks
 from implicitlm.models import load_model
 
 
-def scored(model, tasks, local_sets, limit: int, tol: float, budget: int, batch_size: int) -> dict:
-    """lm-eval's results with every document's scores, the wall time, the convergence tally."""
-    start = time.perf_counter()
+def scored(model, tasks, local_sets, limit: int, tol: float, budget: int, batch_size: int, start: str = "zero") -> dict:
+    """lm-eval's results with every document's scores, the wall time, the convergence tally;
+    each solve from ``start`` (zero, or the learned initial guess)."""
+    model.set_fixed_point_options(initial_guess=start, simultaneous_initial_guess="", sequential_initial_guess="")
+    began = time.perf_counter()
     with model.track_convergence() as tally:
         results = run_tasks(model, tasks, limit=limit, local_sets=local_sets, log_samples=True, bootstrap_iters=0,
                             tol=tol, max_iter=budget, batch_size=batch_size, progress=False)
-    return {"results": results, "seconds": time.perf_counter() - start, "tally": tally}
+    return {"results": results, "seconds": time.perf_counter() - began, "tally": tally}
 
 
 def choices(sample: dict) -> tuple[list[float], int]:
@@ -74,6 +79,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=256, help="most iterations per solve, at every tolerance")
     parser.add_argument("--solver", default=None, help="solver of every solve (default: the model's, per mode)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--starts", default="zero", help="zero, and learned where the checkpoint has a guess")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args()
     model = load_model(args.checkpoint).eval()
@@ -83,18 +89,20 @@ def main() -> None:
     tasks = list(local_sets)
     tols = [float(t) for t in args.tols.split(",")]
     reference = scored(model, tasks, local_sets, args.limit, args.reference_tol, args.budget, args.batch_size)
-    runs = {tol: scored(model, tasks, local_sets, args.limit, tol, args.budget, args.batch_size) for tol in tols}
+    starts = [start for start in args.starts.split(",") if start == "zero" or model.learned_guess is not None]
+    runs = {(tol, start): scored(model, tasks, local_sets, args.limit, tol, args.budget, args.batch_size, start)
+            for tol in tols for start in starts}
     table = Table(
         f"Downstream scores by solver tolerance: {args.checkpoint}, first {args.limit} documents of "
         f"{', '.join(tasks)}, budget {args.budget}, {torch.get_num_threads()} torch threads",
-        ["tolerance", "s", "time / reference", "not converged", *[f"{task} acc" for task in tasks], "average acc",
+        ["tolerance", "start", "s", "time / reference", "not converged", *[f"{task} acc" for task in tasks], "average acc",
          "answers changed", "mean abs dLL", "max abs dLL"],
     )
-    for tol, run in [(args.reference_tol, reference), *runs.items()]:
+    for (tol, start), run in [((args.reference_tol, "zero"), reference), *runs.items()]:
         accs = [accuracy(run["results"], task) for task in tasks]
         paired = compare(run, reference)
         table.add(
-            f"{tol:g}" + (" (reference)" if run is reference else ""), f"{run['seconds']:.0f}",
+            f"{tol:g}" + (" (reference)" if run is reference else ""), start, f"{run['seconds']:.0f}",
             f"{run['seconds'] / reference['seconds']:.2f}x", f"{run['tally'].not_converged_share:.2%}",
             *[f"{a:.3f}" for a in accs], f"{statistics.fmean(accs):.3f}",
             f"{paired['changed']} of {paired['documents']}", f"{paired['mean']:.2g}", f"{paired['max']:.2g}",
