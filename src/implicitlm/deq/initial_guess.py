@@ -5,8 +5,10 @@ A solve from z = 0 spends its first passes finding the neighbourhood of z*. A sm
 reads what the solve is given, each token's input (its embedding, of which the injection u_t
 is a linear function, at a fraction of u_t's width) and (in sequential mode) the previous
 token's fixed point z*_{t-1}, and proposes z0 near z*_t; the solve then runs as before from
-there. The fixed point does not change, only where the iteration starts, so the
-tolerance keeps its meaning and a poor guess costs passes, never accuracy.
+there. The stop test is the same, so the tolerance keeps its meaning. But a map may have
+several fixed points, and a trained model's answers are those of the one z = 0 leads to: a
+poor guess may lead elsewhere, which is why ``implicitlm solver train`` checks a held-out
+batch before it lets a guess be used (``train.learned_guess.modes_it_serves``).
 
 In simultaneous mode the previous tokens' fixed points are unknown when the solve starts:
 the network reads a zero vector in their place, and it is trained on both kinds of input.
@@ -71,10 +73,9 @@ class InitialGuess(nn.Module):
         if not path.is_file():
             raise DataError(f"{path}: missing, but the config's fixed_point.initial_guess is 'learned'")
         digest_file = Path(folder) / GUESS_DIGEST
-        recorded = digest_file.read_text(encoding="utf-8", errors="replace").strip() if digest_file.is_file() else None
-        if recorded is None:
+        if not digest_file.is_file():
             raise DataError(f"{digest_file}: missing; the learned initial guess is not loaded unchecked")
-        if file_sha256(path) != recorded.lower():
+        if file_sha256(path) != digest_file.read_text(encoding="utf-8", errors="replace").strip().lower():
             raise DataError(f"{path}: SHA-256 differs from {GUESS_DIGEST}: the file is damaged")
         try:
             tensors = load_file(str(path))

@@ -129,10 +129,15 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         if not self.config.implicit:
             raise OptionError("an explicit model has no fixed point")
         check_token_ids(input_ids, self.config.vocab_size)
-        embedded = self.embeddings(input_ids)
-        injection = self.injection(self.injection_norm(embedded))
-        z, stats, _ = self._simultaneous(embedded, injection, None, None, False, max_iter, tol, self._chunk_length(None))
+        with self._weights_once_per_forward():
+            embedded = self.embeddings(input_ids)
+            z, stats, _ = self._simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
+                                             self._chunk_length(None))
         return embedded, z, stats
+
+    def _injected(self, embedded: torch.Tensor) -> torch.Tensor | None:
+        """The injection u of an implicit model (None for an explicit one)."""
+        return self.injection(self.injection_norm(embedded)) if self.config.implicit else None
 
     def _with_last_fixed_point(self, state: list | None, z: torch.Tensor) -> list | None:
         """``state``, and where a learned guess starts the solves, the last token's fixed point
@@ -243,7 +248,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             output_hidden_states = self.config.output_hidden_states
         with self._weights_once_per_forward():
             embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-            injection = self.injection(self.injection_norm(embedded)) if self.config.implicit else None
+            injection = self._injected(embedded)
             if mode == "sequential":
                 z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol)
             else:
