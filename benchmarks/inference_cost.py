@@ -1,7 +1,8 @@
 """A trained implicit model's inference cost against its explicit twin, per solver and tolerance.
 
     python benchmarks/inference_cost.py --implicit CKPT --explicit CKPT --data SHARDS
-        [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson] [--starts zero,learned]
+        [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson,learned_anderson]
+        [--starts zero,learned]
         [--windows 32] [--quick] [--out FILE]
 
 A study of a trained pair (the README's WikiText-2 runs), not a section of ``run.py``: the
@@ -15,7 +16,8 @@ held-out split of ``--data``:
   its difference to a solve to 1e-4 (the fixed point itself, to the scores' digits).
 
 ``--starts``: where each solve starts, z = 0 and (for a checkpoint that has one, from
-``implicitlm solver train``) the learned initial guess. Every implicit row is a ratio to the
+``implicitlm solver train``) the learned initial guess; ``learned_anderson`` among the
+solvers: safeguarded Anderson with the checkpoint's learned mixing, where it has one. Every implicit row is a ratio to the
 explicit model measured in the same run.
 """
 
@@ -96,7 +98,8 @@ def main() -> None:
     parser.add_argument("--explicit", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True, help="shard folder; its test split is read")
     parser.add_argument("--tols", default="0.05,0.01")
-    parser.add_argument("--solvers", default="fixed_point_iter,safeguarded_anderson")
+    parser.add_argument("--solvers", default="fixed_point_iter,safeguarded_anderson,learned_anderson",
+                        help="learned_anderson where the checkpoint has a learned mixing")
     parser.add_argument("--starts", default="zero,learned", help="zero, and learned where the checkpoint has a guess")
     parser.add_argument("--windows", type=int, default=32, help="256-token windows scored in one batch")
     parser.add_argument("--tokens", type=int, default=32, help="decoded tokens timed")
@@ -111,6 +114,8 @@ def main() -> None:
     windows = torch.as_tensor(held_out.read(PROMPT, count * (WINDOW + 1)).astype("int64")).view(count, WINDOW + 1)
     explicit, implicit = load_model(args.explicit).eval(), load_model(args.implicit).eval()
     starts = [start for start in args.starts.split(",") if start == "zero" or implicit.learned_guess is not None]
+    solvers = [solver for solver in args.solvers.split(",")
+               if solver != "learned_anderson" or implicit.learned_mixing is not None]
     base_decode = decode(explicit, prompt, tokens, repeats)
     base_score = score(explicit, windows, repeats)
     implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, initial_guess="zero")
@@ -123,11 +128,12 @@ def main() -> None:
     )
     table.add("explicit", "-", "-", "-", f"{base_decode[0]:.2f}", "1.00x", f"{base_decode[1]:.1f}",
               f"{base_score[0]:.2f}", "1.00x", f"{math.exp(base_score[1]):.2f}", "-", "-")
-    for solver in args.solvers.split(","):
+    for solver in solvers:
         for start in starts:
             for tol in (float(t) for t in args.tols.split(",")):
                 implicit.use_solver(solver)
-                implicit.set_fixed_point_options(tol=tol, max_iter=64, initial_guess=start)
+                implicit.set_fixed_point_options(tol=tol, max_iter=64, initial_guess=start, simultaneous_initial_guess="",
+                                                 sequential_initial_guess="")
                 ms, passes = decode(implicit, prompt, tokens, repeats)
                 seconds, loss, missed = score(implicit, windows, repeats)
                 table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x",

@@ -1,5 +1,5 @@
-"""The learned initial guess: where a solve starts changes, the fixed point does not; saved
-beside the weights with its digest, refused in one line when damaged."""
+"""The learned initial guess: where a solve starts changes, the fixed point does not (its
+file: test_saved_network.py)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,8 @@ import torch
 
 from implicitlm.core.errors import OptionError
 from implicitlm.deq import InitialGuess
-from implicitlm.deq.initial_guess import GUESS_DIGEST, GUESS_FILE
-from implicitlm.models import build_model, config_from_options, load_model
-from implicitlm.models.errors import ModelLoadError
 
-from tests.support.contractive import make_contractive
-
-SMALL = {
-    "mamba2": dict(architecture="mamba2", hidden_size=16, num_hidden_layers=2, state_size=8, head_dim=8, chunk_size=8),
-    "llama": dict(architecture="llama", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, intermediate_size=24),
-    "mamba": dict(architecture="mamba", hidden_size=16, num_hidden_layers=2, state_size=4, chunk_size=8),
-}
-TOL = 1e-5
-TOKENS = torch.randint(0, 64, (3, 12), generator=torch.Generator().manual_seed(1))
-
-
-def contractive(architecture: str):
-    torch.manual_seed(0)
-    options = {**SMALL[architecture], "vocab_size": 64, "fixed_point": {"max_iter": 300, "tol": TOL,
-                                                                        "solver": "safeguarded_anderson"}}
-    return make_contractive(build_model(config_from_options(options))).eval()
+from tests.support.learned_solver import SMALL, TOKENS, contractive, run
 
 
 def fitted_guess(model) -> InitialGuess:
@@ -44,12 +25,6 @@ def fitted_guess(model) -> InitialGuess:
         loss.backward()
         optimizer.step()
     return guess.eval().requires_grad_(False)
-
-
-def run(model, mode: str):
-    with torch.no_grad():
-        output = model(TOKENS, mode=mode)
-    return output.logits, output.fixed_point
 
 
 @pytest.mark.parametrize("architecture", sorted(SMALL))
@@ -90,45 +65,6 @@ def test_learned_without_a_guess_is_refused_and_a_model_without_one_starts_from_
     model.set_fixed_point_options(initial_guess="learned")
     with pytest.raises(OptionError, match="no learned initial guess"):
         run(model, "simultaneous")
-
-
-def test_save_and_load_keep_the_guess_and_record_it(tmp_path):
-    model = contractive("mamba2")
-    model.attach_learned_guess(fitted_guess(model))
-    model.save_pretrained(tmp_path / "m")
-    assert (tmp_path / "m" / GUESS_FILE).is_file() and (tmp_path / "m" / GUESS_DIGEST).is_file()
-    loaded = load_model(tmp_path / "m")
-    assert loaded.config.fixed_point["initial_guess"] == "learned"
-    for name, tensor in model.learned_guess.state_dict().items():
-        assert torch.equal(loaded.learned_guess.state_dict()[name], tensor)
-    for mode in ("simultaneous", "sequential"):
-        torch.testing.assert_close(run(loaded.eval(), mode)[0], run(model, mode)[0], atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("damage", ["flipped byte", "no digest", "no file", "other sizes"])
-def test_a_damaged_or_missing_guess_is_refused_in_one_line(tmp_path, damage):
-    model = contractive("mamba2")
-    model.attach_learned_guess(fitted_guess(model))
-    folder = tmp_path / "m"
-    model.save_pretrained(folder)
-    if damage == "flipped byte":
-        data = bytearray((folder / GUESS_FILE).read_bytes())
-        data[-1] ^= 0xFF
-        (folder / GUESS_FILE).write_bytes(bytes(data))
-        expected = "SHA-256 differs"
-    elif damage == "no digest":
-        (folder / GUESS_DIGEST).unlink()
-        expected = "not loaded unchecked"
-    elif damage == "no file":
-        (folder / GUESS_FILE).unlink()
-        expected = "missing, but the config"
-    else:
-        InitialGuess(model.config.hidden_size, width=8).save(folder)  # a valid file of the wrong width is fine...
-        InitialGuess(model.config.hidden_size + 1).save(folder)  # ...one for another model is not
-        expected = "a model of these sizes needs"
-    with pytest.raises(ModelLoadError, match=expected) as refused:
-        load_model(folder)
-    assert "\n" not in str(refused.value)
 
 
 def test_decoding_carries_the_last_fixed_point_to_the_next_tokens_guess():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.support.contractive import make_contractive
+from tests.support.learned_solver import mixing_for
 from implicitlm.cli import main
 from implicitlm.data.words import generate_words
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, solve_sequence
@@ -50,7 +51,7 @@ class ToyProblem:
         rows = torch.tensor(rows)
         restrict = (lambda active: self.f(rows[active])) if restricted else None
         z0 = torch.zeros(len(rows), self.q.shape[0], dtype=torch.float64)
-        return FixedPointSolver(FixedPointOptions(solver=solver)).solve(self.f(rows), z0, max_iter, tol, restrict)
+        return FixedPointSolver(FixedPointOptions(solver=solver), mixing_for(solver)).solve(self.f(rows), z0, max_iter, tol, restrict)
 
 
 def evaluations_per_sample(problem: ToyProblem, samples: int) -> list[int]:
@@ -61,7 +62,7 @@ def evaluations_per_sample(problem: ToyProblem, samples: int) -> list[int]:
 
 
 def test_every_solver_name_resolves():
-    assert all(callable(solver_function(name)) for name in SOLVERS)
+    assert all(callable(solver_function(name, mixing_for(name))) for name in SOLVERS)
     with pytest.raises(ValueError, match="unknown solver 'newton'"):
         solver_function("newton")
 
@@ -154,7 +155,7 @@ def run_toy_sequence(samples: list[int], solver: str = "fixed_point_iter"):
     gen = torch.Generator().manual_seed(4)
     injection = torch.randn(4, 5, 6, generator=gen, dtype=torch.float64)[samples]
     state = ToyState(torch.zeros(len(samples), 6, dtype=torch.float64), torch.tensor(samples))
-    fp_solver = FixedPointSolver(FixedPointOptions(solver=solver))
+    fp_solver = FixedPointSolver(FixedPointOptions(solver=solver), mixing_for(solver))
     with torch.no_grad():
         z, state, stats = solve_sequence(recurrence.step, injection, state, fp_solver, 6, 300, 1e-10,
                                          select_toy_rows, replace_toy_rows)
@@ -219,6 +220,7 @@ def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
     reference = None
     with torch.no_grad():
         for solver in SOLVERS:
+            model.attach_learned_mixing(mixing_for(solver))
             model.set_fixed_point_options(solver=solver)
             for mode in MODES:
                 out = model(ids, mode=mode)
@@ -233,6 +235,7 @@ def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_a_sequences_answer_does_not_depend_on_its_batch(solver, mode):
     model = contractive_model(tol=1e-4)
+    model.attach_learned_mixing(mixing_for(solver))
     model.set_fixed_point_options(solver=solver)
     ids = token_ids(4, 5, seed=2)
     with torch.no_grad():

@@ -3,6 +3,7 @@
 from ..core.schema import OptionError
 from .initial_guess import InitialGuess
 from .kept_state import KeptState
+from .learned_mixing import LearnedMixing
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
@@ -15,6 +16,7 @@ __all__ = [
     "FixedPointStats",
     "InitialGuess",
     "KeptState",
+    "LearnedMixing",
     "OptionError",
     "chain_chunks",
     "penalised",

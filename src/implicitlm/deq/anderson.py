@@ -23,7 +23,14 @@ from typing import Callable
 
 import torch
 
+from .learned_mixing import LearnedMixing
+
 MEMORY = 5  # history length m: the usual choice for DEQs, and beyond it gains were nil here
+# A learned step must cut the residual below this share of the one before it, or its sample
+# falls back to the least-squares step: a mixing that stalls (damping near 0) is caught as
+# surely as one that overshoots. The least-squares step cut it to about half per pass on the
+# shipped WikiText-2 models.
+SUFFICIENT_DECREASE = 0.9
 REGULARISATION = 1e-6  # relative to max_i |g_i|^2, per sample
 
 
@@ -33,32 +40,58 @@ def safeguarded_anderson(
     max_iter: int,
     memory: int = MEMORY,
     regularisation: float = REGULARISATION,
+    mixing: LearnedMixing | None = None,
+    on_proposed: Callable[[torch.Tensor], None] | None = None,
     **unused,
 ) -> torch.Tensor:
     """``max_iter`` calls of ``f``, or fewer when ``f`` ends the loop (as the solve's
     tracker does once every sample is done); returns the last image f(x). It has no stop
-    test of its own: stopping, per sample, is the caller's."""
+    test of its own: stopping, per sample, is the caller's.
+
+    ``mixing``: a learned correction of each step (``learned_mixing``), which a sample stops
+    using once a learned step fails to cut its residual below ``SUFFICIENT_DECREASE`` times
+    the one before. ``on_proposed(x)``: each mixed iterate,
+    with the mixing's graph (what fitting the mixing reads); the next evaluation gets it
+    detached."""
     shape = x0.shape
     x = x0.reshape(shape[0], -1)
     xs = x.new_zeros(shape[0], memory, x.shape[1])
     fs = torch.zeros_like(xs)
     history = torch.zeros(shape[0], dtype=torch.long, device=x.device)
     best = torch.full((shape[0],), float("inf"), dtype=x.dtype, device=x.device)
-    fx = x
+    fallen = torch.zeros(shape[0], dtype=torch.bool, device=x.device)
+    fx, first, last = x, None, None
     for k in range(max_iter):
         fx = f(x.view(shape)).reshape_as(x)
         residual = (fx - x).norm(dim=1)
-        history = torch.where(residual > best, 0, history).add(1).clamp(max=memory)
+        rose = residual > best
+        history = torch.where(rose, 0, history).add(1).clamp(max=memory)
         best = torch.minimum(best, residual)
         slot = k % memory
         xs[:, slot], fs[:, slot] = x, fx
-        x = _mix(xs, fs, history, slot, regularisation)
+        weights, gram, valid = _least_squares_weights(xs, fs, history, slot, regularisation)
+        if mixing is None:
+            x = torch.bmm(weights.unsqueeze(1), fs).squeeze(1)
+            continue
+        if first is None:
+            first = residual.clamp_min(1e-30)
+        else:  # this evaluation's point was a learned step's, where the sample had not fallen back
+            fallen = fallen | ~(residual < SUFFICIENT_DECREASE * last)
+        last = residual
+        fall = torch.log(residual.clamp_min(1e-30) / first)  # finite for a frozen sample too (residual 0)
+        x = _learned_step(mixing, xs, fs, (weights, gram, valid), slot, fall, fallen)
+        if on_proposed is not None:
+            on_proposed(x.view(shape))
+        x = x.detach()
     return fx.view(shape)
 
 
-def _mix(xs: torch.Tensor, fs: torch.Tensor, history: torch.Tensor, slot: int, regularisation: float) -> torch.Tensor:
-    """sum_i a_i f(x_i) over each sample's last ``history`` entries, with weights a summing
-    to 1 that minimise |sum_i a_i g_i|^2 + regularisation * max_i |g_i|^2 * |a|^2."""
+def _least_squares_weights(xs: torch.Tensor, fs: torch.Tensor, history: torch.Tensor, slot: int,
+                           regularisation: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weights a summing to 1 over each sample's last ``history`` entries that minimise
+    |sum_i a_i g_i|^2 + regularisation * max_i |g_i|^2 * |a|^2 (g_i = f(x_i) - x_i), with the
+    Gram matrix of the g_i divided by its largest diagonal entry and the mask of the entries
+    in the history, all in slot order."""
     memory = xs.shape[1]
     age = (slot - torch.arange(memory, device=xs.device)) % memory  # 0: the newest entry
     valid = age[None, :] < history[:, None]
@@ -69,6 +102,23 @@ def _mix(xs: torch.Tensor, fs: torch.Tensor, history: torch.Tensor, slot: int, r
     eye = torch.eye(memory, dtype=gram.dtype, device=gram.device)
     # Entries outside the history get a unit diagonal and a zero right-hand side: weight 0.
     system = gram + regularisation * scale[:, None, None] * eye + (~valid)[:, :, None] * eye
-    weights = torch.linalg.solve(system, valid.double().unsqueeze(-1))
+    weights = torch.linalg.solve(system, valid.double().unsqueeze(-1)).squeeze(-1)
     weights = (weights / weights.sum(dim=1, keepdim=True)).to(fs.dtype)
-    return torch.bmm(weights.transpose(1, 2), fs).squeeze(1)
+    return weights, (gram / scale[:, None, None]).to(fs.dtype), valid
+
+
+def _learned_step(mixing: LearnedMixing, xs: torch.Tensor, fs: torch.Tensor, least_squares, slot: int,
+                  residual_fall: torch.Tensor, fallen: torch.Tensor) -> torch.Tensor:
+    """sum_i a_i (b f(x_i) + (1 - b) x_i) with the mixing's weights a and damping b, or the
+    least-squares weights and b = 1 where a sample has ``fallen`` back. The mixing reads
+    its inputs newest first, whatever slot the newest entry is in."""
+    weights, gram, valid = least_squares
+    memory = xs.shape[1]
+    by_age = (slot - torch.arange(memory, device=xs.device)) % memory  # by_age[j]: the slot of age j
+    learned, damping = mixing(gram[:, by_age][:, :, by_age], valid[:, by_age], weights[:, by_age], residual_fall)
+    learned = learned.index_select(1, torch.argsort(by_age))  # back to slot order
+    weights = torch.where(fallen[:, None], weights, learned)
+    damping = torch.where(fallen, torch.ones_like(damping), damping)[:, None]
+    mixed_images = torch.bmm(weights.unsqueeze(1), fs).squeeze(1)
+    mixed_iterates = torch.bmm(weights.unsqueeze(1), xs).squeeze(1)
+    return damping * mixed_images + (1 - damping) * mixed_iterates

@@ -20,17 +20,12 @@ Saved beside a checkpoint's weights as ``initial_guess.safetensors`` with its SH
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..core.atomic_io import atomic_write
-from ..core.errors import DataError
-from ..core.weights_digest import file_sha256
+from .saved_network import load_network, save_network
 
 GUESS_FILE = "initial_guess.safetensors"
 GUESS_DIGEST = f"{GUESS_FILE}.sha256"
@@ -53,42 +48,18 @@ class InitialGuess(nn.Module):
         z = torch.zeros_like(x) if previous is None else _rms(previous.float())
         return self.out(nn.functional.gelu(self.hidden(torch.cat([x, z], dim=-1)))).to(embedded.dtype)
 
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(tensor.shape) for name, tensor in self.state_dict().items()}
-
     def save(self, folder: str | Path) -> None:
-        """``GUESS_FILE`` and its digest in ``folder``, each written whole or not at all."""
-        folder = Path(folder)
-        metadata = {"hidden_size": str(self.hidden_size), "width": str(self.width)}
-        tensors = {name: tensor.detach().float().contiguous().cpu() for name, tensor in self.state_dict().items()}
-        atomic_write(folder / GUESS_FILE, lambda temporary: save_file(tensors, str(temporary), metadata=metadata))
-        digest = file_sha256(folder / GUESS_FILE)
-        atomic_write(folder / GUESS_DIGEST, lambda temporary: temporary.write_text(digest + "\n"))
+        """``GUESS_FILE`` and its digest in ``folder``."""
+        save_network(self, folder, GUESS_FILE, {"hidden_size": str(self.hidden_size), "width": str(self.width)})
 
     @classmethod
     def load(cls, folder: str | Path, hidden_size: int) -> InitialGuess:
         """The guess saved in ``folder`` for a model of these sizes; a missing, damaged or
         mismatched file is a one-line DataError."""
-        path = Path(folder) / GUESS_FILE
-        if not path.is_file():
-            raise DataError(f"{path}: missing, but the config's fixed_point.initial_guess is 'learned'")
-        digest_file = Path(folder) / GUESS_DIGEST
-        if not digest_file.is_file():
-            raise DataError(f"{digest_file}: missing; the learned initial guess is not loaded unchecked")
-        if file_sha256(path) != digest_file.read_text(encoding="utf-8", errors="replace").strip().lower():
-            raise DataError(f"{path}: SHA-256 differs from {GUESS_DIGEST}: the file is damaged")
-        try:
-            tensors = load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as error:
-            raise DataError(f"{path}: not a safetensors file ({str(error).splitlines()[0]})") from None
-        width = tensors["hidden.weight"].shape[0] if "hidden.weight" in tensors else WIDTH
-        guess = cls(hidden_size, width)
-        expected = guess.shapes()
-        found = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
-        if found != expected:
-            raise DataError(f"{path}: tensors {json.dumps(found)}, but a model of these sizes needs {json.dumps(expected)}")
-        guess.load_state_dict(tensors)
-        return guess.eval().requires_grad_(False)
+        def build(tensors: dict[str, torch.Tensor]) -> InitialGuess:
+            return cls(hidden_size, tensors["hidden.weight"].shape[0] if "hidden.weight" in tensors else WIDTH)
+
+        return load_network(folder, GUESS_FILE, build, "the config's fixed_point.initial_guess is 'learned'")
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
 
-# Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, and our
-# safeguarded Anderson (deq/anderson.py).
-SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson")
+# Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, our
+# safeguarded Anderson (deq/anderson.py), and the same with the checkpoint's learned mixing
+# (deq/learned_mixing.py; implicitlm solver train).
+SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson", "learned_anderson")
 STOP_MODES = ("rel", "abs")
 # Where an inference solve starts: z = 0, or a small network's guess saved with the
 # checkpoint (deq/initial_guess.py; implicitlm solver train).

@@ -34,6 +34,7 @@ and the frozen rows' outputs are dropped.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable
 
 import torch
@@ -43,6 +44,7 @@ from torchdeq.solver import get_solver
 
 from ..core.errors import NumericalFault, OptionError
 from .anderson import safeguarded_anderson
+from .learned_mixing import LearnedMixing
 from .options import SOLVERS, FixedPointOptions
 from .stats import LOGGER, FixedPointStats
 
@@ -71,11 +73,20 @@ def plain_iteration(f: FixedPointFn, x0: torch.Tensor, max_iter: int, **unused) 
 _OWN_SOLVERS = {"fixed_point_iter": plain_iteration, "safeguarded_anderson": safeguarded_anderson}
 
 
-def solver_function(name: str) -> Callable:
-    """The iterate generator behind a solver name of ``SOLVERS``: torchdeq's, or our own."""
+def solver_function(name: str, mixing: LearnedMixing | None = None) -> Callable:
+    """The iterate generator behind a solver name of ``SOLVERS``: torchdeq's, or our own;
+    "learned_anderson" is safeguarded Anderson with ``mixing``, which a model without one
+    refuses when it first solves with it (a model is built before its mixing is loaded)."""
     if name not in SOLVERS:
         raise OptionError(f"unknown solver {name!r}; known: {', '.join(SOLVERS)}")
+    if name == "learned_anderson":
+        return _without_mixing if mixing is None else functools.partial(safeguarded_anderson, mixing=mixing)
     return _OWN_SOLVERS.get(name) or get_solver(name)
+
+
+def _without_mixing(*unused, **also_unused):
+    raise OptionError("solver 'learned_anderson', but this model has no learned mixing (implicitlm solver train "
+                      "makes one)", arguments=("solver",))
 
 
 class FixedPointSolver:
@@ -85,9 +96,10 @@ class FixedPointSolver:
     ``__call__`` in evaluation: no-grad solve with the evaluation budget.
     """
 
-    def __init__(self, options: FixedPointOptions) -> None:
-        self.options = options
-        self._solvers = {phase: solver_function(options.solver_for(phase)) for phase in PHASES}
+    def __init__(self, options: FixedPointOptions, mixing: LearnedMixing | None = None) -> None:
+        """``mixing``: the learned mixing the solver "learned_anderson" uses."""
+        self.options, self.mixing = options, mixing
+        self._solvers = {phase: solver_function(options.solver_for(phase), mixing) for phase in PHASES}
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.
         self._phantom = backward_factory(grad_type=options.phantom_steps, tau=options.tau)
 

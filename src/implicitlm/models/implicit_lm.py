@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from ..core.atomic_io import writing
 from ..core.errors import ArgumentTypeError, OptionError
 from ..core.targets import TargetExistsError
 from ..core.weights_digest import WEIGHTS, write_weights_digest
-from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, warn_not_converged
+from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
 from .loss import IGNORE_INDEX, token_cross_entropy
 from .output import ImplicitLMOutput
@@ -61,9 +61,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.solver = FixedPointSolver(config.fixed_point_options)
-        # Kept out of the module tree (and so out of model.safetensors): a separate file,
-        # saved and loaded beside the weights (deq/initial_guess.py).
+        # Kept out of the module tree (and so out of model.safetensors): separate files,
+        # saved and loaded beside the weights (deq/initial_guess.py, deq/learned_mixing.py).
         self.__dict__["learned_guess"] = None
+        self.__dict__["learned_mixing"] = None
         self._tallies: list[ConvergenceTally] = []
         # What the last ``generate()`` call's fixed points did (ConvergenceTally.as_dict).
         self.generation_convergence: dict[str, float] | None = None
@@ -97,8 +98,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         # A sharded or variant save has no model.safetensors, which is all load_model reads.
         if is_main_process and (Path(save_directory) / WEIGHTS).is_file():
             write_weights_digest(save_directory)
-        if is_main_process and self.learned_guess is not None:
-            self.learned_guess.save(save_directory)
+        for network in (self.learned_guess, self.learned_mixing):
+            if is_main_process and network is not None:
+                network.save(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
@@ -119,21 +121,58 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         """Change solver options in place (curriculum phases, evaluation budgets)."""
         options = self.solver.options.replace(**changes)
         self.config.fixed_point = options.to_dict()
-        self.solver = FixedPointSolver(options)
+        self.solver = FixedPointSolver(options, self.learned_mixing)
 
     @torch.no_grad()
     def solve_fixed_point(self, input_ids: torch.Tensor, max_iter: int | None = None, tol: float | None = None):
         """An implicit model's input embeddings, fixed point z* (before the head) and the solve's
         stats for ``input_ids``, by an inference solve in simultaneous mode with this budget:
         what a learned solver is fitted to."""
-        if not self.config.implicit:
-            raise OptionError("an explicit model has no fixed point")
-        check_token_ids(input_ids, self.config.vocab_size)
+        self._require_fixed_point(input_ids)
         with self._weights_once_per_forward():
             embedded = self.embeddings(input_ids)
             z, stats, _ = self._simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
                                              self._chunk_length(None))
         return embedded, z, stats
+
+    @contextlib.contextmanager
+    def fixed_point_map(self, input_ids: torch.Tensor) -> Iterator[tuple[torch.Tensor, Callable]]:
+        """(input embeddings, f) for ``input_ids``: f(z) is one pass of the stack over the whole
+        sequence from no state, the map whose fixed point ``solve_fixed_point`` finds (a
+        learned mixing is fitted on a solver's iterates of it). Valid inside the block. f records
+        a graph where autograd is on (a gradient in z: the weights are the caller's to freeze)."""
+        self._require_fixed_point(input_ids)
+        with self._weights_once_per_forward():
+            with torch.no_grad():
+                embedded = self.embeddings(input_ids)
+                stack_map = self._stack_map(self._injected(embedded), None, None)
+            yield embedded, lambda z: stack_map(z)[0]
+
+    @contextlib.contextmanager
+    def token_maps(self, input_ids: torch.Tensor, fixed_point: torch.Tensor, positions: list[int]):
+        """Per position t of ``positions``: (token t's embedding, f_t) with f_t(z) the stack's
+        step for token t from the state its fixed points ``fixed_point`` (of ``input_ids``)
+        left before it: the map of sequential mode's solve for token t. Valid inside the
+        block; as ``fixed_point_map``'s, the maps record a graph where autograd is on."""
+        self._require_fixed_point(input_ids)
+        with self._weights_once_per_forward():
+            with torch.no_grad():
+                embedded = self.embeddings(input_ids)
+                injection = self._injected(embedded)
+                # The state before token t: one parallel pass over the fixed points of tokens < t.
+                before = {t: self.stack(fixed_point[:, :t], injection[:, :t], None, None)[1] if t > 0 else
+                          self.stack.initial_state(input_ids.shape[0], embedded.device, embedded.dtype)
+                          for t in positions}
+
+            def token_map(t: int):
+                return lambda z: self.stack.step(z, injection[:, t], before[t])[0]
+
+            yield [(embedded[:, t], token_map(t)) for t in positions]
+
+    def _require_fixed_point(self, input_ids: torch.Tensor) -> None:
+        if not self.config.implicit:
+            raise OptionError("an explicit model has no fixed point")
+        check_token_ids(input_ids, self.config.vocab_size)
 
     def _injected(self, embedded: torch.Tensor) -> torch.Tensor | None:
         """The injection u of an implicit model (None for an explicit one)."""
@@ -157,6 +196,12 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             return
         self.set_fixed_point_options(initial_guess="learned" if guess is not None and use else "zero",
                                      simultaneous_initial_guess="", sequential_initial_guess="")
+
+    def attach_learned_mixing(self, mixing: LearnedMixing | None) -> None:
+        """Keep ``mixing`` with the model (saved beside its weights; None: none), the mixing
+        of every solve by "learned_anderson" (``use_solver`` or the per-mode solvers pick it)."""
+        self.__dict__["learned_mixing"] = mixing
+        self.solver = FixedPointSolver(self.solver.options, mixing)
 
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both

@@ -19,8 +19,10 @@ from transformers.utils import logging as transformers_logging
 from ..core.atomic_io import recover_replaced
 from ..core.errors import DataError, first_line, quoted
 from ..core.json_file import read_json_object
-from ..deq import InitialGuess
+from ..deq import InitialGuess, LearnedMixing
+from ..deq.anderson import MEMORY
 from ..deq.initial_guess import GUESS_FILE
+from ..deq.learned_mixing import MIXING_FILE
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import model_folder
@@ -233,20 +235,29 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
             raise ModelLoadError(message) from None
     check_load_report(path / WEIGHTS, report)
     check_finite(path / WEIGHTS, model)
-    # A guess saved beside the weights is loaded (and checked) even where the config does not
-    # use it: initial_guess="learned" may turn it on.
-    options = model.solver.options
-    use = any(options.initial_guess_for(mode) == "learned" for mode in ("simultaneous", "sequential"))
-    if model.config.implicit and (use or (path / GUESS_FILE).is_file()):
-        try:
-            guess = InitialGuess.load(path, model.config.hidden_size)
-        except DataError as error:
-            raise ModelLoadError(str(error)) from None
-        model.attach_learned_guess(guess, use=None)  # the saved options say where it is used
+    _attach_learned_solver(path, model)
     if not checked:
         # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
         LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")
     return model, report
+
+
+def _attach_learned_solver(path: Path, model) -> None:
+    """The learned guess and mixing saved beside the weights, loaded and checked even where
+    the config does not use them (``initial_guess="learned"`` or ``solver="learned_anderson"``
+    may turn them on); one the config uses must be there."""
+    if not model.config.implicit:
+        return
+    options = model.solver.options
+    modes = ("simultaneous", "sequential")
+    try:
+        if any(options.initial_guess_for(mode) == "learned" for mode in modes) or (path / GUESS_FILE).is_file():
+            model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size), use=None)
+        if any(options.solver_for(mode) == "learned_anderson" for mode in (*modes, "training")) \
+                or (path / MIXING_FILE).is_file():
+            model.attach_learned_mixing(LearnedMixing.load(path, MEMORY))
+    except DataError as error:
+        raise ModelLoadError(str(error)) from None
 
 
 def _load_weights(cls, path, model_args: tuple, options: dict[str, Any]):
