@@ -58,12 +58,15 @@ def test_a_shipped_wikitext2_checkpoint_scores_the_validation_file_as_when_saved
         assert row["tokens"] == 4096 and row.get("fp_not_converged_share", 0.0) == 0.0
         return row
 
-    # Saved from z = 0; the implicit ones ship with a learned initial guess (implicitlm solver train).
-    assert evaluate(*(["--initial-guess", "zero"] if implicit else []))["perplexity"] == pytest.approx(perplexity, rel=1e-4)
+    # Saved with safeguarded Anderson from z = 0; the implicit ones ship with a learned solver
+    # (implicitlm solver train), which their configs use.
+    plain = ["--solver", "safeguarded_anderson"] if implicit else []
+    assert evaluate(*plain)["perplexity"] == pytest.approx(perplexity, rel=1e-4)
     if implicit:
-        assert model.learned_guess is not None
-        tight = evaluate("--initial-guess", "zero", "--tol", "1e-4", "--max-iter", "400")["perplexity"]
-        assert evaluate()["perplexity"] == pytest.approx(tight, rel=5e-3)  # from the guess, at the model's 0.01
+        assert model.learned_guess is not None and model.learned_mixing is not None
+        assert model.solver.options.solver_for("sequential") == "learned_anderson"
+        tight = evaluate(*plain, "--tol", "1e-4", "--max-iter", "400")["perplexity"]
+        assert evaluate()["perplexity"] == pytest.approx(tight, rel=5e-3)  # the learned solver, at the model's 0.01
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
