@@ -64,7 +64,7 @@ def test_a_shipped_wikitext2_checkpoint_scores_the_validation_file_as_when_saved
     assert evaluate(*plain)["perplexity"] == pytest.approx(perplexity, rel=1e-4)
     if implicit:
         assert model.learned_guess is not None and model.learned_mixing is not None
-        assert model.solver.options.solver_for("sequential") == "learned_anderson"
+        assert {model.solver.options.initial_guess_for(mode) for mode in ("simultaneous", "sequential")} == {"learned"}
         tight = evaluate(*plain, "--tol", "1e-4", "--max-iter", "400")["perplexity"]
         assert evaluate()["perplexity"] == pytest.approx(tight, rel=5e-3)  # the learned solver, at the model's 0.01
 

@@ -15,7 +15,7 @@ def add_solver(commands) -> None:
     p.add_argument("checkpoint", type=Path, help="checkpoint folder or run folder (its newest checkpoint)")
     p.add_argument("--out", type=Path, required=True,
                    help="new checkpoint folder: the model, the learned solver beside its weights, used where it "
-                        "saves passes")
+                        "saves time")
     p.add_argument("--data", type=Path, default=None,
                    help="the run's token shards (language models) or word file (word problems; default: fresh words)")
     p.add_argument("--steps", type=positive_int, default=100, help="batches solved tightly and fitted to (default: 100)")
@@ -44,10 +44,11 @@ def _run_solver_train(args) -> None:
           f"mixing ({parameters['mixing']:,} parameters), mean log relative residual over its steps "
           f"{loss['mixing']['first']:.2f} -> {loss['mixing']['last']:.2f}")
     for mode, measured in record["held_out"].items():
-        unit = "per token" if mode == "sequential" else "per sequence"
-        print(f"{mode}, passes {unit} on a held-out batch (not converged; tokens led to another fixed point):")
+        unit, rows = ("per token", "one sequence") if mode == "sequential" else ("per sequence", "the batch")
+        print(f"{mode}, on {rows} held out: seconds, passes {unit} (not converged; tokens led to another fixed point)")
         for name, values in measured.items():
-            print(f"  {name:<32} {values['passes']:6.2f}  ({values['unconverged_share']:.1%}; {values['moved_share']:.1%})")
+            print(f"  {name:<32} {values['seconds']:7.3f} s {values['passes']:6.2f}  "
+                  f"({values['unconverged_share']:.1%}; {values['moved_share']:.1%})")
     chosen = ", ".join(f"{mode}: {c['solver']} from {'the guess' if c['initial_guess'] == 'learned' else 'z = 0'}"
                        for mode, c in record["chosen"].items())
     print(f"saved to {args.out}; used by default: {chosen} (--solver / --initial-guess pick any other)")

@@ -19,10 +19,10 @@ next evaluation reuses; the iterate is handed on detached.
 
 The output is a new checkpoint folder: the model as it was, both networks beside its weights
 and, per mode, where the solve starts and which solver mixes its steps, chosen on a held-out
-batch (``choose_per_mode``): the configuration with the fewest passes among those that led
-no token to another fixed point than the model's own solver from z = 0 (a map may have
-several, and the model's answers are those of the one z = 0 leads to) and left no more
-solves above the tolerance. ``learned_solver.json`` records the fit and that comparison.
+batch (``choose_per_mode``): the fastest configuration among those that led no token to
+another fixed point than the model's own solver from z = 0 (a map may have several, and
+the model's answers are those of the one z = 0 leads to) and left no more solves above the
+tolerance. ``learned_solver.json`` records the fit and that comparison.
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ RECORD = "learned_solver.json"
 # few percent.
 MOVED = 0.25
 MODES = ("simultaneous", "sequential")
-# (start, solver) per mode, simplest first: the first of equal passes is chosen. "own" is
-# the checkpoint's solver for the mode.
+# (start, solver) per mode; "own" is the checkpoint's solver for the mode.
 CONFIGURATIONS = (("zero", "own"), ("learned", "own"), ("zero", "learned_anderson"), ("learned", "learned_anderson"))
 DEFAULT_SEQUENCE_LENGTH = 256
+TIMED_RUNS = 2  # per configuration on the held-out batch; the faster is kept
 # Files of the source checkpoint that the saved model does not write itself.
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "trainer.json")
 
@@ -157,9 +157,11 @@ def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> N
 
 
 def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]]) -> dict[str, tuple[str, str]]:
-    """Per mode, the (initial_guess, solver) with the fewest passes on the held-out batch
-    among those that led no token to another fixed point than the own solver from z = 0 and
-    left no larger share of solves above the tolerance; the first of ``CONFIGURATIONS`` on a tie."""
+    """Per mode, the (initial_guess, solver) that ran the held-out batch fastest among those
+    that led no token to another fixed point than the own solver from z = 0 and left no
+    larger share of solves above the tolerance. Time, not passes: a pass of the learned mixing
+    costs more than one of the least-squares step (a few dozen small operations more, which a
+    token step at batch 1 notices), so fewer passes may still be slower."""
     chosen = {}
     for mode in MODES:
         measured = held_out[mode]
@@ -167,7 +169,7 @@ def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]]) -> dict[st
         allowed = [configuration for configuration in CONFIGURATIONS
                    if measured[_name(*configuration)]["moved_share"] == 0
                    and measured[_name(*configuration)]["unconverged_share"] <= baseline["unconverged_share"]]
-        chosen[mode] = min(allowed, key=lambda configuration: measured[_name(*configuration)]["passes"])
+        chosen[mode] = min(allowed, key=lambda configuration: measured[_name(*configuration)]["seconds"])
     return chosen
 
 
@@ -301,22 +303,30 @@ def _relative_distance(iterate: torch.Tensor, z_star: torch.Tensor) -> torch.Ten
 
 
 def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor) -> dict[str, dict[str, dict[str, float]]]:
-    """Per mode and (start, solver) of ``CONFIGURATIONS``: mean passes of the map per solve
-    (simultaneous: per sequence; sequential: per token) at the model's own inference budget,
-    the share of solves above the tolerance, and the share of tokens whose logits ``MOVED``
-    from those of the own solver from z = 0 (another fixed point)."""
+    """Per mode and (start, solver) of ``CONFIGURATIONS``, on the held-out batch as each mode
+    serves (simultaneous: the whole batch, as scoring runs; sequential: its first sequence
+    alone, as ``generate()`` decodes one): the seconds of the forward (the faster of
+    ``TIMED_RUNS``), the mean passes of the map per solve (per sequence; per token) at the
+    model's own inference budget, the share of solves above the tolerance, and the share of
+    tokens whose logits ``MOVED`` from those of the own solver from z = 0 (another fixed point)."""
     measured: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in MODES}
     for mode in MODES:
+        rows = inputs if mode == "simultaneous" else inputs[:1]
         reference = None
         for start, solver in CONFIGURATIONS:
             model.set_fixed_point_options(**{f"{mode}_initial_guess": start,
                                              f"{mode}_solver": own[mode] if solver == "own" else solver})
-            with torch.no_grad():
-                output = model(inputs, mode=mode)
+            seconds = []
+            for _ in range(TIMED_RUNS):
+                began = time.perf_counter()
+                with torch.no_grad():
+                    output = model(rows, mode=mode)
+                seconds.append(time.perf_counter() - began)
             logits = output.logits.float()
             reference = logits if reference is None else reference
             moved = (logits - reference).norm(dim=-1) > MOVED * reference.norm(dim=-1)
             measured[mode][_name(start, solver)] = {
+                "seconds": round(min(seconds), 4),
                 "passes": round(output.fixed_point.iterations.float().mean().item(), 3),
                 "unconverged_share": round((~output.fixed_point.converged).float().mean().item(), 4),
                 "moved_share": round(moved.float().mean().item(), 4),
