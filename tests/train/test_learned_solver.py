@@ -106,7 +106,17 @@ def test_a_word_problem_run_gets_a_solver_on_fresh_words_and_scores_the_same(tra
     record = train_learned_solver(run, tmp_path / "out", steps=60, batch_size=32, progress=False)
     assert all(record["held_out"][mode][name]["moved_share"] == 0 for mode in ("simultaneous", "sequential")
                for name in ("learned+own", "learned+learned_anderson"))
-    with_guess, source = load_model(tmp_path / "out").eval(), load_model(run).eval()
+    # Each mode's default moved no word 16 times the training length to another fixed point, and
+    # scores what the source scores there.
+    chosen = {mode: f"{c['initial_guess']}+{c['solver'] if c['solver'] == 'learned_anderson' else 'own'}"
+              for mode, c in record["chosen"].items()}
+    assert all(record["held_out"][mode][name]["moved_share_long"] == 0 for mode, name in chosen.items())
+    default, source = load_model(tmp_path / "out").eval(), load_model(run).eval()
+    inputs, targets = held_out_words("S3", 16 * 12, 64, seed=5)
+    for mode in ("simultaneous", "sequential"):
+        assert word_accuracy(default, inputs, targets, mode=mode, warn=False)["accuracy"] == \
+            word_accuracy(source, inputs, targets, mode=mode, warn=False)["accuracy"], mode
+    with_guess = load_model(tmp_path / "out").eval()
     with_guess.set_fixed_point_options(initial_guess="learned", simultaneous_initial_guess="", sequential_initial_guess="",
                                        solver="learned_anderson", simultaneous_solver="", sequential_solver="")
     for length in (12, 48):  # 1x and 4x the training length

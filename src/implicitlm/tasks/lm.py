@@ -207,6 +207,10 @@ class TokenBatches:
         """The test split of the training shards' folder, its files checked."""
         return TokenShards(self.shards.path, "test", verify=True)
 
+    def longer_inputs(self, multiple: int, count: int) -> None:
+        """None: a language model's scores are read at its training context."""
+        return None
+
     def step_metrics(self, loss: float, logits: torch.Tensor, labels: torch.Tensor, mean_over_processes) -> dict[str, float]:
         """The loss and its perplexity (capped where the loss is huge, early in a run)."""
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}

@@ -250,6 +250,13 @@ class WordBatches:
         """No held-out split: fresh test words are the evaluation's (``WordsTask``)."""
         return None
 
+    def longer_inputs(self, multiple: int, count: int) -> torch.Tensor:
+        """``count`` fresh test words ``multiple`` times the training length: word problems are
+        read at lengths beyond their training (length extrapolation)."""
+        inputs, _ = held_out_words(self.group, multiple * self.sequence_length, count, seed=self.seed,
+                                   hard_prob=self.hard_prob)
+        return torch.as_tensor(inputs, dtype=torch.long)
+
     def step_metrics(self, loss: float, logits: torch.Tensor, labels: torch.Tensor, mean_over_processes) -> dict[str, float]:
         """The loss and the share of the last micro-batch's labels predicted, over all processes
         (``mean_over_processes``: each holds as many labels, so the mean of their shares is the

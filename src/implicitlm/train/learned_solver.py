@@ -21,8 +21,8 @@ The output is a new checkpoint folder: the model as it was, both networks beside
 and, per mode, where the solve starts and which solver mixes its steps, chosen on a held-out
 batch (``choose_per_mode``): the fastest configuration among those that led no token to
 another fixed point than the model's own solver from z = 0 (a map may have several, and
-the model's answers are those of the one z = 0 leads to) and left no more solves above the
-tolerance. ``learned_solver.json`` records the fit and that comparison.
+the model's answers are those of the one z = 0 leads to; word problems are also checked on
+words 16 times their training length) and left no more solves above the tolerance. ``learned_solver.json`` records the fit and that comparison.
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ MODES = ("simultaneous", "sequential")
 # (start, solver) per mode; "own" is the checkpoint's solver for the mode.
 CONFIGURATIONS = (("zero", "own"), ("learned", "own"), ("zero", "learned_anderson"), ("learned", "learned_anderson"))
 DEFAULT_SEQUENCE_LENGTH = 256
+# Word problems are also checked for another fixed point at this multiple of the training
+# length, the longest the handbook evaluates: on the S3 model a guess reached the fixed points
+# of z = 0 at 1x-4x and moved a few words' at 8x and 16x.
+LONGER_MULTIPLE = 16
+LONGER_COUNT = 256  # the handbook's --count: one word in 256 reached another fixed point at 8x-16x
 TIMED_RUNS = 2  # per configuration on the held-out batch; the faster is kept
 # Files of the source checkpoint that the saved model does not write itself.
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "trainer.json")
@@ -113,6 +118,7 @@ def train_learned_solver(
         started = time.perf_counter()
         state = _fit(model, guess, mixing, batches, settings, progress_folder(out), progress, resume, overwrite)
         held_out, _ = next(batches)
+        longer = batches.longer_inputs(LONGER_MULTIPLE, LONGER_COUNT)
         model.attach_learned_guess(guess, use=None)
         model.attach_learned_mixing(mixing)
         record = {
@@ -122,7 +128,7 @@ def train_learned_solver(
             "tight_unconverged_share": state.missed / max(state.solved, 1),
             "loss": {name: {"first": losses[0], "last": sum(losses[-10:]) / len(losses[-10:])}
                      for name, losses in state.losses.items()},
-            "held_out": compare_configurations(model, own, held_out),
+            "held_out": compare_configurations(model, own, held_out, longer),
         }
         record["chosen"] = {mode: {"initial_guess": start, "solver": own[mode] if solver == "own" else solver}
                             for mode, (start, solver) in choose_per_mode(record["held_out"]).items()}
@@ -158,8 +164,9 @@ def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> N
 
 def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]]) -> dict[str, tuple[str, str]]:
     """Per mode, the (initial_guess, solver) that ran the held-out batch fastest among those
-    that led no token to another fixed point than the own solver from z = 0 and left no
-    larger share of solves above the tolerance. Time, not passes: a pass of the learned mixing
+    that led no token to another fixed point than the own solver from z = 0 (nor, for word
+    problems, any token of the long words) and left no larger share of solves above the
+    tolerance. Time, not passes: a pass of the learned mixing
     costs more than one of the least-squares step (a few dozen small operations more, which a
     token step at batch 1 notices), so fewer passes may still be slower."""
     chosen = {}
@@ -168,6 +175,7 @@ def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]]) -> dict[st
         baseline = measured[_name(*CONFIGURATIONS[0])]
         allowed = [configuration for configuration in CONFIGURATIONS
                    if measured[_name(*configuration)]["moved_share"] == 0
+                   and measured[_name(*configuration)].get("moved_share_long", 0) == 0
                    and measured[_name(*configuration)]["unconverged_share"] <= baseline["unconverged_share"]]
         chosen[mode] = min(allowed, key=lambda configuration: measured[_name(*configuration)]["seconds"])
     return chosen
@@ -302,17 +310,19 @@ def _relative_distance(iterate: torch.Tensor, z_star: torch.Tensor) -> torch.Ten
     return (iterate.float() - z_star.float()).norm(dim=-1) / (z_star.float().norm(dim=-1) + 1e-6)
 
 
-def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor) -> dict[str, dict[str, dict[str, float]]]:
+def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor,
+                           longer: torch.Tensor | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Per mode and (start, solver) of ``CONFIGURATIONS``, on the held-out batch as each mode
     serves (simultaneous: the whole batch, as scoring runs; sequential: its first sequence
     alone, as ``generate()`` decodes one): the seconds of the forward (the faster of
     ``TIMED_RUNS``), the mean passes of the map per solve (per sequence; per token) at the
     model's own inference budget, the share of solves above the tolerance, and the share of
-    tokens whose logits ``MOVED`` from those of the own solver from z = 0 (another fixed point)."""
+    tokens whose logits ``MOVED`` from those of the own solver from z = 0 (another fixed
+    point); with ``longer``, that share on them too (``moved_share_long``)."""
     measured: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in MODES}
     for mode in MODES:
         rows = inputs if mode == "simultaneous" else inputs[:1]
-        reference = None
+        reference, longer_reference = None, None
         for start, solver in CONFIGURATIONS:
             model.set_fixed_point_options(**{f"{mode}_initial_guess": start,
                                              f"{mode}_solver": own[mode] if solver == "own" else solver})
@@ -322,13 +332,23 @@ def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor) -> 
                 with torch.no_grad():
                     output = model(rows, mode=mode)
                 seconds.append(time.perf_counter() - began)
-            logits = output.logits.float()
-            reference = logits if reference is None else reference
-            moved = (logits - reference).norm(dim=-1) > MOVED * reference.norm(dim=-1)
+            reference = output.logits if reference is None else reference
             measured[mode][_name(start, solver)] = {
                 "seconds": round(min(seconds), 4),
                 "passes": round(output.fixed_point.iterations.float().mean().item(), 3),
                 "unconverged_share": round((~output.fixed_point.converged).float().mean().item(), 4),
-                "moved_share": round(moved.float().mean().item(), 4),
+                "moved_share": _moved_share(output.logits, reference),
             }
+            if longer is not None:
+                with torch.no_grad():
+                    logits = model(longer, mode=mode).logits
+                longer_reference = logits if longer_reference is None else longer_reference
+                measured[mode][_name(start, solver)]["moved_share_long"] = _moved_share(logits, longer_reference)
     return measured
+
+
+def _moved_share(logits: torch.Tensor, reference: torch.Tensor) -> float:
+    """The share of tokens whose logits are ``MOVED`` (relative) from ``reference``'s."""
+    logits, reference = logits.float(), reference.float()
+    moved = (logits - reference).norm(dim=-1) > MOVED * reference.norm(dim=-1)
+    return round(moved.float().mean().item(), 4)
