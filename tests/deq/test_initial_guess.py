@@ -84,3 +84,29 @@ def test_decoding_carries_the_last_fixed_point_to_the_next_tokens_guess():
         whole = model(TOKENS[:, :7], mode="sequential")
     assert torch.equal(output.state.last_fixed_point, model.solve_fixed_point(TOKENS[:, :6])[1][:, -1])
     torch.testing.assert_close(step.logits[:, -1], whole.logits[:, -1], atol=1e-3, rtol=1e-3)
+
+
+def test_each_chunks_guess_reads_the_fixed_point_the_previous_chunk_left():
+    model = contractive("mamba2")
+    from_zero = run(model, "simultaneous")[0]
+    guess = fitted_guess(model)
+    model.attach_learned_guess(guess)
+    read = []
+    original = guess.forward
+    guess.forward = lambda embedded, previous=None: read.append(previous) or original(embedded, previous)
+    with torch.no_grad():
+        chunked = model(TOKENS, chunk_length=4)
+    # Three chunks of 4: the first knows nothing before it; each later one's first token reads the
+    # fixed point the chunk before ended on, and its other tokens (unknown yet) read zeros.
+    assert read[0] is None and len(read) == 3
+    for chunk, previous in zip((1, 2), read[1:]):
+        ended_on = model.solve_fixed_point(TOKENS[:, : 4 * chunk])[1][:, -1]
+        torch.testing.assert_close(previous[:, 0], ended_on, atol=1e-3, rtol=1e-3)
+        assert not previous[:, 1:].any()
+    torch.testing.assert_close(chunked.logits, from_zero, atol=1e-3, rtol=1e-3)
+    # A state this model returned carries its last fixed point into the next call's first chunk.
+    read.clear()
+    with torch.no_grad():
+        first = model(TOKENS[:, :6], use_cache=True)
+        model(TOKENS[:, 6:], state=first.state)
+    assert read[0] is None and torch.equal(read[1][:, 0], first.state.last_fixed_point)

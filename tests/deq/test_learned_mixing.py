@@ -11,7 +11,7 @@ from implicitlm.core.errors import OptionError
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, LearnedMixing
 from implicitlm.deq.anderson import MEMORY, safeguarded_anderson
 
-from tests.support.learned_solver import SMALL, active_mixing, contractive, run
+from tests.support.learned_solver import SMALL, TOKENS, active_mixing, contractive, run
 
 
 def slow_map(dim: int = 16, factor: float = 0.97, seed: int = 0):
@@ -121,3 +121,17 @@ def test_a_mixing_follows_the_models_dtype():
         assert logits.dtype == torch.bfloat16 and bool(torch.isfinite(logits).all()), mode
     generated = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
     assert generated.shape == (1, 7)
+
+
+@pytest.mark.parametrize("architecture", sorted(SMALL))
+def test_the_maps_a_mixing_is_fitted_on_have_the_models_fixed_points(architecture):
+    """``fixed_point_map`` (a simultaneous solve's map) and ``token_maps`` (sequential mode's,
+    from the state the earlier tokens' fixed points leave) both leave z* where it is."""
+    model = contractive(architecture)
+    _, z_star, _ = model.solve_fixed_point(TOKENS)
+    with torch.no_grad():
+        with model.fixed_point_map(TOKENS) as (_, f):
+            torch.testing.assert_close(f(z_star), z_star, atol=1e-4, rtol=1e-4)
+        with model.token_maps(TOKENS, z_star, [0, 5, 11]) as maps:
+            for t, (_, f_t) in zip([0, 5, 11], maps):
+                torch.testing.assert_close(f_t(z_star[:, t]), z_star[:, t], atol=1e-4, rtol=1e-4)

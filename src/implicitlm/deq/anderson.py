@@ -50,9 +50,8 @@ def safeguarded_anderson(
 
     ``mixing``: a learned correction of each step (``learned_mixing``), which a sample stops
     using once a learned step fails to cut its residual below ``SUFFICIENT_DECREASE`` times
-    the one before. ``on_proposed(x)``: each mixed iterate,
-    with the mixing's graph (what fitting the mixing reads); the next evaluation gets it
-    detached."""
+    the one before. ``on_proposed(x)``: each mixed iterate, with the mixing's graph (what
+    fitting the mixing reads); the next evaluation gets it detached."""
     shape = x0.shape
     x = x0.reshape(shape[0], -1)
     xs = x.new_zeros(shape[0], memory, x.shape[1])
@@ -90,8 +89,8 @@ def _least_squares_weights(xs: torch.Tensor, fs: torch.Tensor, history: torch.Te
                            regularisation: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Weights a summing to 1 over each sample's last ``history`` entries that minimise
     |sum_i a_i g_i|^2 + regularisation * max_i |g_i|^2 * |a|^2 (g_i = f(x_i) - x_i), with the
-    Gram matrix of the g_i divided by its largest diagonal entry and the mask of the entries
-    in the history, all in slot order."""
+    Gram matrix of the g_i (float64) and the mask of the entries in the history, all in slot
+    order."""
     memory = xs.shape[1]
     age = (slot - torch.arange(memory, device=xs.device)) % memory  # 0: the newest entry
     valid = age[None, :] < history[:, None]
@@ -104,7 +103,7 @@ def _least_squares_weights(xs: torch.Tensor, fs: torch.Tensor, history: torch.Te
     system = gram + regularisation * scale[:, None, None] * eye + (~valid)[:, :, None] * eye
     weights = torch.linalg.solve(system, valid.double().unsqueeze(-1)).squeeze(-1)
     weights = (weights / weights.sum(dim=1, keepdim=True)).to(fs.dtype)
-    return weights, (gram / scale[:, None, None]).to(fs.dtype), valid
+    return weights, gram, valid
 
 
 def _learned_step(mixing: LearnedMixing, xs: torch.Tensor, fs: torch.Tensor, least_squares, slot: int,
@@ -114,6 +113,8 @@ def _learned_step(mixing: LearnedMixing, xs: torch.Tensor, fs: torch.Tensor, lea
     its inputs newest first, whatever slot the newest entry is in."""
     weights, gram, valid = least_squares
     memory = xs.shape[1]
+    # Scale-free: divided by the largest |g_i|^2 (>0 even for a frozen sample, whose g is 0).
+    gram = (gram / gram.diagonal(dim1=1, dim2=2).amax(dim=1).clamp_min(1e-30)[:, None, None]).to(fs.dtype)
     by_age = (slot - torch.arange(memory, device=xs.device)) % memory  # by_age[j]: the slot of age j
     learned, damping = mixing(gram[:, by_age][:, :, by_age], valid[:, by_age], weights[:, by_age], residual_fall)
     learned = learned.index_select(1, torch.argsort(by_age))  # back to slot order

@@ -10,8 +10,9 @@ several fixed points, and a trained model's answers are those of the one z = 0 l
 poor guess may lead elsewhere, which is why ``implicitlm solver train`` checks a held-out
 batch before it lets a guess be used (``train.learned_guess.modes_it_serves``).
 
-In simultaneous mode the previous tokens' fixed points are unknown when the solve starts:
-the network reads a zero vector in their place, and it is trained on both kinds of input.
+In simultaneous mode the previous tokens' fixed points are unknown when the solve starts
+(but for a chunk's first token, whose predecessor the chunk before settled): the network
+reads a zero vector in their place, and it is trained on both kinds of input.
 
 Saved beside a checkpoint's weights as ``initial_guess.safetensors`` with its SHA-256 in
 ``initial_guess.safetensors.sha256``; the checkpoint's ``fixed_point.initial_guess`` says

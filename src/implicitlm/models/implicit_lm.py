@@ -181,7 +181,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     def _with_last_fixed_point(self, state: list | None, z: torch.Tensor) -> list | None:
         """``state``, and where a learned guess starts the solves, the last token's fixed point
         with it (``StackState``): the next call's first token starts from a guess that reads it."""
-        if state is None or not self.config.implicit or self.solver.options.initial_guess_for("sequential") != "learned":
+        options = self.solver.options
+        if state is None or not self.config.implicit or all(options.initial_guess_for(mode) != "learned"
+                                                           for mode in ("simultaneous", "sequential")):
             return state
         return StackState(state, last_fixed_point=z[:, -1].detach())
 

@@ -33,8 +33,11 @@ class StackPasses:
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
+        # A learned guess reads the fixed point before each chunk's first token, where it is known:
+        # the previous chunk's last one, or the one a state this model returned carries.
+        previous = getattr(state, "last_fixed_point", None)
         if not chunk_length:
-            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol)
+            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol, previous=previous)
         # The fixed point is causal: a chunk's tokens are settled by what precedes them, which
         # the state read off the previous chunk's fixed point carries. Chunks are counted
         # back from the end (the first one is the partial one): under left padding, every
@@ -48,9 +51,11 @@ class StackPasses:
             part = slice(start, end)
             chunk = (embedded[:, part], injection[:, part], None if padding is None else padding[:, part])
             keep_state = use_cache or end < length
-            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False)
+            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False,
+                                               previous=previous)
             z, stats, state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter, tol)
             pieces.append(z)
+            previous = z[:, -1]
             chunk_stats.append(stats)
         stats = chain_chunks(chunk_stats)
         if not retrying:
@@ -82,16 +87,19 @@ class StackPasses:
         return z.index_copy(0, improved, z_rows[better]), with_retried_rows(stats, missed, retry, better), next_state
 
     def _solve(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True
+        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True,
+        previous: torch.Tensor | None = None,
     ):
         """One simultaneous solve over the given tokens, from ``state``. ``check=False``: an
         evaluation solve whose convergence its caller checks (a chunk, which may be retried).
+        ``previous``: the fixed point before the first token, where it is known (a learned
+        guess reads it).
         With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
         the pass that gave each sample's answer, as sequential mode does per token; training
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
                          self.stack.replace_state_rows)
-        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded)
+        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded, previous)
         if self.training:
             z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
             if use_cache:
@@ -154,11 +162,18 @@ class StackPasses:
         )
         return z, stats, state
 
-    def _first_iterate(self, embedded: torch.Tensor) -> torch.Tensor:
+    def _first_iterate(self, embedded: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Where an inference solve over these tokens starts: the learned guess from each
-        token's embedding, or z = 0."""
+        token's embedding and, for the first token, the fixed point before it (``previous``,
+        where known; the others' are not known until the solve ends), or z = 0."""
         guess = self._learned_guess("simultaneous")
-        return torch.zeros_like(embedded) if guess is None else guess(embedded, None)
+        if guess is None:
+            return torch.zeros_like(embedded)
+        if previous is None:
+            return guess(embedded, None)
+        known = torch.zeros_like(embedded)
+        known[:, 0] = previous
+        return guess(embedded, known)
 
     def _token_guess(self, embedded: torch.Tensor, first_previous: torch.Tensor | None):
         """(t, the previous token's fixed point) -> token t's first iterate; None: z = 0.
