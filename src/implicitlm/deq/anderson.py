@@ -115,9 +115,11 @@ def _learned_step(mixing: LearnedMixing, xs: torch.Tensor, fs: torch.Tensor, lea
     memory = xs.shape[1]
     # Scale-free: divided by the largest |g_i|^2 (>0 even for a frozen sample, whose g is 0).
     gram = (gram / gram.diagonal(dim1=1, dim2=2).amax(dim=1).clamp_min(1e-30)[:, None, None]).to(fs.dtype)
-    by_age = (slot - torch.arange(memory, device=xs.device)) % memory  # by_age[j]: the slot of age j
+    # by_age[j]: the slot of age j; the map is its own inverse (slot s holds age (slot - s) % m),
+    # so the same index puts the mixing's answer back in slot order.
+    by_age = (slot - torch.arange(memory, device=xs.device)) % memory
     learned, damping = mixing(gram[:, by_age][:, :, by_age], valid[:, by_age], weights[:, by_age], residual_fall)
-    learned = learned.index_select(1, torch.argsort(by_age))  # back to slot order
+    learned = learned.index_select(1, by_age)
     weights = torch.where(fallen[:, None], weights, learned)
     damping = torch.where(fallen, torch.ones_like(damping), damping)[:, None]
     mixed_images = torch.bmm(weights.unsqueeze(1), fs).squeeze(1)

@@ -98,7 +98,7 @@ class FixedPointSolver:
 
     def __init__(self, options: FixedPointOptions, mixing: LearnedMixing | None = None) -> None:
         """``mixing``: the learned mixing the solver "learned_anderson" uses."""
-        self.options, self.mixing = options, mixing
+        self.options = options
         self._solvers = {phase: solver_function(options.solver_for(phase), mixing) for phase in PHASES}
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.
         self._phantom = backward_factory(grad_type=options.phantom_steps, tau=options.tau)

@@ -183,7 +183,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         with it (``StackState``): the next call's first token starts from a guess that reads it."""
         options = self.solver.options
         if state is None or not self.config.implicit or all(options.initial_guess_for(mode) != "learned"
-                                                           for mode in ("simultaneous", "sequential")):
+                                                           for mode in MODES):
             return state
         return StackState(state, last_fixed_point=z[:, -1].detach())
 

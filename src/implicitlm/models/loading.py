@@ -31,7 +31,7 @@ from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_dige
 from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES
-from .implicit_lm import ImplicitCausalLM
+from .implicit_lm import MODES, ImplicitCausalLM
 
 LOGGER = logging.getLogger("implicitlm")
 CONFIG = "config.json"
@@ -249,11 +249,10 @@ def _attach_learned_solver(path: Path, model) -> None:
     if not model.config.implicit:
         return
     options = model.solver.options
-    modes = ("simultaneous", "sequential")
     try:
-        if any(options.initial_guess_for(mode) == "learned" for mode in modes) or (path / GUESS_FILE).is_file():
+        if any(options.initial_guess_for(mode) == "learned" for mode in MODES) or (path / GUESS_FILE).is_file():
             model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size), use=None)
-        if any(options.solver_for(mode) == "learned_anderson" for mode in (*modes, "training")) \
+        if any(options.solver_for(mode) == "learned_anderson" for mode in (*MODES, "training")) \
                 or (path / MIXING_FILE).is_file():
             model.attach_learned_mixing(LearnedMixing.load(path, MEMORY))
     except DataError as error:

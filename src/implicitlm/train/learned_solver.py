@@ -130,7 +130,7 @@ def train_learned_solver(
                      for name, losses in state.losses.items()},
             "held_out": compare_configurations(model, own, held_out, longer),
         }
-        record["chosen"] = {mode: {"initial_guess": start, "solver": own[mode] if solver == "own" else solver}
+        record["chosen"] = {mode: {"initial_guess": start, "solver": _solver_name(solver, own, mode)}
                             for mode, (start, solver) in choose_per_mode(record["held_out"]).items()}
         model.set_fixed_point_options(initial_guess="zero", **{
             f"{mode}_{key}": value for mode, chosen in record["chosen"].items() for key, value in chosen.items()})
@@ -144,6 +144,11 @@ def _own_solvers(model) -> dict[str, str]:
     options = model.solver.options
     return {mode: "safeguarded_anderson" if options.solver_for(mode) == "learned_anderson" else options.solver_for(mode)
             for mode in MODES}
+
+
+def _solver_name(solver: str, own: dict[str, str], mode: str) -> str:
+    """A ``CONFIGURATIONS`` solver as the options name it: "own" is the checkpoint's for ``mode``."""
+    return own[mode] if solver == "own" else solver
 
 
 def _parameters(network: torch.nn.Module) -> int:
@@ -325,7 +330,7 @@ def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor,
         reference, longer_reference = None, None
         for start, solver in CONFIGURATIONS:
             model.set_fixed_point_options(**{f"{mode}_initial_guess": start,
-                                             f"{mode}_solver": own[mode] if solver == "own" else solver})
+                                             f"{mode}_solver": _solver_name(solver, own, mode)})
             seconds = []
             for _ in range(TIMED_RUNS):
                 began = time.perf_counter()
