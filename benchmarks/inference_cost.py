@@ -2,7 +2,7 @@
 
     python benchmarks/inference_cost.py --implicit CKPT --explicit CKPT --data SHARDS
         [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson,learned_anderson]
-        [--starts zero,learned]
+        [--starts zero,learned] [--guesses-from CKPT,...]
         [--windows 32] [--quick] [--out FILE]
 
 A study of a trained pair (the README's WikiText-2 runs), not a section of ``run.py``: the
@@ -16,7 +16,9 @@ held-out split of ``--data``:
   its difference to a solve to 1e-4 (the fixed point itself, to the scores' digits).
 
 ``--starts``: where each solve starts, z = 0 and (for a checkpoint that has one, from
-``implicitlm solver train``) the learned initial guess; ``learned_anderson`` among the
+``implicitlm solver train``) the learned initial guess; ``--guesses-from``: other fits' guesses
+for the same weights (a guess that reads the state beside one that does not), each one more
+start; ``learned_anderson`` among the
 solvers: safeguarded Anderson with the checkpoint's learned mixing, where it has one. Every implicit row is a ratio to the
 explicit model measured in the same run.
 """
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from common import Table, median_seconds
 
+from implicitlm.core.weights_digest import weights_sha256
 from implicitlm.data.shards import TokenShards
 from implicitlm.models import load_model
 
@@ -101,6 +104,8 @@ def main() -> None:
     parser.add_argument("--solvers", default="fixed_point_iter,safeguarded_anderson,learned_anderson",
                         help="learned_anderson where the checkpoint has a learned mixing")
     parser.add_argument("--starts", default="zero,learned", help="zero, and learned where the checkpoint has a guess")
+    parser.add_argument("--guesses-from", default="",
+                        help="checkpoints of the same weights whose learned guesses are further starts")
     parser.add_argument("--windows", type=int, default=32, help="256-token windows scored in one batch")
     parser.add_argument("--tokens", type=int, default=32, help="decoded tokens timed")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median)")
@@ -113,7 +118,9 @@ def main() -> None:
     count = args.windows
     windows = torch.as_tensor(held_out.read(PROMPT, count * (WINDOW + 1)).astype("int64")).view(count, WINDOW + 1)
     explicit, implicit = load_model(args.explicit).eval(), load_model(args.implicit).eval()
-    starts = [start for start in args.starts.split(",") if start == "zero" or implicit.learned_guess is not None]
+    starts = {start: implicit.learned_guess for start in args.starts.split(",")
+              if start == "zero" or implicit.learned_guess is not None}
+    starts.update(other_guesses(args.implicit, args.guesses_from))
     solvers = [solver for solver in args.solvers.split(",")
                if solver != "learned_anderson" or implicit.learned_mixing is not None]
     base_decode = decode(explicit, prompt, tokens, repeats)
@@ -129,11 +136,12 @@ def main() -> None:
     table.add("explicit", "-", "-", "-", f"{base_decode[0]:.2f}", "1.00x", f"{base_decode[1]:.1f}",
               f"{base_score[0]:.2f}", "1.00x", f"{math.exp(base_score[1]):.2f}", "-", "-")
     for solver in solvers:
-        for start in starts:
+        for start, guess in starts.items():
             for tol in (float(t) for t in args.tols.split(",")):
                 implicit.use_solver(solver)
-                implicit.set_fixed_point_options(tol=tol, max_iter=64, initial_guess=start, simultaneous_initial_guess="",
-                                                 sequential_initial_guess="")
+                implicit.attach_learned_guess(guess, use=None)
+                implicit.set_fixed_point_options(tol=tol, max_iter=64, initial_guess="zero" if start == "zero" else "learned",
+                                                 simultaneous_initial_guess="", sequential_initial_guess="")
                 ms, passes = decode(implicit, prompt, tokens, repeats)
                 seconds, loss, missed = score(implicit, windows, repeats)
                 table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x",
@@ -142,6 +150,20 @@ def main() -> None:
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
                        "solver's evaluations (its state comes from the last of them)")
     table.publish(args.out)
+
+
+def other_guesses(implicit: Path, folders: str) -> dict:
+    """start label -> learned guess of each checkpoint in ``folders`` (comma-separated), which
+    must hold ``implicit``'s weights."""
+    guesses = {}
+    for folder in (Path(name) for name in folders.split(",") if name):
+        if weights_sha256(folder) != weights_sha256(implicit):
+            raise SystemExit(f"{folder}: other weights than {implicit}; --guesses-from takes fits of the same model")
+        guess = load_model(folder).learned_guess
+        if guess is None:
+            raise SystemExit(f"{folder}: no learned guess")
+        guesses[f"learned ({'reads the state' if guess.reads_state else folder.name})"] = guess
+    return guesses
 
 
 if __name__ == "__main__":

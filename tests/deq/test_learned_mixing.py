@@ -126,12 +126,18 @@ def test_a_mixing_follows_the_models_dtype():
 @pytest.mark.parametrize("architecture", sorted(SMALL))
 def test_the_maps_a_mixing_is_fitted_on_have_the_models_fixed_points(architecture):
     """``fixed_point_map`` (a simultaneous solve's map) and ``token_maps`` (sequential mode's,
-    from the state the earlier tokens' fixed points leave) both leave z* where it is."""
+    from the state the earlier tokens' fixed points leave) both leave z* where it is; the
+    state a token map starts from reads as ``state_reader`` reads it at that token."""
     model = contractive(architecture)
     _, z_star, _ = model.solve_fixed_point(TOKENS)
     with torch.no_grad():
         with model.fixed_point_map(TOKENS) as (_, f):
             torch.testing.assert_close(f(z_star), z_star, atol=1e-4, rtol=1e-4)
+        queries = [torch.randn(*TOKENS.shape, width) for width, _ in model.stack.readout_sizes()]
+        reads = model.state_reader(model.embeddings(TOKENS), z_star)(queries)
         with model.token_maps(TOKENS, z_star, [0, 5, 11]) as maps:
-            for t, (_, f_t) in zip([0, 5, 11], maps):
+            for t, (_, f_t, read_t) in zip([0, 5, 11], maps):
                 torch.testing.assert_close(f_t(z_star[:, t]), z_star[:, t], atol=1e-4, rtol=1e-4)
+                # A guess reads the state a token's map starts from as the fit reads it for all tokens.
+                for read, at_t in zip(reads, read_t([query[:, t] for query in queries])):
+                    torch.testing.assert_close(at_t, read[:, t], atol=1e-5, rtol=1e-5)

@@ -16,34 +16,39 @@ from implicitlm.models.errors import ModelLoadError
 from tests.support.learned_solver import active_mixing, contractive, run
 
 
+PARTS = ["guess", "state-reading guess", "mixing"]
+
+
 def with_part(part: str):
     """A contractive model whose config uses a learned guess or mixing (seeded, not zero), and
     the name of its file."""
     model = contractive("mamba2")
-    if part == "guess":
+    if part.endswith("guess"):
         torch.manual_seed(1)
-        model.attach_learned_guess(InitialGuess(model.config.hidden_size))
+        readouts = model.stack.readout_sizes() if part == "state-reading guess" else ()
+        model.attach_learned_guess(InitialGuess(model.config.hidden_size, readouts=readouts))
         return model, GUESS_FILE
     model.attach_learned_mixing(active_mixing())
     model.set_fixed_point_options(sequential_solver="learned_anderson")
     return model, MIXING_FILE
 
 
-@pytest.mark.parametrize("part", ["guess", "mixing"])
+@pytest.mark.parametrize("part", PARTS)
 def test_save_and_load_keep_the_network_and_its_use(tmp_path, part):
     model, file = with_part(part)
     model.save_pretrained(tmp_path / "m")
     assert (tmp_path / "m" / file).is_file() and (tmp_path / "m" / f"{file}.sha256").is_file()
     loaded = load_model(tmp_path / "m")
     assert loaded.config.fixed_point == model.config.fixed_point
-    network, loaded_network = ((m.learned_guess if part == "guess" else m.learned_mixing) for m in (model, loaded))
+    network, loaded_network = ((m.learned_guess if part.endswith("guess") else m.learned_mixing) for m in (model, loaded))
+    assert getattr(loaded_network, "reads_state", False) == (part == "state-reading guess")
     for name, tensor in network.state_dict().items():
         assert torch.equal(loaded_network.state_dict()[name], tensor)
     for mode in ("simultaneous", "sequential"):
         torch.testing.assert_close(run(loaded.eval(), mode)[0], run(model, mode)[0], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("part", ["guess", "mixing"])
+@pytest.mark.parametrize("part", PARTS)
 @pytest.mark.parametrize("damage", ["flipped byte", "no digest", "no file", "other sizes"])
 def test_a_damaged_or_missing_network_is_refused_in_one_line(tmp_path, part, damage):
     model, file = with_part(part)
@@ -59,11 +64,15 @@ def test_a_damaged_or_missing_network_is_refused_in_one_line(tmp_path, part, dam
         expected = "not loaded unchecked"
     elif damage == "no file":
         (folder / file).unlink()
-        expected = ("missing, but the config's fixed_point.initial_guess is 'learned'" if part == "guess" else
+        expected = ("missing, but the config's fixed_point.initial_guess is 'learned'" if part.endswith("guess") else
                     "missing, but the config's fixed_point names solver 'learned_anderson'")
     elif part == "guess":
         InitialGuess(model.config.hidden_size, width=8).save(folder)  # a valid file of another width is fine...
         InitialGuess(model.config.hidden_size + 1).save(folder)  # ...one for another model is not
+        expected = "a model of these sizes needs"
+    elif part == "state-reading guess":
+        # One that reads the state of a model with one block fewer.
+        InitialGuess(model.config.hidden_size, readouts=model.stack.readout_sizes()[:1]).save(folder)
         expected = "a model of these sizes needs"
     else:
         LearnedMixing(MEMORY + 1).save(folder)  # a mixing for another history length

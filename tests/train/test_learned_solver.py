@@ -63,10 +63,12 @@ def test_a_fitted_solver_is_saved_with_the_model_and_changes_no_answer(tiny_run,
 @pytest.mark.slow
 def test_the_command_trains_refuses_an_existing_target_and_evaluation_can_pick_another_solver(tiny_run, shards, tmp_path,
                                                                                              capsys):
+    """With a guess that reads the state: the flag, and evaluation loading it from the folder."""
     out = tmp_path / "out"
     command = ["solver", "train", str(tiny_run), "--data", str(shards), "--out", str(out), "--steps", "2",
-               "--batch-size", "2", "--no-progress"]
+               "--batch-size", "2", "--no-progress", "--guess-reads-state"]
     assert main(command) == 0
+    assert load_model(out).learned_guess.reads_state
     printed = capsys.readouterr().out
     assert "passes per token" in printed and "zero+learned_anderson" in printed and "used by default" in printed
     assert main(command) == 2

@@ -24,6 +24,9 @@ def add_solver(commands) -> None:
                    help="tokens per sequence (default: the run's training length; 256 for a checkpoint without one)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate, cosine-decayed (default: 1e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batches and the networks' initialisation")
+    p.add_argument("--guess-reads-state", action="store_true",
+                   help="the initial guess also reads each block's recurrent state (SSM state or KV cache) through a "
+                        "learned query, not only the previous token's fixed point")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit of --out where it stopped")
     add_overwrite_option(p, "a folder already at --out")
@@ -36,7 +39,7 @@ def _run_solver_train(args) -> None:
     record = train_learned_solver(
         args.checkpoint, args.out, data=args.data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         seed=args.seed, sequence_length=args.sequence_length, progress=not args.no_progress, resume=args.resume,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, guess_reads_state=args.guess_reads_state,
     )
     parameters, loss = record["parameters"], record["loss"]
     print(f"learned solver fitted in {record['seconds']:.0f} s: initial guess ({parameters['guess']:,} parameters), "

@@ -23,8 +23,8 @@ from .solver import FixedPointSolver
 from .stats import FixedPointStats
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
-# (t, the previous token's fixed point or None) -> token t's first iterate.
-GuessFn = Callable[[int, "torch.Tensor | None"], torch.Tensor]
+# (t, the previous token's fixed point or None, the state before token t) -> token t's first iterate.
+GuessFn = Callable[[int, "torch.Tensor | None", Any], torch.Tensor]
 
 
 def solve_sequence(
@@ -43,8 +43,8 @@ def solve_sequence(
 
     ``select_rows(state, rows)``: the state of batch rows ``rows``; ``replace_rows(state,
     rows, new)``: ``state`` with those rows taken from ``new``. ``initial_guess(t,
-    z_previous)``: where token t's solve starts (``z_previous``: None for the first token);
-    None: z = 0. ``stats`` fields have shape (B, L): iterations and residuals of every
+    z_previous, state)``: where token t's solve starts (``z_previous``: None for the first
+    token; ``state``: the one token t reads); None: z = 0. ``stats`` fields have shape (B, L): iterations and residuals of every
     token's solve."""
     batch, length = injection.shape[:2]
     outputs, iterations, abs_res, rel_res, diverged, non_finite = [], [], [], [], [], []
@@ -52,7 +52,7 @@ def solve_sequence(
     zeros = injection.new_zeros(batch, hidden_size)  # read-only for the solvers: one for all tokens
     for t in range(length):
         kept = KeptState(_token_map(step, injection[:, t], state, select_rows), select_rows, replace_rows)
-        z0 = zeros if initial_guess is None else initial_guess(t, outputs[-1] if outputs else None)
+        z0 = zeros if initial_guess is None else initial_guess(t, outputs[-1] if outputs else None, state)
         z_t, stats = solver.solve(kept.f, z0, max_iter, tol, kept.restrict, phase="sequential",
                                   on_improved=kept.improved)
         tol = stats.tol  # the tolerance the solve held, raised to its precision's floor

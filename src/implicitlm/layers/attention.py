@@ -130,6 +130,59 @@ class CausalSelfAttention(nn.Module):
         out, state = self(hidden[:, None], None if injection is None else injection[:, None], state)
         return out[:, 0], state
 
+    @property
+    def query_size(self) -> int:
+        """Width of a query that reads the cache (``read_state``): one per head."""
+        return self.dims.q_dim
+
+    @property
+    def readout_size(self) -> int:
+        return self.dims.q_dim
+
+    def read_state(self, state: KVCache, query: torch.Tensor) -> torch.Tensor:
+        """``query`` (b, q_dim), unrotated, attending to every cached real token: (b, q_dim),
+        in the cache's dtype; zeros from an empty cache. What a learned initial guess knows of
+        the tokens before the one it guesses beyond the last fixed point."""
+        visible = None if state.real is None else state.real[:, None, None, :]
+        return self._read(query[:, None], state.keys, state.values, visible)[:, 0]
+
+    def state_reader(
+        self, hidden: torch.Tensor, injection: torch.Tensor | None = None, state: KVCache | None = None,
+        padding: torch.Tensor | None = None,
+    ):
+        """queries (b, l, q_dim) -> (b, l, q_dim): ``read_state`` of every token's query
+        against the cache before that token, the caches these inputs leave (``forward``'s),
+        at once."""
+        batch, length, _ = hidden.shape
+        start = 0 if state is None else state.length
+        real = _real_tokens(state, padding, batch, length, hidden.device)
+        _, keys, values = self._project(hidden, injection, start, None if real is None else _positions(real, length))
+        if state is not None:
+            keys, values = torch.cat([state.keys, keys], dim=2), torch.cat([state.values, values], dim=2)
+        # Query i (token start + i) sees the keys before it: 0 .. start + i - 1.
+        visible = torch.ones(length, start + length, dtype=torch.bool, device=hidden.device).tril(diagonal=start - 1)
+        if real is not None:
+            visible = visible & real[:, None, None, :]
+        return lambda queries: self._read(queries, keys, values, visible)
+
+    def _read(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              visible: torch.Tensor | None) -> torch.Tensor:
+        """(b, l, q_dim) queries attending to ``keys``/``values`` where ``visible`` (broadcast
+        to (b, heads, l, keys)); a query that sees no key reads zeros."""
+        d = self.dims
+        batch, length, _ = queries.shape
+        q = queries.reshape(batch, length, d.num_heads, d.head_dim).transpose(1, 2).to(keys.dtype)
+        repeat = d.num_heads // d.num_kv_heads
+        keys, values = keys.repeat_interleave(repeat, dim=1), values.repeat_interleave(repeat, dim=1)
+        scores = q @ keys.transpose(-1, -2)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * d.head_dim**-0.5
+        if visible is None:
+            visible = torch.ones_like(scores, dtype=torch.bool)
+        sees_any = visible.any(dim=-1, keepdim=True)
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")).masked_fill(~sees_any, 0.0), dim=-1)
+        read = (weights * sees_any).to(values.dtype) @ values
+        return read.transpose(1, 2).reshape(batch, length, d.q_dim)
+
     def _project(
         self, hidden: torch.Tensor, injection: torch.Tensor | None, start: int, positions: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

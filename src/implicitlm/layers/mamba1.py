@@ -21,6 +21,7 @@ from torch import nn
 from .causal_conv import causal_conv, causal_conv_step
 from .selective_scan import selective_scan_chunked, selective_scan_step
 from .ssm_parameters import decay_rates, initial_dt_bias, ssm_state_dtype
+from .state_reading import reads_before_each_token
 
 
 @dataclass
@@ -86,7 +87,48 @@ class Mamba1Mixer(nn.Module):
         before the first token (zeros when None); padding: (b, l) bool, True at real tokens,
         or None. Returns (output, state after the last token)."""
         d = self.dims
-        conv_state, ssm_state = (None, None) if state is None else (state.conv, state.ssm)
+        x, gate, dt, B, C, conv = self._scan_inputs(hidden, injection, state, padding)
+        y, ssm = selective_scan_chunked(x, dt, decay_rates(self.A_log), B, C, d.chunk_size,
+                                        None if state is None else state.ssm)
+        return self._output(y, x, gate), Mamba1State(conv=conv, ssm=ssm)
+
+    @property
+    def query_size(self) -> int:
+        """Width of a query that reads the SSM state (``read_state``): a C."""
+        return self.dims.d_state
+
+    @property
+    def readout_size(self) -> int:
+        return self.dims.d_inner
+
+    def read_state(self, state: Mamba1State, query: torch.Tensor) -> torch.Tensor:
+        """``query`` (b, d_state) read against the SSM state as the scan reads C against it
+        (y = C h, per channel): (b, d_inner), in the state's dtype. What a learned initial
+        guess knows of the tokens before the one it guesses beyond the last fixed point."""
+        return torch.einsum("bdn,bn->bd", state.ssm, query.to(state.ssm.dtype))
+
+    def state_reader(
+        self, hidden: torch.Tensor, injection: torch.Tensor | None = None, state: Mamba1State | None = None,
+        padding: torch.Tensor | None = None,
+    ):
+        """queries (b, l, d_state) -> (b, l, d_inner): ``read_state`` of every token's query
+        against the state before that token, the states these inputs leave (``forward``'s), at
+        once (``state_reading``)."""
+        d = self.dims
+        batch = hidden.shape[0]
+        x, _, dt, B, _, _ = self._scan_inputs(hidden, injection, state, padding)
+
+        def read(queries: torch.Tensor) -> torch.Tensor:
+            queries = queries.to(x.dtype)
+            first = x.new_zeros(batch, d.d_inner) if state is None else self.read_state(state, queries[:, 0])
+            return reads_before_each_token(selective_scan_chunked, first, x, dt, decay_rates(self.A_log), B, queries,
+                                           d.chunk_size, None if state is None else state.ssm)
+
+        return read
+
+    def _scan_inputs(self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba1State | None,
+                     padding: torch.Tensor | None):
+        """The scan's x (b, l, d_inner), the gate, dt, B and C, and the conv state after the tokens."""
         x, gate = self._project(hidden, injection)
         real = None if padding is None else padding.to(x.dtype).unsqueeze(-1)
         if real is not None:
@@ -94,13 +136,12 @@ class Mamba1Mixer(nn.Module):
             # of the inputs the state holds, and has dt = 0 (no decay, no input): left padding
             # leaves the state as it found it.
             x = x * real
-        x, conv = causal_conv(x, conv_state, self.conv1d.weight, self.conv1d.bias, padding)
+        x, conv = causal_conv(x, None if state is None else state.conv, self.conv1d.weight, self.conv1d.bias, padding)
         x = F.silu(x)
         dt, B, C = self._select(x)
         if real is not None:
             dt = dt * real
-        y, ssm = selective_scan_chunked(x, dt, decay_rates(self.A_log), B, C, d.chunk_size, ssm_state)
-        return self._output(y, x, gate), Mamba1State(conv=conv, ssm=ssm)
+        return x, gate, dt, B, C, conv
 
     def step(
         self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba1State

@@ -20,6 +20,7 @@ from .causal_conv import causal_conv, causal_conv_step
 from .norms import GatedRMSNorm
 from .ssd import ssd_scan, ssd_step
 from .ssm_parameters import decay_rates, initial_dt_bias, ssm_state_dtype
+from .state_reading import reads_before_each_token
 
 
 @dataclass
@@ -100,7 +101,59 @@ class Mamba2Mixer(nn.Module):
         or None. Returns (output, state after the last token)."""
         d = self.dims
         batch, length, _ = hidden.shape
-        conv_state, ssm_state = (None, None) if state is None else (state.conv, state.ssm)
+        gate, x, dt, B, C, conv = self._scan_inputs(hidden, injection, state, padding)
+        y, ssm = ssd_scan(x, dt, decay_rates(self.A_log), B, C, chunk_size=d.chunk_size,
+                          initial_state=None if state is None else state.ssm)
+        y = y + x * self.D[:, None]
+        out = self.out_proj(self.norm(y.reshape(batch, length, d.d_inner), gate))
+        return out, Mamba2State(conv=conv, ssm=ssm)
+
+    @property
+    def query_size(self) -> int:
+        """Width of a query that reads the SSM state (``read_state``): one C per group."""
+        return self.dims.ngroups * self.dims.d_state
+
+    @property
+    def readout_size(self) -> int:
+        return self.dims.d_inner
+
+    def read_state(self, state: Mamba2State, query: torch.Tensor) -> torch.Tensor:
+        """``query`` (b, query_size) read against the SSM state as the scan reads C against
+        it (y = C h, per head and channel): (b, d_inner), in the state's dtype. What a learned
+        initial guess knows of the tokens before the one it guesses beyond the last fixed point."""
+        d = self.dims
+        ssm = state.ssm
+        heads = ssm.reshape(ssm.shape[0], d.ngroups, d.nheads // d.ngroups, d.headdim, d.d_state)
+        read = torch.einsum("bghpn,bgn->bghp", heads, query.reshape(-1, d.ngroups, d.d_state).to(ssm.dtype))
+        return read.reshape(ssm.shape[0], d.d_inner)
+
+    def state_reader(
+        self, hidden: torch.Tensor, injection: torch.Tensor | None = None, state: Mamba2State | None = None,
+        padding: torch.Tensor | None = None,
+    ):
+        """queries (b, l, query_size) -> (b, l, d_inner): ``read_state`` of every token's query
+        against the state before that token, the states these inputs leave (``forward``'s), at
+        once (``state_reading``)."""
+        d = self.dims
+        batch, length, _ = hidden.shape
+        _, x, dt, B, _, _ = self._scan_inputs(hidden, injection, state, padding)
+
+        def read(queries: torch.Tensor) -> torch.Tensor:
+            queries = queries.reshape(batch, length, d.ngroups, d.d_state).to(x.dtype)
+            first = x.new_zeros(batch, d.d_inner) if state is None else self.read_state(state, queries[:, 0])
+            reads = reads_before_each_token(ssd_scan, first.reshape(batch, d.nheads, d.headdim), x, dt,
+                                            decay_rates(self.A_log), B, queries, d.chunk_size,
+                                            None if state is None else state.ssm)
+            return reads.reshape(batch, length, d.d_inner)
+
+        return read
+
+    def _scan_inputs(self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State | None,
+                     padding: torch.Tensor | None):
+        """The gate, the scan's x (b, l, heads, headdim), dt, B and C (b, l, groups, d_state),
+        and the conv state after the tokens."""
+        d = self.dims
+        batch, length, _ = hidden.shape
         gate, xbc, dt = self._project(hidden, injection)
         if padding is not None:
             # A padding token feeds zeros to the conv, which moves leading padding in front
@@ -108,22 +161,11 @@ class Mamba2Mixer(nn.Module):
             # leaves the state as it found it.
             real = padding.to(xbc.dtype).unsqueeze(-1)
             xbc, dt = xbc * real, dt * real
-        xbc, conv = causal_conv(xbc, conv_state, self.conv1d.weight, self.conv1d.bias, padding)
-        xbc = F.silu(xbc)
-        x, B, C = torch.split(xbc, [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
-        x = x.reshape(batch, length, d.nheads, d.headdim)
-        y, ssm = ssd_scan(
-            x,
-            dt,
-            decay_rates(self.A_log),
-            B.reshape(batch, length, d.ngroups, d.d_state),
-            C.reshape(batch, length, d.ngroups, d.d_state),
-            chunk_size=d.chunk_size,
-            initial_state=ssm_state,
-        )
-        y = y + x * self.D[:, None]
-        out = self.out_proj(self.norm(y.reshape(batch, length, d.d_inner), gate))
-        return out, Mamba2State(conv=conv, ssm=ssm)
+        xbc, conv = causal_conv(xbc, None if state is None else state.conv, self.conv1d.weight, self.conv1d.bias,
+                                padding)
+        x, B, C = torch.split(F.silu(xbc), [d.d_inner, d.ngroups * d.d_state, d.ngroups * d.d_state], dim=-1)
+        return (gate, x.reshape(batch, length, d.nheads, d.headdim), dt,
+                B.reshape(batch, length, d.ngroups, d.d_state), C.reshape(batch, length, d.ngroups, d.d_state), conv)
 
     def step(
         self, hidden: torch.Tensor, injection: torch.Tensor | None, state: Mamba2State

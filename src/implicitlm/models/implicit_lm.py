@@ -14,6 +14,7 @@ Explicit: z = f(embed(x), None), once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
 from typing import Callable, Iterator
@@ -150,10 +151,11 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
 
     @contextlib.contextmanager
     def token_maps(self, input_ids: torch.Tensor, fixed_point: torch.Tensor, positions: list[int]):
-        """Per position t of ``positions``: (token t's embedding, f_t) with f_t(z) the stack's
-        step for token t from the state its fixed points ``fixed_point`` (of ``input_ids``)
-        left before it: the map of sequential mode's solve for token t. Valid inside the
-        block; as ``fixed_point_map``'s, the maps record a graph where autograd is on."""
+        """Per position t of ``positions``: (token t's embedding, f_t, read_t) with f_t(z) the
+        stack's step for token t from the state its fixed points ``fixed_point`` (of
+        ``input_ids``) left before it: the map of sequential mode's solve for token t; and
+        read_t that state's ``BlockStack.read_state``, as a learned guess reads it. Valid
+        inside the block; as ``fixed_point_map``'s, the maps record a graph where autograd is on."""
         self._require_fixed_point(input_ids)
         with self._weights_once_per_forward():
             with torch.no_grad():
@@ -167,7 +169,16 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             def token_map(t: int):
                 return lambda z: self.stack.step(z, injection[:, t], before[t])[0]
 
-            yield [(embedded[:, t], token_map(t)) for t in positions]
+            yield [(embedded[:, t], token_map(t), functools.partial(self.stack.read_state, before[t]))
+                   for t in positions]
+
+    @torch.no_grad()
+    def state_reader(self, embedded: torch.Tensor, fixed_point: torch.Tensor):
+        """Per-block queries (b, l, width) -> per-block readouts of the state before every token
+        that the fixed points ``fixed_point`` of these input embeddings leave
+        (``BlockStack.state_reader``): what a learned guess that reads the state is fitted on.
+        The readouts carry gradients to the queries."""
+        return self.stack.state_reader(fixed_point, self._injected(embedded))
 
     def _require_fixed_point(self, input_ids: torch.Tensor) -> None:
         if not self.config.implicit:

@@ -37,6 +37,17 @@ class MixerBlock(nn.Module):
     def initial_state(self, batch: int, device=None, dtype=None) -> Any:
         return self.mixer.initial_state(batch, device, dtype)
 
+    @property
+    def readout_sizes(self) -> tuple[int, int]:
+        """(query, readout) widths of ``read_state``."""
+        return self.mixer.query_size, self.mixer.readout_size
+
+    def read_state(self, state: Any, query: torch.Tensor) -> torch.Tensor:
+        return self.mixer.read_state(state, query)
+
+    def state_reader(self, z: torch.Tensor, injection: torch.Tensor | None, state: Any | None, padding=None):
+        return self.mixer.state_reader(self.norm(z), injection, state, padding)
+
     def forward(
         self, z: torch.Tensor, injection: torch.Tensor | None, state: Any | None, padding=None
     ) -> tuple[torch.Tensor, Any]:

@@ -97,6 +97,29 @@ class BlockStack(nn.Module):
             hidden_states.append(z)
         return z, new_states
 
+    def readout_sizes(self) -> list[tuple[int, int]]:
+        """Per block, the (query, readout) widths with which a learned initial guess reads its
+        state (``read_state``)."""
+        return [layer.readout_sizes for layer in self.layers]
+
+    def read_state(self, states: list[Any], queries: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each block's state read by its query (b, query width): what the tokens before the
+        next one left there, as a learned initial guess sees it."""
+        return [layer.read_state(state, query) for layer, state, query in zip(self.layers, states, queries)]
+
+    def state_reader(self, z: torch.Tensor, injection: torch.Tensor | None, states: list[Any] | None = None,
+                     padding: torch.Tensor | None = None):
+        """Per-block queries (b, l, query width) -> per-block ``read_state`` before every token,
+        of the states a pass at ``z`` leaves (at a fixed point z*, those of the model's answer):
+        what a learned initial guess is fitted on, for all tokens at once."""
+        readers = []
+        for i, layer in enumerate(self.layers):
+            state = None if states is None else states[i]
+            readers.append(layer.state_reader(z, injection, state, padding))
+            if i + 1 < len(self.layers):
+                z, _ = layer(z, injection, state, padding)
+        return lambda queries: [read(query) for read, query in zip(readers, queries)]
+
     def step(
         self, z: torch.Tensor, injection: torch.Tensor | None, states: list[Any]
     ) -> tuple[torch.Tensor, list[Any]]:

@@ -5,6 +5,8 @@ that missed the tolerance) or token by token, as an RNN."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..core.errors import OptionError
@@ -99,7 +101,7 @@ class StackPasses:
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
                          self.stack.replace_state_rows)
-        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded, previous)
+        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded, previous, state)
         if self.training:
             z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
             if use_cache:
@@ -162,26 +164,39 @@ class StackPasses:
         )
         return z, stats, state
 
-    def _first_iterate(self, embedded: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
+    def _first_iterate(self, embedded: torch.Tensor, previous: torch.Tensor | None = None, state=None) -> torch.Tensor:
         """Where an inference solve over these tokens starts: the learned guess from each
-        token's embedding and, for the first token, the fixed point before it (``previous``,
-        where known; the others' are not known until the solve ends), or z = 0."""
+        token's embedding and, for the first token, the fixed point before it (``previous``)
+        and the state the tokens before it left (``state``), where known (the others' are not
+        known until the solve ends), or z = 0."""
         guess = self._learned_guess("simultaneous")
         if guess is None:
             return torch.zeros_like(embedded)
-        if previous is None:
-            return guess(embedded, None)
-        known = torch.zeros_like(embedded)
-        known[:, 0] = previous
-        return guess(embedded, known)
+        known = None
+        if previous is not None:
+            known = torch.zeros_like(embedded)
+            known[:, 0] = previous
+        return guess(embedded, known, None if state is None else self._first_token_reads(state, embedded.shape[1]))
+
+    def _first_token_reads(self, state, length: int):
+        """Per-block queries (b, length, width) -> readouts of ``state`` by the first token's,
+        zeros for the others (whose states are not known yet)."""
+        def read(queries: list[torch.Tensor]) -> list[torch.Tensor]:
+            first = self.stack.read_state(state, [query[:, 0] for query in queries])
+            return [torch.cat([read[:, None], read.new_zeros(read.shape[0], length - 1, read.shape[-1])], dim=1)
+                    for read in first]
+
+        return read
 
     def _token_guess(self, embedded: torch.Tensor, first_previous: torch.Tensor | None):
-        """(t, the previous token's fixed point) -> token t's first iterate; None: z = 0.
-        ``first_previous``: the fixed point before the first token, where it is known."""
+        """(t, the previous token's fixed point, the state before token t) -> token t's first
+        iterate; None: z = 0. ``first_previous``: the fixed point before the first token,
+        where it is known."""
         guess = self._learned_guess("sequential")
         if guess is None:
             return None
-        return lambda t, previous: guess(embedded[:, t], first_previous if previous is None else previous)
+        return lambda t, previous, state: guess(embedded[:, t], first_previous if previous is None else previous,
+                                                functools.partial(self.stack.read_state, state))
 
     def _learned_guess(self, mode: str):
         """The learned initial guess, on the model's device, where the options ask for it in

@@ -85,7 +85,7 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", 
 def train_learned_solver(
     source: str | Path, out: str | Path, data: str | Path | None = None, steps: int = 100, batch_size: int = 8,
     lr: float = 1e-3, seed: int = 0, sequence_length: int | None = None, progress: bool = True, resume: bool = False,
-    overwrite: bool = False,
+    overwrite: bool = False, guess_reads_state: bool = False,
 ) -> dict[str, Any]:
     """Fit a learned initial guess and mixing to the fixed points of the checkpoint (or run)
     ``source`` and save the checkpoint with them in ``out``; returns the record written there.
@@ -93,7 +93,9 @@ def train_learned_solver(
     fresh words as the run drew them). ``sequence_length``: of each batch's sequences
     (default: the run's training length; a checkpoint without training settings, such as an
     imported one, is a language model read ``DEFAULT_SEQUENCE_LENGTH`` tokens at a time).
-    ``resume``: continue the fit an interruption left (``solver_progress``)."""
+    ``resume``: continue the fit an interruption left (``solver_progress``).
+    ``guess_reads_state``: the guess also reads each block's recurrent state before the token
+    (``deq.InitialGuess``'s ``readouts``), not only the previous fixed point."""
     if steps < 1 or batch_size < 1:
         raise OptionError(f"steps and batch_size must be at least 1; got {steps} and {batch_size}",
                           arguments=("steps", "batch_size"))
@@ -111,10 +113,12 @@ def train_learned_solver(
         batches = TRAINING_BATCHES[config.task].from_path(config, data)
         batches.prepare(model)
         torch.manual_seed(seed)
-        guess, mixing = InitialGuess(model.config.hidden_size), LearnedMixing(MEMORY)
+        readouts = model.stack.readout_sizes() if guess_reads_state else ()
+        guess, mixing = InitialGuess(model.config.hidden_size, readouts=readouts), LearnedMixing(MEMORY)
         settings = {"source": str(checkpoint.resolve()), "weights_sha256": weights_sha256(checkpoint),
                     "data": None if data is None else str(Path(data).resolve()), "steps": steps,
-                    "batch_size": batch_size, "lr": lr, "seed": seed, "sequence_length": config.sequence_length}
+                    "batch_size": batch_size, "lr": lr, "seed": seed, "sequence_length": config.sequence_length,
+                    "guess_reads_state": guess_reads_state}
         started = time.perf_counter()
         state = _fit(model, guess, mixing, batches, settings, progress_folder(out), progress, resume, overwrite)
         held_out, _ = next(batches)
@@ -122,7 +126,8 @@ def train_learned_solver(
         model.attach_learned_guess(guess, use=None)
         model.attach_learned_mixing(mixing)
         record = {
-            **{key: settings[key] for key in ("steps", "batch_size", "sequence_length", "lr", "seed")},
+            **{key: settings[key] for key in ("steps", "batch_size", "sequence_length", "lr", "seed",
+                                              "guess_reads_state")},
             "source": str(checkpoint), "seconds": round(time.perf_counter() - started, 1),  # of this call's part
             "parameters": {"guess": _parameters(guess), "mixing": _parameters(mixing)}, "tight_tol": TIGHT_TOL,
             "tight_unconverged_share": state.missed / max(state.solved, 1),
@@ -221,7 +226,8 @@ def _fit(model, guess: InitialGuess, mixing: LearnedMixing, batches, settings: d
         inputs, _ = next(batches)
         embedded, z_star, stats = model.solve_fixed_point(inputs, max_iter=TIGHT_MAX_ITER, tol=TIGHT_TOL)
         state.missed, state.solved = state.missed + int((~stats.converged).sum()), state.solved + stats.converged.numel()
-        _fit_guess(guess, fitted["guess"][1], embedded, z_star, state, settings)
+        reader = model.state_reader(embedded, z_star) if guess.reads_state else None
+        _fit_guess(guess, fitted["guess"][1], embedded, z_star, reader, state, settings)
         # From z = 0 on even batches, from the guess on odd ones: the mixing serves both starts.
         _fit_mixing(model, mixing, fitted["mixing"][1], inputs, z_star, None if batch % 2 == 0 else guess, state,
                     settings)
@@ -231,15 +237,20 @@ def _fit(model, guess: InitialGuess, mixing: LearnedMixing, batches, settings: d
     return state
 
 
-def _fit_guess(guess: InitialGuess, optimizer, embedded: torch.Tensor, z_star: torch.Tensor, state: FitState,
+def _fit_guess(guess: InitialGuess, optimizer, embedded: torch.Tensor, z_star: torch.Tensor, reader, state: FitState,
                settings: dict[str, Any]) -> None:
+    """``reader``: the batch's ``state_reader`` for a guess that reads the state (else None);
+    a token whose previous fixed point is hidden has its state hidden too, as in a
+    simultaneous solve."""
     previous = torch.cat([torch.zeros_like(z_star[:, :1]), z_star[:, :-1]], dim=1)
     for _ in range(UPDATES_PER_BATCH):
         update = len(state.losses["guess"])
         draw = torch.Generator().manual_seed(settings["seed"] * 1_000_003 + update)
         known = (torch.rand(z_star.shape[:2], generator=draw) < 0.5).to(z_star.device)
         _decay(optimizer, settings["lr"], update, settings["steps"] * UPDATES_PER_BATCH)
-        loss = _relative_distance(guess(embedded, previous * known.unsqueeze(-1)), z_star).mean()
+        shown = known.unsqueeze(-1)
+        read = None if reader is None else (lambda queries: [read * shown for read in reader(queries)])
+        loss = _relative_distance(guess(embedded, previous * shown, read), z_star).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -274,9 +285,9 @@ def _fit_mixing(model, mixing: LearnedMixing, optimizer, inputs: torch.Tensor, z
     with model.fixed_point_map(inputs[:MIXING_SEQUENCES]) as (embedded, f):
         fit_run(f, torch.zeros_like(embedded) if guess is None else guess(embedded).detach())
     with model.token_maps(inputs, z_star, positions) as maps:
-        for t, (embedded_t, f_t) in zip(positions, maps):
+        for t, (embedded_t, f_t, read_t) in zip(positions, maps):
             previous = z_star[:, t - 1] if t > 0 else None
-            start = torch.zeros_like(z_star[:, t]) if guess is None else guess(embedded_t, previous).detach()
+            start = torch.zeros_like(z_star[:, t]) if guess is None else guess(embedded_t, previous, read_t).detach()
             fit_run(f_t, start)
     optimizer.step()
     state.losses["mixing"].append(sum(per_step) / len(per_step))

@@ -50,6 +50,18 @@ class LlamaBlock(nn.Module):
     def initial_state(self, batch: int, device=None, dtype=None) -> KVCache:
         return self.self_attn.initial_state(batch, device, dtype)
 
+    @property
+    def readout_sizes(self) -> tuple[int, int]:
+        """(query, readout) widths of ``read_state``."""
+        attention = self.self_attn
+        return attention.query_size, attention.readout_size
+
+    def read_state(self, state: KVCache, query: torch.Tensor) -> torch.Tensor:
+        return self.self_attn.read_state(state, query)
+
+    def state_reader(self, z: torch.Tensor, injection: torch.Tensor | None, state: KVCache | None, padding=None):
+        return self.self_attn.state_reader(self.input_layernorm(z), injection, state, padding)
+
     def forward(
         self, z: torch.Tensor, injection: torch.Tensor | None, state: KVCache | None, padding=None
     ) -> tuple[torch.Tensor, KVCache]:
