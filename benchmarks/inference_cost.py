@@ -140,7 +140,8 @@ def main() -> None:
             for tol in (float(t) for t in args.tols.split(",")):
                 implicit.use_solver(solver)
                 implicit.attach_learned_guess(guess, use=None)
-                implicit.set_fixed_point_options(tol=tol, max_iter=64, initial_guess="zero" if start == "zero" else "learned",
+                implicit.set_fixed_point_options(tol=tol, max_iter=64,
+                                                 initial_guess="zero" if start == "zero" else "learned",
                                                  simultaneous_initial_guess="", sequential_initial_guess="")
                 ms, passes = decode(implicit, prompt, tokens, repeats)
                 seconds, loss, missed = score(implicit, windows, repeats)

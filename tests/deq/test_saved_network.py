@@ -40,7 +40,8 @@ def test_save_and_load_keep_the_network_and_its_use(tmp_path, part):
     assert (tmp_path / "m" / file).is_file() and (tmp_path / "m" / f"{file}.sha256").is_file()
     loaded = load_model(tmp_path / "m")
     assert loaded.config.fixed_point == model.config.fixed_point
-    network, loaded_network = ((m.learned_guess if part.endswith("guess") else m.learned_mixing) for m in (model, loaded))
+    network, loaded_network = ((m.learned_guess if part.endswith("guess") else m.learned_mixing)
+                               for m in (model, loaded))
     assert getattr(loaded_network, "reads_state", False) == (part == "state-reading guess")
     for name, tensor in network.state_dict().items():
         assert torch.equal(loaded_network.state_dict()[name], tensor)

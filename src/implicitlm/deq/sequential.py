@@ -44,8 +44,8 @@ def solve_sequence(
     ``select_rows(state, rows)``: the state of batch rows ``rows``; ``replace_rows(state,
     rows, new)``: ``state`` with those rows taken from ``new``. ``initial_guess(t,
     z_previous, state)``: where token t's solve starts (``z_previous``: None for the first
-    token; ``state``: the one token t reads); None: z = 0. ``stats`` fields have shape (B, L): iterations and residuals of every
-    token's solve."""
+    token; ``state``: the one token t reads); None: z = 0. ``stats`` fields have shape (B, L):
+    iterations and residuals of every token's solve."""
     batch, length = injection.shape[:2]
     outputs, iterations, abs_res, rel_res, diverged, non_finite = [], [], [], [], [], []
     evaluations = row_evaluations = 0

@@ -251,7 +251,8 @@ def _attach_learned_solver(path: Path, model) -> None:
     options = model.solver.options
     try:
         if any(options.initial_guess_for(mode) == "learned" for mode in MODES) or (path / GUESS_FILE).is_file():
-            model.attach_learned_guess(InitialGuess.load(path, model.config.hidden_size, model.stack.readout_sizes()), use=None)
+            guess = InitialGuess.load(path, model.config.hidden_size, model.stack.readout_sizes())
+            model.attach_learned_guess(guess, use=None)
         if any(options.solver_for(mode) == "learned_anderson" for mode in (*MODES, "training")) \
                 or (path / MIXING_FILE).is_file():
             model.attach_learned_mixing(LearnedMixing.load(path, MEMORY))
