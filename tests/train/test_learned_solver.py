@@ -27,7 +27,11 @@ def tiny_run(shards, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_fitted_solver_is_saved_with_the_model_and_changes_no_answer(tiny_run, shards, tmp_path):
+def test_a_fitted_solver_is_saved_with_the_model_and_changes_no_answer(tiny_run, shards, tmp_path, monkeypatch):
+    import implicitlm.train.learned_solver as fitting
+
+    # The map trained for two steps does not contract: its tight solves, not the fit, would take the time.
+    monkeypatch.setattr(fitting, "TIGHT_MAX_ITER", 24)
     record = train_learned_solver(tiny_run, tmp_path / "out", data=shards, steps=6, batch_size=2, progress=False)
     assert record["loss"]["guess"]["last"] < record["loss"]["guess"]["first"]
     names = {f"{start}+{solver}" for start, solver in CONFIGURATIONS}
@@ -100,13 +104,17 @@ def test_a_word_problem_run_gets_a_solver_on_fresh_words_and_scores_the_same(tra
     from implicitlm.tasks.words import held_out_words
 
     _, run = trained_s3
-    monkeypatch.setattr(fitting, "LONGER_COUNT", 64)  # the long words' check, on fewer of them
+    # The long words' check on fewer of them, and one timed run per configuration: the choice's
+    # inputs, not its timing, are tested here.
+    monkeypatch.setattr(fitting, "LONGER_COUNT", 8)
+    monkeypatch.setattr(fitting, "TIMED_RUNS", 1)
     # Fitted for 4 steps, the guess leads some tokens to another of the map's fixed points than z = 0
     # does (the S3 map has several): it is saved, but not chosen.
     rough = train_learned_solver(run, tmp_path / "rough", steps=4, batch_size=16, progress=False)
     assert rough["sequence_length"] == 12 and rough["held_out"]["simultaneous"]["learned+own"]["moved_share"] > 0
     assert rough["chosen"]["simultaneous"]["initial_guess"] == "zero"
     assert load_model(tmp_path / "rough").solver.options.initial_guess_for("simultaneous") == "zero"
+    monkeypatch.setattr(fitting, "LONGER_COUNT", 32)
     record = train_learned_solver(run, tmp_path / "out", steps=60, batch_size=32, progress=False)
     assert all(record["held_out"][mode][name]["moved_share"] == 0 for mode in ("simultaneous", "sequential")
                for name in ("learned+own", "learned+learned_anderson"))
@@ -138,6 +146,8 @@ def test_an_interrupted_fit_resumes_to_the_solver_an_uninterrupted_one_gives(tin
     from implicitlm.deq.initial_guess import GUESS_FILE
     from implicitlm.train.solver_progress import progress_folder
 
+    # The map trained for two steps does not contract: its tight solves, not the fit, would take the time.
+    monkeypatch.setattr(fitting, "TIGHT_MAX_ITER", 24)
     whole = train_learned_solver(tiny_run, tmp_path / "whole", data=shards, steps=12, batch_size=2, progress=False)
     saved = fitting.save_progress
 
