@@ -107,3 +107,31 @@ def test_an_implicit_mamba2_trains_through_the_fused_kernel_as_through_the_pure_
     for name, grad in grads_pure.items():
         torch.testing.assert_close(grads_fused[name], grad, rtol=0, atol=1e-4 * grad.abs().max().item() + 1e-8,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.slow
+def test_state_reads_through_the_fused_kernel_equal_the_pure_path(monkeypatch):
+    """A learned guess's fit reads the SSM states with queries in C's place, on sliced inputs
+    (every token but the last): forward and gradient to the queries as the pure scan gives them."""
+    from implicitlm.layers import Mamba2Dims, Mamba2Mixer
+
+    torch.manual_seed(0)
+    mixer = Mamba2Mixer(Mamba2Dims(d_model=16, d_state=8, headdim=8, chunk_size=16, ngroups=2)).requires_grad_(False)
+    gen = torch.Generator().manual_seed(2)
+    hidden, prefix = torch.randn(2, 20, 16, generator=gen), torch.randn(2, 5, 16, generator=gen)
+    queries = torch.randn(2, 20, mixer.query_size, generator=gen)
+    weights = torch.randn(2, 20, mixer.readout_size, generator=gen)
+
+    def reads_and_gradient():
+        _, state = mixer(prefix)
+        leaf = queries.clone().requires_grad_()
+        reads = mixer.state_reader(hidden, None, state)(leaf)
+        (reads * weights).sum().backward()
+        return reads.detach(), leaf.grad
+
+    pure = reads_and_gradient()
+    with interpreted_fused_kernel(monkeypatch) as fused_kernel:
+        fused = reads_and_gradient()
+    assert len(fused_kernel.calls) == 2  # the prefix's pass and the reads' scan
+    for got, want in zip(fused, pure):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())

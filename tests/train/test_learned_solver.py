@@ -75,6 +75,7 @@ def test_the_command_trains_refuses_an_existing_target_and_evaluation_can_pick_a
     assert load_model(out).learned_guess.reads_state
     printed = capsys.readouterr().out
     assert "passes per token" in printed and "zero+learned_anderson" in printed and "used by default" in printed
+    assert "parameters, reads the state)" in printed
     assert main(command) == 2
     assert "exists; replace it with --overwrite" in capsys.readouterr().err
     with pytest.raises(TargetExistsError):

@@ -42,7 +42,8 @@ def _run_solver_train(args) -> None:
         overwrite=args.overwrite, guess_reads_state=args.guess_reads_state,
     )
     parameters, loss = record["parameters"], record["loss"]
-    print(f"learned solver fitted in {record['seconds']:.0f} s: initial guess ({parameters['guess']:,} parameters), "
+    reads = ", reads the state" if record["guess_reads_state"] else ""
+    print(f"learned solver fitted in {record['seconds']:.0f} s: initial guess ({parameters['guess']:,} parameters{reads}), "
           f"relative distance to the fixed point {loss['guess']['first']:.3f} -> {loss['guess']['last']:.3f}; "
           f"mixing ({parameters['mixing']:,} parameters), mean log relative residual over its steps "
           f"{loss['mixing']['first']:.2f} -> {loss['mixing']['last']:.2f}")
