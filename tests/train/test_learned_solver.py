@@ -67,15 +67,20 @@ def test_a_fitted_solver_is_saved_with_the_model_and_changes_no_answer(tiny_run,
 @pytest.mark.slow
 def test_the_command_trains_refuses_an_existing_target_and_evaluation_can_pick_another_solver(tiny_run, shards, tmp_path,
                                                                                              capsys):
-    """With a guess that reads the state: the flag, and evaluation loading it from the folder."""
+    """With a guess that reads the state and the paper's mixing loss: the flags, and evaluation
+    loading the guess from the folder."""
     out = tmp_path / "out"
     command = ["solver", "train", str(tiny_run), "--data", str(shards), "--out", str(out), "--steps", "2",
-               "--batch-size", "2", "--no-progress", "--guess-reads-state"]
+               "--batch-size", "2", "--no-progress", "--guess-reads-state", "--mixing-loss", "distance"]
     assert main(command) == 0
     assert load_model(out).learned_guess.reads_state
     printed = capsys.readouterr().out
     assert "passes per token" in printed and "zero+learned_anderson" in printed and "used by default" in printed
     assert "parameters, reads the state)" in printed
+    # The paper's loss: each step's distance to the fixed point relative to its norm (positive; the
+    # default's log residuals are negative), recorded with the fit.
+    record = json.loads((out / RECORD).read_text())
+    assert record["mixing_loss"] == "distance" and 0 < record["loss"]["mixing"]["first"] < 2
     assert main(command) == 2
     assert "exists; replace it with --overwrite" in capsys.readouterr().err
     with pytest.raises(TargetExistsError):
@@ -173,3 +178,11 @@ def test_an_interrupted_fit_resumes_to_the_solver_an_uninterrupted_one_gives(tin
         cut, uncut = (load_file(str(tmp_path / name / file)) for name in ("cut", "whole"))
         assert cut.keys() == uncut.keys() and all(torch.equal(cut[name], uncut[name]) for name in cut)
     assert not progress_folder(tmp_path / "cut").exists()
+
+
+def test_an_unknown_mixing_loss_is_refused_before_anything_is_written(tmp_path):
+    from implicitlm.core.errors import OptionError
+
+    with pytest.raises(OptionError, match="mixing_loss must be one of residual, distance; got 'l2'"):
+        train_learned_solver(tmp_path / "no-run", tmp_path / "out", mixing_loss="l2", progress=False)
+    assert not (tmp_path / "out").exists()

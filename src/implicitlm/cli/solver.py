@@ -7,6 +7,8 @@ from pathlib import Path
 
 from .arguments import add_overwrite_option, positive_float, positive_int
 
+MIXING_LOSS_NAMES = {"residual": "log relative residual", "distance": "relative distance to the fixed point"}
+
 
 def add_solver(commands) -> None:
     solver = commands.add_parser("solver", help="learned fixed-point solvers for trained implicit checkpoints")
@@ -27,6 +29,9 @@ def add_solver(commands) -> None:
     p.add_argument("--guess-reads-state", action="store_true",
                    help="the initial guess also reads each block's recurrent state (SSM state or KV cache) through a "
                         "learned query, not only the previous token's fixed point")
+    p.add_argument("--mixing-loss", choices=tuple(MIXING_LOSS_NAMES), default="residual",
+                   help="what each learned mixing step is fitted to minimise: the log relative residual at its "
+                        "iterate (default: what the stop test reads), or the paper's distance to the fixed point")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit of --out where it stopped")
     add_overwrite_option(p, "a folder already at --out")
@@ -39,14 +44,15 @@ def _run_solver_train(args) -> None:
     record = train_learned_solver(
         args.checkpoint, args.out, data=args.data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         seed=args.seed, sequence_length=args.sequence_length, progress=not args.no_progress, resume=args.resume,
-        overwrite=args.overwrite, guess_reads_state=args.guess_reads_state,
+        overwrite=args.overwrite, guess_reads_state=args.guess_reads_state, mixing_loss=args.mixing_loss,
     )
     parameters, loss = record["parameters"], record["loss"]
     reads = ", reads the state" if record["guess_reads_state"] else ""
-    print(f"learned solver fitted in {record['seconds']:.0f} s: initial guess ({parameters['guess']:,} parameters{reads}), "
-          f"relative distance to the fixed point {loss['guess']['first']:.3f} -> {loss['guess']['last']:.3f}; "
-          f"mixing ({parameters['mixing']:,} parameters), mean log relative residual over its steps "
-          f"{loss['mixing']['first']:.2f} -> {loss['mixing']['last']:.2f}")
+    guess_loss, mixing_loss = loss["guess"], loss["mixing"]
+    print(f"learned solver fitted in {record['seconds']:.0f} s: initial guess ({parameters['guess']:,} parameters"
+          f"{reads}), relative distance to the fixed point {guess_loss['first']:.3f} -> {guess_loss['last']:.3f}; "
+          f"mixing ({parameters['mixing']:,} parameters), mean {MIXING_LOSS_NAMES[record['mixing_loss']]} over its "
+          f"steps {mixing_loss['first']:.2f} -> {mixing_loss['last']:.2f}")
     for mode, measured in record["held_out"].items():
         unit, rows = ("per token", "one sequence") if mode == "sequential" else ("per sequence", "the batch")
         print(f"{mode}, on {rows} held out: seconds, passes {unit} (not converged; tokens led to another fixed point)")
