@@ -176,7 +176,8 @@ class StackPasses:
         if previous is not None:
             known = torch.zeros_like(embedded)
             known[:, 0] = previous
-        return guess(embedded, known, None if state is None else self._first_token_reads(state, embedded.shape[1]))
+        reads = self._first_token_reads(state, embedded.shape[1]) if guess.reads_state and state is not None else None
+        return guess(embedded, known, reads)
 
     def _first_token_reads(self, state, length: int):
         """Per-block queries (b, length, width) -> readouts of ``state`` by the first token's,
@@ -195,8 +196,14 @@ class StackPasses:
         guess = self._learned_guess("sequential")
         if guess is None:
             return None
-        return lambda t, previous, state: guess(embedded[:, t], first_previous if previous is None else previous,
-                                                functools.partial(self.stack.read_state, state))
+        reads_state = guess.reads_state
+
+        def start(t: int, previous: torch.Tensor | None, state) -> torch.Tensor:
+            # A guess that does not read the state gets no reader: nothing is bound per token for it.
+            read = functools.partial(self.stack.read_state, state) if reads_state else None
+            return guess(embedded[:, t], first_previous if previous is None else previous, read)
+
+        return start
 
     def _learned_guess(self, mode: str):
         """The learned initial guess, on the model's device, where the options ask for it in
