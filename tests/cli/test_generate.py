@@ -108,6 +108,8 @@ def test_a_model_without_a_tokenizer_is_refused_in_one_line_unless_given_one(run
     (["--prompt", "x", "--top-p", "1.5"], "top_p must be a number in (0, 1]"),
     (["--prompt", "x", "--max-new-tokens", "0"], "expected a positive integer"),
     (["--prompt", "x", "--temperature", "nan"], "expected a positive number"),
+    # before: a torch.multinomial RuntimeError (the logits / 1e-300 overflowed)
+    (["--prompt", "x", "--temperature", "1e-300"], "temperature must be a number >= 1e-30 (a lower one overflows"),
     (["--prompt", "x", "--max-iter", "0"], "expected a budget of 1 to"),
     (["--prompt", "x", "--device", "nowhere"], "device must be cpu, cuda"),
     (["--prompt", "x", "--dtype", "int8"], "dtype must be one of"),
@@ -115,7 +117,8 @@ def test_a_model_without_a_tokenizer_is_refused_in_one_line_unless_given_one(run
     (["--prompt-file", "no_such_prompt.txt"], "no_such_prompt.txt: No such file"),
     (["--prompt", "x", "--prompt-file", "-"], "not allowed with argument"),
     ([], "one of the arguments --prompt --prompt-file is required"),
-], ids=["empty", "greedy-temperature", "greedy-sequences", "top-p", "max-new", "temperature-nan", "max-iter",
+], ids=["empty", "greedy-temperature", "greedy-sequences", "top-p", "max-new", "temperature-nan", "temperature-overflow",
+        "max-iter",
         "device", "dtype", "solver", "prompt-file", "two-prompts", "no-prompt"])
 def test_bad_input_is_one_line(run, capsys, options, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -133,4 +136,6 @@ def test_bad_decoding_options_are_refused_in_the_library_too():
         Decoding(top_k=0)
     with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         Decoding(seed=-1)
+    with pytest.raises(ValueError, match="temperature must be a number >= 1e-30"):
+        Decoding(temperature=1e-300)
 

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from lm_eval.api.instance import Instance
+from transformers import GenerationConfig
 
 from implicitlm.cli import main
 from implicitlm.core.errors import OptionError
@@ -18,7 +19,8 @@ from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.deq import FixedPointOptions, FixedPointSolver
 from implicitlm.deq.options import MAX_EVALUATIONS
 from implicitlm.eval.harness import ImplicitLMHarness
-from implicitlm.models import config_from_options
+from implicitlm.models import build_model, config_from_options
+from implicitlm.models.inputs import MIN_TEMPERATURE
 from implicitlm.train.config import TrainConfig
 
 from tests.models.test_generation import VOCAB, make_model, tokens
@@ -68,15 +70,26 @@ def test_a_call_budget_out_of_range_is_refused(model, mode, budget, name):
         refused(lambda: model(tokens(2, 5, seed=1), mode=mode, **budget), name)
 
 
-def test_an_infinite_tolerance_stops_every_solve_at_its_first_evaluation(model):
+def test_a_probe_stops_every_solve_at_its_first_evaluation(model):
     """What a memory probe of one evaluation asks: converged, so no convergence check fails it."""
     model.set_fixed_point_options(nonconvergence="error")
     try:
-        with torch.no_grad():
-            stats = model(tokens(2, 5, seed=1), max_iter=1, tol=math.inf).fixed_point
+        with torch.no_grad(), model.probing():
+            stats = model(tokens(2, 5, seed=1)).fixed_point
     finally:
         model.set_fixed_point_options(nonconvergence="report")
     assert stats.iterations.tolist() == [1, 1] and bool(stats.converged.all())
+    assert int(model(tokens(2, 5, seed=1)).fixed_point.iterations.max()) > 1  # the probe's budget ends with it
+
+
+@pytest.mark.parametrize("tol", [0, 0.0, math.inf])
+def test_a_call_tolerance_is_held_to_the_options_rule(model, tol):
+    """Before: forward(tol=0) and forward(tol=inf) ran (one evaluation, counted converged),
+    though set_fixed_point_options(tol=...) refuses both."""
+    refused(lambda: model.set_fixed_point_options(tol=tol), "'tol'", "> 0")
+    with torch.no_grad():
+        refused(lambda: model(tokens(1, 3, seed=1), tol=tol), "argument 'tol'", "> 0")
+    refused(lambda: model.solve_fixed_point(tokens(1, 3, seed=1), tol=tol), "argument 'tol'")
 
 
 @pytest.mark.parametrize("ids, expected", [
@@ -121,6 +134,50 @@ def test_a_state_of_another_batch_or_no_state_at_all_is_refused(model):
 def test_generate_on_an_empty_prompt_is_refused(model):
     """Before: an IndexError (ZeroDivisionError in the scan, here) from inside the prefill."""
     refused(lambda: model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2), "input_ids", "(1, 0)")
+
+
+@pytest.mark.parametrize("arguments, name", [
+    (dict(num_beams=0), "'num_beams'"),  # before: ZeroDivisionError
+    (dict(max_new_tokens=0), "'max_new_tokens'"),  # before: transformers' ValueError
+    (dict(max_new_tokens=-1), "'max_new_tokens'"),
+    (dict(max_new_tokens=1.5), "'max_new_tokens'"),  # before: accepted
+    (dict(do_sample=True, temperature=1e-300), "'temperature'"),  # before: RuntimeError from torch.multinomial
+    (dict(do_sample=True, temperature=0.0), "'temperature'"),
+    (dict(generation_config=GenerationConfig(max_new_tokens=2, num_beams=0)), "'num_beams'"),
+])
+def test_generate_arguments_out_of_range_are_refused(model, arguments, name):
+    refused(lambda: model.generate(tokens(1, 3, seed=6), **{"max_new_tokens": 2, **arguments}), name)
+
+
+def test_sampling_at_the_lowest_temperature_draws_the_most_likely_tokens(model):
+    """The floor is a temperature whose logits stay finite: sampling there is greedy decoding."""
+    ids = tokens(1, 3, seed=6)
+    greedy = model.generate(ids, max_new_tokens=4, do_sample=False)
+    sampled = model.generate(ids, max_new_tokens=4, do_sample=True, temperature=MIN_TEMPERATURE, top_k=0)
+    assert torch.equal(sampled, greedy)
+
+
+def test_embeddings_of_another_dtype_and_a_state_of_another_model_are_refused(model):
+    """Before: float64 inputs_embeds for a float32 model was a RuntimeError from a product; a
+    state from a model of another width, a RuntimeError (another family's, an AttributeError)."""
+    single = make_model("mamba2", True).float()
+    refused(lambda: single(inputs_embeds=torch.zeros(1, 3, 16, dtype=torch.float64)), "inputs_embeds", "float32")
+    torch.manual_seed(0)
+    wider = build_model(config_from_options(dict(architecture="mamba2", vocab_size=VOCAB, hidden_size=32,
+                                                 num_hidden_layers=2, state_size=8, head_dim=8))).double()
+    with torch.no_grad():
+        for other in (wider, make_model("llama", True)):
+            state = other(tokens(1, 3, seed=7), use_cache=True).state
+            for mode in ("simultaneous", "sequential"):
+                refused(lambda: model(tokens(1, 2, seed=8), state=state, mode=mode), "state[0]", "this model's blocks")
+
+
+@pytest.mark.parametrize("value", [2, 0.5, -1])
+def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(model, value):
+    """Before: a mask of 2s or 0.5s was accepted (read as real tokens)."""
+    mask = torch.ones(1, 4, dtype=torch.float64 if isinstance(value, float) else torch.long)
+    mask[0, 0] = value
+    refused(lambda: model(tokens(1, 4, seed=9), attention_mask=mask), "attention_mask", "1 at real tokens", str(value))
 
 
 def test_save_pretrained_onto_a_file_is_refused_and_leaves_it(model, tmp_path):

@@ -423,3 +423,17 @@ def test_every_family_of_the_table_is_registered_loadable_and_importable(family,
     SOURCES[family.architecture]().save_pretrained(tmp_path / "source")
     assert type(from_hf(tmp_path / "source")) is family.model_class
     assert set(FAMILY_OPTIONS) == set(SOURCES) == {family.architecture for family in FAMILIES}
+
+
+def test_loading_shows_no_progress_bar_and_leaves_the_setting_as_it_was(saved, capsys):
+    """Before: transformers' "Loading weights" bar, under progress=False and --no-progress too."""
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()
+    try:
+        capsys.readouterr()
+        load_model(saved)
+        assert "Loading weights" not in capsys.readouterr().err
+        assert transformers_logging.is_progress_bar_enabled()
+    finally:
+        if not enabled:
+            transformers_logging.disable_progress_bar()

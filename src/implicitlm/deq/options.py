@@ -157,6 +157,15 @@ class FixedPointOptions(Options):
         if tol is not None and not (isinstance(tol, float) and tol == math.inf):
             check_field("argument", "tol", tol, float, NON_NEGATIVE)
 
+    @classmethod
+    def check_call_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:
+        """A caller's ``max_iter`` and ``tol`` (a forward's, an evaluation's), each held to the
+        rule of the option it stands in for, as ``replace`` holds them: a ``tol`` of 0 or an
+        infinite one is refused there, and only the solver's own probes ask for them."""
+        cls.check_budget(max_iter, None, training)
+        if tol is not None:
+            check_field("argument", "tol", tol, float, cls.FIELD_RULES["tol"])
+
     def budget(self, max_iter: int | None, tol: float | None, mode: str = "sequential") -> tuple[int, float]:
         """A call's ``(max_iter, tol)``, each None filled from the options of ``mode``
         ("training", "simultaneous" or "sequential", as ``solver_for``): training's own

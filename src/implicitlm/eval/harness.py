@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from accelerate.utils import find_executable_batch_size
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm.auto import tqdm
 
 from ..core.errors import OptionError, quoted
@@ -49,10 +48,12 @@ from ..models import ImplicitCausalLM, load_model
 from ..models.loading import torch_dtype
 from ..models.implicit_lm import MODES
 from ..tasks.lm import model_tokenizer
+from .harness_arguments import (
+    AUTO_BATCH, batch_size_argument, boolean_argument, model_arguments, positive_int_argument,
+)
 
 MODEL_NAME = "implicitlm"
 DEFAULT_MAX_LENGTH = 2048  # the paper's training context
-AUTO_BATCH = "auto"
 DEFAULT_MAX_BATCH_SIZE = 64  # lm-eval's, for its own Hugging Face model
 
 
@@ -89,23 +90,32 @@ class ImplicitLMHarness(TemplateLM):
         if mode not in MODES:
             raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         # Before the model loads, and so before any request runs or a result records them.
-        FixedPointOptions.check_budget(max_iter, tol, training=False)
+        FixedPointOptions.check_call_budget(max_iter, tol, training=False)
         self.model = load_model(pretrained) if isinstance(pretrained, (str, Path)) else pretrained
         self.model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
         self.tokenizer = model_tokenizer(self.model, tokenizer, "tokenizer=")
         self.mode, self.max_iter, self.tol = mode, max_iter, tol
-        self.batch_size = _batch_size(batch_size)
+        self.batch_size = batch_size_argument(batch_size)
         # None, not 0, takes the default: a 0 given is refused.
-        self.max_batch_size = _positive_int(
+        self.max_batch_size = positive_int_argument(
             "max_batch_size", DEFAULT_MAX_BATCH_SIZE if max_batch_size is None else max_batch_size
         )
-        self.max_length = _positive_int("max_length", DEFAULT_MAX_LENGTH if max_length is None else max_length)
-        self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
+        self.max_length = positive_int_argument("max_length", DEFAULT_MAX_LENGTH if max_length is None else max_length)
+        self.max_gen_toks = positive_int_argument("max_gen_toks", max_gen_toks)
         self.progress = progress
-        self.share_contexts = _boolean("share_contexts", share_contexts)
+        self.share_contexts = boolean_argument("share_contexts", share_contexts)
         self._device = self.model.device
         # Every request's fixed points, reported in the results' "config" (get_model_info).
         self.convergence = ConvergenceTally()
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None):
+        """lm-eval's ``--model_args`` and the flags it adds, checked (``harness_arguments``)."""
+        return cls(**model_arguments(cls.__init__, arg_dict, additional_config))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     def get_model_info(self) -> dict[str, Any]:
         """The settings lm-eval records in its results' "config" (the budget as used)."""
@@ -258,7 +268,7 @@ class ImplicitLMHarness(TemplateLM):
         prompts = []
         for context, settings in (request.args for request in requests):
             settings = dict(settings)
-            max_new = _positive_int("max_gen_toks", settings.pop("max_gen_toks", self.max_gen_toks))
+            max_new = positive_int_argument("max_gen_toks", settings.pop("max_gen_toks", self.max_gen_toks))
             until = _stop_strings(settings.pop("until", None))
             if not settings.get("do_sample", False) or settings.get("temperature") == 0.0:
                 # lm-eval's temperature 0 means greedy; transformers would reject it.
@@ -310,15 +320,15 @@ class ImplicitLMHarness(TemplateLM):
         ``find_executable_batch_size``, as lm-eval's own model uses) whose simultaneous forward over ``longest`` tokens runs out of no memory
         (accelerate's probe). Simultaneous mode holds the most at once, and the solve
         without gradients holds the same whatever its iterations, so one iteration probes
-        (to an infinite tolerance: a convergence check must not fail a probe)."""
+        (``probing``: a convergence check must not fail a probe)."""
         if self.batch_size != AUTO_BATCH:
             return self.batch_size
 
         @find_executable_batch_size(starting_batch_size=self.max_batch_size)
         def probe(batch_size: int) -> int:
             ids = torch.full((batch_size, longest), self.eot_token_id, dtype=torch.long, device=self.device)
-            with torch.no_grad():
-                self.model(ids, mode="simultaneous", max_iter=1, tol=math.inf)
+            with torch.no_grad(), self.model.probing():
+                self.model(ids, mode="simultaneous")
             return batch_size
 
         size = probe()
@@ -387,33 +397,6 @@ def _device(name: str | None) -> torch.device:
         logging.getLogger(__name__).warning("device %s: no CUDA device here, running on the CPU", name)
         return torch.device("cpu")
     return device
-
-
-def _batch_size(value: Any) -> int | str:
-    """A positive number, or "auto" (lm-eval's "auto:N" too: one probe per request type here)."""
-    if isinstance(value, str) and value.strip().split(":")[0] == AUTO_BATCH:
-        return AUTO_BATCH
-    try:
-        return _positive_int("batch_size", value)
-    except OptionError:
-        raise OptionError(f"batch_size must be a positive integer or auto; got {value!r}") from None
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OptionError(f"{name} must be a positive integer; got {value!r}")
-    return value
-
-
-def _boolean(name: str, value: Any) -> bool:
-    """A flag given as a Python bool or, from lm-eval's --model_args, as text."""
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if not isinstance(value, bool):
-        raise OptionError(f"{name} must be true or false; got {value!r}")
-    return value
 
 
 def main() -> int:

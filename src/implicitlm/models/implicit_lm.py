@@ -31,7 +31,8 @@ from ..core.targets import TargetExistsError
 from ..core.weights_digest import WEIGHTS, write_weights_digest
 from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
-from .loss import IGNORE_INDEX, token_cross_entropy
+from .inputs import check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids
+from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack, StackState
 from .stack_passes import StackPasses
@@ -130,6 +131,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         stats for ``input_ids``, by an inference solve in simultaneous mode with this budget:
         what a learned solver is fitted to."""
         self._require_fixed_point(input_ids)
+        max_iter, tol = self._call_budget(max_iter, tol)
         with self._weights_once_per_forward():
             embedded = self.embeddings(input_ids)
             z, stats, _ = self._simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
@@ -238,6 +240,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         and of every decoded token is kept in ``generation_convergence`` and a share that
         stopped above the tolerance is warned about in one line (unless a caller tracking
         convergence around this call reports it itself)."""
+        check_generation_arguments(self.generation_config, args, kwargs)
         caller_tracks = bool(self._tallies)
         # The weight-normalised weights once per generation, not once per token: a token's
         # step is small enough that computing them again was a twentieth of its time.
@@ -291,7 +294,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = _transformers_options(kwargs)
-        self._check_inputs(input_ids, inputs_embeds, attention_mask, state, labels)
+        check_forward_inputs(self, input_ids, inputs_embeds, attention_mask, state, labels)
+        max_iter, tol = self._call_budget(max_iter, tol)
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
@@ -327,23 +331,6 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             hidden_states=hidden_states
         )
         return output.to_tuple() if return_dict is False else output
-
-    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, state, labels) -> None:
-        """The inputs of a forward, each refused in one line naming it where the passes would
-        fail deep inside or, worse, misread it: a mask of another shape broadcasts, and an id
-        in the padded rows of the embedding reads a row no token was trained on."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise OptionError("give exactly one of input_ids and inputs_embeds")
-        if input_ids is not None:
-            shape = check_token_ids(input_ids, self.config.vocab_size)
-        else:
-            shape = check_embeddings(inputs_embeds, self.config.hidden_size)
-        if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor) and _shape(attention_mask) == shape):
-            raise OptionError(f"attention_mask must be a tensor of the input's shape {shape}; got {_described(attention_mask)}")
-        if state is not None:
-            self.stack.check_state(state, batch=shape[0])
-        if labels is not None:
-            check_labels(labels, shape, self.config.vocab_size)
 
     def _hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
         """Every block's input and the stack's output, from one more pass of the stack: at
@@ -460,74 +447,6 @@ def _kept_positions(logits_to_keep: int | torch.Tensor, labels: torch.Tensor | N
     if labels is not None:
         raise OptionError("a loss needs the logits of every position: give labels with logits_to_keep=0")
     return logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
-
-
-def check_token_ids(input_ids, vocab_size: int) -> tuple[int, int]:
-    """``input_ids``: (batch, length) integer ids in [0, ``vocab_size``), at least one of
-    each; returns the shape."""
-    integer = isinstance(input_ids, torch.Tensor) and input_ids.dtype in (torch.int64, torch.int32)
-    if not integer or input_ids.dim() != 2:
-        raise OptionError(f"input_ids must be a 2-d tensor of integer token ids (batch, length); got {_described(input_ids)}")
-    if input_ids.numel() == 0:
-        raise OptionError(f"input_ids must hold at least one row of at least one token; got shape {_shape(input_ids)}")
-    low, high = (int(bound) for bound in torch.aminmax(input_ids))
-    if low < 0 or high >= vocab_size:
-        raise OptionError(f"input_ids must lie in [0, {vocab_size}), the vocabulary; got {low if low < 0 else high}")
-    return _shape(input_ids)
-
-
-def check_labels(labels, shape: tuple[int, int], vocab_size: int) -> None:
-    """``labels``: integer ids in [0, ``vocab_size``), or ``IGNORE_INDEX`` where no loss is
-    taken, of the input's ``shape``."""
-    integer = isinstance(labels, torch.Tensor) and labels.dtype in (torch.int64, torch.int32)
-    if not integer or _shape(labels) != shape:
-        raise OptionError(f"labels must be a tensor of integer token ids of the input's shape {shape}; got {_described(labels)}")
-    outside = (labels >= vocab_size) | ((labels < 0) & (labels != IGNORE_INDEX))
-    if bool(outside.any()):
-        raise OptionError(f"labels must lie in [0, {vocab_size}), the vocabulary, or be {IGNORE_INDEX} (no loss); "
-                          f"got {int(labels[outside][0])}")
-
-
-def check_embeddings(inputs_embeds, hidden_size: int) -> tuple[int, int]:
-    """``inputs_embeds``: (batch, length, ``hidden_size``) floats, at least one token in at
-    least one row; returns (batch, length)."""
-    if not (isinstance(inputs_embeds, torch.Tensor) and inputs_embeds.is_floating_point()
-            and inputs_embeds.dim() == 3 and inputs_embeds.shape[-1] == hidden_size):
-        raise OptionError(f"inputs_embeds must be a float tensor (batch, length, {hidden_size}); got {_described(inputs_embeds)}")
-    if inputs_embeds.numel() == 0:
-        raise OptionError(f"inputs_embeds must hold at least one row of at least one token; got shape {_shape(inputs_embeds)}")
-    return _shape(inputs_embeds)[:2]
-
-
-def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(tensor.shape)
-
-
-def _described(value) -> str:
-    """A tensor argument, for a message: its shape and dtype, or what it is instead."""
-    if isinstance(value, torch.Tensor):
-        return f"shape {_shape(value)}, {str(value.dtype).removeprefix('torch.')}"
-    return type(value).__name__
-
-
-def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None, continues: bool) -> None:
-    """Positions here follow from the order of the real tokens: a recurrence has no other,
-    and attention rotates each token by the real tokens before it, which is what
-    transformers' ``generate`` computes from a left-padded mask. ``position_ids`` that say
-    the same are accepted; others (packed documents, gaps, offsets) would be silently
-    ignored, so they are refused. Continuing a ``state``, only their steps are checked."""
-    real = padding if padding is not None else torch.ones(position_ids.shape[-1], dtype=torch.bool, device=position_ids.device)
-    real = real.expand(*position_ids.shape[:-1], -1) if real.dim() == 1 else real
-    position_ids = position_ids.expand_as(real)
-    expected = real.long().cumsum(dim=-1) - 1
-    if continues:
-        first_real = real.long().argmax(dim=-1, keepdim=True)
-        expected = expected + position_ids.gather(-1, first_real)
-    if bool((position_ids != expected)[real].any()):
-        raise OptionError(
-            "position_ids must number the real tokens 0, 1, 2, ... (after left padding, as generate() computes them); "
-            "other positions are not supported: the model's positions follow from token order"
-        )
 
 
 def _fill_parametrization_cache(model: nn.Module) -> None:

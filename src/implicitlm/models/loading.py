@@ -16,7 +16,6 @@ from safetensors import SafetensorError, safe_open
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.utils import logging as transformers_logging
 
-from ..core.atomic_io import recover_replaced
 from ..core.errors import DataError, first_line, quoted
 from ..core.json_file import read_json_object
 from ..deq import InitialGuess, LearnedMixing
@@ -32,6 +31,7 @@ from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES
 from .implicit_lm import MODES, ImplicitCausalLM
+from .locations import hub_model_class, local_model_path
 
 LOGGER = logging.getLogger("implicitlm")
 CONFIG = "config.json"
@@ -179,10 +179,11 @@ def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: t
     """``cls.from_pretrained(path, *model_args, **options)``: a saved model (config.json +
     model.safetensors), or a training run's latest checkpoint, its config, weights' digest,
     weight names, shapes and values and its generation_config.json checked; weights come
-    from safetensors only. ``cls``: ImplicitCausalLM (the family the config names) or a
+    from safetensors only (``locations``: a name that is neither a folder here nor a Hub
+    id is refused). ``cls``: ImplicitCausalLM (the family the config names) or a
     family's class (a model of another family is refused). ``options``: transformers'
-    (``dtype``, ``device_map``, ``config``, ...), and fields of the config to change. A relative
-    name that exists nowhere here goes to transformers (the Hub), whose files hold no digest.
+    (``dtype``, ``device_map``, ``config``, ...), and fields of the config to change. A Hub id
+    (``owner/name``) that names nothing here goes to transformers, whose files hold no digest.
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
@@ -191,20 +192,18 @@ def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: t
     written the next: a read that fails as the run moves on is made again from the newest.
     """
     wants_report = options.pop("output_loading_info", False)
-    local = Path(path, options.get("subfolder") or "")
-    # A relative name that is nowhere here is a Hub repository's, as transformers reads it.
-    if local.exists() or local.is_absolute():
+    local = local_model_path(path, options.get("subfolder"))
+    if local is not None:
         options.pop("subfolder", None)
         model, report = _load_local(cls, local, model_args, options)
     else:
-        model, report = _load_weights(cls, path, model_args, options)
+        model, report = _load_weights(hub_model_class(cls, path, options), path, model_args, options)
         check_load_report(Path(path), report)
         check_finite(Path(path), model)
     return (model, report) if wants_report else model
 
 
 def _load_local(cls, path: Path, model_args: tuple, options: dict[str, Any]):
-    recover_replaced(path)  # a checkpoint swap cut between its two renames
     folder = model_folder(path)
     for _ in range(READ_ATTEMPTS):
         try:
@@ -360,13 +359,18 @@ def _shapes_config(shapes: dict[str, list[int]]) -> str:
 @contextlib.contextmanager
 def silenced_load_report():
     """transformers prints a table of missing and unexpected weights; those are refused
-    in one line instead (``check_load_report``), so its table would only be noise before that line."""
-    level = transformers_logging.get_verbosity()
+    in one line instead (``check_load_report``), so its table would only be noise before that
+    line. Its "Loading weights" bar too, as the command line has it: a checkpoint loads at once,
+    and a caller that turned progress off (``progress=False``) gets no bar from a load."""
+    level, bar = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
     transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
         transformers_logging.set_verbosity(level)
+        if bar:
+            transformers_logging.enable_progress_bar()
 
 
 def _check_weights_digest(path: Path) -> bool:

@@ -57,6 +57,11 @@ class BlockStack(nn.Module):
             raise OptionError(f"state[{index}] must be a block state of a previous output; got {type(states[index]).__name__}")
         if set(rows) != {batch}:
             raise OptionError(f"state holds {', '.join(map(str, sorted(set(rows))))} rows; the input has {batch}")
+        for index, (layer, state) in enumerate(zip(self.layers, states)):
+            expected = layer.initial_state(1, device="meta", dtype=torch.float32)
+            if type(state) is not type(expected) or not _same_layout(state, expected):
+                raise OptionError(f"state[{index}] is not a state of this model's blocks (another model's, of another "
+                                  f"width or family?): got {_layout(state)}, expected {_layout(expected)}")
 
     def select_state(self, states: list[Any], index: torch.Tensor) -> list[Any]:
         """The states of batch rows ``index``, in that order (every state tensor is batch-first)."""
@@ -136,6 +141,28 @@ def _state_rows(state: Any) -> int | None:
         return None
     values = (getattr(state, field.name) for field in dataclasses.fields(state))
     return next((value.shape[0] for value in values if isinstance(value, torch.Tensor) and value.dim() > 0), None)
+
+
+def _same_layout(state: Any, expected: Any) -> bool:
+    """Whether each tensor of a block state has the sizes of the one ``expected`` (a block's
+    initial state) holds, past the batch; a size the initial state holds none of (the tokens a
+    cache has read) may be any."""
+    for field in dataclasses.fields(expected):
+        want, found = getattr(expected, field.name), getattr(state, field.name)
+        if want is None:
+            continue
+        if not isinstance(found, torch.Tensor) or found.dim() != want.dim():
+            return False
+        if any(size and size != other for size, other in zip(want.shape[1:], found.shape[1:])):
+            return False
+    return True
+
+
+def _layout(state: Any) -> str:
+    """A block state's type and tensor sizes past the batch, for a message."""
+    sizes = [f"{field.name} {tuple(value.shape[1:])}" for field in dataclasses.fields(state)
+             if isinstance(value := getattr(state, field.name), torch.Tensor)]
+    return f"{type(state).__name__}({', '.join(sizes)})"
 
 
 def _select_rows(state: Any, index: torch.Tensor) -> Any:

@@ -5,17 +5,38 @@ that missed the tolerance) or token by token, as an RNN."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
+from typing import Iterator
 
 import torch
 
 from ..core.errors import OptionError
-from ..deq import KeptState, chain_chunks, solve_sequence, with_retried_rows
+from ..deq import FixedPointOptions, KeptState, chain_chunks, solve_sequence, with_retried_rows
 
 
 class StackPasses:
     """Mixed into ``ImplicitCausalLM``: these methods use its ``config``, ``stack``,
     ``solver`` and ``training``."""
+
+    @contextlib.contextmanager
+    def probing(self) -> Iterator[None]:
+        """Inside the block every forward probes the memory its batch takes: each solve stops at
+        its first evaluation (a solve without gradients holds as much whatever its iterations),
+        to an infinite tolerance, so that it counts as converged and no convergence check
+        fails a probe. A caller's own budget cannot ask for that (``_call_budget``)."""
+        self.__dict__["_probe_budget"] = (1, math.inf)
+        try:
+            yield
+        finally:
+            self.__dict__["_probe_budget"] = None
+
+    def _call_budget(self, max_iter, tol) -> tuple:
+        """A call's ``max_iter`` and ``tol``, held to the rules ``set_fixed_point_options``
+        holds the options they stand in for to; inside ``probing``, one evaluation."""
+        FixedPointOptions.check_call_budget(max_iter, tol, training=self.training)
+        return self.__dict__.get("_probe_budget") or (max_iter, tol)
 
     def _chunk_length(self, chunk_length: int | None) -> int:
         """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an

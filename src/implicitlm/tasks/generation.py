@@ -23,6 +23,7 @@ from ..core.errors import DataError, OptionError
 from ..core.targets import exclusive_target
 from ..models import ImplicitCausalLM, load_model
 from ..models.implicit_lm import MODES
+from ..models.inputs import MIN_TEMPERATURE
 from ..models.loading import torch_dtype
 from .lm import model_tokenizer
 
@@ -56,8 +57,9 @@ class Decoding:
         _check(_is_int(self.num_return_sequences) and self.num_return_sequences >= 1, "num_return_sequences",
                "a positive integer", self.num_return_sequences)
         _check(self.seed is None or (_is_int(self.seed) and self.seed >= 0), "seed", "an integer >= 0", self.seed)
-        _check(self.temperature is None or (_is_number(self.temperature) and self.temperature > 0), "temperature",
-               "a positive number", self.temperature)
+        _check(self.temperature is None or (_is_number(self.temperature) and self.temperature >= MIN_TEMPERATURE),
+               "temperature", f"a number >= {MIN_TEMPERATURE:g} (a lower one overflows the logits; greedy decoding "
+               "takes the most likely tokens)", self.temperature)
         _check(self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k", "a positive integer",
                self.top_k)
         _check(self.top_p is None or (_is_number(self.top_p) and 0 < self.top_p <= 1), "top_p", "a number in (0, 1]",

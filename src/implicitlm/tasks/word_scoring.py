@@ -4,7 +4,6 @@ the next, so an evaluation at any length runs in bounded memory; and that memory
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -288,8 +287,8 @@ def forward_bytes(model, mode: str, rows: int, window: int, length: int) -> int:
     tokens = torch.zeros((rows, positions), dtype=torch.long, device=device)
 
     def one_batch() -> None:
-        with torch.no_grad():
-            output = model(tokens, mode=mode, max_iter=1, tol=math.inf, use_cache=window < length)
+        with torch.no_grad(), model.probing():
+            output = model(tokens, mode=mode, use_cache=window < length)
             output.logits.argmax(-1)
 
     measured = peak_growth(one_batch, device)

@@ -1,0 +1,139 @@
+"""The checks of what a caller hands ``ImplicitCausalLM``'s ``forward`` and ``generate``: each
+argument refused in one line naming it where the passes would fail deep inside or, worse,
+misread it (a mask of another shape broadcasts, an id in the padded rows of the embedding
+reads a row no token was trained on, a mask of 2s counts as real tokens)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from ..core.errors import OptionError
+from ..core.schema import POSITIVE, Rule, check_field
+from .loss import IGNORE_INDEX
+
+# Sampling divides the float32 logits by the temperature: at this one, logits up to 3.4e8
+# stay within float32's range (3.4e38); below it they may overflow to inf, and the
+# probabilities drawn from become NaN.
+MIN_TEMPERATURE = 1e-30
+# The generate() arguments that transformers divides by (num_beams) or takes as they are
+# (max_new_tokens=1.5), read from the keywords or else from the generation config.
+_COUNTS = ("num_beams", "max_new_tokens")
+
+
+def check_forward_inputs(model, input_ids, inputs_embeds, attention_mask, state, labels) -> None:
+    """The inputs of a forward of ``model``, each refused in one line naming it."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise OptionError("give exactly one of input_ids and inputs_embeds")
+    if input_ids is not None:
+        shape = check_token_ids(input_ids, model.config.vocab_size)
+    else:
+        shape = check_embeddings(inputs_embeds, model.config.hidden_size, model.embeddings.weight.dtype)
+    if attention_mask is not None:
+        check_attention_mask(attention_mask, shape)
+    if state is not None:
+        model.stack.check_state(state, batch=shape[0])
+    if labels is not None:
+        check_labels(labels, shape, model.config.vocab_size)
+
+
+def check_generation_arguments(default: GenerationConfig, args: tuple, kwargs: dict[str, Any]) -> None:
+    """``generate(*args, **kwargs)``'s counts and temperature, given as keywords or in a
+    ``generation_config`` (the second positional argument, as transformers takes it; else the
+    model's ``default``): num_beams=0 divided by zero, a temperature whose logits overflow
+    drew from NaN probabilities, max_new_tokens=1.5 was taken as it is."""
+    config = kwargs.get("generation_config", args[1] if len(args) > 1 else None) or default
+
+    def value(name: str) -> Any:
+        return kwargs[name] if name in kwargs else getattr(config, name, None)
+
+    for name in _COUNTS:
+        if value(name) is not None:
+            check_field("argument", name, value(name), int, POSITIVE)
+    if value("temperature") is not None:
+        check_field("argument", "temperature", value("temperature"), float,
+                    Rule(f">= {MIN_TEMPERATURE:g} (a lower one overflows the logits; do_sample=False takes the most "
+                         "likely tokens)",
+                         lambda temperature: temperature >= MIN_TEMPERATURE))
+
+
+def check_token_ids(input_ids, vocab_size: int) -> tuple[int, int]:
+    """``input_ids``: (batch, length) integer ids in [0, ``vocab_size``), at least one of
+    each; returns the shape."""
+    integer = isinstance(input_ids, torch.Tensor) and input_ids.dtype in (torch.int64, torch.int32)
+    if not integer or input_ids.dim() != 2:
+        raise OptionError(f"input_ids must be a 2-d tensor of integer token ids (batch, length); got {_described(input_ids)}")
+    if input_ids.numel() == 0:
+        raise OptionError(f"input_ids must hold at least one row of at least one token; got shape {_shape(input_ids)}")
+    low, high = (int(bound) for bound in torch.aminmax(input_ids))
+    if low < 0 or high >= vocab_size:
+        raise OptionError(f"input_ids must lie in [0, {vocab_size}), the vocabulary; got {low if low < 0 else high}")
+    return _shape(input_ids)
+
+
+def check_labels(labels, shape: tuple[int, int], vocab_size: int) -> None:
+    """``labels``: integer ids in [0, ``vocab_size``), or ``IGNORE_INDEX`` where no loss is
+    taken, of the input's ``shape``."""
+    integer = isinstance(labels, torch.Tensor) and labels.dtype in (torch.int64, torch.int32)
+    if not integer or _shape(labels) != shape:
+        raise OptionError(f"labels must be a tensor of integer token ids of the input's shape {shape}; got {_described(labels)}")
+    outside = (labels >= vocab_size) | ((labels < 0) & (labels != IGNORE_INDEX))
+    if bool(outside.any()):
+        raise OptionError(f"labels must lie in [0, {vocab_size}), the vocabulary, or be {IGNORE_INDEX} (no loss); "
+                          f"got {int(labels[outside][0])}")
+
+
+def check_embeddings(inputs_embeds, hidden_size: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``inputs_embeds``: (batch, length, ``hidden_size``) floats of the model's ``dtype``, at
+    least one token in at least one row; returns (batch, length)."""
+    if not (isinstance(inputs_embeds, torch.Tensor) and inputs_embeds.dtype == dtype
+            and inputs_embeds.dim() == 3 and inputs_embeds.shape[-1] == hidden_size):
+        raise OptionError(f"inputs_embeds must be a {str(dtype).removeprefix('torch.')} tensor (batch, length, "
+                          f"{hidden_size}), of the model's dtype and width; got {_described(inputs_embeds)}")
+    if inputs_embeds.numel() == 0:
+        raise OptionError(f"inputs_embeds must hold at least one row of at least one token; got shape {_shape(inputs_embeds)}")
+    return _shape(inputs_embeds)[:2]
+
+
+def check_attention_mask(attention_mask, shape: tuple[int, int]) -> None:
+    """``attention_mask``: 1 at real tokens, 0 at padding, of the input's ``shape``."""
+    if not (isinstance(attention_mask, torch.Tensor) and _shape(attention_mask) == shape):
+        raise OptionError(f"attention_mask must be a tensor of the input's shape {shape}; got {_described(attention_mask)}")
+    other = (attention_mask != 0) & (attention_mask != 1)
+    if bool(other.any()):
+        raise OptionError(f"attention_mask must hold 1 at real tokens and 0 at padding; got {attention_mask[other][0].item()!r}")
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
+
+
+def _described(value) -> str:
+    """A tensor argument, for a message: its shape and dtype, or what it is instead."""
+    if isinstance(value, torch.Tensor):
+        return f"shape {_shape(value)}, {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None, continues: bool) -> None:
+    """Positions here follow from the order of the real tokens: a recurrence has no other,
+    and attention rotates each token by the real tokens before it, which is what
+    transformers' ``generate`` computes from a left-padded mask. ``position_ids`` that say
+    the same are accepted; others (packed documents, gaps, offsets) would be silently
+    ignored, so they are refused. Continuing a ``state``, only their steps are checked."""
+    real = padding if padding is not None else torch.ones(position_ids.shape[-1], dtype=torch.bool, device=position_ids.device)
+    real = real.expand(*position_ids.shape[:-1], -1) if real.dim() == 1 else real
+    position_ids = position_ids.expand_as(real)
+    expected = real.long().cumsum(dim=-1) - 1
+    if continues:
+        first_real = real.long().argmax(dim=-1, keepdim=True)
+        expected = expected + position_ids.gather(-1, first_real)
+    if bool((position_ids != expected)[real].any()):
+        raise OptionError(
+            "position_ids must number the real tokens 0, 1, 2, ... (after left padding, as generate() computes them); "
+            "other positions are not supported: the model's positions follow from token order"
+        )
+
+

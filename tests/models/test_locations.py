@@ -1,0 +1,84 @@
+"""A model's name that is neither a folder here nor a Hub id (``owner/name``) is refused at once,
+in one line naming it, by every way a model is loaded: ``load_model``, ``from_pretrained``, the
+commands that take a checkpoint and the lm-eval adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from implicitlm.cli import main
+from implicitlm.core.errors import ImplicitLMError, OptionError
+from implicitlm.eval.lm_eval_command import run_command
+from implicitlm.models import ImplicitCausalLM, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
+
+from tests.models.test_import_and_load import tiny_model
+
+pytestmark = pytest.mark.usefixtures("offline_hub")
+
+
+def one_line(call, error_type: type = ModelLoadError) -> str:
+    with pytest.raises(error_type) as raised:
+        call()
+    message = str(raised.value)
+    assert "\n" not in message and "config_class" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("loader", [load_model, ImplicitCausalLM.from_pretrained, ImplicitMamba2ForCausalLM.from_pretrained])
+@pytest.mark.parametrize("name", ["nonexist", "./nonexist", "nonexist/", "../nonexist/model", "a/b/c"])
+def test_a_missing_path_is_named_as_missing(loader, name, tmp_path, monkeypatch):
+    """Before: ImplicitCausalLM does not define `config_class` (a ValueError of transformers')."""
+    monkeypatch.chdir(tmp_path)
+    message = one_line(lambda: loader(name))
+    assert message.startswith(name) and "does not exist" in message
+    assert "does not exist" in one_line(lambda: loader(tmp_path / name))
+
+
+def test_an_empty_or_no_path_is_refused_in_one_line():
+    """Before: ValueError: PosixPath('.') has an empty name; TypeError for None."""
+    assert "empty path" in one_line(lambda: load_model(""))
+    for value in (None, 3, b"model"):
+        assert "pretrained_model_name_or_path" in one_line(lambda: load_model(value), OptionError)
+
+
+def test_a_hub_id_found_nowhere_is_one_line_naming_it():
+    """Offline, an owner/name goes to the Hub, and what the Hub says is one line naming it."""
+    for loader in (load_model, ImplicitMamba2ForCausalLM.from_pretrained):
+        message = one_line(lambda: loader("someone/no-such-model"))
+        assert message.startswith("someone/no-such-model: ") and "Hub" in message
+
+
+def test_a_folder_of_a_hub_like_name_here_is_loaded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny_model(0).save_pretrained(tmp_path / "owner" / "name")
+    assert isinstance(load_model("owner/name"), ImplicitMamba2ForCausalLM)
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "nonexist", "--prompt", "a"],
+    ["lm", "eval", "nonexist", "--data", "."],
+    ["solver", "train", "nonexist", "--out", "fit"],
+    ["words", "eval", "nonexist"],
+])
+def test_commands_name_a_missing_checkpoint(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["implicitlm: error: nonexist: does not exist (not a model folder here, nor a Hub id "
+                                 "owner/name)"], err
+    assert sorted(path.name for path in Path(tmp_path).iterdir()) == []
+
+
+def test_the_lm_eval_command_names_a_missing_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = run_command(["--model", "implicitlm", "--model_args", "pretrained=nonexist", "--tasks", "piqa_local",
+                        "--limit", "1", "--device", "cpu"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert code == 2 and err == ["implicitlm-lm-eval: error: nonexist: does not exist (not a model folder here, nor a "
+                                 "Hub id owner/name)"], err
+
+
+def test_every_refusal_is_an_implicitlm_error():
+    assert issubclass(ModelLoadError, ImplicitLMError) and issubclass(OptionError, ImplicitLMError)
