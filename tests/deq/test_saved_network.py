@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from implicitlm.core.weights_digest import file_sha256
 from implicitlm.deq import InitialGuess, LearnedMixing
 from implicitlm.deq.anderson import MEMORY
 from implicitlm.deq.initial_guess import GUESS_FILE
@@ -81,3 +83,23 @@ def test_a_damaged_or_missing_network_is_refused_in_one_line(tmp_path, part, dam
     with pytest.raises(ModelLoadError, match=expected) as refused:
         load_model(folder)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("part", PARTS)
+@pytest.mark.parametrize("change, expected", [
+    (lambda tensor: tensor.flatten()[0], "is a scalar (0-d)"),  # before: IndexError: tuple index out of range
+    (lambda tensor: torch.full_like(tensor, float("nan")), "holds NaN or Inf"),  # before: loaded (mixing: a warning)
+    (lambda tensor: tensor.long(), "is int64; a learned solver's tensors are float32"),  # before: loaded, cast
+], ids=["0-d", "nan", "int64"])
+def test_a_tensor_of_another_kind_with_its_digest_remade_is_refused_naming_it(tmp_path, part, change, expected):
+    model, file = with_part(part)
+    folder = tmp_path / "m"
+    model.save_pretrained(folder)
+    tensors = load_file(str(folder / file))
+    tensors["hidden.weight"] = change(tensors["hidden.weight"])
+    save_file(tensors, str(folder / file))
+    (folder / f"{file}.sha256").write_text(file_sha256(folder / file) + "\n")
+    with pytest.raises(ModelLoadError) as refused:
+        load_model(folder)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(str(folder / file)) and f"hidden.weight {expected}" in message

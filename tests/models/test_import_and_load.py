@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as transformers_logging
 
 from implicitlm.cli import main
+from implicitlm.core.errors import ImplicitLMError
 from implicitlm.core.targets import writer_lock
 from implicitlm.core.weights_digest import weights_sha256, write_weights_digest
 from implicitlm.models import loading
@@ -372,6 +373,30 @@ def test_from_pretrained_refuses_a_misspelt_config_key(saved, loader):
     # Before: hidden_sise kept as an attribute no one reads, hidden_size at its default (768).
     with pytest.raises(ModelLoadError, match="unknown model option 'hidden_sise'.*hidden_size"):
         loader(saved)
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS.keys())
+def test_from_pretrained_refuses_integer_weights(saved, loader):
+    weights = load_file(saved / "model.safetensors")
+    weights["embeddings.weight"] = weights["embeddings.weight"].long()
+    save_file(weights, saved / "model.safetensors", metadata={"format": "pt"})
+    write_weights_digest(saved)
+    # Before: loaded, cast to float32 without a word.
+    with pytest.raises(ModelLoadError, match="tensor embeddings.weight is I64; a model's weights are floating point"):
+        loader(saved)
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS.keys())
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])
+def test_from_pretrained_refuses_an_unknown_dtype_naming_the_key(saved, loader, key):
+    config = json.loads((saved / "config.json").read_text())
+    config[key] = "nonsense"
+    (saved / "config.json").write_text(json.dumps(config))
+    # Before: ignored, the weights loaded in their own dtype.
+    with pytest.raises(ImplicitLMError) as refused:  # transformers' Auto class reads the config first
+        loader(saved)
+    assert f"model option '{key}' must be the name of a floating dtype" in str(refused.value)
+    assert str(refused.value).startswith(str(saved / "config.json")) or loader == LOADERS["AutoModelForCausalLM"]
 
 
 def test_from_pretrained_of_a_run_folder_loads_its_newest_checkpoint(tmp_path):

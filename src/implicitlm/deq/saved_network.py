@@ -45,6 +45,8 @@ def load_network(folder: str | Path, file: str, build: Callable[[dict[str, torch
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
         raise DataError(f"{path}: not a safetensors file ({str(error).splitlines()[0]})") from None
+    for name, tensor in tensors.items():
+        _check_tensor(path, name, tensor)
     network = build(tensors)
     expected = {name: tuple(tensor.shape) for name, tensor in network.state_dict().items()}
     found = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
@@ -52,3 +54,15 @@ def load_network(folder: str | Path, file: str, build: Callable[[dict[str, torch
         raise DataError(f"{path}: tensors {json.dumps(found)}, but a model of these sizes needs {json.dumps(expected)}")
     network.load_state_dict(tensors)
     return network.eval().requires_grad_(False)
+
+
+def _check_tensor(path: Path, name: str, tensor: torch.Tensor) -> None:
+    """A tensor of a learned solver's file, as ``save_network`` writes them: float32 weights of
+    one or more dimensions, finite. A NaN mixing would only be caught, if at all, solve by solve."""
+    if tensor.dtype != torch.float32:
+        raise DataError(f"{path}: tensor {name} is {str(tensor.dtype).removeprefix('torch.')}; "
+                        f"a learned solver's tensors are float32")
+    if tensor.dim() == 0:
+        raise DataError(f"{path}: tensor {name} is a scalar (0-d); a learned solver's tensors are weight matrices and vectors")
+    if not bool(torch.isfinite(tensor).all()):
+        raise DataError(f"{path}: tensor {name} holds NaN or Inf")

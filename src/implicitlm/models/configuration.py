@@ -7,6 +7,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
+import torch
 from transformers import PretrainedConfig
 
 from ..core.migrations import fixed_point_options
@@ -62,6 +63,7 @@ class ImplicitLMConfig(PretrainedConfig):
         fixed_point: dict[str, Any] | None = None, tie_word_embeddings: bool = True, **kwargs: Any,
     ) -> None:
         set_arguments(self, ImplicitLMConfig, locals())
+        check_dtype_names(kwargs)
         self.fixed_point = FixedPointOptions.from_dict(fixed_point_options(fixed_point or {})).to_dict()
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
@@ -87,6 +89,16 @@ def set_arguments(config: ImplicitLMConfig, cls: type[ImplicitLMConfig], argumen
     for name in hints:
         if name != "return" and name != "kwargs":
             setattr(config, name, arguments[name])
+
+
+def check_dtype_names(fields: dict[str, Any]) -> None:
+    """A config's ``dtype`` (``torch_dtype``, as transformers spelt it before) names a floating
+    torch dtype: transformers reads a name it does not know as no dtype at all, or fails deep inside."""
+    for key in ("dtype", "torch_dtype"):
+        value = fields.get(key)
+        named = getattr(torch, value, None) if isinstance(value, str) else value
+        if value is not None and not (isinstance(named, torch.dtype) and named.is_floating_point):
+            raise option_error(WHAT, key, "the name of a floating dtype (float32, bfloat16, ...) or null", value)
 
 
 def check_time_steps(config: ImplicitLMConfig) -> None:

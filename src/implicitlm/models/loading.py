@@ -7,12 +7,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.utils import logging as transformers_logging
 
@@ -32,6 +30,7 @@ from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES
 from .implicit_lm import MODES, ImplicitCausalLM
 from .locations import hub_model_class, local_model_path
+from .weight_header import check_floating_weights, shape_mismatch
 
 LOGGER = logging.getLogger("implicitlm")
 CONFIG = "config.json"
@@ -51,8 +50,6 @@ TRANSFORMERS_KEYS = frozenset(PretrainedConfig().to_dict()) | frozenset(Generati
     "torch_dtype", "auto_map", "num_labels", "name_or_path", "_commit_hash", "attn_implementation",
     "experts_implementation",
 }
-# How many of the tensors whose shapes differ from the config's a message names.
-SHAPES_NAMED = 3
 GENERATION_CONFIG = "generation_config.json"
 # What transformers writes into a generation_config.json (_from_model_config, transformers_version included).
 GENERATION_KEYS = tuple(sorted(GenerationConfig().to_dict()))
@@ -222,6 +219,7 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     checked = _check_weights_digest(path)
+    check_floating_weights(path / WEIGHTS)
     with silenced_load_report():
         check_generation_config(path)
         try:
@@ -230,7 +228,8 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
         # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
         except Exception as error:
             # transformers' message about shapes points at a report it printed (or, quietened, did not).
-            message = _shape_mismatch(path, config) or f"{path}: cannot load weights ({first_line(error)})"
+            message = (shape_mismatch(path / WEIGHTS, _meta_model(config))
+                       or f"{path}: cannot load weights ({first_line(error)})")
             raise ModelLoadError(message) from None
     check_load_report(path / WEIGHTS, report)
     check_finite(path / WEIGHTS, model)
@@ -319,41 +318,6 @@ def check_generation_config(folder: Path) -> None:
         raise ModelLoadError(f"{file}: {error}") from None
     except Exception as error:  # transformers' checks fail with several types
         raise ModelLoadError(f"{file}: invalid generation config ({first_line(error)})") from None
-
-
-def _shape_mismatch(path: Path, config: ImplicitLMConfig) -> str | None:
-    """A line naming the first tensors of ``path``'s weights whose shapes differ from those the
-    config gives them, and what the file's shapes show of the config that wrote it; None when
-    the shapes agree (or the file's header cannot be read)."""
-    try:
-        with safe_open(path / WEIGHTS, "pt") as weights:
-            found = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}
-    except (SafetensorError, OSError):
-        return None
-    expected = {name: list(tensor.shape) for name, tensor in _meta_model(config).state_dict().items()}
-    differing = [name for name in expected if name in found and found[name] != expected[name]]
-    if not differing:
-        return None
-    named = ", ".join(f"{name} {found[name]} (config.json: {expected[name]})" for name in differing[:SHAPES_NAMED])
-    return (f"{path / WEIGHTS}: {len(differing)} tensor(s) of other shapes than config.json gives them, first "
-            f"{named}; the weights look like {_shapes_config(found)}")
-
-
-def _shapes_config(shapes: dict[str, list[int]]) -> str:
-    """The config fields that tensor names and shapes show: an injection only in an implicit
-    model, weight-normalised weights only where weight_norm applies, the blocks by their
-    index, the embedding's width and rows (the vocabulary padded up)."""
-    implicit = "injection.weight" in shapes
-    fields = [f"implicit={str(implicit).lower()}"]
-    if implicit:
-        fields.append(f"weight_norm={str(any('.parametrizations.' in name for name in shapes)).lower()}")
-    layers = [int(match[1]) for name in shapes if (match := re.match(r"stack\.layers\.(\d+)\.", name))]
-    if layers:
-        fields.append(f"num_hidden_layers={max(layers) + 1}")
-    embedding = shapes.get("embeddings.weight", [])
-    if len(embedding) == 2:
-        fields += [f"hidden_size={embedding[1]}", f"vocab_size<={embedding[0]}"]
-    return ", ".join(fields)
 
 
 @contextlib.contextmanager
