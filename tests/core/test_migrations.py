@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from implicitlm.cli import main
-from implicitlm.core.errors import OptionError
+from implicitlm.core.errors import DataError, OptionError
 from implicitlm.core.run_folder import latest_checkpoint, training_settings
 from implicitlm.data.shards import TokenShards
 from implicitlm.models import build_model, config_from_options
@@ -166,3 +166,36 @@ def test_phase_budgets_saved_as_iters_resume_as_max_iter_and_are_refused_in_a_pr
     code = main(["words", "train", "--out", str(tmp_path / "new"), "--preset", str(tmp_path / "p.json"), "--no-progress"])
     assert code == 2
     assert capsys.readouterr().err.strip() == "implicitlm: error: training option 'free_iters' is now free_max_iter"
+
+
+@pytest.mark.parametrize("change, expected", [
+    # before: TypeError: unsupported operand type(s) for +: 'int' and 'str'
+    (dict(bounded_steps="1"), "training option 'bounded_steps' must be an integer >= 0, got '1'"),
+    (dict(free_steps=None), "training option 'free_steps' must be an integer >= 0, got None"),
+    # before: train_length won over sequence_length without a word
+    (dict(sequence_length=16), "training option given twice: 'train_length' is the former name of 'sequence_length'"),
+], ids=["bounded-steps-text", "free-steps-null", "both-lengths"])
+def test_a_former_word_run_of_a_wrong_type_or_a_setting_given_twice_is_one_line(tmp_path, capsys, change, expected):
+    write_meta(tmp_path / "checkpoint", {"step": 20, "train": {**FORMER_WORD_SETTINGS, **change}, "data": None})
+    meta = (tmp_path / "checkpoint" / "trainer.json").read_bytes()
+    for read in (lambda: training_settings(tmp_path), lambda: resume_config(tmp_path, {})):
+        with pytest.raises(DataError) as refused:
+            read()
+        assert str(refused.value) == f"{tmp_path / 'checkpoint' / 'trainer.json'}: {expected}"
+    code = main(["words", "train", "--out", str(tmp_path), "--resume", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"implicitlm: error: {tmp_path / 'checkpoint' / 'trainer.json'}: {expected}"], err
+    assert (tmp_path / "checkpoint" / "trainer.json").read_bytes() == meta
+
+
+@pytest.mark.parametrize("settings, key, hint", [
+    ({**FORMER_LM_SETTINGS, "lrr": 0.01}, "lrr", "did you mean 'lr'?"),
+    ({**FORMER_WORD_SETTINGS, "free_tols": 0.1}, "free_tols", "did you mean 'free_tol'?"),
+], ids=["lm", "words"])
+def test_a_resume_refuses_an_unknown_training_setting_naming_it(tmp_path, settings, key, hint):
+    """Before: dropped, and the run resumed with that setting at its default."""
+    checkpoint = write_meta(tmp_path / "checkpoints" / "step_0000009", {"step": 9, "train": settings, "data": None})
+    with pytest.raises(DataError) as refused:
+        resume_config(tmp_path, {"total_steps": 12})
+    message = str(refused.value)
+    assert message.startswith(str(checkpoint / "trainer.json")) and f"unknown key '{key}'" in message and hint in message

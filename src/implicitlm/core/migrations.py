@@ -8,10 +8,11 @@ in ``presets`` and ``tasks``, a checkpoint's folder, training state and data in 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .atomic_io import recover_replaced
-from .errors import OptionError
+from .errors import DataError, OptionError, check_header_keys
+from .schema import at_least, check_field
 
 # The one checkpoint folder of a run of the former word trainer: ``RUN/checkpoint``.
 FORMER_WORD_CHECKPOINT = "checkpoint"
@@ -70,17 +71,23 @@ def _renamed(values: Mapping[str, Any], renamed: Mapping[str, str], what: str) -
     return current
 
 
-def training_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A checkpoint's training settings (its ``trainer.json`` "train") as ``TrainConfig``
-    spells them today, with the ``task``: today's carry it; the former LM trainer's spell
-    ``micro_batch_size``; the rest are the former word trainer's. The phase budgets of
-    either are renamed (``free_iters`` is ``free_max_iter``)."""
-    settings = _renamed(settings, RENAMED_PHASE_BUDGETS, "training option")
-    if "task" in settings:
-        return settings
-    if "micro_batch_size" in settings:
-        return former_lm_settings(settings)
-    return former_word_settings(settings)
+def training_settings(settings: Mapping[str, Any], source: object, known: Sequence[str] | None = None) -> dict[str, Any]:
+    """A checkpoint's training settings (its ``trainer.json`` "train", read from ``source``) as
+    ``TrainConfig`` spells them today, with the ``task``: today's carry it; the former LM
+    trainer's spell ``micro_batch_size``; the rest are the former word trainer's. The phase
+    budgets of either are renamed (``free_iters`` is ``free_max_iter``). With ``known`` (today's
+    names), any other key is refused, not dropped: a misspelt ``lrr`` would resume at the default
+    rate. A setting given under both its names, or a former one of the wrong type, is a one-line
+    DataError naming ``source``."""
+    try:
+        settings = _renamed(settings, RENAMED_PHASE_BUDGETS, "training option")
+        if "task" not in settings:
+            settings = former_lm_settings(settings) if "micro_batch_size" in settings else former_word_settings(settings)
+    except OptionError as error:
+        raise DataError(f"{source}: {error}") from None
+    if known is not None:
+        check_header_keys(settings, [*known, "task"], source, "the training settings")
+    return settings
 
 
 def former_word_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,14 +95,14 @@ def former_word_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     (``bounded_steps``, ``free_steps``, after ``unroll_steps``), and lacked the options it
     had no use for. Becomes ``sequence_length``, ``total_steps`` with ``bounded_fraction``,
     and those options at the values it trained with."""
-    settings = dict(settings)
-    phases = [settings.pop(name) for name in ("bounded_steps", "free_steps") if name in settings]
-    if "train_length" in settings:
-        settings["sequence_length"] = settings.pop("train_length")
+    settings = _renamed(settings, {"train_length": "sequence_length"}, "training option")
+    phases = {name: settings.pop(name) for name in ("bounded_steps", "free_steps") if name in settings}
+    for name, steps in phases.items():
+        check_field("training option", name, steps, int, at_least(0))
     if len(phases) == 2:
-        after_warm_up = sum(phases)
-        settings["total_steps"] = settings.get("unroll_steps", 0) + after_warm_up
-        settings["bounded_fraction"] = phases[0] / after_warm_up if after_warm_up else 1.0
+        bounded, free = phases["bounded_steps"], phases["free_steps"]
+        settings["total_steps"] = settings.get("unroll_steps", 0) + bounded + free
+        settings["bounded_fraction"] = bounded / (bounded + free) if bounded + free else 1.0
     unrecorded = {
         "betas": [0.9, 0.999], "batch_tokens": 0, "distributed": "ddp", "activation_checkpointing": False,
         "eval_every": 0, "eval_batches": 8, "keep_checkpoints": 1,

@@ -115,7 +115,7 @@ def training_settings(path: str | Path) -> dict[str, Any]:
     if not (folder / TRAINER_META).is_file():
         return {}
     settings = read_trainer_meta(folder).get("train", {})
-    return migrations.training_settings(settings) if isinstance(settings, dict) else {}
+    return migrations.training_settings(settings, folder / TRAINER_META) if isinstance(settings, dict) else {}
 
 
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:

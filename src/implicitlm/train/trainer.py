@@ -25,7 +25,9 @@ from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
 from ..core import migrations
-from ..core.run_folder import CHECKPOINTS, link_latest_checkpoint, read_trainer_meta, remove_stale_temporaries
+from ..core.run_folder import (
+    CHECKPOINTS, TRAINER_META, link_latest_checkpoint, read_trainer_meta, remove_stale_temporaries,
+)
 from ..core.schema import field_names
 from ..data.words import WordData
 from ..deq import penalised
@@ -353,10 +355,9 @@ def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig
 def checkpoint_config(checkpoint: Path, overrides: dict[str, Any]) -> TrainConfig:
     """The training settings a checkpoint recorded (in today's spelling), with ``overrides``;
     settings it lacks are refused rather than run at their defaults."""
-    settings = migrations.training_settings(saved_settings(checkpoint))
-    task = settings.pop("task")
     fields = field_names(TrainConfig)
-    saved = {name: value for name, value in settings.items() if name in fields}
+    saved = migrations.training_settings(saved_settings(checkpoint), checkpoint / TRAINER_META, known=fields)
+    task = saved.pop("task")
     missing = sorted(set(fields) - set(saved) - {"task"})
     if missing:
         raise CheckpointError(
