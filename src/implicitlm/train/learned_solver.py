@@ -27,6 +27,7 @@ words 16 times their training length) and left no more solves above the toleranc
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import time
@@ -49,6 +50,8 @@ from .config import TrainConfig
 from .model_card import write_model_card
 from .solver_progress import PROGRESS_EVERY, FitState, discard_progress, progress_folder, restore_progress, save_progress
 from .trainer import checkpoint_config
+
+LOGGER = logging.getLogger("implicitlm")
 
 TIGHT_TOL = 1e-4  # the fixed points the solver learns: well below any inference tolerance in use
 TIGHT_MAX_ITER = 400
@@ -144,8 +147,10 @@ def train_learned_solver(
                      for name, losses in state.losses.items()},
             "held_out": compare_configurations(model, own, held_out, longer),
         }
+        record["mixing_improved"] = mixing_improved(record["loss"]["mixing"], mixing_loss)
         record["chosen"] = {mode: {"initial_guess": start, "solver": _solver_name(solver, own, mode)}
-                            for mode, (start, solver) in choose_per_mode(record["held_out"]).items()}
+                            for mode, (start, solver) in
+                            choose_per_mode(record["held_out"], record["mixing_improved"]).items()}
         model.set_fixed_point_options(initial_guess="zero", **{
             f"{mode}_{key}": value for mode, chosen in record["chosen"].items() for key, value in chosen.items()})
         _save(out, checkpoint, model, record)
@@ -181,11 +186,24 @@ def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> N
         write_json(staging / RECORD, record)
 
 
-def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]]) -> dict[str, tuple[str, str]]:
+def mixing_improved(loss: dict[str, float], mixing_loss: str) -> bool:
+    """Whether the mixing's fit lowered its loss (``loss``: its first update's and the mean of
+    its last ones, as the record keeps them). A fit that raised it is said in a warning line,
+    and its mixing, saved all the same, is chosen for no mode (``choose_per_mode``)."""
+    if loss["last"] <= loss["first"]:
+        return True
+    LOGGER.warning(f"learned mixing: its fit raised the mean {mixing_loss} loss over its steps ({loss['first']:.2f} -> "
+                   f"{loss['last']:.2f}); saved, but not used (solver learned_anderson still picks it)")
+    return False
+
+
+def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]],
+                    use_mixing: bool = True) -> dict[str, tuple[str, str]]:
     """Per mode, the (initial_guess, solver) that ran the held-out batch fastest among those
     that led no token to another fixed point than the own solver from z = 0 (nor, for word
     problems, any token of the long words) and left no larger share of solves above the
-    tolerance. Time, not passes: a pass of the learned mixing
+    tolerance; without ``use_mixing`` (a fit that made it worse), those of the own solver
+    only. Time, not passes: a pass of the learned mixing
     costs more than one of the least-squares step (a few dozen small operations more, which a
     token step at batch 1 notices), so fewer passes may still be slower."""
     chosen = {}
@@ -193,7 +211,8 @@ def choose_per_mode(held_out: dict[str, dict[str, dict[str, float]]]) -> dict[st
         measured = held_out[mode]
         baseline = measured[_name(*CONFIGURATIONS[0])]
         allowed = [configuration for configuration in CONFIGURATIONS
-                   if measured[_name(*configuration)]["moved_share"] == 0
+                   if (use_mixing or configuration[1] == "own")
+                   and measured[_name(*configuration)]["moved_share"] == 0
                    and measured[_name(*configuration)].get("moved_share_long", 0) == 0
                    and measured[_name(*configuration)]["unconverged_share"] <= baseline["unconverged_share"]]
         chosen[mode] = min(allowed, key=lambda configuration: measured[_name(*configuration)]["seconds"])
