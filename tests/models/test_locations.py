@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from implicitlm.cli import main
-from implicitlm.core.errors import ImplicitLMError, OptionError
+from implicitlm.core.errors import OptionError
 from implicitlm.eval.lm_eval_command import run_command
 from implicitlm.models import ImplicitCausalLM, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
 
@@ -79,6 +79,3 @@ def test_the_lm_eval_command_names_a_missing_checkpoint(tmp_path, monkeypatch, c
     assert code == 2 and err == ["implicitlm-lm-eval: error: nonexist: does not exist (not a model folder here, nor a "
                                  "Hub id owner/name)"], err
 
-
-def test_every_refusal_is_an_implicitlm_error():
-    assert issubclass(ModelLoadError, ImplicitLMError) and issubclass(OptionError, ImplicitLMError)

@@ -7,6 +7,7 @@ A block provides ``forward(z, u, state)``, ``step(z_t, u_t, state)`` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -57,11 +58,16 @@ class BlockStack(nn.Module):
             raise OptionError(f"state[{index}] must be a block state of a previous output; got {type(states[index]).__name__}")
         if set(rows) != {batch}:
             raise OptionError(f"state holds {', '.join(map(str, sorted(set(rows))))} rows; the input has {batch}")
-        for index, (layer, state) in enumerate(zip(self.layers, states)):
-            expected = layer.initial_state(1, device="meta", dtype=torch.float32)
-            if type(state) is not type(expected) or not _same_layout(state, expected):
+        for index, (state, expected) in enumerate(zip(states, self._state_layouts)):
+            if not _fits(_layout(state), expected):
                 raise OptionError(f"state[{index}] is not a state of this model's blocks (another model's, of another "
-                                  f"width or family?): got {_layout(state)}, expected {_layout(expected)}")
+                                  f"width or family?): got {_described(_layout(state))}, expected {_described(expected)}")
+
+    @functools.cached_property
+    def _state_layouts(self) -> list[tuple]:
+        """Per block, its initial state's ``_layout``, read once: building it for every decoded
+        token's check would cost a tenth of a small model's step."""
+        return [_layout(layer.initial_state(1, device="meta", dtype=torch.float32)) for layer in self.layers]
 
     def select_state(self, states: list[Any], index: torch.Tensor) -> list[Any]:
         """The states of batch rows ``index``, in that order (every state tensor is batch-first)."""
@@ -143,26 +149,27 @@ def _state_rows(state: Any) -> int | None:
     return next((value.shape[0] for value in values if isinstance(value, torch.Tensor) and value.dim() > 0), None)
 
 
-def _same_layout(state: Any, expected: Any) -> bool:
-    """Whether each tensor of a block state has the sizes of the one ``expected`` (a block's
-    initial state) holds, past the batch; a size the initial state holds none of (the tokens a
-    cache has read) may be any."""
-    for field in dataclasses.fields(expected):
-        want, found = getattr(expected, field.name), getattr(state, field.name)
-        if want is None:
-            continue
-        if not isinstance(found, torch.Tensor) or found.dim() != want.dim():
-            return False
-        if any(size and size != other for size, other in zip(want.shape[1:], found.shape[1:])):
-            return False
-    return True
+def _layout(state: Any) -> tuple:
+    """A block state's type, and per field the sizes of its tensor past the batch (None: no tensor)."""
+    return type(state), tuple((field.name, tuple(value.shape[1:]) if isinstance(value := getattr(state, field.name),
+                                                                              torch.Tensor) else None)
+                              for field in dataclasses.fields(state))
 
 
-def _layout(state: Any) -> str:
-    """A block state's type and tensor sizes past the batch, for a message."""
-    sizes = [f"{field.name} {tuple(value.shape[1:])}" for field in dataclasses.fields(state)
-             if isinstance(value := getattr(state, field.name), torch.Tensor)]
-    return f"{type(state).__name__}({', '.join(sizes)})"
+def _fits(layout: tuple, expected: tuple) -> bool:
+    """Whether a state's ``_layout`` is that of a block's initial state, ``expected``: where that
+    holds no tensor (a cache's padding mask) or a size of 0 (the tokens a cache has read), any."""
+    (kind, sizes), (expected_kind, expected_sizes) = layout, expected
+    if kind is not expected_kind:
+        return False
+    return all(wanted is None or (found is not None and len(found) == len(wanted)
+                                  and all(size in (0, other) for size, other in zip(wanted, found)))
+               for (_, found), (_, wanted) in zip(sizes, expected_sizes))
+
+
+def _described(layout: tuple) -> str:
+    kind, sizes = layout
+    return f"{kind.__name__}({', '.join(f'{name} {size}' for name, size in sizes if size is not None)})"
 
 
 def _select_rows(state: Any, index: torch.Tensor) -> Any:
