@@ -216,7 +216,8 @@ def test_the_package_unpickles_nothing():
         ({"a_init_range": "1,16"}, "model option 'a_init_range' must be a list of 2 numbers with 0 < low <= high"),
         ({"model_type": ["implicit_mamba2"]}, "model_type ['implicit_mamba2'] is not one of"),
         ({"model_type": "llama"}, "model_type 'llama' is not one of"),
-        ({"dtype": "nonsense"}, "invalid config (AttributeError: "),
+        ({"dtype": "nonsense"}, "model option 'dtype' must be the name of a floating dtype"),
+        ({"torch_dtype": "int64"}, "model option 'torch_dtype' must be the name of a floating dtype"),
     ],
 )
 def test_an_invalid_config_json_is_refused_naming_the_field(saved, tmp_path, change, problem):
