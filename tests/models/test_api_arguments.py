@@ -141,6 +141,8 @@ def test_generate_on_an_empty_prompt_is_refused(model):
     (dict(max_new_tokens=0), "'max_new_tokens'"),  # before: transformers' ValueError
     (dict(max_new_tokens=-1), "'max_new_tokens'"),
     (dict(max_new_tokens=1.5), "'max_new_tokens'"),  # before: accepted
+    (dict(do_sample=True, num_return_sequences=0), "'num_return_sequences'"),  # before: one sequence
+    (dict(do_sample=True, num_return_sequences=1.5), "'num_return_sequences'"),  # before: TypeError
     (dict(do_sample=True, temperature=1e-300), "'temperature'"),  # before: RuntimeError from torch.multinomial
     (dict(do_sample=True, temperature=0.0), "'temperature'"),
     (dict(generation_config=GenerationConfig(max_new_tokens=2, num_beams=0)), "'num_beams'"),

@@ -18,9 +18,10 @@ from .loss import IGNORE_INDEX
 # stay within float32's range (3.4e38); below it they may overflow to inf, and the
 # probabilities drawn from become NaN.
 MIN_TEMPERATURE = 1e-30
-# The generate() arguments that transformers divides by (num_beams) or takes as they are
-# (max_new_tokens=1.5), read from the keywords or else from the generation config.
-_COUNTS = ("num_beams", "max_new_tokens")
+# The generate() arguments that transformers divides by (num_beams), fails on deep inside
+# (num_return_sequences=1.5), or takes as they are (max_new_tokens=1.5, num_return_sequences=0:
+# one), read from the keywords or else from the generation config.
+_COUNTS = ("num_beams", "max_new_tokens", "num_return_sequences")
 
 
 def check_forward_inputs(model, input_ids, inputs_embeds, attention_mask, state, labels) -> None:
@@ -43,7 +44,7 @@ def check_generation_arguments(default: GenerationConfig, args: tuple, kwargs: d
     """``generate(*args, **kwargs)``'s counts and temperature, given as keywords or in a
     ``generation_config`` (the second positional argument, as transformers takes it; else the
     model's ``default``): num_beams=0 divided by zero, a temperature whose logits overflow
-    drew from NaN probabilities, max_new_tokens=1.5 was taken as it is."""
+    drew from NaN probabilities, max_new_tokens=1.5 was taken as it is (``_COUNTS``)."""
     config = kwargs.get("generation_config", args[1] if len(args) > 1 else None) or default
 
     def value(name: str) -> Any:
