@@ -89,10 +89,10 @@ class TokenShards:
         self.eos_token_id = index["eos_token_id"]
         self.tokenizer = index["tokenizer"]
         self.tokenizer_sha256: str | None = index.get("tokenizer_sha256")
-        self._shards = [
-            open_shard(index_path, record, self.dtype, verify)
-            for record in index["splits"][split]["shards"]
-        ]
+        records = index["splits"][split]["shards"]
+        # What identifies the split's tokens without reading them: its shards' checksums, in order.
+        self.sha256 = hashlib.sha256(json.dumps([index["dtype"], [r["sha256"] for r in records]]).encode()).hexdigest()
+        self._shards = [open_shard(index_path, record, self.dtype, verify) for record in records]
         self._starts = np.cumsum([0, *map(len, self._shards)], dtype=np.int64)
 
     def __len__(self) -> int:

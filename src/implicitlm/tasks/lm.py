@@ -228,8 +228,18 @@ class TokenBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
 
-    def description(self) -> None:
-        return None
+    def description(self) -> dict[str, Any]:
+        """What identifies the training tokens without reading them: their count and the
+        digest of the shards' checksums, and the tokenizer that wrote them."""
+        return {"tokens": len(self.shards), "shards_sha256": self.shards.sha256,
+                "tokenizer_sha256": self.shards.tokenizer_sha256}
+
+    def data_named(self, description: dict[str, Any]) -> str:
+        """The training shards a ``description`` identifies, in words; these shards' folder
+        named where they are the ones described."""
+        where = f"{self.shards.path}: " if description == self.description() else ""
+        tokens, digest = description.get("tokens"), str(description.get("shards_sha256"))[:12]
+        return f"token shards ({where}{tokens} tokens, sha256 {digest})"
 
     def prepare(self, model) -> None:
         """The shards' tokens must be the model's (``check_tokens_of_model``); their eos id goes

@@ -335,13 +335,17 @@ def _check_steps_left(checkpoint: Path, step: int, total_steps: int) -> None:
 
 
 def _check_same_data(checkpoint: Path, batches) -> None:
-    # Other words would silently change every batch after the resume.
+    # Other data would silently change every batch after the resume.
     saved = read_trainer_meta(checkpoint).get("data")
-    given = migrations.data_description_before_digest(saved, batches.description())
-    if saved != given:
-        trained = f"a word file ({saved})" if saved else "fresh words"
-        now = f"a word file ({given})" if given else "fresh words"
-        raise CheckpointError(f"{checkpoint}: the run trained on {trained}; resuming on {now} would change its batches")
+    given = batches.description()
+    comparable = migrations.data_description_before_digest(saved, given)
+    if saved != comparable:
+        raise CheckpointError(
+            f"{checkpoint}: the run trained on {batches.data_named(saved)}; "
+            f"resuming on {batches.data_named(comparable)} would change its batches"
+        )
+    if saved is None and given is not None:
+        LOGGER.warning(f"{checkpoint}: written before runs recorded their data; the shards are not checked to be its own")
 
 
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig:
