@@ -10,11 +10,13 @@ from typing import Any
 import torch
 
 from ..core.errors import OptionError
+from ..core.run_folder import model_folder
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
 from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
+from ..tasks.lm import check_shards_tokenizer
 from .checkpoint import warm_start
 from .config import TrainConfig
 from .step_memory import fitting_preset, require_training, training_memory
@@ -160,11 +162,13 @@ def train_lm_run(
     # kinds the same number of parameters; the command line still has the last word.
     kind = model_kind({} if init_from else presets, command_line, base)
     config = TrainConfig.for_task("lm", **merged_options(presets, "train", kind, train_options or {}))
-    vocab_size = TokenShards(data, "train").vocab_size
+    shards = TokenShards(data, "train")
+    vocab_size = shards.vocab_size
     if init_from is not None:
         model_config = config_from_options({**base, **command_line})
         if model_config.vocab_size != vocab_size:
             raise OptionError(f"{init_from}: a model of {model_config.vocab_size} tokens, but the shards' tokenizer has {vocab_size}")
+        check_shards_tokenizer(shards, model_folder(init_from))
     else:
         model_config = lm_model_config(presets, kind, vocab_size, command_line, base)
     require_training(model_config, config, lambda available: fitting_preset(
