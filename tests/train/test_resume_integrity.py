@@ -311,3 +311,13 @@ def test_an_lm_resume_takes_its_own_preset_and_data_and_one_of_a_former_run_with
     assert main([*lm_train(shards, out, "total_steps=4"), "--resume"]) == 0
     assert "written before runs recorded their data" in caplog.text
     assert read_trainer_meta(latest_checkpoint(out))["step"] == 4
+
+
+def test_a_resume_with_a_preset_and_no_run_says_there_is_nothing_to_resume(lm_run, shards, tmp_path, capsys):
+    """before: ``words train --resume --preset demo`` said "not a model directory (no config.json)"."""
+    preset = str(lm_run.parent / "preset.json")
+    for command in ([*lm_train(shards, tmp_path / "none", "total_steps=3"), "--resume", "--config", preset],
+                    [*resume(tmp_path / "none", "total_steps=3"), "--preset", "demo"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{tmp_path / 'none'}: nothing to resume" in err[0], err

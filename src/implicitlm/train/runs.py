@@ -17,7 +17,7 @@ from ..data.word_storage import load_words
 from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
 from ..tasks.lm import check_shards_tokenizer
-from .checkpoint import warm_start
+from .checkpoint import run_checkpoint, warm_start
 from .config import TrainConfig
 from .step_memory import fitting_preset, require_training, training_memory
 from .trainer import resume_config, train
@@ -101,7 +101,7 @@ def require_the_runs_options(
         )
     if not (preset or base or explicit):
         return
-    run = checkpoint_preset(out_dir)
+    run = checkpoint_preset(run_checkpoint(out_dir))
     kind = "implicit" if run["model"].get("implicit", True) else "explicit"
     if explicit is not None and explicit != (kind == "explicit"):
         raise OptionError(f"resume=True continues the run with its own model, an {kind} one", arguments=("resume",))
