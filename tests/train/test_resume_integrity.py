@@ -278,7 +278,15 @@ LM_RESUME_CHANGES = {
                      "the preset's num_hidden_layers=24 is not the run's 1"),
     "other-data": (lambda tmp_path, data: ["--data", str(data)],
                    "the run trained on token shards ("),
+    "edited-data-record": (lambda tmp_path, data: edit_data_record(tmp_path / "run", "x"),
+                           "the run trained on data described as 'x'; resuming on token shards ("),
 }
+
+
+def edit_data_record(run: Path, data) -> list[str]:
+    meta_file = latest_checkpoint(run) / "trainer.json"
+    meta_file.write_text(json.dumps({**read_trainer_meta(latest_checkpoint(run)), "data": data}))
+    return []
 
 
 @pytest.mark.parametrize("change", LM_RESUME_CHANGES, ids=list(LM_RESUME_CHANGES))
@@ -288,9 +296,10 @@ def test_an_lm_resume_refuses_another_model_preset_or_data(lm_run, shards, other
     options, expected = LM_RESUME_CHANGES[change]
     out = tmp_path / "run"
     shutil.copytree(lm_run, out, symlinks=True)
+    given = options(tmp_path, other_shards)
     before = run_bytes(out)
     capsys.readouterr()
-    command = [*lm_train(shards, out, "total_steps=3"), "--resume", *options(tmp_path, other_shards)]
+    command = [*lm_train(shards, out, "total_steps=3"), "--resume", *given]
     assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
@@ -306,8 +315,7 @@ def test_an_lm_resume_takes_its_own_preset_and_data_and_one_of_a_former_run_with
     preset = str(lm_run.parent / "preset.json")
     assert read_trainer_meta(latest_checkpoint(out))["data"]["shards_sha256"]
     assert main([*lm_train(shards, out, "total_steps=3"), "--resume", "--config", preset]) == 0
-    meta_file = latest_checkpoint(out) / "trainer.json"
-    meta_file.write_text(json.dumps({**read_trainer_meta(latest_checkpoint(out)), "data": None}))
+    edit_data_record(out, None)
     assert main([*lm_train(shards, out, "total_steps=4"), "--resume"]) == 0
     assert "written before runs recorded their data" in caplog.text
     assert read_trainer_meta(latest_checkpoint(out))["step"] == 4
