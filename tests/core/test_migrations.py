@@ -17,6 +17,7 @@ from implicitlm.core.errors import DataError, OptionError
 from implicitlm.core.run_folder import latest_checkpoint, training_settings
 from implicitlm.data.shards import TokenShards
 from implicitlm.models import build_model, config_from_options
+from implicitlm.tasks.words import WordBatches
 from implicitlm.train.checkpoint import CheckpointError, restore_weights, save_checkpoint
 from implicitlm.train.trainer import TRAINING_STATE_KEYS, _check_same_data, resume_config
 
@@ -88,9 +89,10 @@ def test_a_checkpoints_words_described_before_their_digest_compare_without_it(tm
     ``inputs_sha256``: the same words resume, other words are refused."""
     words = {"group": "S3", "count": 64, "length": 6}
     checkpoint = write_meta(tmp_path / "checkpoint", {"step": 2, "train": FORMER_WORD_SETTINGS, "data": words})
-    today = SimpleNamespace(description=lambda: {**words, "inputs_sha256": "ab" * 32})
+    today = SimpleNamespace(description=lambda: {**words, "inputs_sha256": "ab" * 32}, data_named=WordBatches.data_named)
     _check_same_data(checkpoint, today)
-    other = SimpleNamespace(description=lambda: {**words, "count": 32, "inputs_sha256": "ab" * 32})
+    other = SimpleNamespace(description=lambda: {**words, "count": 32, "inputs_sha256": "ab" * 32},
+                            data_named=WordBatches.data_named)
     with pytest.raises(CheckpointError, match="the run trained on a word file"):
         _check_same_data(checkpoint, other)
 

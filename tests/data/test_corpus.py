@@ -320,6 +320,34 @@ def test_given_test_documents_are_the_test_split_and_every_source_is_trained_on(
     assert "other settings (test_fraction)" in switched
 
 
+def test_a_test_source_that_the_training_sources_read_is_refused(tokenizer, tmp_path, capsys):
+    """Before: ``corpus build A --test-sources A`` held out the training text itself, exit 0."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("some training text\nand more\n")
+    (corpus / "valid.md").write_text("held-out text\n")
+    (tmp_path / "link.txt").symlink_to(corpus / "train.txt")
+    out = tmp_path / "out"
+
+    def build(sources: list[Path], test_sources: list[Path], *options: str) -> tuple[int, str, str]:
+        return cli(capsys, "corpus", "build", *map(str, sources), "--test-sources", *map(str, test_sources),
+                   "--tokenizer", tokenizer.name_or_path, "--out", str(out), "--no-progress", *options)
+
+    for sources, test_sources, source, reads in (
+        ([corpus / "train.txt"], [corpus / "train.txt"], corpus / "train.txt", corpus / "train.txt"),  # is
+        ([corpus / "train.txt"], [corpus], corpus, corpus / "train.txt"),  # holds
+        ([corpus], [corpus / "valid.md"], corpus / "valid.md", corpus / "valid.md"),  # lies in
+        ([corpus / "train.txt"], [tmp_path / "link.txt"], tmp_path / "link.txt", corpus / "train.txt"),  # a link to
+    ):
+        line = error_line(*build(sources, test_sources)[::2])
+        assert line == (f"implicitlm: error: {source}: in --test-sources, but the training source {sources[0]} reads "
+                        f"{reads.resolve()} too: its text would be trained on and scored as held out")
+        assert not out.exists()
+    # A file in a training folder that its pattern does not read is held-out text.
+    code, printed, _ = build([corpus], [corpus / "valid.md"], "--pattern", "*.txt")
+    assert code == 0 and "held out: " in printed
+
+
 # One document at a time, a document is written once the next one is read, and the first
 # shard closes with document 2: killed after 2, no progress is recorded yet; after 15, the run
 # stops inside a test document that spans eight shards.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from implicitlm.cli import main
+from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.data import corpus
 from implicitlm.data.corpus import Document, read_documents
 from implicitlm.data.shard_writer import write_shards
@@ -26,7 +29,7 @@ from implicitlm.tasks.lm import TokenBatches
 from implicitlm.train.trainer import train
 
 from tests.data.test_corpus import QUIET, cli, encoded, error_line, split_stream, synthetic_texts, tree_bytes
-from tests.train.test_lm_train import SEQUENCE, subprocess_env, tiny_model, train_config
+from tests.train.test_lm_train import SEQUENCE, cli_command, subprocess_env, tiny_model, train_config
 
 VOCAB = 300
 
@@ -139,6 +142,69 @@ def test_lm_eval_refuses_shards_of_another_tokenizer_in_one_line(
     line = error_line(*lm_eval(capsys, checkpoint, other)[::2])
     assert f"{other}: tokens of the tokenizer {other_tokenizer.name_or_path} (sha256 " in line
     assert f"but {checkpoint} was trained with another" in line
+
+
+def flip_a_byte(shards: Path, split: str, out: Path) -> Path:
+    """A copy of ``shards`` whose first ``split`` shard has a byte flipped; returns that shard."""
+    shutil.copytree(shards, out)
+    shard = out / json.loads((out / "index.json").read_text())["splits"][split]["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0x01  # still a valid token id: only the checksum tells
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def lm_train(shards: Path, out: Path, *options: str) -> list[str]:
+    return [*cli_command(shards, out, "total_steps=1", "batch_size=2", "sequence_length=8", "batch_tokens=0"), *options]
+
+
+def test_training_refuses_a_training_shard_with_a_flipped_byte(tokenizer, texts, tmp_path, capsys):
+    """Before: the test shards were checked against the index's sha256 but the training shards
+    were not: a flipped byte trained, exit 0."""
+    ours = tmp_path / "ours"
+    write_shards(texts, tokenizer, ours, test_fraction=0.2, seed=3, progress=False)  # one training shard
+    shard = flip_a_byte(ours, "train", tmp_path / "damaged")
+    assert main(lm_train(ours, tmp_path / "run")) == 0
+    line = error_line(*cli(capsys, *lm_train(tmp_path / "damaged", tmp_path / "other"))[::2])
+    assert f"{shard}: sha256 checksum differs from {tmp_path / 'damaged' / 'index.json'}" in line
+
+
+def test_a_warm_start_refuses_shards_of_another_tokenizer(tokenizer, other_tokenizer, texts, checkpoint, tmp_path,
+                                                          capsys):
+    """Before: ``train --init-from CK --data SHARDS_OF_ANOTHER_TOKENIZER`` (of as many tokens)
+    trained, with a warning about the batch order."""
+    other = shards_of(other_tokenizer, texts, tmp_path / "other")
+    line = error_line(*cli(capsys, *lm_train(other, tmp_path / "run", "--init-from", str(checkpoint)))[::2])
+    assert f"{other}: tokens of the tokenizer {other_tokenizer.name_or_path} (sha256 " in line
+    assert f"but {checkpoint} was trained with another" in line
+
+
+def generate(capsys, checkpoint: Path, *options: str) -> tuple[int, str, str]:
+    return cli(capsys, "generate", str(checkpoint), "--prompt", "a", "--max-new-tokens", "2", "--greedy", *options)
+
+
+def test_a_tokenizer_the_model_was_not_trained_with_is_refused(
+    tokenizer, other_tokenizer, larger_tokenizer, texts, checkpoint, tmp_path, capsys
+):
+    """Before: ``--tokenizer`` of another tokenizer, a smaller one, or a checkpoint's own
+    tokenizer swapped for a smaller one generated and scored garbage, exit 0; a larger one
+    failed on an embedding index."""
+    smaller = train_tokenizer(texts, 280, tmp_path / "smaller")
+    assert generate(capsys, checkpoint)[0] == 0
+    for given in (other_tokenizer, smaller):
+        line = error_line(*generate(capsys, checkpoint, "--tokenizer", given.name_or_path)[::2])
+        assert f"{given.name_or_path}: another tokenizer (sha256 " in line
+        assert f"than the one {checkpoint} was trained with" in line
+    line = error_line(*generate(capsys, checkpoint, "--tokenizer", larger_tokenizer.name_or_path)[::2])
+    assert f"{larger_tokenizer.name_or_path}: a tokenizer of 400 tokens, more than the model's vocab_size {VOCAB}" in line
+    # A trained checkpoint records its shards' tokenizer: its own copy swapped is refused too.
+    train(tiny_model(vocab=VOCAB), train_config(total_steps=1, sequence_length=8, batch_size=2, batch_tokens=0),
+          tmp_path / "run", data=shards_of(tokenizer, texts, tmp_path / "ours"), progress=False)
+    trained = latest_checkpoint(tmp_path / "run")
+    assert generate(capsys, trained)[0] == 0
+    smaller.save_pretrained(trained)
+    line = error_line(*generate(capsys, trained)[::2])
+    assert "tokenizer" in line and str(trained) in line
 
 
 def test_shards_written_before_the_digest_still_read_and_a_larger_vocabulary_is_refused(

@@ -25,6 +25,9 @@ from implicitlm.cli import main
 from implicitlm.core.errors import DataError, OptionError
 from implicitlm.core.json_file import parse_json, read_json_object
 from implicitlm.core.run_folder import latest_checkpoint, read_trainer_meta
+from implicitlm.data.corpus import read_documents
+from implicitlm.data.shard_writer import write_shards
+from implicitlm.data.tokenizer import load_tokenizer
 from implicitlm.models import load_model
 from implicitlm.train.config import TrainConfig
 
@@ -229,3 +232,100 @@ def test_a_floor_above_the_peak_rate_is_refused_in_python(task):
     with pytest.raises(OptionError, match=r"^min_lr=0.5 is more than lr=0.003"):
         TrainConfig.for_task(task, lr=0.003, min_lr=0.5)
     assert TrainConfig.for_task(task, lr=0.003, min_lr=0.003).min_lr == 0.003  # a constant rate is allowed
+
+
+# ---------------------------------------------------------------- the LM trainer: its own model and data
+
+LM_PRESET = {
+    "model": {"architecture": "mamba2", "hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8,
+              "chunk_size": 16},
+    "train": {"sequence_length": 16, "batch_size": 2, "batch_tokens": 0, "total_steps": 2, "checkpoint_every": 1,
+              "warmup_steps": 1, "log_every": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def lm_run(shards, tmp_path_factory) -> Path:
+    """A finished 2-step LM run from the preset file ``preset.json`` beside it."""
+    root = tmp_path_factory.mktemp("lm_run")
+    (root / "preset.json").write_text(json.dumps(LM_PRESET))
+    assert main(["train", "--data", str(shards), "--out", str(root / "run"), "--config", str(root / "preset.json"),
+                 "--no-progress"]) == 0
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def other_shards(shards, tmp_path_factory) -> Path:
+    """Shards of other text, written by the same tokenizer as ``shards``."""
+    sources = sorted((Path(__file__).parents[2] / "src" / "implicitlm" / "eval").glob("*.py"))
+    out = tmp_path_factory.mktemp("other") / "data"
+    write_shards(read_documents(sources), load_tokenizer(shards.parent / "tokenizer"), out, test_fraction=0.2,
+                 progress=False)
+    return out
+
+
+def other_preset(tmp_path: Path) -> str:
+    (tmp_path / "other.json").write_text(json.dumps({**LM_PRESET, "model": {**LM_PRESET["model"], "hidden_size": 32}}))
+    return str(tmp_path / "other.json")
+
+
+LM_RESUME_CHANGES = {
+    "model-option": (lambda tmp_path, data: ["--model", "hidden_size=64"],
+                     "--resume continues the run with its own model; only --train may change"),
+    "other-config": (lambda tmp_path, data: ["--config", other_preset(tmp_path)],
+                     "the preset's hidden_size=32 is not the run's 16"),
+    "model-preset": (lambda tmp_path, data: ["--model-preset", "mamba2-130m-bounded"],
+                     "the preset's num_hidden_layers=24 is not the run's 1"),
+    "other-data": (lambda tmp_path, data: ["--data", str(data)],
+                   "the run trained on token shards ("),
+    "edited-data-record": (lambda tmp_path, data: edit_data_record(tmp_path / "run", "x"),
+                           "the run trained on data described as 'x'; resuming on token shards ("),
+}
+
+
+def edit_data_record(run: Path, data) -> list[str]:
+    meta_file = latest_checkpoint(run) / "trainer.json"
+    meta_file.write_text(json.dumps({**read_trainer_meta(latest_checkpoint(run)), "data": data}))
+    return []
+
+
+@pytest.mark.parametrize("change", LM_RESUME_CHANGES, ids=list(LM_RESUME_CHANGES))
+def test_an_lm_resume_refuses_another_model_preset_or_data(lm_run, shards, other_shards, tmp_path, capsys, change):
+    """before: ``train --resume`` ignored --model, --config and --model-preset, and trained on
+    other shards (its trainer.json recorded "data": null), all with exit 0."""
+    options, expected = LM_RESUME_CHANGES[change]
+    out = tmp_path / "run"
+    shutil.copytree(lm_run, out, symlinks=True)
+    given = options(tmp_path, other_shards)
+    before = run_bytes(out)
+    capsys.readouterr()
+    command = [*lm_train(shards, out, "total_steps=3"), "--resume", *given]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    if change == "other-data":
+        assert f"resuming on token shards ({other_shards}: " in err[0], err
+    assert run_bytes(out) == before
+
+
+def test_an_lm_resume_takes_its_own_preset_and_data_and_one_of_a_former_run_without_a_digest(
+        lm_run, shards, tmp_path, caplog):
+    out = tmp_path / "run"
+    shutil.copytree(lm_run, out, symlinks=True)
+    preset = str(lm_run.parent / "preset.json")
+    assert read_trainer_meta(latest_checkpoint(out))["data"]["shards_sha256"]
+    assert main([*lm_train(shards, out, "total_steps=3"), "--resume", "--config", preset]) == 0
+    edit_data_record(out, None)
+    assert main([*lm_train(shards, out, "total_steps=4"), "--resume"]) == 0
+    assert "written before runs recorded their data" in caplog.text
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 4
+
+
+def test_a_resume_with_a_preset_and_no_run_says_there_is_nothing_to_resume(lm_run, shards, tmp_path, capsys):
+    """before: ``words train --resume --preset demo`` said "not a model directory (no config.json)"."""
+    preset = str(lm_run.parent / "preset.json")
+    for command in ([*lm_train(shards, tmp_path / "none", "total_steps=3"), "--resume", "--config", preset],
+                    [*resume(tmp_path / "none", "total_steps=3"), "--preset", "demo"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{tmp_path / 'none'}: nothing to resume" in err[0], err

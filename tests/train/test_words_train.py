@@ -14,7 +14,7 @@ from implicitlm.deq import OptionError
 from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
 from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
 from implicitlm.train.curriculum import Curriculum, Phase
-from implicitlm.train.schedule import warmup_stable_sqrt_decay
+from implicitlm.train.schedule import planned
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
 
@@ -129,7 +129,7 @@ def test_damaged_model_directory_is_a_clear_error(tmp_path, damage):
 
 def learning_rates(warmup_steps: int, total_steps: int, decay_steps: int, min_lr_ratio: float) -> list[float]:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    scheduler = warmup_stable_sqrt_decay(optimizer, warmup_steps, total_steps, decay_steps, min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, planned(warmup_steps, total_steps, decay_steps, min_lr_ratio))
     rates = []
     for _ in range(total_steps):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -184,6 +184,36 @@ def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
 def test_warmup_longer_than_the_run_keeps_its_slope_for_a_resume_with_more_steps():
     assert learning_rates(10, 3, 0, 0.0) == pytest.approx([0.0, 0.1, 0.2])
     assert learning_rates(10, 3, 0, 0.0) == learning_rates(10, 7, 0, 0.0)[:3]
+
+
+def logged_rates(run) -> dict[int, float]:
+    """The rate each logged row gives: the next step's."""
+    return {row["step"]: row["lr"] for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_a_run_resumed_with_more_steps_after_its_decay_began_decays_on_from_its_rate(tmp_path):
+    """before: the 8-step schedule began its decay anew, the rate jumping from its decayed value
+    back to the peak 0.01. Now the decay is re-planned from the rate reached to min_lr over the
+    steps left (a finished run had reached min_lr), and a resume of that run goes on with it."""
+    config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, lr=0.01, min_lr=0.001,
+                                  warmup_steps=0, decay_fraction=0.5, total_steps=4, log_every=1, checkpoint_every=1,
+                                  keep_checkpoints=10)
+    longer = dataclasses.replace(config, total_steps=8)
+    train(tiny_model(), config, tmp_path / "finished", progress=False)
+    shutil.copytree(tmp_path / "finished", tmp_path / "stopped", symlinks=True)
+    shutil.rmtree(tmp_path / "stopped" / "checkpoints" / "step_0000004")  # stopped after step 3, in the decay
+    train(tiny_model(), longer, tmp_path / "finished", progress=False, resume=True)
+    assert [logged_rates(tmp_path / "finished")[step] for step in range(3, 8)] == pytest.approx([0.001] * 5)
+    train(tiny_model(), longer, tmp_path / "stopped", progress=False, resume=True)
+    reached = planned(0, 4, 2, 0.1)(3)  # the share of the peak step 3 trained at
+    shares = [0.1 + (reached - 0.1) * (1 - (p / 5) ** 0.5) for p in range(1, 5)]
+    rates = logged_rates(tmp_path / "stopped")
+    assert [rates[step] for step in range(2, 8)] == pytest.approx([0.01 * reached, *(0.01 * s for s in shares), 0.001])
+    # Stopped again after step 6: the resume goes on with the re-planned decay.
+    for step in (7, 8):
+        shutil.rmtree(tmp_path / "stopped" / "checkpoints" / f"step_{step:07d}")
+    train(tiny_model(), longer, tmp_path / "stopped", progress=False, resume=True)
+    assert logged_rates(tmp_path / "stopped") == pytest.approx(rates)
 
 
 def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path):

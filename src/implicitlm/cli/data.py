@@ -80,7 +80,7 @@ def add_corpus_build(commands) -> None:
 
 
 def _run_corpus_build(args) -> None:
-    from ..data.corpus import read_documents
+    from ..data.corpus import check_held_out_apart, read_documents
     from ..data.shard_writer import write_shards
     from ..data.shards import TokenShards
     from ..data.tokenizer import load_tokenizer
@@ -91,6 +91,8 @@ def _run_corpus_build(args) -> None:
             errors=args.errors, require_text=True,
         )
 
+    if args.test_sources:
+        check_held_out_apart(args.sources, args.test_sources, args.pattern)
     train_documents = documents(args.sources)
     test_documents = documents(args.test_sources) if args.test_sources else None
     index = write_shards(

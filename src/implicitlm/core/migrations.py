@@ -132,10 +132,13 @@ def former_word_training_state(checkpoint: Path, state: dict[str, Any], step: in
 
 def data_description_before_digest(saved: Any, given: Any) -> Any:
     """A checkpoint written before the training words' digest was recorded describes its words
-    without ``inputs_sha256``. Returns ``given`` (today's description of the words a resume
-    trains on) in that form, so the two compare; else ``given`` as it is."""
+    without ``inputs_sha256``; a language model's, before its shards' digest was, records no
+    data (null). Returns ``given`` (today's description of the data a resume trains on) in
+    that form, so the two compare; else ``given`` as it is."""
     if isinstance(saved, dict) and isinstance(given, dict) and "inputs_sha256" not in saved:
         return {k: v for k, v in given.items() if k != "inputs_sha256"}
+    if saved is None and isinstance(given, dict) and "shards_sha256" in given:
+        return None
     return given
 
 

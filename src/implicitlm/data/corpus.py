@@ -95,6 +95,28 @@ def read_documents(
     return Documents(sources, text_field, split, pattern, errors, require_text)
 
 
+def check_held_out_apart(sources: Iterable[Source], test_sources: Iterable[Source], pattern: str = "*") -> None:
+    """Refuse, in one line, a held-out source that is (or holds, or lies in) one of the
+    training ``sources``: its text would be trained on and then scored as unseen. Files are
+    compared as the readers list them (``pattern`` in folders, links resolved); a hub
+    dataset, by its name."""
+    trained = {entry: source for source in sources for entry in _read_entries(source, pattern)}
+    for source in test_sources:
+        for entry in _read_entries(source, pattern):
+            if entry in trained:
+                raise OptionError(
+                    f"{source}: in test_sources, but the training source {trained[entry]} reads {entry} too: "
+                    f"its text would be trained on and scored as held out", arguments=("test_sources",),
+                )
+
+
+def _read_entries(source: Source, pattern: str) -> list[Path | str]:
+    path = Path(source)
+    if path.is_dir():
+        return [file.resolve() for file in _files_under(path, pattern)]
+    return [path.resolve()] if path.is_file() else [str(source)]
+
+
 class Documents(Iterator[str]):
     """The documents of some sources (see ``read_documents``), read as they are iterated, each
     as one string; ``streamed`` gives them as ``Document``s instead, ``pieces`` as pieces of

@@ -74,10 +74,14 @@ class TokenShards:
     """One split of a shard directory as a single token sequence, memory-mapped read-only.
 
     Checks at opening that every shard has the size the index gives it (a truncated shard
-    fails here) and, with ``verify=True``, its sha256 checksum.
+    fails here) and, with ``verify=True``, its sha256 checksum; with ``verify_on_read=True``,
+    each shard's checksum before its first tokens are read (a training run reads a split far
+    larger than any test split: its start does not wait for every shard to be read).
     """
 
-    def __init__(self, out_dir: str | os.PathLike, split: str = "train", verify: bool = False):
+    def __init__(
+        self, out_dir: str | os.PathLike, split: str = "train", verify: bool = False, verify_on_read: bool = False,
+    ):
         self.path = Path(out_dir)
         self.split = split
         index_path = self.path / INDEX_FILE
@@ -89,10 +93,12 @@ class TokenShards:
         self.eos_token_id = index["eos_token_id"]
         self.tokenizer = index["tokenizer"]
         self.tokenizer_sha256: str | None = index.get("tokenizer_sha256")
-        self._shards = [
-            open_shard(index_path, record, self.dtype, verify)
-            for record in index["splits"][split]["shards"]
-        ]
+        records = index["splits"][split]["shards"]
+        # What identifies the split's tokens without reading them: its shards' checksums, in order.
+        self.sha256 = hashlib.sha256(json.dumps([index["dtype"], [r["sha256"] for r in records]]).encode()).hexdigest()
+        self._shards = [open_shard(index_path, record, self.dtype, verify) for record in records]
+        self._index_path, self._records = index_path, records
+        self._unverified = set(range(len(records))) if verify_on_read and not verify else set()
         self._starts = np.cumsum([0, *map(len, self._shards)], dtype=np.int64)
 
     def __len__(self) -> int:
@@ -109,6 +115,9 @@ class TokenShards:
         shard = int(np.searchsorted(self._starts, start, side="right")) - 1
         done = 0
         while done < length:
+            if shard in self._unverified:
+                check_checksum(self._index_path, self._records[shard], self._shards[shard])
+                self._unverified.discard(shard)
             offset = start + done - int(self._starts[shard])
             count = min(length - done, len(self._shards[shard]) - offset)
             tokens[done : done + count] = self._shards[shard][offset : offset + count]
@@ -200,6 +209,12 @@ def open_shard(
 ) -> np.memmap:
     path = _shard_size(index_path, record, dtype)
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    if verify and hashlib.sha256(tokens).hexdigest() != record["sha256"]:
-        raise DataError(f"{path}: sha256 checksum differs from {index_path}: the shard is corrupt")
+    if verify:
+        check_checksum(index_path, record, tokens)
     return tokens
+
+
+def check_checksum(index_path: Path, record: dict[str, Any], tokens: np.ndarray) -> None:
+    if hashlib.sha256(tokens).hexdigest() != record["sha256"]:
+        path = index_path.parent / record["file"]
+        raise DataError(f"{path}: sha256 checksum differs from {index_path}: the shard is corrupt")

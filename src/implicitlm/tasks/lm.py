@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.errors import DataError, OptionError
+from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
 from ..data.shards import TokenShards, tokenizer_digest
 from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
@@ -195,7 +196,7 @@ class TokenBatches:
         its token shards."""
         if data is None:
             raise OptionError("language-model training needs the folder of its token shards")
-        shards = TokenShards(data, "train")
+        shards = TokenShards(data, "train", verify_on_read=True)
         return cls(shards, config.sequence_length, config.batch_size, config.seed, rank=rank, world_size=world_size)
 
     @classmethod
@@ -228,8 +229,20 @@ class TokenBatches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
 
-    def description(self) -> None:
-        return None
+    def description(self) -> dict[str, Any]:
+        """What identifies the training tokens without reading them: their count and the
+        digest of the shards' checksums, and the tokenizer that wrote them."""
+        return {"tokens": len(self.shards), "shards_sha256": self.shards.sha256,
+                "tokenizer_sha256": self.shards.tokenizer_sha256}
+
+    def data_named(self, description: dict[str, Any]) -> str:
+        """The training shards a ``description`` identifies, in words; these shards' folder
+        named where they are the ones described."""
+        if not isinstance(description, dict):  # an edited trainer.json
+            return f"data described as {description!r}"
+        where = f"{self.shards.path}: " if description == self.description() else ""
+        tokens, digest = description.get("tokens"), str(description.get("shards_sha256"))[:12]
+        return f"token shards ({where}{tokens} tokens, sha256 {digest})"
 
     def prepare(self, model) -> None:
         """The shards' tokens must be the model's (``check_tokens_of_model``); their eos id goes
@@ -259,8 +272,14 @@ def check_tokens_of_model(shards: TokenShards, model) -> None:
             f"more than the model's vocab_size {model.config.vocab_size}"
         )
     # A model read from a folder (a checkpoint) is named by it; a model built here, by nothing.
-    checkpoint = Path(model.name_or_path) if model.name_or_path else None
-    if shards.tokenizer_sha256 is None or checkpoint is None or not (checkpoint / TOKENIZER_CONFIG).is_file():
+    if model.name_or_path:
+        check_shards_tokenizer(shards, Path(model.name_or_path))
+
+
+def check_shards_tokenizer(shards: TokenShards, checkpoint: Path) -> None:
+    """Refuse, in one line, shards written by another tokenizer than the one saved beside
+    ``checkpoint``, where the shards record their tokenizer's digest and the checkpoint has one."""
+    if shards.tokenizer_sha256 is None or not (checkpoint / TOKENIZER_CONFIG).is_file():
         return
     trained = tokenizer_digest(load_tokenizer(checkpoint))
     if trained is not None and trained != shards.tokenizer_sha256:
@@ -275,16 +294,43 @@ def model_tokenizer(model, tokenizer: Any = None, option: str = "--tokenizer "):
     """``tokenizer`` (loaded if it is a name or folder); by default the one saved in the folder
     the model was loaded from (its ``name_or_path``), as the trainer's LM checkpoints have it.
     A model without one (a word-problem model) is refused in one line that says how to give
-    one: ``option``, the caller's spelling (a flag, or lm-eval's ``tokenizer=``)."""
-    if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
-        return tokenizer
+    one: ``option``, the caller's spelling (a flag, or lm-eval's ``tokenizer=``). So is a
+    tokenizer the model cannot serve (``check_tokenizer_of_model``)."""
+    folder = Path(model.name_or_path) if model.name_or_path else None
+    saved = folder if folder is not None and (folder / TOKENIZER_CONFIG).is_file() else None
     if tokenizer is None:
-        folder = model.name_or_path
-        if not folder or not (Path(folder) / TOKENIZER_CONFIG).is_file():
+        if saved is None:
             raise OptionError(f"{folder or 'the model'}: no tokenizer saved with the model; "
                               f"pass {option}FOLDER_OR_HUB_NAME")
-        tokenizer = folder
-    return load_tokenizer(tokenizer)
+        tokenizer = saved
+    loaded = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
+    check_tokenizer_of_model(model, loaded, folder, compare_saved=tokenizer is not saved)
+    return loaded
+
+
+def check_tokenizer_of_model(model, tokenizer, folder: Path | None, compare_saved: bool) -> None:
+    """Refuse, in one line, a tokenizer whose ids the model has no embedding for, or another
+    one than the model was trained with: the one its run recorded (trainer.json's data), else,
+    with ``compare_saved``, the one saved beside it in ``folder``. Either would score and write
+    garbage without an error."""
+    name = getattr(tokenizer, "name_or_path", None) or "the tokenizer"
+    if len(tokenizer) > model.config.vocab_size:
+        raise OptionError(
+            f"{name}: a tokenizer of {len(tokenizer)} tokens, more than the model's vocab_size {model.config.vocab_size}"
+        )
+    if folder is None:
+        return
+    checkpoint = model_folder(folder)
+    data = read_trainer_meta(checkpoint).get("data") if (checkpoint / TRAINER_META).is_file() else None
+    expected = data.get("tokenizer_sha256") if isinstance(data, dict) else None
+    if expected is None and compare_saved and (folder / TOKENIZER_CONFIG).is_file():
+        expected = tokenizer_digest(load_tokenizer(folder))
+    now = tokenizer_digest(tokenizer)
+    if None not in (expected, now) and now != expected:
+        raise OptionError(
+            f"{name}: another tokenizer (sha256 {now[:12]}) than the one {folder} was trained with "
+            f"(sha256 {expected[:12]}): its ids are other tokens"
+        )
 
 
 def mark_end_of_text(model, eos_token_id: int) -> None:

@@ -301,6 +301,11 @@ class WordBatches:
         shape = {"group": self.data.group, "count": int(inputs.shape[0]), "length": int(inputs.shape[1])}
         return {**shape, "inputs_sha256": self._inputs_sha256}
 
+    @staticmethod
+    def data_named(description: dict[str, Any] | None) -> str:
+        """The training words a ``description`` identifies, in words."""
+        return f"a word file ({description})" if description else "fresh words"
+
     @functools.cached_property
     def _inputs_sha256(self) -> str:
         # Once per run: every checkpoint records it, and hashing reads the whole word file.

@@ -80,7 +80,8 @@ class TrainConfig(Options):
         "batch_size": "sequences per forward on each process",
         "batch_tokens": "tokens per optimiser step over all processes and micro-batches, reached by "
                         "accumulation (the paper: 2^20); 0: one forward of batch_size sequences per process",
-        "total_steps": "optimiser steps, the unroll warm-up included",
+        "total_steps": "optimiser steps, the unroll warm-up included (raised on resume after the decay began: "
+                       "the decay goes on from the rate reached)",
         "lr": "peak learning rate (AdamW)",
         "min_lr": "learning rate at the end of the decay",
         "betas": "AdamW betas",

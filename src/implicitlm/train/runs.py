@@ -10,12 +10,14 @@ from typing import Any
 import torch
 
 from ..core.errors import OptionError
+from ..core.run_folder import model_folder
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
 from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
-from .checkpoint import warm_start
+from ..tasks.lm import check_shards_tokenizer
+from .checkpoint import run_checkpoint, warm_start
 from .config import TrainConfig
 from .step_memory import fitting_preset, require_training, training_memory
 from .trainer import resume_config, train
@@ -63,14 +65,9 @@ def train_words_run(
     """``implicitlm words train``: a fresh run from a preset (``explicit``: the explicit
     model), or, with ``resume``, the run in ``out_dir`` continued with its own model and
     settings (``train_options`` on top). ``data``: a word file; None trains on fresh words."""
-    if resume and model_options:
-        raise OptionError(
-            "resume=True continues the run with its own model; only train_options may change",
-            arguments=("resume", "train_options"),
-        )
     presets = load_preset(preset) if preset else {}
-    if resume and (preset or explicit):
-        require_the_runs_preset(out_dir, presets, explicit, changed=set(train_options or {}))
+    if resume:
+        require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=set(train_options or {}))
     kind = "explicit" if explicit else "implicit"
     config = resume_config(out_dir, train_options or {}) if resume else word_train_config(presets, kind, train_options)
     words = load_words(data, group=config.group) if data else None
@@ -88,20 +85,31 @@ def train_words_run(
 SET_IN_TRAINING = ("train_max_iter", "phantom_steps", "train_tol", "unroll_steps", "chunk_length")
 
 
-def require_the_runs_preset(out_dir: Path, preset: dict[str, Any], explicit: bool, changed: set[str]) -> None:
-    """A resume continues the run with its own settings: a preset (and ``--explicit``) given
-    again is accepted where it says what the run trains with (``changed``: the training
-    options this resume sets anew), and refused in one line naming the first option where
-    it does not."""
-    run = checkpoint_preset(out_dir)
+def require_the_runs_options(
+    out_dir: Path, task: str, model_options: dict[str, Any] | None, preset: dict[str, Any], explicit: bool | None,
+    changed: set[str], base: dict[str, Any] | None = None,
+) -> None:
+    """A resume continues the run with its own model and settings: model options are refused;
+    a preset (``base``: a model preset's options; ``explicit``: the kind asked for, None for
+    the run's own) given again is accepted where it says what the run trains with
+    (``changed``: the training options this resume sets anew), and refused in one line
+    naming the first option where it does not."""
+    if model_options:
+        raise OptionError(
+            "resume=True continues the run with its own model; only train_options may change",
+            arguments=("resume", "train_options"),
+        )
+    if not (preset or base or explicit):
+        return
+    run = checkpoint_preset(run_checkpoint(out_dir))
     kind = "implicit" if run["model"].get("implicit", True) else "explicit"
-    if explicit != (kind == "explicit"):
+    if explicit is not None and explicit != (kind == "explicit"):
         raise OptionError(f"resume=True continues the run with its own model, an {kind} one", arguments=("resume",))
     given = merged_options(preset, "train", kind, {})
-    recorded, wanted = TrainConfig.for_task("words", **run["train"]), TrainConfig.for_task("words", **given)
+    recorded, wanted = TrainConfig.for_task(task, **run["train"]), TrainConfig.for_task(task, **given)
     differing = [(key, getattr(wanted, key), getattr(recorded, key)) for key in given
                  if key not in changed and getattr(wanted, key) != getattr(recorded, key)]
-    for key, value in merged_options(preset, "model", kind, {}).items():
+    for key, value in merged_options(preset, "model", kind, {}, base).items():
         if key == "fixed_point":
             differing += [(f"fixed_point.{name}", option, run["model"][key].get(name)) for name, option in value.items()
                           if name not in SET_IN_TRAINING and run["model"][key].get(name) != option]
@@ -132,6 +140,12 @@ def train_lm_run(
                 "resume=True continues the run from its own weights; init_from starts a new run",
                 arguments=("resume", "init_from"),
             )
+        base = None
+        if model_preset is not None:
+            # The shards' vocabulary, as a fresh run's model takes it over the model preset's.
+            base = {**model_options_from(model_preset), "vocab_size": TokenShards(data, "train").vocab_size}
+        presets = load_preset(preset) if preset else {}
+        require_the_runs_options(out_dir, "lm", model_options, presets, None, set(train_options or {}), base)
         config = resume_config(out_dir, train_options or {})
         model = load_model(out_dir)
         return train(model, config, out_dir, data=data, resume=True, progress=progress)
@@ -148,11 +162,13 @@ def train_lm_run(
     # kinds the same number of parameters; the command line still has the last word.
     kind = model_kind({} if init_from else presets, command_line, base)
     config = TrainConfig.for_task("lm", **merged_options(presets, "train", kind, train_options or {}))
-    vocab_size = TokenShards(data, "train").vocab_size
+    shards = TokenShards(data, "train")
+    vocab_size = shards.vocab_size
     if init_from is not None:
         model_config = config_from_options({**base, **command_line})
         if model_config.vocab_size != vocab_size:
             raise OptionError(f"{init_from}: a model of {model_config.vocab_size} tokens, but the shards' tokenizer has {vocab_size}")
+        check_shards_tokenizer(shards, model_folder(init_from))
     else:
         model_config = lm_model_config(presets, kind, vocab_size, command_line, base)
     require_training(model_config, config, lambda available: fitting_preset(

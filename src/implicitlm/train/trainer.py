@@ -44,7 +44,7 @@ from .guard import non_finite_images
 from .held_out import held_out_metrics, write_training_record
 from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, run_training
 from .run_log import earlier_run_set_aside, refuse_earlier_run, run_folder_lock, tracking_options
-from .schedule import apply_current_rate, warmup_stable_sqrt_decay
+from .schedule import config_plan, restore_schedule
 from .speed import accelerator_for, compile_stack
 from .step_memory import require_training
 
@@ -124,14 +124,14 @@ def _train(
         torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr, betas=config.betas)
     )
     curriculum = config.curriculum(core.config.implicit)
-    decay_steps = round(config.decay_fraction * curriculum.total_steps)
     # Not handed to accelerate, which would step it once per process.
-    scheduler = warmup_stable_sqrt_decay(
-        optimizer, config.warmup_steps, curriculum.total_steps, decay_steps, config.min_lr / config.lr
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, config_plan(config))
     if state is not None:
         with applying_training_state(checkpoint, start_step, optimizer, scheduler):
-            _restore_training_state(state, accelerator, model, optimizer, scheduler, config)
+            _restore_training_state(state, accelerator, model, optimizer, config)
+            restore_schedule(
+                scheduler, state["scheduler"], lambda: config_plan(checkpoint_config(checkpoint, {})), config.lr
+            )
             batches.load_state_dict(state["sampler"])
     test = batches.held_out() if config.eval_every else None
     if accelerator.is_main_process:
@@ -299,7 +299,7 @@ def _optimizer_state(accelerator, model, optimizer, config: TrainConfig) -> dict
     return optimizer.state_dict()
 
 
-def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer, scheduler, config) -> None:
+def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer, config) -> None:
     if _sharded(accelerator, config):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -307,8 +307,6 @@ def _restore_training_state(state: dict[str, Any], accelerator, model, optimizer
         set_optimizer_state_dict(model, optimizer.optimizer, state["optimizer"], options=options)
     else:
         optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    apply_current_rate(scheduler, config.lr)
     torch.set_rng_state(state["torch_rng"])
 
 
@@ -337,13 +335,17 @@ def _check_steps_left(checkpoint: Path, step: int, total_steps: int) -> None:
 
 
 def _check_same_data(checkpoint: Path, batches) -> None:
-    # Other words would silently change every batch after the resume.
+    # Other data would silently change every batch after the resume.
     saved = read_trainer_meta(checkpoint).get("data")
-    given = migrations.data_description_before_digest(saved, batches.description())
-    if saved != given:
-        trained = f"a word file ({saved})" if saved else "fresh words"
-        now = f"a word file ({given})" if given else "fresh words"
-        raise CheckpointError(f"{checkpoint}: the run trained on {trained}; resuming on {now} would change its batches")
+    given = batches.description()
+    comparable = migrations.data_description_before_digest(saved, given)
+    if saved != comparable:
+        raise CheckpointError(
+            f"{checkpoint}: the run trained on {batches.data_named(saved)}; "
+            f"resuming on {batches.data_named(comparable)} would change its batches"
+        )
+    if saved is None and given is not None:
+        LOGGER.warning(f"{checkpoint}: written before runs recorded their data; the shards are not checked to be its own")
 
 
 def resume_config(out_dir: str | Path, overrides: dict[str, Any]) -> TrainConfig:
