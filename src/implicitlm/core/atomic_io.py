@@ -61,14 +61,44 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = _beside(path, tempfile.mkstemp)
     os.close(descriptor)
-    os.chmod(temporary, 0o644)  # mkstemp's private 0600 would outlive the rename
     try:
         write(Path(temporary))
+        # After the write: mkstemp's private 0600, or that of a writer that replaced the file
+        # (safetensors), would outlive the rename.
+        os.chmod(temporary, file_mode())
         _fsync(Path(temporary))
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def file_mode(folder: bool = False) -> int:
+    """The mode a new file (or folder) gets under the process's umask."""
+    umask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(umask)
+    return (0o777 if folder else 0o666) & ~umask
+
+
+@contextlib.contextmanager
+def following_umask(folder: str | os.PathLike) -> Iterator[None]:
+    """Files written into ``folder`` during the block get the umask's mode: safetensors writes
+    its files private (0600) whatever the umask, so that a saved checkpoint could not be shared."""
+    folder = Path(folder)
+    before = _file_stamps(folder)
+    yield
+    for path, stamp in _file_stamps(folder).items():
+        if before.get(path) != stamp:
+            os.chmod(path, file_mode())
+
+
+def _file_stamps(folder: Path) -> dict[Path, tuple[int, int]]:
+    stamps = {}
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            stamps[path] = (stat.st_ino, stat.st_mtime_ns)
+    return stamps
 
 
 def atomic_symlink(path: str | os.PathLike, points_to: str) -> None:
@@ -117,7 +147,7 @@ def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(_beside(target, tempfile.mkdtemp))
     try:
-        os.chmod(staging, 0o755)  # mkdtemp's private 0700 would outlive the rename
+        os.chmod(staging, file_mode(folder=True))  # mkdtemp's private 0700 would outlive the rename
         yield staging
         _move_into_place(staging, target)
     except BaseException:
