@@ -17,6 +17,7 @@ from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_fro
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
 from .checkpoint import warm_start
 from .config import TrainConfig
+from .run_log import settle_before_resuming
 from .step_memory import fitting_preset, require_training, training_memory
 from .trainer import resume_config, train
 
@@ -68,6 +69,8 @@ def train_words_run(
             "resume=True continues the run with its own model; only train_options may change",
             arguments=("resume", "train_options"),
         )
+    if resume:
+        settle_before_resuming(out_dir)
     presets = load_preset(preset) if preset else {}
     if resume and (preset or explicit):
         require_the_runs_preset(out_dir, presets, explicit, changed=set(train_options or {}))
@@ -132,6 +135,7 @@ def train_lm_run(
                 "resume=True continues the run from its own weights; init_from starts a new run",
                 arguments=("resume", "init_from"),
             )
+        settle_before_resuming(out_dir)
         config = resume_config(out_dir, train_options or {})
         model = load_model(out_dir)
         return train(model, config, out_dir, data=data, resume=True, progress=progress)
