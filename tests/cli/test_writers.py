@@ -296,6 +296,19 @@ def test_a_folder_of_another_kind_is_refused_even_with_overwrite(name, kind, inp
         assert contents(tmp_path) == before
 
 
+@pytest.mark.parametrize("name", ["generate", "words generate"])
+def test_a_folder_where_a_file_is_written_is_refused_naming_it(name, inputs, tmp_path, capsys, workdir):
+    """before: generate --out FOLDER --overwrite named a temporary file beside it
+    (".text.txt.8r28uchi.tmp: Is a directory")."""
+    case = CASES[name]
+    (tmp_path / case.target).mkdir()
+    (tmp_path / case.target / "notes.txt").write_bytes(MARKER)
+    before = contents(tmp_path)
+    code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
+    assert_one_line(err, code, 2, f"{tmp_path / case.target}: ")
+    assert ".tmp" not in err[0] and contents(tmp_path) == before
+
+
 def full_disk_under(root: Path, monkeypatch) -> None:
     """Every rename into ``root`` fails as on a full disk: a writer's last step, which
     commits its work."""

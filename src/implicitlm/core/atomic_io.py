@@ -69,7 +69,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
         # (safetensors), would outlive the rename.
         os.chmod(temporary, file_mode())
         _fsync(Path(temporary))
-        os.replace(temporary, path)
+        _rename_onto(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -117,6 +117,16 @@ def atomic_symlink(path: str | os.PathLike, points_to: str) -> None:
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _rename_onto(temporary: str, target: Path) -> None:
+    """The last step of a write; its error (a folder in the way) names the target, not the
+    temporary name the user never chose."""
+    try:
+        os.replace(temporary, target)
+    except OSError as error:
+        error.filename, error.filename2 = str(target), None
         raise
 
 
