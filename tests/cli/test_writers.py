@@ -275,11 +275,12 @@ def other_kind(kind: str, inputs: SimpleNamespace, target: Path) -> None:
         (target / "notes.txt").write_bytes(MARKER)
     else:
         source = {"token shards": inputs.shards, "a tokenizer": inputs.root / "tokenizer", "a run": inputs.words_run,
-                  "a catbAbI build": inputs.catbabi}[kind]
+                  "a run's checkpoint": latest_checkpoint(inputs.words_run), "a catbAbI build": inputs.catbabi}[kind]
         shutil.copytree(source, target, symlinks=True)
 
 
-@pytest.mark.parametrize("kind", ["a file", "a user's folder", "token shards", "a tokenizer", "a run", "a catbAbI build"])
+@pytest.mark.parametrize("kind", ["a file", "a user's folder", "token shards", "a tokenizer", "a run", "a run's checkpoint",
+                                  "a catbAbI build"])
 @pytest.mark.parametrize("name", WHOLE_FOLDERS)
 def test_a_folder_of_another_kind_is_refused_even_with_overwrite(name, kind, inputs, tmp_path, capsys, workdir):
     """before: models import (and the other writers of a whole folder) --overwrite deleted

@@ -44,14 +44,15 @@ from .loading import (
 )
 
 # The folder of a saved model (``models import``, ``solver train``): its config and weights with
-# their digests, the tokenizer beside them, and what a checkpoint adds (training settings and
-# state, model card, a learned solver's record). A config.json of its own marks it, not a run
-# folder's link to its latest checkpoint, nor its copy (core.run_folder: a run's entries).
+# their digests, the tokenizer beside them, and what a checkpoint copied from a run keeps
+# (training settings, model card, a learned solver's record). A config.json of its own marks
+# it; not a run folder's link to its latest checkpoint nor its copy (core.run_folder: a run's
+# entries), nor a run's checkpoint itself, whose training state belongs to the run.
 MODEL_FOLDER = FolderKind(
-    "a saved model", marks=("config.json",), foreign=("checkpoints", "metrics.jsonl"), entries=(
+    "a saved model", marks=("config.json",), foreign=("checkpoints", "metrics.jsonl", "training_state.pt"), entries=(
         "config.json", "generation_config.json", "*.safetensors", "*.safetensors.sha256", "*.safetensors.index.json",
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-        "chat_template.jinja", "trainer.json", "training_state.pt", "README.md", "learned_solver.json",
+        "chat_template.jinja", "trainer.json", "README.md", "learned_solver.json",
     ),
 )
 
