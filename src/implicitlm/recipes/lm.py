@@ -86,7 +86,8 @@ def run_lm_demo(
 ) -> dict[str, Any]:
     """The corpus, both kinds' runs and their held-out perplexities, into the folder
     ``out_dir``: built aside and renamed into place once complete; a folder already there is
-    refused, before any of it, unless ``overwrite``."""
+    refused, before any of it, unless ``overwrite`` and it holds a demo's results (whose files
+    it replaces, keeping any other)."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.

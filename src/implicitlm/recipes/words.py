@@ -48,7 +48,8 @@ def run_demo(
 ) -> dict[str, Any]:
     """Train both kinds of ``preset`` and test them by length, into the folder ``out_dir``:
     built aside and renamed into place once complete; a folder already there is refused,
-    before the training, unless ``overwrite``."""
+    before the training, unless ``overwrite`` and it holds a demo's results (whose files it
+    replaces, keeping any other)."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
