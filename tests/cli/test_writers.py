@@ -154,7 +154,7 @@ CASES = {
     "catbabi eval": Case(lambda i, out: ["catbabi", "eval", i.catbabi_lm, "--data", i.catbabi, "--no-progress",
                                          "--out", out / "out"], *record("catbabi")),
     "catbabi build": Case(lambda i, out: ["catbabi", "build", i.babi, "--tasks", "1,6,8,15,19", "--out", out / "built"],
-                          "built", "built/index.json"),
+                          "built", "built/catbabi.json"),
     "catbabi sample": Case(lambda i, out: ["catbabi", "sample", "--out", out / "babi"], "babi", "babi/qa1_train.txt"),
     "tokenizer train": Case(lambda i, out: ["tokenizer", "train", i.root / "corpus.txt", "--vocab-size", "280",
                                             "--out", out / "tok"], "tok", "tok/tokenizer.json"),
@@ -198,6 +198,11 @@ def plant(case: Case, out: Path) -> None:
     marker.write_bytes(MARKER)
 
 
+def stranger(case: Case, out: Path) -> Path:
+    """A user's file beside the case's finished work, which no command writes."""
+    return (out / case.marker).parent / "notes.txt"
+
+
 def contents(path: Path) -> dict[str, bytes]:
     """Every file and folder under ``path`` (or ``path`` itself, a file), with its bytes."""
     if path.is_file():
@@ -228,8 +233,11 @@ def test_every_command_that_writes_has_a_case_and_an_overwrite_flag():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_finished_work_is_refused_unless_overwrite(name, inputs, tmp_path, capsys, workdir):
+    """--overwrite replaces what the command writes and no more (before: models import, the
+    demos, solver train, catbabi build and sample deleted the folder whole)."""
     case = CASES[name]
     plant(case, tmp_path)
+    stranger(case, tmp_path).write_bytes(MARKER)
     before = contents(tmp_path)
     code, err = run(capsys, case.argv(inputs, tmp_path))
     assert_one_line(err, code, 2, "--overwrite")
@@ -239,6 +247,7 @@ def test_finished_work_is_refused_unless_overwrite(name, inputs, tmp_path, capsy
     marker = tmp_path / case.marker
     assert not marker.exists() or marker.read_bytes() != MARKER
     assert (tmp_path / case.target).exists()
+    assert stranger(case, tmp_path).read_bytes() == MARKER
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -250,6 +259,55 @@ def test_a_target_another_process_writes_is_refused(name, inputs, tmp_path, caps
         code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
         assert_one_line(err, code, 2, "another")
         assert contents(tmp_path) == before
+
+
+# The writers that build their whole --out folder: with --overwrite they replace their own kind
+# of folder, and refuse any other.
+WHOLE_FOLDERS = ("demo", "lm demo", "models import", "solver train", "catbabi build", "catbabi sample", "corpus build")
+
+
+def other_kind(kind: str, inputs: SimpleNamespace, target: Path) -> None:
+    """At ``target``, what a writer of a whole folder must not take for its own."""
+    if kind == "a file":
+        target.write_bytes(MARKER)
+    elif kind == "a user's folder":
+        target.mkdir()
+        (target / "notes.txt").write_bytes(MARKER)
+    else:
+        source = {"token shards": inputs.shards, "a tokenizer": inputs.root / "tokenizer", "a run": inputs.words_run,
+                  "a run's checkpoint": latest_checkpoint(inputs.words_run), "a catbAbI build": inputs.catbabi}[kind]
+        shutil.copytree(source, target, symlinks=True)
+
+
+@pytest.mark.parametrize("kind", ["a file", "a user's folder", "token shards", "a tokenizer", "a run", "a run's checkpoint",
+                                  "a catbAbI build"])
+@pytest.mark.parametrize("name", WHOLE_FOLDERS)
+def test_a_folder_of_another_kind_is_refused_even_with_overwrite(name, kind, inputs, tmp_path, capsys, workdir):
+    """before: models import (and the other writers of a whole folder) --overwrite deleted
+    the folder whole, whatever it held; corpus build wrote its shards beside another's files."""
+    case = CASES[name]
+    if (name, kind) in {("corpus build", "token shards"), ("catbabi build", "a catbAbI build")}:
+        pytest.skip("a folder of the writer's own kind")
+    target = tmp_path / case.target
+    other_kind(kind, inputs, target)
+    before = contents(tmp_path)
+    for overwrite in ([], ["--overwrite"]):
+        code, err = run(capsys, [*case.argv(inputs, tmp_path), *overwrite])
+        assert_one_line(err, code, 2, str(target), "not a folder" if kind == "a file" else "no part of")
+        assert contents(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["generate", "words generate"])
+def test_a_folder_where_a_file_is_written_is_refused_naming_it(name, inputs, tmp_path, capsys, workdir):
+    """before: generate --out FOLDER --overwrite named a temporary file beside it
+    (".text.txt.8r28uchi.tmp: Is a directory")."""
+    case = CASES[name]
+    (tmp_path / case.target).mkdir()
+    (tmp_path / case.target / "notes.txt").write_bytes(MARKER)
+    before = contents(tmp_path)
+    code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
+    assert_one_line(err, code, 2, f"{tmp_path / case.target}: ")
+    assert ".tmp" not in err[0] and contents(tmp_path) == before
 
 
 def full_disk_under(root: Path, monkeypatch) -> None:

@@ -25,6 +25,7 @@ from implicitlm.data.catbabi import (
     read_task_file,
 )
 from implicitlm.core.errors import DataError
+from implicitlm.core.targets import TargetExistsError
 from implicitlm.data.shards import TokenShards
 from implicitlm.data.tokenizer import load_tokenizer
 from implicitlm.tasks.catbabi import answer_accuracy, window_starts
@@ -196,7 +197,8 @@ def test_the_folder_is_token_shards_with_a_closed_word_vocabulary(sample, built)
     assert "apple,lamp" in stream_tokens(built, "test") and "apple,lamp" not in stream_tokens(built, "valid")
     summary = json.loads((built / "catbabi.json").read_text())
     assert summary["splits"]["train"]["answers_per_task"] == {str(t): n for t, n in TRAIN_ANSWERS.items()}
-    assert "overwrite" in data_error(build_catbabi, sample, built, tasks=SAMPLE_TASKS)
+    with pytest.raises(TargetExistsError, match="overwrite=True$"):
+        build_catbabi(sample, built, tasks=SAMPLE_TASKS)
 
 
 # ---------------------------------------------------------------- answer accuracy

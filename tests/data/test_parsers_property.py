@@ -42,6 +42,7 @@ from implicitlm.data.catbabi import (
 )
 from implicitlm.data.corpus import read_documents
 from implicitlm.core.errors import DataError
+from implicitlm.core.targets import TargetExistsError
 from implicitlm.data.groups import get_group
 from implicitlm.data.shard_writer import write_shards, write_token_streams
 from implicitlm.data.shards import TokenShards
@@ -793,7 +794,7 @@ def test_writing_over_a_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is a directory"):
         write_generated_words(tmp_path, "S3", length=4, count=2)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(DataError, match="got a file"):
+    with pytest.raises(TargetExistsError, match="file: not a folder"):
         write_babi_sample(tmp_path / "file")
     assert sorted(os.listdir(tmp_path)) == ["file", "w.npy.json"]
 
@@ -838,10 +839,10 @@ def test_failed_catbabi_build_leaves_the_old_folder(
 
 def test_catbabi_build_replaces_only_a_built_folder(tmp_path: Path) -> None:
     babi = write_babi_sample(tmp_path / "babi")
-    with pytest.raises(DataError, match=r"no part of a catbAbI build \(qa15_test.txt, "):
+    with pytest.raises(TargetExistsError, match=r"no part of a catbAbI build \(qa15_test.txt, "):
         build_catbabi(babi, babi, tasks=[1])
     (tmp_path / "file").write_text("x")
-    with pytest.raises(DataError, match="got a file"):
+    with pytest.raises(TargetExistsError, match="file: not a folder"):
         build_catbabi(babi, tmp_path / "file", tasks=[1])
     (tmp_path / "empty").mkdir()
     build_catbabi(babi, tmp_path / "empty", tasks=[1])

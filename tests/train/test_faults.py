@@ -26,6 +26,7 @@ from implicitlm.train import checkpoint as checkpoint_module
 from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.core.run_folder import read_trainer_meta
 from implicitlm.train.guard import TrainingInterrupted
+from implicitlm.train.run_log import run_folder_lock
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
 
@@ -234,6 +235,58 @@ def test_an_overwriting_run_that_fails_before_its_first_checkpoint_leaves_the_ea
     assert main([*train_command(out, "total_steps=1", "bounded_fraction=1.0"), "--overwrite"]) == 0
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_0000001"]
     assert not list(out.glob(".*"))  # the earlier run, set aside, went with the new run's checkpoint
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_an_earlier_run_outlives_an_overwriting_run_killed_before_its_first_checkpoint(tmp_path):
+    """Before: the finished run waited in RUN/.earlier_run.XXXX.tmp, --resume said there was
+    nothing to resume, and the next run removed it as a killed run's temporary."""
+    out = tmp_path / "run"
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
+    earlier = tree(out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "implicitlm", *train_command(out, "total_steps=100000"), "--overwrite"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    started = lambda: (out / ".earlier_run").is_dir() and (out / "metrics.jsonl").exists()  # noqa: E731
+    while not started() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None and not list(out.glob("checkpoints/step_*")), "no new run to kill before its checkpoint"
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    with run_folder_lock(out):  # whoever holds the folder next
+        assert tree(out) == earlier
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=3"]) == 0
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 3
+
+
+def test_an_earlier_run_half_set_aside_by_a_killed_run_is_put_back(tmp_path):
+    out = tmp_path / "run"
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
+    earlier = tree(out)
+    (out / ".earlier_run.moving").mkdir()  # killed between two of its renames
+    for name in ("metrics.jsonl", "checkpoints"):
+        os.replace(out / name, out / ".earlier_run.moving" / name)
+    assert main(["words", "train", "--out", str(out), "--resume", "--no-progress", "--train", "total_steps=3"]) == 0
+    assert read_trainer_meta(latest_checkpoint(out))["step"] == 3
+    assert tree(out)["metrics.jsonl"].startswith(earlier["metrics.jsonl"]) and not list(out.glob(".*"))
+
+
+def test_an_overwriting_run_killed_after_its_first_checkpoint_replaces_the_earlier_run(tmp_path):
+    out, killed = tmp_path / "run", tmp_path / "killed"
+    assert main(train_command(out, "total_steps=2", "bounded_fraction=1.0")) == 0
+    assert main(train_command(killed, "total_steps=1", "bounded_fraction=1.0")) == 0
+    (killed / ".earlier_run").mkdir()  # the earlier run, set aside, waiting for the end of the run
+    for entry in out.iterdir():
+        os.replace(entry, killed / ".earlier_run" / entry.name)
+    newer = {name: data for name, data in tree(killed).items() if not name.startswith(".earlier_run")}
+    with run_folder_lock(killed):
+        assert tree(killed) == newer
+    assert read_trainer_meta(latest_checkpoint(killed))["step"] == 1
 
 
 # ---------------------------------------------------------------- a full disk

@@ -187,6 +187,24 @@ def test_resume_without_a_checkpoint_is_a_clear_error(shards, tmp_path, capsys):
     assert code == 2 and "nothing to resume" in capsys.readouterr().err
 
 
+def test_resume_after_an_overwriting_run_killed_before_its_first_checkpoint_continues_the_earlier(shards, tmp_path):
+    """Before: "nothing to resume", the finished run hidden in .earlier_run.XXXX.tmp, which the
+    next run deleted as a temporary."""
+    finished = ["total_steps=2", "bounded_fraction=1.0", "checkpoint_every=2", "batch_size=4",
+                f"batch_tokens={4 * SEQUENCE}"]
+    assert main(cli_command(shards, tmp_path, *finished)) == 0
+    steps = logged(tmp_path, "step")
+    aside = tmp_path / ".earlier_run"  # as SIGKILL leaves it: the earlier run set aside, the new one begun
+    aside.mkdir()
+    for entry in [entry for entry in tmp_path.iterdir() if entry != aside]:
+        os.replace(entry, aside / entry.name)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    assert main(["train", "--data", str(shards), "--out", str(tmp_path), "--resume", "--no-progress",
+                 "--train", "total_steps=3"]) == 0
+    assert logged(tmp_path, "step") == [*steps, steps[-1] + 1] and not aside.exists()
+
+
 def test_a_bounded_run_resumes_into_the_free_phase(shards, tmp_path):
     bounded_only = ["total_steps=2", "bounded_fraction=1.0", "checkpoint_every=2", "batch_size=4",
                     f"batch_tokens={4 * SEQUENCE}"]

@@ -129,7 +129,7 @@ def add_catbabi(commands) -> None:
     p.set_defaults(run=_run_catbabi_build)
     p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
     p.add_argument("--out", type=Path, required=True, help="folder for the sample's task files")
-    add_overwrite_option(p, "a folder already in --out, whole")
+    add_overwrite_option(p, "what an earlier run of it wrote in --out (other files stay)")
     p.set_defaults(run=_run_catbabi_sample)
     add_aliases(catbabi, "catbabi")  # catbabi eval: eval length --task catbabi
 

@@ -51,7 +51,7 @@ def add_models_import(commands) -> None:
     p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama / Mamba (Mamba1) checkpoint (safetensors)")
     p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
-    add_overwrite_option(p, "a model or run already in --out")
+    add_overwrite_option(p, "a model already in --out (its files; others stay)")
     p.add_argument("--implicit", action="store_true", help="an implicit model initialised from the explicit weights")
     p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
     p.epilog = options_epilog(None)
@@ -62,14 +62,14 @@ def _run_models_import(args) -> None:
     from ..core.atomic_io import staged_directory
     from ..core.targets import exclusive_target
     from ..data.tokenizer import load_tokenizer, save_tokenizer
-    from ..models.convert import from_hf
+    from ..models.convert import MODEL_FOLDER, from_hf
 
-    with exclusive_target(args.out, args.overwrite):
+    with exclusive_target(args.out, args.overwrite, MODEL_FOLDER):
         model = from_hf(args.source, implicit=args.implicit, **dict(args.model))
         # The source's tokenizer goes with it, so that the folder alone serves generate() and lm-eval.
         tokenizer = load_tokenizer(args.source) if (args.source / "tokenizer_config.json").is_file() else None
         # Built aside and renamed: a killed import leaves no folder of a config without its weights.
-        with staged_directory(args.out) as staging:
+        with staged_directory(args.out, MODEL_FOLDER.keeps) as staging:
             model.save_pretrained(staging)  # with the weights' digest
             if tokenizer is not None:
                 save_tokenizer(tokenizer, staging)

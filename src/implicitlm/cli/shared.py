@@ -68,7 +68,7 @@ def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> No
     p = commands.add_parser("demo", help=help_text)
     p.add_argument("--out", type=Path, default=Path(f"{preset}_out"), help=f"output folder (default: {preset}_out)")
     p.add_argument("--preset", default=preset, help=f"preset name or JSON file (default: {preset})")
-    add_overwrite_option(p, "a folder already in --out, whole")
+    add_overwrite_option(p, "what an earlier run of it wrote in --out (other files stay)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
 

@@ -34,7 +34,7 @@ def add_solver(commands) -> None:
                         "iterate (default: what the stop test reads), or the paper's distance to the fixed point")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit of --out where it stopped")
-    add_overwrite_option(p, "a folder already at --out")
+    add_overwrite_option(p, "a model already at --out (its files; others stay)")
     p.set_defaults(run=_run_solver_train)
 
 

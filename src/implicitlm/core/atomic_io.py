@@ -4,7 +4,9 @@ renamed into place once complete.
 A folder cannot replace another atomically: the old one is first renamed aside to
 ``.<name>.old``, then the new one moved in, then the old one deleted. A process killed
 between the two renames leaves only ``.<name>.old``, which is the last complete version:
-``recover_replaced`` puts it back.
+``recover_replaced`` puts it back. The entries of the old folder that the new one keeps (what
+its writer does not write) wait in ``.<name>.kept`` meanwhile, which ``finish_replacement``
+empties into the folder, old or new, if a process was killed before it did.
 """
 
 from __future__ import annotations
@@ -61,14 +63,44 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = _beside(path, tempfile.mkstemp)
     os.close(descriptor)
-    os.chmod(temporary, 0o644)  # mkstemp's private 0600 would outlive the rename
     try:
         write(Path(temporary))
+        # After the write: mkstemp's private 0600, or that of a writer that replaced the file
+        # (safetensors), would outlive the rename.
+        os.chmod(temporary, file_mode())
         _fsync(Path(temporary))
-        os.replace(temporary, path)
+        _rename_onto(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def file_mode(folder: bool = False) -> int:
+    """The mode a new file (or folder) gets under the process's umask."""
+    umask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(umask)
+    return (0o777 if folder else 0o666) & ~umask
+
+
+@contextlib.contextmanager
+def following_umask(folder: str | os.PathLike) -> Iterator[None]:
+    """Files written into ``folder`` during the block get the umask's mode: safetensors writes
+    its files private (0600) whatever the umask, so that a saved checkpoint could not be shared."""
+    folder = Path(folder)
+    before = _file_stamps(folder)
+    yield
+    for path, stamp in _file_stamps(folder).items():
+        if before.get(path) != stamp:
+            os.chmod(path, file_mode())
+
+
+def _file_stamps(folder: Path) -> dict[Path, tuple[int, int]]:
+    stamps = {}
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            stamps[path] = (stat.st_ino, stat.st_mtime_ns)
+    return stamps
 
 
 def atomic_symlink(path: str | os.PathLike, points_to: str) -> None:
@@ -85,6 +117,16 @@ def atomic_symlink(path: str | os.PathLike, points_to: str) -> None:
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _rename_onto(temporary: str, target: Path) -> None:
+    """The last step of a write; its error (a folder in the way) names the target, not the
+    temporary name the user never chose."""
+    try:
+        os.replace(temporary, target)
+    except OSError as error:
+        error.filename, error.filename2 = str(target), None
         raise
 
 
@@ -109,17 +151,18 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_directory(target: str | os.PathLike) -> Iterator[Path]:
+def staged_directory(target: str | os.PathLike, keeps: Callable[[str], bool] = lambda name: False) -> Iterator[Path]:
     """A fresh empty folder to build in; it becomes ``target`` when the block ends without
-    error, replacing an existing ``target`` (the caller has checked that it may). On any
-    failure the temporary folder is removed and ``target`` is left as it was."""
+    error, replacing an existing ``target`` (the caller has checked that it may), whose
+    entries named as ``keeps`` says, and not written anew, stay. On any failure the temporary
+    folder is removed and ``target`` is left as it was."""
     target = Path(target).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(_beside(target, tempfile.mkdtemp))
     try:
-        os.chmod(staging, 0o755)  # mkdtemp's private 0700 would outlive the rename
+        os.chmod(staging, file_mode(folder=True))  # mkdtemp's private 0700 would outlive the rename
         yield staging
-        _move_into_place(staging, target)
+        _move_into_place(staging, target, keeps)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -141,19 +184,57 @@ def recover_replaced(target: str | os.PathLike) -> None:
         os.replace(old, target)
 
 
-def _move_into_place(staging: Path, target: Path) -> None:
+def finish_replacement(target: str | os.PathLike) -> None:
+    """``recover_replaced``, and the entries a replacement kept put back into ``target``. Only
+    the holder of ``target``'s lock may call it: a replacement in progress has them aside."""
+    target = Path(target)
+    recover_replaced(target)
+    _put_kept_back(target)
+
+
+def _move_into_place(staging: Path, target: Path, keeps: Callable[[str], bool]) -> None:
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         os.replace(staging, target)  # rename(2) replaces an empty folder
         return
     old = retired(target)
     shutil.rmtree(old, ignore_errors=True)
-    os.replace(target, old)
+    try:
+        _set_kept_aside(target, keeps, written=set(os.listdir(staging)))
+        os.replace(target, old)
+    except BaseException:
+        _put_kept_back(target)
+        raise
     try:
         os.replace(staging, target)
     except BaseException:
         os.replace(old, target)
+        _put_kept_back(target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+    _put_kept_back(target)
+
+
+def _set_kept_aside(target: Path, keeps: Callable[[str], bool], written: set[str]) -> None:
+    kept = [entry.name for entry in target.iterdir() if keeps(entry.name) and entry.name not in written]
+    if kept:
+        kept_aside(target).mkdir(exist_ok=True)
+    for name in kept:
+        os.replace(target / name, kept_aside(target) / name)
+
+
+def _put_kept_back(target: Path) -> None:
+    kept = kept_aside(target)
+    if not kept.is_dir() or kept.is_symlink():
+        return
+    target.mkdir(exist_ok=True)
+    for entry in kept.iterdir():
+        os.replace(entry, target / entry.name)
+    kept.rmdir()
+
+
+def kept_aside(target: Path) -> Path:
+    """Where the entries of a folder being replaced that its replacement keeps wait."""
+    return target.with_name(f".{target.name}.kept")
 
 
 def retired(target: Path) -> Path:

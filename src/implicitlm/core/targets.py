@@ -5,26 +5,75 @@ A target is the file or folder a command writes (``--out``). Its lock is a hidde
 beside it, ``.NAME.lock``, held with the kernel's ``flock`` (a killed writer holds nothing)
 and removed when the writer is done. Only the lock's holder may remove the temporaries
 (``.NAME.XXXX.tmp``, and ``.NAME.old`` that a replacement killed between its renames left)
-beside the target: anyone else's are work in progress.
+beside the target, or put back what a replacement kept aside (``.NAME.kept``): anyone
+else's are work in progress.
+
+A writer that builds a whole folder says which kind of folder it writes (``FolderKind``): it
+writes into a new or empty folder or, with ``overwrite``, one of its own kind, where it
+replaces only what it writes itself; a file, or a folder of anything else, is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .atomic_io import recover_replaced, remove_entry, retired
+from .atomic_io import finish_replacement, remove_entry, retired, staged_directory
 from .errors import ImplicitLMError
 
 LOGGER = logging.getLogger("implicitlm")
 
 
 class TargetExistsError(ImplicitLMError, FileExistsError):
-    """A writer's target holds finished work, or another process is writing it."""
+    """A writer's target holds finished work, or work of another kind, or another process is
+    writing it."""
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    """The kind of folder a writer builds whole. ``name``: as a message says it ("a saved
+    model"); ``marks``: patterns (``Path.glob``, under the folder) any of which, matched by
+    no link, makes a folder one of this kind, unless one of ``foreign`` matches too (a
+    catbAbI build holds token shards, but is more); ``entries``: patterns (``fnmatch``) of
+    the names its writers write in the folder, which ``overwrite`` replaces. Any other entry
+    of a folder of its kind (a user's notes) stays."""
+
+    name: str
+    marks: tuple[str, ...]
+    entries: tuple[str, ...]
+    foreign: tuple[str, ...] = ()
+
+    def keeps(self, name: str) -> bool:
+        """Whether an entry ``name`` of a folder replaced by this kind's writer stays."""
+        return not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.entries)
+
+    def marked(self, folder: Path) -> bool:
+        return self._matched(folder, self.marks) and not self._matched(folder, self.foreign)
+
+    @staticmethod
+    def _matched(folder: Path, patterns: tuple[str, ...]) -> bool:
+        return any(not path.is_symlink() for pattern in patterns for path in folder.glob(pattern))
+
+
+def refuse_another_kind(target: str | os.PathLike, kind: FolderKind) -> None:
+    """``target`` must be a new or empty folder, or one of ``kind``: ``overwrite`` replaces
+    what its writer writes there, and no writer of a folder may take a file, a link, or a
+    folder of other work (another writer's output, a user's files) for its own."""
+    target = Path(target)
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise TargetExistsError(f"{target}: not a folder (a file or a link); {kind.name} is written as a folder")
+    others = sorted(entry.name for entry in target.iterdir()) if target.is_dir() else []
+    if others and not kind.marked(target):
+        raise TargetExistsError(
+            f"{target}: holds files that are no part of {kind.name} ({', '.join(others[:5])}); "
+            "write it into a new or empty folder"
+        )
 
 
 def refuse_existing(target: str | os.PathLike, overwrite: bool = False) -> None:
@@ -81,9 +130,11 @@ def _same_file(handle, path: Path) -> bool:
 
 
 def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
-    """Remove the temporaries (``.NAME.XXXX.tmp``) a killed writer left beside ``target``;
-    returns them. Call it holding ``target``'s ``writer_lock``."""
+    """Remove the temporaries (``.NAME.XXXX.tmp``) a killed writer left beside ``target``,
+    once a replacement it left half done is finished; returns them. Call it holding
+    ``target``'s ``writer_lock``."""
     target = Path(target).absolute()
+    finish_replacement(target)
     stale = sorted(target.parent.glob(f".{_glob_escape(target.name)}.*.tmp"))
     if target.exists() and retired(target).exists():  # killed while deleting what it replaced
         stale.append(retired(target))
@@ -97,16 +148,29 @@ def _glob_escape(name: str) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_target(target: str | os.PathLike, overwrite: bool = False) -> Iterator[list[Path]]:
+def exclusive_target(
+    target: str | os.PathLike, overwrite: bool = False, kind: FolderKind | None = None
+) -> Iterator[list[Path]]:
     """Everything a writer does first: hold ``target``, refuse finished work unless
-    ``overwrite``, and remove a killed writer's temporaries (yielded, for the writer to say)."""
+    ``overwrite`` (and, for the writer of a ``kind`` of folder, any target of another kind),
+    and remove a killed writer's temporaries (yielded, for the writer to say)."""
     with writer_lock(target):
-        recover_replaced(target)
+        finish_replacement(target)
+        if kind is not None:
+            refuse_another_kind(target, kind)
         refuse_existing(target, overwrite)
         stale = remove_stale_temporaries(target)
         if stale:
             LOGGER.warning(f"{target}: removed what a killed writer left: {', '.join(map(str, stale))}")
         yield stale
+
+
+@contextlib.contextmanager
+def staged_folder(target: str | os.PathLike, overwrite: bool, kind: FolderKind) -> Iterator[Path]:
+    """For a writer that builds all of its ``kind`` of folder in one go: ``exclusive_target``,
+    and the folder to build in (``staged_directory``), which replaces ``target`` at the end."""
+    with exclusive_target(target, overwrite, kind), staged_directory(target, kind.keeps) as staging:
+        yield staging
 
 
 @contextlib.contextmanager

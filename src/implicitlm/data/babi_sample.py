@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from implicitlm.core.atomic_io import staged_directory
-from implicitlm.core.errors import DataError
-from implicitlm.core.targets import exclusive_target
+from implicitlm.core.targets import FolderKind, staged_folder
 
 SAMPLE_TASKS = (1, 6, 8, 15, 19)
 
@@ -126,14 +124,17 @@ SAMPLE_FILES: dict[tuple[int, str], str] = {
 """,
 }
 
+# The folder of the sample: its task files, any of which marks it.
+SAMPLE_NAMES = tuple(f"qa{task}_{split}.txt" for task, split in SAMPLE_FILES)
+SAMPLE_FOLDER = FolderKind("the bAbI sample", marks=SAMPLE_NAMES, entries=SAMPLE_NAMES)
+
 
 def write_babi_sample(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write the sample's task files as the folder ``out_dir``; returns it. A folder that
-    holds anything is refused unless ``overwrite``, which replaces it whole."""
+    holds anything is refused unless ``overwrite``, which replaces the sample's files in a
+    folder that holds them, and keeps any other."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"{out_dir}: expected a folder for the sample's task files, got a file")
-    with exclusive_target(out_dir, overwrite), staged_directory(out_dir) as staging:
+    with staged_folder(out_dir, overwrite, SAMPLE_FOLDER) as staging:
         for (task, split), text in SAMPLE_FILES.items():
             (staging / f"qa{task}_{split}.txt").write_text(text)
     return out_dir

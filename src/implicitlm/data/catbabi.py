@@ -44,7 +44,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
-from implicitlm.core.targets import refuse_existing, remove_stale_temporaries, writer_lock
+from implicitlm.core.targets import FolderKind, exclusive_target
 from implicitlm.core.errors import DataError, OptionError, first_line, quoted
 from implicitlm.core.json_file import read_utf8
 from implicitlm.data.shard_writer import PROGRESS_FILE, write_token_streams
@@ -61,10 +61,10 @@ UNK_TOKEN = "<unk>"
 TOKENIZER_DIR = "tokenizer"
 ANSWERS_FILE = "answers.npz"
 SUMMARY_FILE = "catbabi.json"
-# What a built folder holds: only such a folder may be replaced by a new build.
-BUILT_ENTRIES = {
+# What a build writes into its folder, which its summary marks.
+CATBABI_FOLDER = FolderKind("a catbAbI build", marks=(SUMMARY_FILE,), entries=(
     INDEX_FILE, PROGRESS_FILE, TOKENIZER_DIR, ANSWERS_FILE, SUMMARY_FILE, *SHARD_SPLITS.values()
-}
+))
 # Of each task's training stories, the share a folder without valid files holds out as valid.
 HELD_OUT_SHARE = 0.1
 # Line ids of more digits are refused: no story is that long, and int() refuses thousands.
@@ -320,32 +320,11 @@ def build_catbabi(
     out_dir = Path(out_dir)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise OptionError(f"seed must be a non-negative integer, got {seed!r}")
-    with writer_lock(out_dir):
-        _check_replaceable(out_dir, overwrite)
-        refuse_existing(out_dir, overwrite)
-        remove_stale_temporaries(out_dir)
+    with exclusive_target(out_dir, overwrite, CATBABI_FOLDER):
         stories = read_babi(babi_dir, tasks)
-        with staged_directory(out_dir) as staging:
+        with staged_directory(out_dir, CATBABI_FOLDER.keeps) as staging:
             summary = _write_catbabi(stories, babi_dir, staging, out_dir, tasks, seed)
     return summary
-
-
-def _check_replaceable(out_dir: Path, overwrite: bool) -> None:
-    """Refuse, before anything is written, an ``out_dir`` that a build may not replace, with
-    a reason more telling than that it exists."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"{out_dir}: expected a folder to build in, got a file")
-    if (out_dir / INDEX_FILE).exists() and not overwrite:
-        raise DataError(f"{out_dir}: holds built shards; replace them with overwrite=True", arguments=("overwrite",))
-    if not out_dir.is_dir():
-        return
-    # A build replaces the whole folder, which must therefore hold nothing else.
-    others = sorted(entry.name for entry in out_dir.iterdir() if entry.name not in BUILT_ENTRIES)
-    if others:
-        raise DataError(
-            f"{out_dir}: holds files that are no part of a catbAbI build ({', '.join(others[:5])}); "
-            f"build into a new or empty folder"
-        )
 
 
 def _write_catbabi(

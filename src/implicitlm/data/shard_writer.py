@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from implicitlm.core.atomic_io import atomic_write, staged_directory, write_json
 from implicitlm.core.errors import DataError, OptionError, check_header, check_int
 from implicitlm.core.json_file import read_json_object
-from implicitlm.core.targets import remove_stale_temporaries, writer_lock
+from implicitlm.core.targets import FolderKind, refuse_another_kind, remove_stale_temporaries, writer_lock
 from implicitlm.data.corpus import Document, Documents
 from implicitlm.data.corpus_splits import assign_splits, given_splits
 from implicitlm.data.parallel_tokenize import Labelled, tokenized
@@ -58,6 +58,11 @@ OUTPUT_PATTERNS = (
     *TEMPORARY_PATTERNS,
     *(f"{split}/shard_*.bin" for split in SPLITS),
 )
+# What a build writes into its folder; any of its output (a killed build's first shard too)
+# marks it, unless it is a catbAbI build's (data.catbabi's summary file), shards and more.
+SHARD_FOLDER = FolderKind("token shards", marks=OUTPUT_PATTERNS, foreign=("catbabi.json",), entries=(
+    INDEX_FILE, PROGRESS_FILE, f".{INDEX_FILE}.*.tmp", f".{PROGRESS_FILE}.*.tmp", *SPLITS,
+))
 
 
 def write_shards(
@@ -95,6 +100,7 @@ def write_shards(
     settings = _settings(tokenizer, shard_tokens, None if test_documents is not None else test_fraction, seed)
     with writer_lock(out_dir):
         remove_stale_temporaries(out_dir)  # a killed replacement's folder, built beside out_dir
+        refuse_another_kind(out_dir, SHARD_FOLDER)
         finished = _finished_index(out_dir, settings, resume, overwrite)
         if finished is not None:
             return finished
@@ -107,7 +113,7 @@ def write_shards(
         # Finished shards are replaced only by finished shards: built beside, then renamed.
         replacing = overwrite and (out_dir / INDEX_FILE).exists()
         saved = None if replacing else _saved_progress(out_dir, settings, resume, overwrite)
-        with staged_directory(out_dir) if replacing else contextlib.nullcontext(out_dir) as folder:
+        with staged_directory(out_dir, SHARD_FOLDER.keeps) if replacing else contextlib.nullcontext(out_dir) as folder:
             writers = _write_splits(pieces, tokenizer, folder, settings, saved, workers, batch_documents)
             _check_written(out_dir, writers)
             return _finish(folder, settings, writers, {"held_out_tail": held_out_tail or None})

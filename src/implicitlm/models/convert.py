@@ -35,11 +35,25 @@ from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
 from ..core.errors import ArgumentTypeError, first_line
+from ..core.targets import FolderKind
 from .families import BY_ARCHITECTURE, BY_SOURCE_MODEL_TYPE, Family
 from .implicit_lm import ImplicitCausalLM
 from .loading import (
     ModelLoadError, build_model, check_finite, check_generation_config, check_load_report, config_from_options,
     config_values, silenced_load_report,
+)
+
+# The folder of a saved model (``models import``, ``solver train``): its config and weights with
+# their digests, the tokenizer beside them, and what a checkpoint copied from a run keeps
+# (training settings, model card, a learned solver's record). A config.json of its own marks
+# it; not a run folder's link to its latest checkpoint nor its copy (core.run_folder: a run's
+# entries), nor a run's checkpoint itself, whose training state belongs to the run.
+MODEL_FOLDER = FolderKind(
+    "a saved model", marks=("config.json",), foreign=("checkpoints", "metrics.jsonl", "training_state.pt"), entries=(
+        "config.json", "generation_config.json", "*.safetensors", "*.safetensors.sha256", "*.safetensors.index.json",
+        "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+        "chat_template.jinja", "trainer.json", "README.md", "learned_solver.json",
+    ),
 )
 
 # A tied head is the embedding matrix itself in our models, an untied one our own lm_head.

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
-from ..core.atomic_io import writing
+from ..core.atomic_io import following_umask, writing
 from ..core.errors import ArgumentTypeError, OptionError
 from ..core.targets import TargetExistsError
 from ..core.weights_digest import WEIGHTS, write_weights_digest
@@ -95,7 +95,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         A file where the folder should be is refused (transformers logs it and saves nothing)."""
         if Path(save_directory).exists() and not Path(save_directory).is_dir():
             raise TargetExistsError(f"{save_directory}: is a file; save_pretrained writes a folder there")
-        with writing(save_directory, "the model"):
+        with writing(save_directory, "the model"), following_umask(save_directory):
             super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         # A sharded or variant save has no model.safetensors, which is all load_model reads.
         if is_main_process and (Path(save_directory) / WEIGHTS).is_file():

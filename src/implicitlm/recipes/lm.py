@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.atomic_io import staged_directory, write_json
+from ..core.atomic_io import write_json
 from ..data.corpus import read_documents
 from ..data.shard_writer import write_shards
 from ..data.shards import TokenShards
@@ -26,7 +26,8 @@ from ..presets import merged_options
 from ..core.errors import DataError
 from ..core.options import Options
 from ..core.schema import at_least, between, check_known_keys
-from ..core.targets import exclusive_target
+from ..core.targets import staged_folder
+from . import DEMO_FOLDER
 from ..train.config import TrainConfig
 from ..train.held_out import held_out_curve
 from ..train.trainer import train
@@ -85,7 +86,8 @@ def run_lm_demo(
 ) -> dict[str, Any]:
     """The corpus, both kinds' runs and their held-out perplexities, into the folder
     ``out_dir``: built aside and renamed into place once complete; a folder already there is
-    refused, before any of it, unless ``overwrite``."""
+    refused, before any of it, unless ``overwrite`` and it holds a demo's results (whose files
+    it replaces, keeping any other)."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.
@@ -95,7 +97,7 @@ def run_lm_demo(
     for kind in KINDS:
         config_from_options(_model_options(preset, kind, corpus.vocab_size))
     out_dir = Path(out_dir)
-    with exclusive_target(out_dir, overwrite), staged_directory(out_dir) as staging:
+    with staged_folder(out_dir, overwrite, DEMO_FOLDER) as staging:
         data_dir = prepare_corpus(corpus, staging, out_dir, progress)
         train_shards, test_shards = TokenShards(data_dir, "train"), TokenShards(data_dir, "test")
         results: dict[str, Any] = {

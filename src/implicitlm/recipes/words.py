@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.atomic_io import staged_directory, write_json
+from ..core.atomic_io import write_json
 from ..eval.plots import plot_figure
 from ..eval.records import write_task_record
 from ..tasks.words import accuracy_by_length, accuracy_figure, agreement_by_length, word_length_record
@@ -18,7 +18,8 @@ from ..core.options import Options
 from ..core.schema import POSITIVE, Rule, at_least, check_known_keys
 from ..presets import KINDS
 from ..core.run_folder import latest_checkpoint
-from ..core.targets import exclusive_target
+from ..core.targets import staged_folder
+from . import DEMO_FOLDER
 from ..tasks.word_scoring import raise_word_budget
 from ..train.runs import word_model, word_train_config
 from ..train.trainer import train
@@ -47,7 +48,8 @@ def run_demo(
 ) -> dict[str, Any]:
     """Train both kinds of ``preset`` and test them by length, into the folder ``out_dir``:
     built aside and renamed into place once complete; a folder already there is refused,
-    before the training, unless ``overwrite``."""
+    before the training, unless ``overwrite`` and it holds a demo's results (whose files it
+    replaces, keeping any other)."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
@@ -55,7 +57,7 @@ def run_demo(
     # minutes of implicit training, not after.
     configs = {kind: word_train_config(preset, kind) for kind in KINDS}
     models = {kind: word_model(preset, kind, configs[kind]) for kind in KINDS}
-    with exclusive_target(out_dir, overwrite), staged_directory(out_dir) as staging:
+    with staged_folder(out_dir, overwrite, DEMO_FOLDER) as staging:
         results: dict[str, Any] = {"models": {}}
         for kind in KINDS:
             entry = _train_and_test(models[kind], configs[kind], evaluation, staging, out_dir, kind, progress)

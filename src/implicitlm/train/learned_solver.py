@@ -45,6 +45,7 @@ from ..core.weights_digest import weights_sha256
 from ..deq import InitialGuess, LearnedMixing
 from ..deq.anderson import MEMORY, safeguarded_anderson
 from ..models import load_model
+from ..models.convert import MODEL_FOLDER
 from ..tasks import TRAINING_BATCHES
 from .config import TrainConfig
 from .model_card import write_model_card
@@ -111,7 +112,7 @@ def train_learned_solver(
     if mixing_loss not in MIXING_LOSSES:
         raise OptionError(f"mixing_loss must be one of {', '.join(MIXING_LOSSES)}; got {mixing_loss!r}",
                           arguments=("mixing_loss",))
-    with exclusive_target(out, overwrite):
+    with exclusive_target(out, overwrite, MODEL_FOLDER):
         checkpoint = model_folder(source)
         model = load_model(checkpoint).eval().requires_grad_(False)
         if not model.config.implicit:
@@ -177,7 +178,7 @@ def _parameters(network: torch.nn.Module) -> int:
 def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> None:
     """The model with its learned solver, the source's tokenizer and training settings, a
     model card and the record, built aside and renamed into ``out``."""
-    with staged_directory(out) as staging:
+    with staged_directory(out, MODEL_FOLDER.keeps) as staging:
         model.save_pretrained(staging)
         for name in COPIED:
             if (checkpoint / name).is_file():

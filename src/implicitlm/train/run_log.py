@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
 from ..core.migrations import FORMER_WORD_CHECKPOINT
-from ..core.run_folder import CHECKPOINTS, RUN_LINKS, refuse_in_place_of_links
+from ..core.run_folder import CHECKPOINTS, RUN_LINKS, refuse_in_place_of_links, step_directories
 from ..core.targets import TargetExistsError, writer_lock
 
+LOGGER = logging.getLogger("implicitlm")
 TENSORBOARD = "tensorboard"
+# Where an overwriting run keeps the earlier run until its first checkpoint (``.moving`` while
+# the entries are on their way there or back). Not temporaries (``.*.tmp``) that the next run
+# removes: until that checkpoint, they hold the folder's only run.
+EARLIER_RUN = ".earlier_run"
+EARLIER_RUN_MOVING = f"{EARLIER_RUN}.moving"
 
 
 # What a training run writes into its folder, a former word run's one checkpoint included.
@@ -50,11 +56,15 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
 def run_folder_lock(out_dir: str | Path, enabled: bool = True):
     """Hold ``out_dir`` for one run at a time: a second run on the same folder would mix its
     metrics into the first's and race it on every checkpoint rename. Symbolic links inside
-    the run folder are refused too: writes would land outside it, or fail at the first save."""
+    the run folder are refused too: writes would land outside it, or fail at the first save.
+    An earlier run that a killed overwriting run left set aside is settled first."""
     if not enabled:
         yield
         return
     with writer_lock(out_dir):
+        settled = settle_earlier_run(out_dir)
+        if settled:
+            LOGGER.warning(f"{out_dir}: {settled}")
         refuse_links(Path(out_dir))
         refuse_in_place_of_links(out_dir)
         yield
@@ -75,38 +85,80 @@ def refuse_links(out_dir: Path) -> None:
 def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
     """Move an earlier run's entries out of the new run's way (``--overwrite``), and delete
     them only once the new run has written a checkpoint: a run that fails before its first
-    (a full disk, bad data) puts the earlier run back as it was. A killed run leaves them
-    in a temporary folder, which the next run on the folder removes."""
+    (a full disk, bad data) puts the earlier run back as it was, and so does the next holder
+    of the folder's lock after a run killed before its first (``settle_earlier_run``)."""
     out = Path(out_dir)
     found = existing_run(out) if enabled else []
     if not found:
         yield
         return
-    aside = Path(tempfile.mkdtemp(dir=out, prefix=".earlier_run.", suffix=".tmp"))
-    moved = []
+    moving, aside = out / EARLIER_RUN_MOVING, out / EARLIER_RUN
+    moving.mkdir()
     try:
         for name in found:
-            os.replace(out / name, aside / name)
-            moved.append(name)
+            os.replace(out / name, moving / name)
     except BaseException:
-        _put_back(out, aside, moved)
+        _move_back(out, moving)
         raise
+    os.replace(moving, aside)
     try:
         yield
     except BaseException:
-        if not any((out / CHECKPOINTS).glob("step_*")):
-            for name in existing_run(out):
-                remove_entry(out / name)
-            _put_back(out, aside, moved)
+        if not _checkpointed(out):
+            _put_back(out)
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _put_back(out: Path, aside: Path, names: list[str]) -> None:
-    for name in names:
-        os.replace(aside / name, out / name)
-    shutil.rmtree(aside, ignore_errors=True)
+def settle_earlier_run(out_dir: str | Path) -> str | None:
+    """Finish what a run killed while an earlier run waited set aside left; what was done, to
+    say. Before the killed run's first checkpoint the earlier run is still the folder's run,
+    and is put back; after it, the killed run replaced it, and resumes."""
+    out = Path(out_dir)
+    if _own_folder(out / EARLIER_RUN) and _checkpointed(out):
+        shutil.rmtree(out / EARLIER_RUN)
+        return "removed the earlier run that a stopped run, which had written a checkpoint, replaced"
+    if _own_folder(out / EARLIER_RUN):
+        _put_back(out)
+    elif _own_folder(out / EARLIER_RUN_MOVING):
+        _move_back(out, out / EARLIER_RUN_MOVING)
+    else:
+        return None
+    return "put back the earlier run, which a run stopped before its first checkpoint had set aside"
+
+
+def settle_before_resuming(out_dir: str | Path) -> None:
+    """A resume reads its run's settings and weights before the trainer holds the folder: what
+    a killed overwriting run left is settled first, holding the folder's lock a moment."""
+    out = Path(out_dir)
+    if _own_folder(out / EARLIER_RUN) or _own_folder(out / EARLIER_RUN_MOVING):
+        with run_folder_lock(out):
+            pass
+
+
+def _own_folder(path: Path) -> bool:
+    # A link there is no folder of ours: its entries would be moved into the run, or deleted.
+    return path.is_dir() and not path.is_symlink()
+
+
+def _checkpointed(out: Path) -> bool:
+    return bool(step_directories(out / CHECKPOINTS))
+
+
+def _put_back(out: Path) -> None:
+    """The earlier run in place of the new one's entries. Renamed back to ``.moving`` first: a
+    kill while the entries go back leaves a folder with some of them, and none of the new run's."""
+    for name in existing_run(out):
+        remove_entry(out / name)
+    os.replace(out / EARLIER_RUN, out / EARLIER_RUN_MOVING)
+    _move_back(out, out / EARLIER_RUN_MOVING)
+
+
+def _move_back(out: Path, moving: Path) -> None:
+    for entry in moving.iterdir():
+        os.replace(entry, out / entry.name)
+    moving.rmdir()
 
 
 def tracking_options(out_dir: str | Path) -> dict[str, Any]:

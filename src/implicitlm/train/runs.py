@@ -19,6 +19,7 @@ from ..presets import checkpoint_preset, load_preset, merged_options, model_kind
 from ..tasks.lm import check_shards_tokenizer
 from .checkpoint import run_checkpoint, warm_start
 from .config import TrainConfig
+from .run_log import settle_before_resuming
 from .step_memory import fitting_preset, require_training, training_memory
 from .trainer import resume_config, train
 
@@ -67,6 +68,7 @@ def train_words_run(
     settings (``train_options`` on top). ``data``: a word file; None trains on fresh words."""
     presets = load_preset(preset) if preset else {}
     if resume:
+        settle_before_resuming(out_dir)
         require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=set(train_options or {}))
     kind = "explicit" if explicit else "implicit"
     config = resume_config(out_dir, train_options or {}) if resume else word_train_config(presets, kind, train_options)
@@ -140,6 +142,7 @@ def train_lm_run(
                 "resume=True continues the run from its own weights; init_from starts a new run",
                 arguments=("resume", "init_from"),
             )
+        settle_before_resuming(out_dir)
         base = None
         if model_preset is not None:
             # The shards' vocabulary, as a fresh run's model takes it over the model preset's.

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..core.atomic_io import remove_entry, staged_directory, write_json
+from ..core.atomic_io import atomic_write, remove_entry, staged_directory, write_json
 from ..core.errors import DataError
 from ..core.json_file import read_json_object
 
@@ -46,7 +46,7 @@ def save_progress(folder: Path, settings: dict[str, Any], state: FitState, fitte
             for moment, value in optimizer.state.get(parameter, {}).items():
                 tensors[f"adam.{name}.{index}.{moment}"] = torch.as_tensor(value).detach().clone()
     with staged_directory(folder) as staging:
-        save_file(tensors, str(staging / TENSORS))
+        atomic_write(staging / TENSORS, lambda temporary: save_file(tensors, str(temporary)))
         write_json(staging / META, {"settings": settings, "state": dataclasses.asdict(state),
                                     "batches": batches.state_dict()})
 
