@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .arguments import add_overwrite_option, iteration_budget, non_negative_int, positive_float
+from .arguments import add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, positive_float
 
 
 def add_budget_options(p) -> None:
@@ -16,8 +16,12 @@ def add_budget_options(p) -> None:
 
 
 def add_dtype_option(p) -> None:
-    p.add_argument("--dtype", default=None,
+    p.add_argument("--dtype", type=dtype_name, default=None,
                    help="the model's dtype: float32, bfloat16, float16 or float64 (default: as saved)")
+
+
+def add_device_option(p) -> None:
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
 
 
 def add_solver_flags(p) -> None:
