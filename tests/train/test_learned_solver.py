@@ -186,3 +186,18 @@ def test_an_unknown_mixing_loss_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(OptionError, match="mixing_loss must be one of residual, distance; got 'l2'"):
         train_learned_solver(tmp_path / "no-run", tmp_path / "out", mixing_loss="l2", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("size", [["--batch-size", "100000000"], ["--sequence-length", "100000000"]], ids=["batch", "length"])
+def test_a_batch_no_machine_holds_is_refused_with_its_memory_before_a_batch_is_drawn(shards, tmp_path, capsys, size):
+    from implicitlm.models import build_model, config_from_options
+
+    build_model(config_from_options(dict(architecture="mamba2", vocab_size=512, hidden_size=16, num_hidden_layers=1,
+                                         state_size=8, head_dim=8))).save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # what saving printed
+    code = main(["solver", "train", str(tmp_path / "m"), "--data", str(shards), "--out", str(tmp_path / "out"),
+                 "--no-progress", *size])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "fitting a learned solver at " in err[0] and "tokens per batch needs at least " in err[0] and "is available" in err[0]
+    assert not (tmp_path / "out").exists()
