@@ -497,6 +497,18 @@ def test_bytes_that_are_not_utf8_are_one_line_naming_file_and_line_unless_replac
     assert split_stream(shards, "test") == encoded(replaced, "abc\ufffd\ufffddef\n")
 
 
+def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(tokenizer, tmp_path, capsys):
+    import multiprocessing
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n" * 10)
+    code, out, err = cli(capsys, "corpus", "build", str(corpus), "--tokenizer", tokenizer.name_or_path, "--out",
+                         str(tmp_path / "s"), "--no-progress", "--workers", "100000")
+    message = error_line(code, err)
+    assert "tokenizing in 100,000 processes needs at least " in message and "is available" in message
+    assert "--workers" in message and not (tmp_path / "s").exists() and not multiprocessing.active_children()
+
+
 def test_a_source_without_text_is_refused_where_it_is_read(tokenizer, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("some text\nand more\n")
