@@ -166,29 +166,44 @@ def fraction(text: str) -> float:
     return value
 
 
-def device_name(text: str) -> str:
-    """A device's name checked before torch is imported, which takes seconds; whether the
-    machine has it, the command checks."""
-    from ..core.devices import check_device_name
-    from ..core.errors import OptionError
+def _checked(check: Callable[[str], object], text: str) -> str:
+    """``text`` once ``check(text)`` passes: a library check run by the parser, before the
+    command imports torch (seconds), its one-line error the parser's refusal of the option."""
+    from ..core.errors import ImplicitLMError
 
     try:
-        return check_device_name(text)
-    except OptionError as error:
+        check(text)
+    except ImplicitLMError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def device_name(text: str) -> str:
+    """A device's name of a kind models run on; whether the machine has it, the command checks."""
+    from ..core.devices import check_device_name
+
+    return _checked(check_device_name, text)
 
 
 def tokenizer_name(text: str) -> str:
-    """A tokenizer folder, or a name that can be the hub's: a mistyped folder is refused here,
-    not after torch is imported and the hub has been asked."""
-    from ..core.errors import DataError
+    """A tokenizer folder, or a name that can be the hub's: a mistyped folder is not sent to the hub."""
     from ..core.hub import check_local_or_hub
 
-    try:
-        check_local_or_hub(text, "tokenizer")
-    except DataError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
+    return _checked(lambda name: check_local_or_hub(name, "tokenizer"), text)
+
+
+def preset_name(text: str) -> str:
+    """A run preset's name, a JSON file or a checkpoint."""
+    from ..presets.run_presets import check_preset_name
+
+    return _checked(check_preset_name, text)
+
+
+def model_preset_name(text: str) -> str:
+    """A model preset's name (``implicitlm models list``), a JSON file or a checkpoint."""
+    from ..presets.options import check_model_options_name
+
+    return _checked(check_model_options_name, text)
 
 
 def dtype_name(text: str) -> str:

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from .arguments import (
-    add_overwrite_option, add_run_options, non_negative_int, positive_float, positive_int, tokenizer_name,
+    add_overwrite_option, add_run_options, model_preset_name, non_negative_int, positive_float, positive_int, preset_name,
+    tokenizer_name,
 )
 from .shared import (
     add_budget_options, add_demo_command, add_device_option, add_dtype_option, add_solver_flags, check_resume_or_overwrite,
@@ -18,9 +19,9 @@ def add_train(commands) -> None:
     p = commands.add_parser("train", help="train a language model on token shards (torchrun for several processes)")
     p.add_argument("--data", type=Path, required=True, help="shard folder (implicitlm corpus build)")
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
-    p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
+    p.add_argument("--model-preset", type=model_preset_name, default=None, help="model preset (implicitlm models list) or JSON file")
     p.add_argument(
-        "--config", dest="preset", default=None,
+        "--config", dest="preset", type=preset_name, default=None,
         help="training preset name, JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model'), "
              "or a checkpoint",
     )

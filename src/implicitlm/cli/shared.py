@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .arguments import add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, positive_float
+from .arguments import (
+    add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, positive_float, preset_name,
+)
 
 
 def add_budget_options(p) -> None:
@@ -71,7 +73,7 @@ def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> No
     """A ``demo`` command: a preset in, a table, ``results.json`` and a plot out."""
     p = commands.add_parser("demo", help=help_text)
     p.add_argument("--out", type=Path, default=Path(f"{preset}_out"), help=f"output folder (default: {preset}_out)")
-    p.add_argument("--preset", default=preset, help=f"preset name or JSON file (default: {preset})")
+    p.add_argument("--preset", type=preset_name, default=preset, help=f"preset name or JSON file (default: {preset})")
     add_overwrite_option(p, "a folder already in --out, whole")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)

@@ -23,10 +23,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import torch
-
 from ..core.errors import OptionError
-from ..models.loading import build_model, config_from_options
 
 VARIANTS = ("explicit", "bounded", "free")
 FREE_ITERATIONS = {"mamba2": 24, "llama": 32}
@@ -81,6 +78,11 @@ def count_parameters(name: str) -> int:
     The model is built on the meta device: shapes without storage, so a 1.3B model
     is counted without allocating its weights.
     """
+    # Here, not at the top: the command line checks a preset's name before it loads torch.
+    import torch
+
+    from ..models.loading import build_model, config_from_options
+
     with torch.device("meta"):
         model = build_model(config_from_options(model_preset(name)))
     return sum(p.numel() for p in model.parameters())
