@@ -30,6 +30,8 @@ def test_the_hub_is_not_asked_offline_or_unreachable(monkeypatch):
     assert hub_unreachable("https://huggingface.co") == "HF_HUB_OFFLINE is set"
     monkeypatch.delenv("HF_HUB_OFFLINE")
     assert "cannot be reached" in hub_unreachable("https://no-such-host.invalid")
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    assert hub_unreachable("https://huggingface.co").startswith("proxy.invalid cannot be reached")
 
 
 def test_a_hub_name_not_cached_and_unreachable_is_refused_at_once(monkeypatch):

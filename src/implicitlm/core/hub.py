@@ -8,6 +8,7 @@ import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
+from urllib.request import getproxies
 
 from .errors import DataError
 
@@ -34,9 +35,10 @@ def hub_unreachable(endpoint: str) -> str | None:
     within seconds); None when it can."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return "HF_HUB_OFFLINE is set"
-    address = urlparse(endpoint)
+    # Behind a proxy the hub is reached through it: the proxy is what must answer.
+    address = urlparse(getproxies().get(urlparse(endpoint).scheme) or endpoint)
     try:
-        with socket.create_connection((address.hostname, address.port or 443), timeout=REACH_SECONDS):
+        with socket.create_connection((address.hostname, address.port or (443 if address.scheme == "https" else 80)), timeout=REACH_SECONDS):
             return None
     except OSError as error:
         return f"{address.hostname} cannot be reached ({error.strerror or type(error).__name__})"
