@@ -37,8 +37,9 @@ def hub_unreachable(endpoint: str) -> str | None:
         return "HF_HUB_OFFLINE is set"
     # Behind a proxy the hub is reached through it: the proxy is what must answer.
     address = urlparse(getproxies().get(urlparse(endpoint).scheme) or endpoint)
+    port = address.port or (443 if address.scheme == "https" else 80)
     try:
-        with socket.create_connection((address.hostname, address.port or (443 if address.scheme == "https" else 80)), timeout=REACH_SECONDS):
+        with socket.create_connection((address.hostname, port), timeout=REACH_SECONDS):
             return None
     except OSError as error:
         return f"{address.hostname} cannot be reached ({error.strerror or type(error).__name__})"
