@@ -12,7 +12,10 @@ Both implicit variants use tau = 0.8 and evaluate with 4 times their training it
 (the authors' eval_factor). A size file may list its own "variants", each with the
 fixed-point options that differ from these defaults; it then has only those variants.
 
-Preset names are "<stem>-<variant>", e.g. "mamba2-130m-bounded".
+Preset names are "<stem>-<variant>", e.g. "mamba2-130m-bounded". A size file also records
+its models' "parameters" (``count_parameters``, by kind: "explicit", "implicit"), which
+``implicitlm models list`` shows without building a model (or importing torch); a test
+checks them against the models built.
 """
 
 from __future__ import annotations
@@ -68,8 +71,13 @@ def preset_summary(name: str) -> dict[str, Any]:
         "d_model": options["hidden_size"],
         "variant": f"{variant} ({fixed_point['train_max_iter']}+{fixed_point['phantom_steps']})" if implicit else variant,
         "eval_iterations": fixed_point["max_iter"] if implicit else None,
-        "parameters": count_parameters(name),
+        "parameters": _size_files()[_split(name)[0]]["parameters"][kind_of(implicit)],
     }
+
+
+def kind_of(implicit: bool) -> str:
+    """The key of a size file's "parameters" for a variant: its counts by kind of model."""
+    return "implicit" if implicit else "explicit"
 
 
 def count_parameters(name: str) -> int:
