@@ -112,3 +112,50 @@ def test_a_key_value_option_parses_to_a_pair_or_is_one_line_naming_the_option(te
         return
     [(key, _)] = args.train
     assert key and text.startswith(f"{key}=")
+
+
+# One command line in a fresh interpreter: its exit code and whether it imported torch.
+REFUSAL_IMPORTS = """
+import json, sys
+from implicitlm.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+REFUSED_BEFORE_TORCH = {
+    "generate ck --prompt a --dtype bf16": ("--dtype", "bfloat16"),
+    "generate ck --prompt a --device meta": ("--device", "cpu, cuda or cuda:N"),
+    "lm downstream ck --out o --device mps": ("--device", "cpu, cuda or cuda:N"),
+    "corpus build src --tokenizer ./nonexist --out o": ("--tokenizer", "./nonexist: no such tokenizer folder"),
+    "corpus build src --tokenizer a/b/c --out o": ("--tokenizer", "not a hub name"),
+    "train --data x --out y --model-preset mamba2-130m-bounde": ("--model-preset", "did you mean mamba2-130m-bounded"),
+    "train --data x --out y --config lm_wikitex2": ("--config", "unknown preset 'lm_wikitex2'"),
+    "words train --out o --preset dem": ("--preset", "unknown preset 'dem'"),
+    "models show nope": ("unknown model preset 'nope'", "implicitlm models list"),
+    "train --dta x --out y": ("unknown option --dta", "did you mean --data?"),
+    "train --data x --out y --ovewrite": ("unknown option --ovewrite", "did you mean --overwrite?"),
+    "words eval ck --lenghts 8": ("unknown option --lenghts", "did you mean --lengths?"),
+}
+
+
+@pytest.mark.parametrize("command", REFUSED_BEFORE_TORCH)
+def test_a_refusal_the_parser_can_make_is_one_line_without_importing_torch(command, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", REFUSAL_IMPORTS, *command.split()], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    result = json.loads(ran.stdout.strip().splitlines()[-1])
+    lines = ran.stderr.strip().splitlines()
+    assert result == {"code": 2, "torch": False}, (result, lines)
+    assert len(lines) == 1 and ": error: " in lines[0] and all(part in lines[0] for part in REFUSED_BEFORE_TORCH[command]), lines
+    assert "required" not in lines[0]
+
+
+def test_a_known_option_abbreviated_or_given_with_its_value_is_no_unknown_option():
+    args = PARSER.parse_args(["train", "--data=d", "--out", "o", "--overw", "--model", "hidden_size=-3"])
+    assert args.overwrite and str(args.data) == "d"

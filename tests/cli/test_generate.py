@@ -45,7 +45,7 @@ def test_greedy_text_is_the_models_own_generate_and_streams_as_printed(run, caps
     assert texts == [expected] and len(expected) > 0
     assert len(pieces) > 2 and "".join(pieces) == format_texts(texts) == expected + "\n"  # streamed piece by piece
     code, out, _ = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "12", "--greedy")
-    assert code == 0 and out == expected + "\n"
+    assert code == 0 and out == PROMPT + expected + "\n"  # the prompt echoed, then its continuation
 
 
 @pytest.mark.slow
@@ -87,6 +87,35 @@ def test_prompt_from_a_file_or_stdin_and_text_to_a_new_file(run, capsys, tmp_pat
     # An existing --out is refused before anything is generated.
     code, out, err = generate(capsys, str(run), "--prompt", PROMPT, "--out", str(tmp_path / "text.txt"))
     assert code == 2 and out == "" and len(err) == 1 and "text.txt: exists" in err[0]
+
+
+def test_the_command_prints_and_writes_the_prompt_then_each_continuation(run, capsys, tmp_path):
+    options = ["--max-new-tokens", "3", "--seed", "2", "--num-return-sequences", "2"]
+    code, out, _ = generate(capsys, str(run), "--prompt", PROMPT, *options, "--out", str(tmp_path / "text.txt"))
+    texts = generate_text(run, PROMPT, Decoding(max_new_tokens=3, seed=2, num_return_sequences=2))
+    assert code == 0 and out == format_texts([PROMPT + text for text in texts]) == (tmp_path / "text.txt").read_text()
+    assert out.startswith(PROMPT) and f"{SEQUENCE_SEPARATOR}{PROMPT}" in out
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "cuda:99"])
+def test_a_device_this_machine_cannot_run_on_is_one_line(run, capsys, device):
+    try:
+        code = main(["generate", str(run), "--prompt", PROMPT, "--device", device])
+    except SystemExit as parser_exit:  # a name of no device models run on: the parser's refusal
+        code = parser_exit.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--device" in err[0] and ("cpu, cuda or cuda:N" in err[0] or "this machine" in err[0]), err
+
+
+def test_a_prompt_file_that_never_ends_or_is_too_long_is_one_line(run, capsys, tmp_path):
+    from implicitlm.tasks.generation import MAX_PROMPT_LENGTH
+
+    with open(tmp_path / "long.txt", "wb") as long:
+        long.truncate(MAX_PROMPT_LENGTH + 1)  # sparse: no disk used
+    for source, message in [("/dev/zero", "/dev/zero: expected a prompt file, got a device, FIFO or socket"),
+                            (str(tmp_path / "long.txt"), "long.txt: a prompt of more than 16 MiB")]:
+        code, out, err = generate(capsys, str(run), "--prompt-file", source)
+        assert code == 2 and out == "" and len(err) == 1 and message in err[0], err
 
 
 def test_a_model_without_a_tokenizer_is_refused_in_one_line_unless_given_one(run, tmp_path, capsys):

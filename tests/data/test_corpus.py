@@ -525,6 +525,18 @@ def test_bytes_that_are_not_utf8_are_one_line_naming_file_and_line_unless_replac
     assert split_stream(shards, "test") == encoded(replaced, "abc\ufffd\ufffddef\n")
 
 
+def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(tokenizer, tmp_path, capsys):
+    import multiprocessing
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n" * 10)
+    code, out, err = cli(capsys, "corpus", "build", str(corpus), "--tokenizer", tokenizer.name_or_path, "--out",
+                         str(tmp_path / "s"), "--no-progress", "--workers", "100000")
+    message = error_line(code, err)
+    assert "tokenizing in 100,000 processes needs at least " in message and "is available" in message
+    assert "--workers" in message and not (tmp_path / "s").exists() and not multiprocessing.active_children()
+
+
 def test_a_source_without_text_is_refused_where_it_is_read(tokenizer, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("some text\nand more\n")
@@ -592,3 +604,33 @@ def test_a_one_file_corpus_trains_on_all_but_its_last_lines(tokenizer, texts, tm
                        "--out", str(tmp_path / "line"), "--no-progress")
     assert code == 2 and "nothing to train on" in err and err.count("\n") == 1
     assert not (tmp_path / "line").exists()
+
+
+# A command under a limit of open files below the shards' count, in a fresh interpreter.
+UNDER_FILE_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from implicitlm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_more_shards_than_a_process_may_open_files_are_written_read_and_trained_on(shards, tmp_path):
+    import subprocess
+    import sys
+
+    def under_limit(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", UNDER_FILE_LIMIT, *argv], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=600)
+
+    source = Path(__file__).parents[2] / "src" / "implicitlm" / "train"
+    built = under_limit("corpus", "build", str(source), "--pattern", "*.py", "--tokenizer", str(shards.parent / "tokenizer"),
+                        "--out", "many", "--shard-tokens", "128", "--test-fraction", "0.1", "--no-progress")
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert len(list((tmp_path / "many" / "train").glob("shard_*.bin"))) > 256
+    trained = under_limit("train", "--data", "many", "--config", "lm_demo", "--out", "run", "--no-progress",
+                          "--model", "hidden_size=16", "--model", "head_dim=8", "--model", "num_hidden_layers=1",
+                          "--train", "total_steps=2", "--train", "sequence_length=32", "--train", "batch_size=2",
+                          "--train", "batch_tokens=64", "--train", "eval_every=1")
+    assert trained.returncode == 0, trained.stderr[-2000:]

@@ -559,7 +559,7 @@ def test_token_streams_read_back_their_documents(splits: dict[str, list[list[int
             shards = TokenShards(folder, split, verify=True)
             expected = [token for document in documents for token in [*document, tokenizer.eos_token_id]]
             assert shards.read(0, len(shards)).tolist() == expected
-            assert all(len(shard) <= shard_tokens for shard in shards._shards)
+            assert all(tokens <= shard_tokens for tokens in shards.shard_tokens)
 
 
 JSON_VALUES = st.recursive(

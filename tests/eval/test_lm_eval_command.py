@@ -111,6 +111,22 @@ def test_a_missing_data_folder_is_one_line(run, tmp_path, monkeypatch, capsys):
                                                                      "(nor a .xz, .gz or .bz2 copy)")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("options, message", [
+    (["--num_fewshot", "1"], "piqa_local: a local set has no training split"),
+    (["--device", "meta"], "device must be cpu, cuda or cuda:N; got 'meta'"),
+], ids=["fewshot", "device"])
+def test_few_shot_examples_from_the_scored_split_or_an_unusable_device_are_one_line(run, tmp_path, monkeypatch, capsys,
+                                                                                     options, message):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", "implicitlm", "--model_args", f"pretrained={run},{MODEL_ARGS}", "--tasks", "piqa_local",
+            "--metadata", f"data_dir={SLICES}", "--limit", "2", "--output_path", str(tmp_path / "out"), *options]
+    assert run_command(["--device", "cpu", *argv] if "--device" not in options else argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("implicitlm-lm-eval: error: ") and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_paper_task_has_a_shipped_local_task():
     from implicitlm.data.downstream_sets import READERS
 

@@ -53,6 +53,24 @@ def test_counting_on_the_meta_device_counts_the_real_model():
     assert count_parameters("mamba2-words-a5-free") == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", model_preset_names())
+def test_the_parameter_counts_a_size_file_records_are_its_models(name):
+    from implicitlm.presets import preset_summary
+
+    assert preset_summary(name)["parameters"] == count_parameters(name)
+
+
+def test_models_list_builds_no_model_and_imports_no_torch():
+    import subprocess
+    import sys
+
+    listing = "import sys; from implicitlm.cli import main; code = main(['models', 'list']); print(code, 'torch' in sys.modules)"
+    ran = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, timeout=120)
+    assert ran.stdout.strip().splitlines()[-1] == "0 False", ran.stderr[-2000:]
+    assert "mamba2-130m-bounded" in ran.stdout and "131.7" in ran.stdout
+
+
 def test_variants_carry_the_authors_budgets():
     bounded = config_from_options(model_preset("mamba2-130m-bounded")).fixed_point_options
     assert (bounded.train_max_iter, bounded.phantom_steps, bounded.tau, bounded.max_iter) == (4, 1, 0.8, 16)
@@ -96,7 +114,9 @@ def test_models_list_shows_every_preset(capsys):
 def test_models_show_and_unknown_name(capsys):
     assert main(["models", "show", "llama-760m-bounded"]) == 0
     assert json.loads(capsys.readouterr().out) == model_preset("llama-760m-bounded")
-    assert main(["models", "show", "llama-760m"]) == 2
+    with pytest.raises(SystemExit) as refused:  # by the parser, before torch is imported
+        main(["models", "show", "llama-760m"])
+    assert refused.value.code == 2
     assert "unknown model preset 'llama-760m'" in capsys.readouterr().err
 
 

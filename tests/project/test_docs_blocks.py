@@ -154,3 +154,14 @@ def test_the_block_runs_twice_in_a_fresh_folder(block, tmp_path):
         assert done.returncode == 0, f"{block.name}, {attempt} run, exit {done.returncode}:\n{done.stderr[-3000:]}"
         if block.prints:
             assert re.search(block.prints, done.stdout, flags=re.MULTILINE), f"{block.name}: {done.stdout[-2000:]}"
+
+
+@pytest.mark.parametrize("page", [README, ROOT / "docs" / "getting-started.md"], ids=lambda page: page.name)
+def test_the_setup_activates_the_venv_before_the_first_implicitlm_command(page):
+    """After the setup block (scripts/demo.sh installs .venv, not onto PATH), a pasted
+    ``implicitlm`` command is not found unless the page has the reader activate the venv first."""
+    blocks = [block for block in fenced_blocks(page) if block.language in RUN_AS]
+    first = next(i for i, block in enumerate(blocks) if re.search(r"^\s*implicitlm\b", block.code, re.MULTILINE))
+    assert any("source .venv/bin/activate" in block.code for block in blocks[:first]), page.name
+    assert check_block("source .venv/bin/activate") == []
+    assert check_block("source other/bin/activate") != []

@@ -145,6 +145,13 @@ def check_script(words: list[str]) -> str | None:
     return None if script.is_file() else f"no script {words[1]}"
 
 
+def check_source(words: list[str]) -> str | None:
+    """Only the venv that scripts/setup.sh creates is activated."""
+    if words[1:] != [".venv/bin/activate"]:
+        return "only .venv/bin/activate (which scripts/setup.sh creates) is sourced"
+    return None if ".venv" in (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8") else "scripts/setup.sh makes no .venv"
+
+
 def check_python(words: list[str]) -> str | None:
     if words[1:2] != ["benchmarks/run.py"]:
         return "only benchmarks/run.py is checked among scripts run with python"
@@ -168,6 +175,7 @@ CHECKS = {
     "torchrun": check_torchrun,
     "implicitlm-lm-eval": check_lm_eval,
     "bash": check_script,
+    "source": check_source,
     "python": check_python,
     "mkdocs": check_mkdocs,
 }

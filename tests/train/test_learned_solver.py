@@ -209,3 +209,18 @@ def test_a_mixing_whose_fit_made_its_loss_worse_is_flagged_and_not_chosen(caplog
     [warning] = [record.getMessage() for record in caplog.records]
     assert "-5.68 -> -5.43" in warning and "not used" in warning and "\n" not in warning
     assert all(solver == "own" for _, solver in choose_per_mode(held_out, use_mixing=False).values())
+
+
+@pytest.mark.parametrize("size", [["--batch-size", "100000000"], ["--sequence-length", "100000000"]], ids=["batch", "length"])
+def test_a_batch_no_machine_holds_is_refused_with_its_memory_before_a_batch_is_drawn(shards, tmp_path, capsys, size):
+    from implicitlm.models import build_model, config_from_options
+
+    build_model(config_from_options(dict(architecture="mamba2", vocab_size=512, hidden_size=16, num_hidden_layers=1,
+                                         state_size=8, head_dim=8))).save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # what saving printed
+    code = main(["solver", "train", str(tmp_path / "m"), "--data", str(shards), "--out", str(tmp_path / "out"),
+                 "--no-progress", *size])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "fitting a learned solver at " in err[0] and "tokens per batch needs at least " in err[0] and "is available" in err[0]
+    assert not (tmp_path / "out").exists()

@@ -33,7 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _quiet_libraries()
     from ..core.errors import NumericalFault
-    from ..train.guard import TrainingInterrupted
 
     out = getattr(args, "out", None)
     new_out = out is not None and not out.exists()
@@ -52,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (NumericalFault, OSError) as error:
         # Valid input, but the run cannot go on: NaN/Inf, a fatal non-convergence, a full disk.
         return _fail(error, 1, parser, args)
-    except TrainingInterrupted as stopped:
+    except _training_interrupted() as stopped:
         hint = "; continue with --resume" if hasattr(args, "resume") else ""
         print(f"implicitlm: {stopped}{hint}", file=sys.stderr)
         return stopped.exit_code
@@ -60,6 +59,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("implicitlm: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _training_interrupted() -> type:
+    """The error of a stopped training run. An except clause names it only once an error gets
+    that far: its module loads torch, which a command that needs none (``models list``) skips."""
+    from ..train.guard import TrainingInterrupted
+
+    return TrainingInterrupted
 
 
 def _remove_partial_output(out: Path) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import re
+import sys
 from typing import Any, Callable, Sequence
 
 
@@ -13,8 +15,43 @@ class Parser(argparse.ArgumentParser):
     """argparse reporting a bad option in one line, as every other input error is (its
     default prints the whole usage first). Subcommands inherit the class."""
 
+    given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        # Kept for error(): argparse reports a missing required option before a mistyped one.
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        command = self._command(self.given) if message.startswith("unrecognized arguments") else self
+        unknown = command._unknown_option(command.given)
+        if unknown is not None and (message.startswith(("unrecognized arguments", "the following arguments are required"))):
+            message = unknown
+        self.exit(2, f"{command.prog}: error: {message} (see {command.prog} --help)\n")
+
+    def _command(self, words: list[str]) -> "Parser":
+        """The (sub)command parser that ``words`` name (this one where they name none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for index, word in enumerate(words):
+                    if word in action.choices:
+                        return action.choices[word]._command(words[index + 1:])
+        return self
+
+    def _unknown_option(self, words: list[str]) -> str | None:
+        """The first of ``words`` that looks like an option this parser does not take, with
+        the closest one it takes; None when every option given is known."""
+        for word in words:
+            if word == "--":
+                break
+            name = word.partition("=")[0]
+            if not name.startswith("-") or name == "-" or self._negative_number_matcher.match(name):
+                continue
+            if name in self._option_string_actions or any(o.startswith(name) for o in self._option_string_actions if len(name) > 2):
+                continue
+            close = difflib.get_close_matches(name, [o for o in self._option_string_actions if o.startswith("--")], n=1)
+            return f"unknown option {name}" + (f" (did you mean {close[0]}?)" if close else "")
+        return None
 
     def _get_values(self, action, arg_strings):
         # Before Python 3.12, argparse drops a value that is exactly "--" ("--hard-prob=--") as if
@@ -127,6 +164,54 @@ def fraction(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
     return value
+
+
+def _checked(check: Callable[[str], object], text: str) -> str:
+    """``text`` once ``check(text)`` passes: a library check run by the parser, before the
+    command imports torch (seconds), its one-line error the parser's refusal of the option."""
+    from ..core.errors import ImplicitLMError
+
+    try:
+        check(text)
+    except ImplicitLMError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def device_name(text: str) -> str:
+    """A device's name of a kind models run on; whether the machine has it, the command checks."""
+    from ..core.devices import check_device_name
+
+    return _checked(check_device_name, text)
+
+
+def tokenizer_name(text: str) -> str:
+    """A tokenizer folder, or a name that can be the hub's: a mistyped folder is not sent to the hub."""
+    from ..core.hub import check_local_or_hub
+
+    return _checked(lambda name: check_local_or_hub(name, "tokenizer"), text)
+
+
+def preset_name(text: str) -> str:
+    """A run preset's name, a JSON file or a checkpoint."""
+    from ..presets.run_presets import check_preset_name
+
+    return _checked(check_preset_name, text)
+
+
+def model_preset_name(text: str) -> str:
+    """A model preset's name (``implicitlm models list``), a JSON file or a checkpoint."""
+    from ..presets.options import check_model_options_name
+
+    return _checked(check_model_options_name, text)
+
+
+def dtype_name(text: str) -> str:
+    from ..core.devices import DTYPES
+
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"dtype must be one of {', '.join(DTYPES)}; got {text!r}")
+    return text
 
 
 def _list_of(text: str, item, expected: str) -> list:

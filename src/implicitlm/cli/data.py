@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import add_overwrite_option, fraction, int_list, non_negative_int, positive_int
+from .arguments import add_overwrite_option, fraction, int_list, non_negative_int, positive_int, tokenizer_name
 from .evaluate import add_aliases
 
 PATTERN_HELP = "file name pattern inside folders, recursively (default: every file; e.g. '*.txt')"
@@ -55,7 +55,7 @@ def _replaced(args, *documents) -> str:
 def add_corpus_build(commands) -> None:
     p = commands.add_parser("build", help="tokenize documents into packed, memory-mapped token shards")
     p.add_argument("sources", nargs="+", help="text / .jsonl / .parquet files or folders, or a hub dataset name")
-    p.add_argument("--tokenizer", required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
+    p.add_argument("--tokenizer", type=tokenizer_name, required=True, help="tokenizer folder or hub name (e.g. EleutherAI/gpt-neox-20b)")
     p.add_argument("--out", type=Path, required=True, help="shard folder")
     held_out = p.add_mutually_exclusive_group()
     held_out.add_argument(

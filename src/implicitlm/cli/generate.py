@@ -5,13 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .arguments import add_overwrite_option, non_negative_int, positive_float, positive_int
-from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
+from .arguments import add_overwrite_option, non_negative_int, positive_float, positive_int, tokenizer_name
+from .shared import add_budget_options, add_device_option, add_dtype_option, add_solver_flags, fixed_point_settings
 
 DESCRIPTION = (
     "Continue a prompt with a language model (a checkpoint, or a run folder's latest). The prompt is solved "
     "in --mode (one fixed point over the whole prompt by default), then each new token is one sequential "
-    "step, as an RNN. Tokens are sampled (temperature 1, top-k 50, top-p 1) unless --greedy; --seed makes "
+    "step, as an RNN. The prompt is printed, then its continuation as it is decoded. Tokens are sampled (temperature 1, top-k 50, top-p 1) unless --greedy; --seed makes "
     "sampling repeatable."
 )
 
@@ -37,8 +37,8 @@ def add_generate(commands) -> None:
                    help="how the prompt is solved: one fixed point over it, or token by token (default: simultaneous)")
     add_budget_options(p)
     add_solver_flags(p)
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--tokenizer", type=tokenizer_name, default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
+    add_device_option(p)
     add_dtype_option(p)
     p.add_argument("--out", type=Path, default=None, help="also write the text to this file")
     add_overwrite_option(p, "a file already at --out")
@@ -55,7 +55,7 @@ def _run_generate(args) -> None:
     )
     generate_text(args.checkpoint, prompt, decoding, tokenizer=args.tokenizer, mode=args.mode,
                   fixed_point=fixed_point_settings(args), dtype=args.dtype, device=args.device, on_text=_print, out=args.out,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, echo_prompt=True)
 
 
 def _print(text: str) -> None:

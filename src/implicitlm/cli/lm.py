@@ -5,9 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .arguments import add_overwrite_option, add_run_options, non_negative_int, positive_float, positive_int
+from .arguments import (
+    add_overwrite_option, add_run_options, model_preset_name, non_negative_int, positive_float, positive_int, preset_name,
+    tokenizer_name,
+)
 from .shared import (
-    add_budget_options, add_demo_command, add_dtype_option, add_solver_flags, check_resume_or_overwrite,
+    add_budget_options, add_demo_command, add_device_option, add_dtype_option, add_solver_flags, check_resume_or_overwrite,
     fixed_point_settings, print_run_summary, report_demo,
 )
 
@@ -16,9 +19,9 @@ def add_train(commands) -> None:
     p = commands.add_parser("train", help="train a language model on token shards (torchrun for several processes)")
     p.add_argument("--data", type=Path, required=True, help="shard folder (implicitlm corpus build)")
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
-    p.add_argument("--model-preset", default=None, help="model preset (implicitlm models list) or JSON file")
+    p.add_argument("--model-preset", type=model_preset_name, default=None, help="model preset (implicitlm models list) or JSON file")
     p.add_argument(
-        "--config", dest="preset", default=None,
+        "--config", dest="preset", type=preset_name, default=None,
         help="training preset name, JSON with 'model' and 'train' sections (and 'explicit_model' / 'implicit_model'), "
              "or a checkpoint",
     )
@@ -72,8 +75,8 @@ def add_lm_downstream(commands) -> None:
     add_solver_flags(p)
     p.add_argument("--batch-size", type=positive_int, default=8, help="documents per forward (default: 8)")
     p.add_argument("--max-length", type=positive_int, default=None, help="context window in tokens (default: 2048)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--tokenizer", type=tokenizer_name, default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
+    add_device_option(p)
     add_dtype_option(p)
     p.add_argument("--out", type=Path, required=True, help="folder for downstream.json and downstream.png")
     add_overwrite_option(p, "a record already in --out")

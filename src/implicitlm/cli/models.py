@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from .arguments import (
-    add_overwrite_option, key_value, non_negative_int, option_sections, options_epilog, position_list, positive_int,
+    add_overwrite_option, key_value, model_preset_name, non_negative_int, option_sections, options_epilog, position_list,
+    positive_int,
 )
 from .shared import add_budget_options, fixed_point_settings
 
@@ -31,7 +32,7 @@ def _run_models_list(args) -> None:
 
 def add_models_show(commands) -> None:
     p = commands.add_parser("show", help="a preset's model options as JSON")
-    p.add_argument("name", help="preset name (see: implicitlm models list)")
+    p.add_argument("name", type=model_preset_name, help="preset name (see: implicitlm models list)")
     p.set_defaults(run=_run_models_show)
 
 

@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from .arguments import add_overwrite_option, iteration_budget, non_negative_int, positive_float
+from .arguments import (
+    add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, positive_float, preset_name,
+)
 
 
 def add_budget_options(p) -> None:
@@ -16,8 +18,12 @@ def add_budget_options(p) -> None:
 
 
 def add_dtype_option(p) -> None:
-    p.add_argument("--dtype", default=None,
+    p.add_argument("--dtype", type=dtype_name, default=None,
                    help="the model's dtype: float32, bfloat16, float16 or float64 (default: as saved)")
+
+
+def add_device_option(p) -> None:
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
 
 
 def add_solver_flags(p) -> None:
@@ -67,7 +73,7 @@ def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> No
     """A ``demo`` command: a preset in, a table, ``results.json`` and a plot out."""
     p = commands.add_parser("demo", help=help_text)
     p.add_argument("--out", type=Path, default=Path(f"{preset}_out"), help=f"output folder (default: {preset}_out)")
-    p.add_argument("--preset", default=preset, help=f"preset name or JSON file (default: {preset})")
+    p.add_argument("--preset", type=preset_name, default=preset, help=f"preset name or JSON file (default: {preset})")
     add_overwrite_option(p, "what an earlier run of it wrote in --out (other files stay)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)

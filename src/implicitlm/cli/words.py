@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import add_overwrite_option, add_run_options, fraction, non_negative_int, positive_int
+from .arguments import add_overwrite_option, add_run_options, fraction, non_negative_int, positive_int, preset_name
 from .shared import add_demo_command, check_resume_or_overwrite, print_run_summary, report_demo
 
 
@@ -47,7 +47,7 @@ def _run_words_generate(args) -> None:
 def add_words_train(commands) -> None:
     p = commands.add_parser("train", help="train a model on a word problem")
     p.add_argument("--out", type=Path, required=True, help="run folder: checkpoints, metrics.jsonl, tensorboard")
-    p.add_argument("--preset", default=None, help="preset name, JSON with 'model' and 'train' sections, or a checkpoint")
+    p.add_argument("--preset", type=preset_name, default=None, help="preset name, JSON with 'model' and 'train' sections, or a checkpoint")
     p.add_argument("--explicit", action="store_true", help="train the explicit model (one pass, no fixed point)")
     p.add_argument("--data", type=Path, default=None, help="training words (.npy or .csv); default: fresh words")
     add_run_options(p, "words")

@@ -12,12 +12,18 @@ from typing import Iterable, Iterator
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from implicitlm.core.memory import require
+
 # Tokenized batches in flight per worker: enough to keep the workers busy, few enough to keep
 # memory flat however long the corpus.
 BATCHES_PER_WORKER = 2
 # Characters a batch holds at most (a piece more when one piece is longer): what a tokenizer
 # holds per character it is handed is what bounds the memory of tokenizing.
 BATCH_CHARACTERS = 2**18
+
+# A worker process's own memory, at least: measured at 28 MiB of private pages after one batch
+# (a forked interpreter's pages it writes to, its tokenizer's buffers, its batches).
+WORKER_BYTES_AT_LEAST = 16 * 2**20
 
 # A piece of a document: the document's index, its split, the piece's text, and whether the
 # piece ends the document.
@@ -40,6 +46,14 @@ def tokenized(
     for batch, encoded in _encoded_batches(batches, tokenizer, workers):
         for (index, split, _, ends), tokens in zip(batch, encoded):
             yield index, split, tokens, ends
+
+
+def require_workers(workers: int) -> None:
+    """Refuse, before any process starts, more workers than the machine's memory holds: each
+    forked worker is a process of its own, and thousands of them stall the machine."""
+    if workers > 1:
+        require(f"tokenizing in {workers:,} processes", workers * WORKER_BYTES_AT_LEAST,
+                hint="; give fewer workers", arguments=("workers",))
 
 
 def _batched(items: Iterable[Labelled], size: int) -> Iterator[list[Labelled]]:

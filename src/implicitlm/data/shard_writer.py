@@ -35,7 +35,7 @@ from implicitlm.core.json_file import read_json_object
 from implicitlm.core.targets import FolderKind, refuse_another_kind, remove_stale_temporaries, writer_lock
 from implicitlm.data.corpus import Document, Documents
 from implicitlm.data.corpus_splits import assign_splits, given_splits
-from implicitlm.data.parallel_tokenize import Labelled, tokenized
+from implicitlm.data.parallel_tokenize import Labelled, require_workers, tokenized
 from implicitlm.data.shards import (
     FORMAT_VERSION,
     INDEX_FILE,
@@ -93,6 +93,7 @@ def write_shards(
     (``resume=True`` on a finished directory returns its index).
     """
     check_positive(shard_tokens=shard_tokens, workers=workers, batch_documents=batch_documents)
+    require_workers(workers)
     if not 0.0 <= test_fraction < 1.0:
         raise OptionError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
     out_dir = Path(out_dir)

@@ -50,6 +50,8 @@ TOKEN_DTYPES = ("uint16", "uint32")
 # Where a shard of split "name" lies: "name/shard_00000.bin", inside the directory.
 SHARD_FILE = re.compile(r"(?P<split>[^/\\]+)/shard_[0-9]{5,}\.bin")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# Shards of one split mapped at once: a reader's file descriptors stay few, whatever the split's size.
+MAX_MAPPED_SHARDS = 16
 
 
 def tokenizer_digest(tokenizer: Any) -> str | None:
@@ -96,10 +98,14 @@ class TokenShards:
         records = index["splits"][split]["shards"]
         # What identifies the split's tokens without reading them: its shards' checksums, in order.
         self.sha256 = hashlib.sha256(json.dumps([index["dtype"], [r["sha256"] for r in records]]).encode()).hexdigest()
-        self._shards = [open_shard(index_path, record, self.dtype, verify) for record in records]
+        for record in records:  # each shard whole (and of its checksum) now, its map dropped until read
+            open_shard(index_path, record, self.dtype, verify)
         self._index_path, self._records = index_path, records
         self._unverified = set(range(len(records))) if verify_on_read and not verify else set()
-        self._starts = np.cumsum([0, *map(len, self._shards)], dtype=np.int64)
+        self._files = [index_path.parent / record["file"] for record in records]
+        self.shard_tokens = [record["tokens"] for record in records]
+        self._starts = np.cumsum([0, *self.shard_tokens], dtype=np.int64)
+        self._mapped: dict[int, np.memmap] = {}
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -116,11 +122,11 @@ class TokenShards:
         done = 0
         while done < length:
             if shard in self._unverified:
-                check_checksum(self._index_path, self._records[shard], self._shards[shard])
+                check_checksum(self._index_path, self._records[shard], self._shard(shard))
                 self._unverified.discard(shard)
             offset = start + done - int(self._starts[shard])
-            count = min(length - done, len(self._shards[shard]) - offset)
-            tokens[done : done + count] = self._shards[shard][offset : offset + count]
+            count = min(length - done, self.shard_tokens[shard] - offset)
+            tokens[done : done + count] = self._shard(shard)[offset : offset + count]
             done += count
             shard += 1
         # Checked here rather than at opening, which would read every shard: an id past the
@@ -131,6 +137,18 @@ class TokenShards:
                 f"is not below the vocabulary size {self.vocab_size}: a shard is corrupt"
             )
         return tokens
+
+    def _shard(self, number: int) -> np.memmap:
+        """Shard ``number`` memory-mapped; the least recently read map is closed past
+        ``MAX_MAPPED_SHARDS``, since each holds a file descriptor and a split may have more
+        shards than a process may open files."""
+        mapped = self._mapped.pop(number, None)
+        if mapped is None:
+            mapped = np.memmap(self._files[number], dtype=self.dtype, mode="r")
+            if len(self._mapped) >= MAX_MAPPED_SHARDS:
+                del self._mapped[next(iter(self._mapped))]
+        self._mapped[number] = mapped  # last: the most recently read
+        return mapped
 
 
 def check_positive(**values: int) -> None:

@@ -11,11 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from huggingface_hub.constants import ENDPOINT as HF_ENDPOINT
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from implicitlm.core.atomic_io import atomic_write
 from implicitlm.core.errors import DataError, OptionError, first_line
+from implicitlm.core.hub import check_local_or_hub, hub_unreachable
 from implicitlm.core.memory import require
 from implicitlm.core.targets import exclusive_target
 
@@ -77,13 +79,19 @@ def _trained(documents: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFa
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A tokenizer from a local directory or the Hugging Face hub; it must have an eos token."""
+    check_local_or_hub(name_or_path, "tokenizer")
     try:
-        # Never the code a tokenizer folder may name in its auto_map, not even on a yes at a prompt.
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(name_or_path), trust_remote_code=False)
-    # Loading fails in many ways (no such directory or repository, network, a malformed
-    # file), with exception types that differ between library versions.
+        tokenizer = _from_pretrained(name_or_path, local_files_only=True)  # a folder, or the hub's cache
     except Exception as error:
-        raise DataError(f"{name_or_path}: cannot load a tokenizer: {first_line(error)}") from error
+        if Path(name_or_path).is_dir():
+            raise DataError(f"{name_or_path}: cannot load a tokenizer: {first_line(error)}") from error
+        unreachable = hub_unreachable(HF_ENDPOINT)
+        if unreachable:
+            raise DataError(f"{name_or_path}: no such tokenizer folder, nor in the hub's cache; {unreachable}") from None
+        try:
+            tokenizer = _from_pretrained(name_or_path, local_files_only=False)
+        except Exception as error:
+            raise DataError(f"{name_or_path}: cannot load a tokenizer: {first_line(error)}") from error
     if tokenizer.eos_token_id is None:
         raise DataError(
             f"{name_or_path}: the tokenizer has no eos token, which the shards need "
@@ -97,6 +105,15 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
             f"got {largest}"
         )
     return tokenizer
+
+
+def _from_pretrained(name_or_path: str | os.PathLike, local_files_only: bool) -> PreTrainedTokenizerBase:
+    """Loading fails in many ways (no such directory or repository, network, a malformed file),
+    with exception types that differ between library versions: the caller catches them all."""
+    # Never the code a tokenizer folder may name in its auto_map, not even on a yes at a prompt.
+    return AutoTokenizer.from_pretrained(
+        os.fspath(name_or_path), trust_remote_code=False, local_files_only=local_files_only
+    )
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:

@@ -42,6 +42,7 @@ from accelerate.utils import find_executable_batch_size
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm.auto import tqdm
 
+from ..core.devices import usable_device
 from ..core.errors import OptionError, quoted
 from ..deq import ConvergenceTally, FixedPointOptions, warn_not_converged
 from ..models import ImplicitCausalLM, load_model
@@ -392,10 +393,9 @@ def _cut_at_first(text: str, stops: list[str]) -> str:
 def _device(name: str | None) -> torch.device:
     """``name``; the CPU for a CUDA device where there is none, since lm-eval's command line
     asks for cuda:0 unless told otherwise (as its own Hugging Face model does)."""
-    device = torch.device(name or "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
+    device = usable_device(name, cuda_fallback=True)
+    if device.type == "cpu" and name not in (None, "cpu"):
         logging.getLogger(__name__).warning("device %s: no CUDA device here, running on the CPU", name)
-        return torch.device("cpu")
     return device
 
 

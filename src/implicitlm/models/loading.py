@@ -14,6 +14,7 @@ import torch
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.utils import logging as transformers_logging
 
+from ..core.devices import DTYPES
 from ..core.errors import DataError, first_line, quoted
 from ..core.json_file import read_json_object
 from ..deq import InitialGuess, LearnedMixing
@@ -150,10 +151,6 @@ def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> No
         raise ModelLoadError(f"{source}: cannot build the model it describes ({first_line(error)})") from None
     where = f"{source}: " if source else ""
     require(f"{where}a model of {parameters:,} parameters", FLOAT_BYTES * parameters)
-
-
-# The dtypes a model can be loaded or cast to, by the names the command line and lm-eval use.
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def torch_dtype(name: str | torch.dtype | None) -> torch.dtype | None:

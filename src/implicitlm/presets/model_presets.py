@@ -12,7 +12,10 @@ Both implicit variants use tau = 0.8 and evaluate with 4 times their training it
 (the authors' eval_factor). A size file may list its own "variants", each with the
 fixed-point options that differ from these defaults; it then has only those variants.
 
-Preset names are "<stem>-<variant>", e.g. "mamba2-130m-bounded".
+Preset names are "<stem>-<variant>", e.g. "mamba2-130m-bounded". A size file also records
+its models' "parameters" (``count_parameters``, by kind: "explicit", "implicit"), which
+``implicitlm models list`` shows without building a model (or importing torch); a test
+checks them against the models built.
 """
 
 from __future__ import annotations
@@ -23,10 +26,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import torch
-
 from ..core.errors import OptionError
-from ..models.loading import build_model, config_from_options
 
 VARIANTS = ("explicit", "bounded", "free")
 FREE_ITERATIONS = {"mamba2": 24, "llama": 32}
@@ -71,8 +71,13 @@ def preset_summary(name: str) -> dict[str, Any]:
         "d_model": options["hidden_size"],
         "variant": f"{variant} ({fixed_point['train_max_iter']}+{fixed_point['phantom_steps']})" if implicit else variant,
         "eval_iterations": fixed_point["max_iter"] if implicit else None,
-        "parameters": count_parameters(name),
+        "parameters": _size_files()[_split(name)[0]]["parameters"][kind_of(implicit)],
     }
+
+
+def kind_of(implicit: bool) -> str:
+    """The key of a size file's "parameters" for a variant: its counts by kind of model."""
+    return "implicit" if implicit else "explicit"
 
 
 def count_parameters(name: str) -> int:
@@ -81,6 +86,11 @@ def count_parameters(name: str) -> int:
     The model is built on the meta device: shapes without storage, so a 1.3B model
     is counted without allocating its weights.
     """
+    # Here, not at the top: the command line checks a preset's name before it loads torch.
+    import torch
+
+    from ..models.loading import build_model, config_from_options
+
     with torch.device("meta"):
         model = build_model(config_from_options(model_preset(name)))
     return sum(p.numel() for p in model.parameters())

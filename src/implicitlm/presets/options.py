@@ -34,6 +34,13 @@ def model_kind(preset: dict[str, Any], command_line: dict[str, Any], base: dict[
     return "implicit" if shared.get("implicit", True) else "explicit"
 
 
+def check_model_options_name(spec: str) -> None:
+    """Refuse a model preset's name that names none (a JSON file or folder is checked when
+    read), before anything is loaded."""
+    if not (spec.endswith(".json") or Path(spec).is_dir()):
+        model_preset(spec.removeprefix(PRESET_PREFIX))
+
+
 def model_options_from(spec: str) -> dict[str, Any]:
     """Model options from a model preset's name (``mamba2-130m-bounded``, or ``preset:`` and the
     name), a JSON file (its "model" section if it has one, else the whole object) or a

@@ -12,7 +12,6 @@ from typing import Any, Mapping
 from ..core.json_file import read_json_object
 from ..core.run_folder import model_folder, training_settings
 from ..core.schema import OptionError, check_known_keys, option_error
-from ..models.loading import saved_model_options
 
 PACKAGE = "implicitlm.presets"
 
@@ -54,6 +53,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     A file that cannot be read, is not JSON or holds no JSON object raises a one-line
     ``DataError`` (a ValueError) naming it; a section that holds no object, an OptionError.
     """
+    check_preset_name(name_or_path)
     path = Path(name_or_path)
     if name_or_path in _REGISTERED:
         return copy.deepcopy(_REGISTERED[name_or_path])
@@ -61,13 +61,19 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         source = resources.files(PACKAGE) / f"{name_or_path}.json"
     elif path.is_dir() and path.suffix != ".json":
         return checkpoint_preset(path)
-    elif path.suffix == ".json" or path.exists():
-        source = path
     else:
-        raise OptionError(
-            f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file or a checkpoint)"
-        )
+        source = path
     return check_sections(read_json_object(source, "a preset"), str(source))
+
+
+def check_preset_name(name_or_path: str) -> None:
+    """Refuse what is neither a preset's name, a JSON file nor a folder, before anything is read."""
+    path = Path(name_or_path)
+    if name_or_path in preset_names() or path.suffix == ".json" or path.exists():
+        return
+    raise OptionError(
+        f"unknown preset '{name_or_path}' (presets: {', '.join(preset_names())}; or a .json file or a checkpoint)"
+    )
 
 
 def checkpoint_preset(path: str | Path) -> dict[str, Any]:
@@ -75,6 +81,8 @@ def checkpoint_preset(path: str | Path) -> dict[str, Any]:
     preset's "model" and "train" sections: a new run from them builds the same architecture
     and trains as that run did (the command line still has the last word). The config is
     checked as a loaded model's is: an unknown key is refused, not dropped."""
+    from ..models.loading import saved_model_options  # here: checking a preset's name loads no torch
+
     folder = model_folder(path)
     preset = {"model": saved_model_options(folder)}
     settings = {k: v for k, v in training_settings(folder).items() if k != "task"}

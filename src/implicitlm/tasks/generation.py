@@ -19,7 +19,9 @@ import torch
 from transformers import TextStreamer
 
 from ..core.atomic_io import atomic_write
+from ..core.devices import usable_device
 from ..core.errors import DataError, OptionError
+from ..core.json_file import check_regular
 from ..core.targets import exclusive_target
 from ..models import ImplicitCausalLM, load_model
 from ..models.implicit_lm import MODES
@@ -34,6 +36,9 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 # Between the sequences of one prompt, in what is printed and written.
 SEQUENCE_SEPARATOR = "---\n"
 STDIN = "-"
+# Bytes of a prompt file (characters on standard input) read at most: millions of tokens,
+# beyond any context a model here is trained or run on; /dev/zero would never end.
+MAX_PROMPT_LENGTH = 16 * 2**20
 
 # Called with each piece of text as it is decoded: all the pieces, joined, are ``format_texts``'s.
 OnText = Callable[[str], None]
@@ -97,10 +102,16 @@ def read_prompt(source: str | Path) -> str:
     """The prompt in a text file (UTF-8), or on standard input for ``-``; the line break
     that ends a file's last line is no part of it."""
     if str(source) == STDIN:
-        text = sys.stdin.read()
+        text = sys.stdin.read(MAX_PROMPT_LENGTH + 1)
     else:
+        check_regular(Path(source), "a prompt file")
+        with open(source, "rb") as file:
+            text = file.read(MAX_PROMPT_LENGTH + 1)
+    if len(text) > MAX_PROMPT_LENGTH:
+        raise DataError(f"{source}: a prompt of more than {MAX_PROMPT_LENGTH // 2**20} MiB; no model here reads that much")
+    if isinstance(text, bytes):
         try:
-            text = Path(source).read_bytes().decode("utf-8")
+            text = text.decode("utf-8")
         except UnicodeDecodeError as error:
             raise DataError(f"{source}: not UTF-8 text (byte {error.start})") from None
     return text[:-1] if text.endswith("\n") else text
@@ -118,6 +129,7 @@ def generate_text(
     on_text: OnText | None = None,
     out: str | Path | None = None,
     overwrite: bool = False,
+    echo_prompt: bool = False,
 ) -> list[str]:
     """The continuations of ``prompt`` (``decoding.num_return_sequences`` of them) by ``model``
     (a checkpoint or run folder, or a loaded model), without the prompt.
@@ -127,37 +139,31 @@ def generate_text(
     fields set on the model (``max_iter``, ``tol``, ``solver``, ``chunk_length``).
     ``on_text``: called with each piece of text as it is decoded. ``out``: a file the texts
     are also written to, as ``format_texts`` joins them (an existing one is refused before
-    anything is generated, unless ``overwrite``)."""
+    anything is generated, unless ``overwrite``). ``echo_prompt``: what ``on_text`` and ``out``
+    get starts each text with the prompt, as a reader of the text expects."""
     if not isinstance(prompt, str) or not prompt:
         raise OptionError("the prompt is empty: give the text to continue")
     if mode not in MODES:
         raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    device = usable_device(device)
     with exclusive_target(out, overwrite) if out is not None else contextlib.nullcontext():
         if isinstance(model, (str, Path)):
             model = load_model(model, dtype=dtype)
-        model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
+        model.to(device=device, dtype=torch_dtype(dtype)).eval()
         if fixed_point:
             model.set_fixed_point_options(**fixed_point)
         tokenizer = model_tokenizer(model, tokenizer)
-        texts = _generate(model, tokenizer, _prompt_ids(prompt, tokenizer, model), decoding, mode, on_text)
+        shown = prompt if echo_prompt else ""
+        texts = _generate(model, tokenizer, _prompt_ids(prompt, tokenizer, model), decoding, mode, on_text, shown)
         if out is not None:
-            atomic_write(out, lambda temporary: temporary.write_text(format_texts(texts), encoding="utf-8"))
+            written = format_texts([shown + text for text in texts])
+            atomic_write(out, lambda temporary: temporary.write_text(written, encoding="utf-8"))
     return texts
 
 
 def format_texts(texts: list[str]) -> str:
     """The texts of one prompt as printed: each on its own lines, ``SEQUENCE_SEPARATOR`` between."""
     return SEQUENCE_SEPARATOR.join(f"{text}\n" for text in texts)
-
-
-def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise OptionError(f"device must be cpu, cuda, cuda:1, ...; got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OptionError(f"device {name}: no CUDA device here")
-    return device
 
 
 def _prompt_ids(prompt: str, tokenizer, model: ImplicitCausalLM) -> torch.Tensor:
@@ -171,9 +177,11 @@ def _prompt_ids(prompt: str, tokenizer, model: ImplicitCausalLM) -> torch.Tensor
 
 
 @torch.no_grad()
-def _generate(model, tokenizer, ids: torch.Tensor, decoding: Decoding, mode: str, on_text: OnText | None) -> list[str]:
+def _generate(
+    model, tokenizer, ids: torch.Tensor, decoding: Decoding, mode: str, on_text: OnText | None, shown: str = "",
+) -> list[str]:
     """One sequence at a time, so that each streams as it is decoded (transformers' streamers
-    take one row); the seed's random state is this call's alone."""
+    take one row), ``shown`` before each; the seed's random state is this call's alone."""
     options = {**decoding.generate_options(), "mode": mode, "attention_mask": torch.ones_like(ids)}
     # A model trained here stops at its tokenizer's end of text (tasks.lm.mark_end_of_text); one
     # imported may name none, and transformers would then warn at every call.
@@ -188,6 +196,8 @@ def _generate(model, tokenizer, ids: torch.Tensor, decoding: Decoding, mode: str
         for index in range(decoding.num_return_sequences):
             if index and on_text is not None:
                 on_text(SEQUENCE_SEPARATOR)
+            if shown and on_text is not None:
+                on_text(shown)
             streamer = _Streamer(tokenizer, on_text) if on_text is not None else None
             generated = model.generate(ids, streamer=streamer, **options)
             texts.append(tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True))

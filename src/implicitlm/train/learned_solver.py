@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from ..core.atomic_io import staged_directory, write_json
 from ..core.errors import DataError, OptionError
+from ..core.memory import activation_bytes, require
 from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
 from ..core.targets import TargetExistsError, exclusive_target
 from ..core.weights_digest import weights_sha256
@@ -86,6 +87,8 @@ DEFAULT_SEQUENCE_LENGTH = 256
 # of z = 0 at 1x-4x and moved a few words' at 8x and 16x.
 LONGER_MULTIPLE = 16
 LONGER_COUNT = 256  # the handbook's --count: one word in 256 reached another fixed point at 8x-16x
+# Bytes of a token id in a batch: int64, as torch embeds it.
+INPUT_BYTES = 8
 TIMED_RUNS = 2  # per configuration on the held-out batch; the faster is kept
 # Files of the source checkpoint that the saved model does not write itself.
 COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "trainer.json")
@@ -123,6 +126,7 @@ def train_learned_solver(
         model.attach_learned_mixing(None)
         model.set_fixed_point_options(**{f"{mode}_solver": own[mode] for mode in MODES})
         config = _batch_settings(checkpoint, batch_size, seed, sequence_length)
+        _require_fit_memory(model, config)
         batches = TRAINING_BATCHES[config.task].from_path(config, data)
         batches.prepare(model)
         torch.manual_seed(seed)
@@ -230,6 +234,15 @@ def _batch_settings(checkpoint: Path, batch_size: int, seed: int, sequence_lengt
     if (checkpoint / TRAINER_META).is_file():
         return checkpoint_config(checkpoint, changes)
     return TrainConfig.for_task("lm", **{"sequence_length": DEFAULT_SEQUENCE_LENGTH, **changes})
+
+
+def _require_fit_memory(model, config: TrainConfig) -> None:
+    """Refuse, before a batch is drawn, a batch whose tight solves cannot fit: Anderson keeps
+    ``MEMORY`` iterates of the batch's fixed point and their images (a lower bound)."""
+    tokens = config.batch_size * config.sequence_length
+    require(f"fitting a learned solver at {config.batch_size:,} x {config.sequence_length:,} tokens per batch",
+            activation_bytes(config.batch_size, config.sequence_length, model.config.hidden_size, 1, 2 * MEMORY)
+            + INPUT_BYTES * tokens, model.device, arguments=("batch_size", "sequence_length"))
 
 
 def _fit(model, guess: InitialGuess, mixing: LearnedMixing, batches, settings: dict[str, Any], kept: Path,

@@ -47,3 +47,10 @@ class LocalTask(ConfigurableTask):
             spec.pop(key, None)
         spec.update(task=name, metadata={**(spec.get("metadata") or {}), **metadata, "data_dir": str(data_dir)})
         super().__init__(config=spec)
+
+    def fewshot_context(self, doc, num_fewshot: int, *args: Any, **kwargs: Any):
+        # lm-eval would draw the examples from the one split there is, the split being scored.
+        if num_fewshot:
+            raise OptionError(f"{self.config.task}: a local set has no training split, and few-shot examples drawn "
+                              "from the scored split would score the model on answers it was shown: drop --num_fewshot")
+        return super().fewshot_context(doc, num_fewshot, *args, **kwargs)

@@ -1,0 +1,46 @@
+"""The device and dtype a model runs on, named on the command line or in lm-eval's model
+arguments.
+
+torch accepts names that nothing here can run on (``meta`` holds shapes without values,
+``mps`` needs another build), and fails on them deep inside a forward: a name is checked
+once, here, before any model is loaded."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import OptionError
+
+# The dtypes a model can be loaded or cast to, by the names the command line and lm-eval use.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DEVICE_NAME = re.compile(r"cpu|cuda(?::(\d+))?")
+DEVICE_NAMES = "cpu, cuda or cuda:N"
+
+
+def check_device_name(name: str) -> str:
+    """``name`` if it names a device of a kind models run on; a check of its form alone, which
+    the command line makes before it imports torch."""
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
+        raise OptionError(f"device must be {DEVICE_NAMES}; got {name!r}", arguments=("device",))
+    return name
+
+
+def usable_device(name: str | None, cuda_fallback: bool = False):
+    """The torch device ``name`` (default: the CPU), refused unless this machine has it.
+    ``cuda_fallback``: "cuda" without a GPU is the CPU (lm-eval's command line asks for cuda
+    by default) instead of an error."""
+    import torch  # here, not at the top: the command line checks names before it loads torch
+
+    name = "cpu" if name is None else check_device_name(name)
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 and cuda_fallback:
+        return torch.device("cpu")
+    if count == 0:
+        raise OptionError(f"device {name}: this machine has no CUDA GPU (use cpu)", arguments=("device",))
+    if device.index is not None and device.index >= count:
+        raise OptionError(f"device {name}: this machine has {count} CUDA GPU{'s' * (count > 1)} "
+                          f"(cuda:0 to cuda:{count - 1})", arguments=("device",))
+    return device

@@ -1,0 +1,29 @@
+"""A device is checked by name before any model is loaded: one that nothing here runs on, or
+that this machine lacks, is one line (an OptionError), never a failure deep inside a forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from implicitlm.core.devices import check_device_name, usable_device
+from implicitlm.core.errors import OptionError
+
+
+@pytest.mark.parametrize("name", ["meta", "mps", "xpu", "cuda:", "cuda:-1", "CPU", "", " cpu", "cuda:0:1"])
+def test_a_device_models_do_not_run_on_is_refused_by_name(name):
+    with pytest.raises(OptionError, match="device must be cpu, cuda or cuda:N"):
+        usable_device(name)
+    with pytest.raises(OptionError):
+        check_device_name(name)
+
+
+def test_the_cpu_is_usable_and_a_gpu_only_where_there_is_one():
+    assert usable_device(None) == usable_device("cpu") == torch.device("cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(OptionError, match=f"cuda:{count}: this machine has "):
+        usable_device(f"cuda:{count}")
+    if count == 0:
+        with pytest.raises(OptionError, match="no CUDA GPU"):
+            usable_device("cuda")
+        assert usable_device("cuda:0", cuda_fallback=True) == torch.device("cpu")
