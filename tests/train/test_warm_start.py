@@ -180,7 +180,7 @@ def test_another_batch_order_starts_from_the_beginning(shards, explicit_run, tmp
     "options, message",
     [
         (["--resume"], "--resume continues the run from its own weights"),
-        (["--model-preset", "mamba2-130m"], "--model-preset cannot choose another"),
+        (["--model-preset", "mamba2-130m-free"], "--model-preset cannot choose another"),
         (["--model", "hidden_size=24"], "shape"),
     ],
     ids=["resume", "model-preset", "other-width"],
