@@ -85,13 +85,13 @@ def check_run_links(run_dir: Path) -> None:
     ``RUN/tokenizer.json``) where this package reads the run's newest checkpoint: a link
     retargeted out of the run's checkpoints (to another run's) would pair the run's model with
     another's tokenizer. A link to an older checkpoint of its own is the run between writing a
-    checkpoint and relinking."""
+    checkpoint and relinking; one that leads nowhere is read by no one."""
     own = (run_dir / CHECKPOINTS).resolve()
     if not own.is_dir():
         return
     for name in RUN_LINKS:
         link = run_dir / name
-        if link.is_symlink() and own not in link.resolve().parents:
+        if link.is_symlink() and link.exists() and own not in link.resolve().parents:
             raise DataError(f"{link}: links to {link.resolve()}, outside the run's own checkpoints ({own}); "
                             f"remove the link (the run makes it again at its next checkpoint), or load that checkpoint")
 
@@ -151,7 +151,7 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
     if folder.exists() and not folder.is_dir():
         raise TargetExistsError(f"{folder}: is a file; save_pretrained writes a folder there")
     run = folder.parent if folder.is_symlink() and folder.name == LATEST else folder
-    if step_directories(run / CHECKPOINTS) or any((run / name).is_symlink() for name in RUN_LINKS):
+    if step_directories(run / CHECKPOINTS) or (run / LATEST).is_symlink():
         raise TargetExistsError(f"{run}: a training run's folder (its config and tokenizer link into its newest "
                                 "checkpoint); save the model into a folder of its own")
     written = [entry for entry in folder.iterdir() if entry.is_symlink()
