@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from implicitlm.cli import main
 from implicitlm.core.file_digests import FILES_DIGEST
 from implicitlm.data.tokenizer import save_tokenizer, train_tokenizer
 from implicitlm.models import build_model, config_from_options, load_model
@@ -73,3 +74,14 @@ def test_a_folder_saved_before_the_files_were_recorded_loads_saying_so(saved, tm
         load_model(folder)
     assert [r.getMessage() for r in caplog.records] == [
         f"{folder}: no {FILES_DIGEST}: its config and tokenizer loaded without checking them for changes"]
+
+
+def test_an_imported_model_records_the_tokenizer_it_copied(tmp_path):
+    """``models import`` saves the source's tokenizer before the model, so its digests cover it."""
+    from tests.models.test_convert import mamba2_reference
+
+    mamba2_reference().save_pretrained(tmp_path / "hf")
+    save_tokenizer(train_tokenizer(["some text to learn merges from"] * 4, 300, tmp_path / "tok"), tmp_path / "hf")
+    assert main(["models", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    recorded = [line.split()[1] for line in (tmp_path / "ours" / FILES_DIGEST).read_text().splitlines()]
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(recorded)

@@ -170,7 +170,7 @@ def test_resume_refuses_to_remove_an_entry_of_the_users_where_the_run_links(name
     before = folder_bytes(run)
     command = ["train", "--data", str(shards), "--out", str(run), "--resume", "--train", "total_steps=2", *TINY_RUN]
     assert main(command) == 2
-    assert f"{run / name}: where a run links its latest checkpoint, and no copy of" in error_line(capsys)
+    assert f"{run / name}: where a run links its latest checkpoint, and not a copy of" in error_line(capsys)
     assert folder_bytes(run) == before and not (run / name).is_symlink()
 
 

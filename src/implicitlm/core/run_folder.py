@@ -127,8 +127,8 @@ def refuse_in_place_of_links(run_dir: str | Path) -> None:
         if entry.is_symlink() or not entry.exists():
             continue
         if not any(same_content(entry, checkpoint if name == LATEST else checkpoint / name) for checkpoint in checkpoints):
-            copy = f", and no copy of the {'checkpoint' if name == LATEST else name} of one of its checkpoints" \
-                if checkpoints else ""
+            of = "one of its checkpoints" if name == LATEST else f"the {name} of one of its checkpoints"
+            copy = f", and not a copy of {of}" if checkpoints else ""
             raise DataError(f"{entry}: where a run links its latest checkpoint{copy}; move it out of the run folder")
 
 
