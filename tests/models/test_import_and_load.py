@@ -23,6 +23,7 @@ from transformers.utils import logging as transformers_logging
 
 from implicitlm.cli import main
 from implicitlm.core.errors import ImplicitLMError
+from implicitlm.core.file_digests import write_files_digest
 from implicitlm.core.targets import writer_lock
 from implicitlm.core.weights_digest import weights_sha256, write_weights_digest
 from implicitlm.models import loading
@@ -304,6 +305,7 @@ def test_an_invalid_generation_config_is_refused_naming_it(saved, content, probl
 def test_a_valid_generation_config_loads(saved):
     # temperature without do_sample: transformers would only warn, so it loads (quietly).
     (saved / "generation_config.json").write_text('{"max_new_tokens": 17, "temperature": 0.7, "eos_token_id": 3}')
+    write_files_digest(saved)
     config = load_model(saved).generation_config
     assert (config.max_new_tokens, config.temperature, config.eos_token_id) == (17, 0.7, 3)
 

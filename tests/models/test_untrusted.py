@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 import implicitlm
 from implicitlm.cli import main
 from implicitlm.core.errors import DataError
+from implicitlm.core.file_digests import write_files_digest
 from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.core.weights_digest import write_weights_digest
 from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
@@ -60,10 +61,13 @@ def saved(tmp_path_factory) -> Path:
 
 
 def copy_of(saved: Path, tmp_path: Path, config: dict | list | None = None) -> Path:
+    """A copy of ``saved``, with ``config`` as its config.json, its digest recorded: a config
+    from elsewhere, not one changed behind the model's back."""
     path = tmp_path / "checkpoint"
     shutil.copytree(saved, path)
     if config is not None:
         (path / "config.json").write_text(json.dumps(config))
+        write_files_digest(path)
     return path
 
 

@@ -14,7 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from implicitlm.cli import main
+from implicitlm.core.file_digests import FILES_DIGEST
+from implicitlm.core.run_folder import read_trainer_meta
 from implicitlm.models import load_model
+from implicitlm.train.model_card import MODEL_CARD, model_card
 
 SHIPPED = Path(__file__).parents[2] / "checkpoints" / "wikitext2"
 # Each model's parameters (the warm-started implicit one has the injection on top of the
@@ -98,3 +101,20 @@ def test_the_implicit_checkpoint_scores_in_half_precision_as_in_float32(dtype, v
     row = record["rows"][0]
     assert record["model"]["dtype"] == dtype and row["fp_not_converged_share"] == 0.0
     assert row["perplexity"] == pytest.approx(SAVED["warm_start/implicit"][1], rel=5e-3)
+
+
+@pytest.mark.parametrize("kind", sorted(SAVED))
+def test_a_shipped_checkpoint_pads_has_a_card_and_records_its_files(kind, caplog):
+    """Before: ``tok(["a", "a b"], padding=True)`` raised (no pad token) though config.json says
+    pad_token_id 0, no model card, and nothing checked the config and tokenizer at load."""
+    folder = SHIPPED / kind
+    with caplog.at_level("WARNING", logger="implicitlm"):
+        model = load_model(folder)
+    assert not caplog.records  # the weights, config and tokenizer checked against their digests
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    batch = tokenizer(["a", "a b"], padding=True)
+    assert tokenizer.pad_token_id == model.config.pad_token_id == model.generation_config.pad_token_id == 0
+    assert len(batch["input_ids"][0]) == len(batch["input_ids"][1]) and batch["attention_mask"][0][-1] == 0
+    assert (folder / MODEL_CARD).read_text() == model_card(model, read_trainer_meta(folder))
+    assert {line.split()[1] for line in (folder / FILES_DIGEST).read_text().splitlines()} == {
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}

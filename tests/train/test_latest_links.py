@@ -14,8 +14,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.cli import main
+from implicitlm.core.errors import DataError
 from implicitlm.core.run_folder import LATEST, link_latest_checkpoint
-from implicitlm.models import ImplicitCausalLM, load_model
+from implicitlm.core.targets import TargetExistsError
+from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
+from implicitlm.models import ImplicitCausalLM, build_model, config_from_options, load_model
 from implicitlm.models.errors import ModelLoadError
 
 from tests.support.lm_run import train_tiny_lm
@@ -92,8 +95,94 @@ def test_a_file_of_the_users_where_a_run_keeps_its_links_is_refused_before_train
     (out / "config.json").write_text('{"mine": true}')
     command = ["train", "--data", str(shards), "--out", str(out), "--no-progress", "--model", "hidden_size=16",
                "--model", "num_hidden_layers=1", "--model", "state_size=8", "--model", "head_dim=8",
-               "--train", "total_steps=1", "--train", "sequence_length=16", "--train", "batch_size=2"]
+               "--train", "total_steps=1", "--train", "sequence_length=16", "--train", "batch_size=2", "--train", "batch_tokens=32"]
     assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config.json: where a run links its latest checkpoint" in err[0]
     assert (out / "config.json").read_text() == '{"mine": true}' and not (out / "checkpoints").exists()
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("implicitlm: error: "), err
+    return err[0]
+
+
+@pytest.mark.slow
+def test_nothing_saved_into_a_run_folder_changes_its_checkpoint_unnoticed(shards, tmp_path, capsys):
+    """Before: another model's ``save_pretrained(RUN)`` replaced the checkpoint's config.json through
+    ``RUN/config.json``; a smaller tokenizer's ``save_pretrained(RUN)`` replaced its tokenizer.json,
+    and ``generate`` printed garbage with exit 0."""
+    run = train_tiny_lm(shards, tmp_path / "run", total_steps=1)
+    checkpoint = (run / LATEST).resolve()
+    before = folder_bytes(checkpoint)
+    other = build_model(config_from_options({"hidden_size": 32, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": 64}))
+    for target in (run, run / LATEST):
+        with pytest.raises(TargetExistsError, match=f"^{run}: a training run's folder"):
+            other.save_pretrained(target)
+    assert folder_bytes(checkpoint) == before
+    load_model(run)
+
+    # transformers' tokenizer is not ours: it writes through the links; every load refuses what it wrote.
+    train_tokenizer(["a smaller vocabulary of other text"] * 4, 270, tmp_path / "smaller")
+    AutoTokenizer.from_pretrained(tmp_path / "smaller").save_pretrained(run)
+    changed = f"{checkpoint}/tokenizer.json: changed since the model was saved"
+    for load in (load_model, AutoModelForCausalLM.from_pretrained, load_tokenizer):
+        with pytest.raises((ModelLoadError, DataError), match=f"^{changed}"):
+            load(run)
+    assert main(["generate", str(run), "--prompt", "def", "--max-new-tokens", "2"]) == 2
+    assert changed in error_line(capsys)
+
+
+def test_save_pretrained_does_not_write_through_a_link_of_a_folder(tmp_path):
+    """Before: config.json written into the file the folder's link points at."""
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").symlink_to(elsewhere)
+    model = build_model(config_from_options({"hidden_size": 16, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": 32}))
+    with pytest.raises(TargetExistsError, match="model/config.json: a symbolic link, which save_pretrained would write"):
+        model.save_pretrained(tmp_path / "model")
+    assert elsewhere.read_text() == "{}" and sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json"]
+
+
+TINY_RUN = ["--no-progress", "--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=8",
+            "--model", "head_dim=8", "--train", "sequence_length=16", "--train", "batch_size=2", "--train", "batch_tokens=32"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [LATEST, "tokenizer.json"])
+def test_resume_refuses_to_remove_an_entry_of_the_users_where_the_run_links(name, shards, tmp_path, capsys):
+    """Before: ``train --resume`` deleted a real folder ``RUN/latest/`` (the user's notes in it)
+    and replaced a ``RUN/tokenizer.json`` of the user's own, exit 0."""
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(shards), "--out", str(run), "--train", "total_steps=1", *TINY_RUN]) == 0
+    (run / name).unlink()
+    if name == LATEST:
+        (run / name).mkdir()
+        (run / name / "notes.txt").write_text("mine")
+    else:
+        (run / name).write_text('{"mine": true}')
+    before = folder_bytes(run)
+    command = ["train", "--data", str(shards), "--out", str(run), "--resume", "--train", "total_steps=2", *TINY_RUN]
+    assert main(command) == 2
+    assert f"{run / name}: where a run links its latest checkpoint, and not a copy of" in error_line(capsys)
+    assert folder_bytes(run) == before and not (run / name).is_symlink()
+
+
+@pytest.mark.slow
+def test_a_run_whose_latest_links_to_another_runs_checkpoint_is_refused(shards, tmp_path):
+    """Before: ``load_model(RUN)`` loaded RUN's own newest checkpoint while transformers' Auto
+    classes followed ``RUN/latest`` to the other run's: another run's tokenizer beside RUN's model."""
+    run, other = (train_tiny_lm(shards, tmp_path / name, total_steps=1) for name in ("run", "other"))
+    (run / LATEST).unlink()
+    (run / LATEST).symlink_to(Path("..", "other", "checkpoints", "step_0000001"))
+    for path in (run, run / LATEST):
+        for load in (load_model, AutoModelForCausalLM.from_pretrained, load_tokenizer):
+            with pytest.raises(DataError, match=f"^{run / LATEST}: links to .*other.*, outside the run's own checkpoints"):
+                load(path)
+    load_model(other)

@@ -71,9 +71,9 @@ def _run_models_import(args) -> None:
         tokenizer = load_tokenizer(args.source) if (args.source / "tokenizer_config.json").is_file() else None
         # Built aside and renamed: a killed import leaves no folder of a config without its weights.
         with staged_directory(args.out, MODEL_FOLDER.keeps) as staging:
-            model.save_pretrained(staging)  # with the weights' digest
             if tokenizer is not None:
                 save_tokenizer(tokenizer, staging)
+            model.save_pretrained(staging)  # with the digests of the weights, the config and the tokenizer
     kind = "implicit" if model.config.implicit else "explicit"
     print(f"saved the {kind} model ({model.num_parameters() / 1e6:.1f}M parameters) to {args.out}")
     if tokenizer is not None:

@@ -6,17 +6,25 @@ A run also keeps two relative symbolic links to its latest checkpoint, replaced 
 whenever it writes one: ``RUN/latest`` (the checkpoint folder) and ``RUN/config.json``
 (``latest/config.json``). transformers reads ``RUN/config.json`` before anything of ours, so
 with it ``AutoModelForCausalLM.from_pretrained(RUN)`` reaches this package's loader, which
-loads the latest checkpoint, as it does for ``RUN/latest`` and ``RUN``."""
+loads the latest checkpoint, as it does for ``RUN/latest`` and ``RUN``.
+
+A write into the run folder would go through those links into a checkpoint: a model is not
+saved there (``refuse_model_target``), and what was written through them anyway (a tokenizer's
+``save_pretrained``) is refused at load by the checkpoint's ``files.sha256``."""
 
 from __future__ import annotations
 
+import filecmp
+import os
 from pathlib import Path
 from typing import Any
 
 from . import migrations
 from .atomic_io import atomic_symlink, recover_replaced, remove_entry
 from .errors import DataError, check_header_keys
+from .file_digests import COVERED
 from .json_file import read_json_object
+from .targets import TargetExistsError
 
 CHECKPOINTS = "checkpoints"
 # Beside a checkpoint's weights: its step, training settings and what it trained on.
@@ -63,20 +71,41 @@ def model_folder(path: str | Path) -> Path:
     (``RUN/latest``) is followed each time it is asked: the run replaces it as it goes on."""
     path = Path(path)
     if path.is_symlink():
+        if path.name == LATEST:
+            check_run_links(path.parent)
         path = path.resolve()
     if (path / CHECKPOINTS).is_dir() or not (path / "config.json").exists():
+        check_run_links(path)
         return latest_checkpoint(path) or path
     return path
 
 
+def check_run_links(run_dir: Path) -> None:
+    """transformers' Auto classes follow a run folder's links (``AutoTokenizer`` reads
+    ``RUN/tokenizer.json``) where this package reads the run's newest checkpoint: a link
+    retargeted out of the run's checkpoints (to another run's) would pair the run's model with
+    another's tokenizer. A link to an older checkpoint of its own is the run between writing a
+    checkpoint and relinking; one that leads nowhere is read by no one."""
+    own = (run_dir / CHECKPOINTS).resolve()
+    if not own.is_dir():
+        return
+    for name in RUN_LINKS:
+        link = run_dir / name
+        if link.is_symlink() and link.exists() and own not in link.resolve().parents:
+            raise DataError(f"{link}: links to {link.resolve()}, outside the run's own checkpoints ({own}); "
+                            f"remove the link (the run makes it again at its next checkpoint), or load that checkpoint")
+
+
 def link_latest_checkpoint(run_dir: str | Path) -> None:
-    """Point the run's ``LATEST_LINKS`` at its latest checkpoint, each in one rename. A copy
-    of the run that followed the links (``shutil.copytree``) holds a folder and a file in
-    their place: copies of the run's own, replaced by links again."""
+    """Point the run's ``RUN_LINKS`` at its latest checkpoint, each in one rename. A copy
+    of the run that followed the links (``shutil.copytree``) holds a folder and files in
+    their place: copies of its checkpoints' own, replaced by links again; anything else
+    there is the user's, refused (``refuse_in_place_of_links``) and kept."""
     run_dir = Path(run_dir)
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return
+    refuse_in_place_of_links(run_dir)
     for name, target in RUN_LINKS.items():
         if not (run_dir / name).is_symlink():
             remove_entry(run_dir / name)
@@ -87,15 +116,49 @@ def link_latest_checkpoint(run_dir: str | Path) -> None:
 
 
 def refuse_in_place_of_links(run_dir: str | Path) -> None:
-    """A file or folder where a new run would keep a link to its latest checkpoint is the
-    user's (``RUN/config.json`` of their own): refused before the run trains, not replaced.
-    In a folder that holds a run already, they are that run's."""
-    if latest_checkpoint(run_dir) is not None:
-        return
+    """A file or folder where a run keeps a link to its latest checkpoint is the user's
+    (``RUN/config.json`` of their own): refused before the run trains, not replaced. Beside
+    a run's checkpoints, only a copy of one of theirs (a copy of the run that followed its
+    links) is the run's own."""
+    run_dir = Path(run_dir)
+    checkpoints = [*step_directories(run_dir / CHECKPOINTS), *filter(None, [latest_checkpoint(run_dir)])]
     for name in RUN_LINKS:
-        entry = Path(run_dir) / name
-        if entry.exists() and not entry.is_symlink():
-            raise DataError(f"{entry}: where a run links its latest checkpoint; move it out of the run folder")
+        entry = run_dir / name
+        if entry.is_symlink() or not entry.exists():
+            continue
+        if not any(same_content(entry, checkpoint if name == LATEST else checkpoint / name) for checkpoint in checkpoints):
+            of = "one of its checkpoints" if name == LATEST else f"the {name} of one of its checkpoints"
+            copy = f", and not a copy of {of}" if checkpoints else ""
+            raise DataError(f"{entry}: where a run links its latest checkpoint{copy}; move it out of the run folder")
+
+
+def same_content(copy: Path, original: Path) -> bool:
+    """Whether ``copy`` holds what ``original`` does: the same bytes, or (folders) the same
+    names, each of the same content."""
+    if copy.is_dir() and not copy.is_symlink():
+        names = sorted(entry.name for entry in copy.iterdir())
+        return original.is_dir() and names == sorted(entry.name for entry in original.iterdir()) \
+            and all(same_content(copy / name, original / name) for name in names)
+    return copy.is_file() and original.is_file() and filecmp.cmp(copy, original, shallow=False)
+
+
+def refuse_model_target(folder: str | os.PathLike) -> None:
+    """Where ``save_pretrained`` may save a model: not over a file (transformers would log it
+    and save nothing); not in a training run's folder, whose config and tokenizer link into
+    its newest checkpoint (the save would change them behind the checkpoint's digests); not
+    through a symbolic link of a folder's own, in place of a file the save writes."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise TargetExistsError(f"{folder}: is a file; save_pretrained writes a folder there")
+    run = folder.parent if folder.is_symlink() and folder.name == LATEST else folder
+    if step_directories(run / CHECKPOINTS) or (run / LATEST).is_symlink():
+        raise TargetExistsError(f"{run}: a training run's folder (its config and tokenizer link into its newest "
+                                "checkpoint); save the model into a folder of its own")
+    written = [entry for entry in folder.iterdir() if entry.is_symlink()
+               and (entry.name in COVERED or entry.suffix in (".safetensors", ".sha256"))] if folder.is_dir() else []
+    if written:
+        raise TargetExistsError(f"{written[0]}: a symbolic link, which save_pretrained would write through (into "
+                                f"{written[0].resolve()}); save the model into a folder of its own")
 
 
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from implicitlm.core.atomic_io import atomic_write
 from implicitlm.core.errors import DataError, OptionError, first_line
 from implicitlm.core.hub import check_local_or_hub, hub_unreachable
+from implicitlm.core.file_digests import check_files_digest
 from implicitlm.core.memory import require
+from implicitlm.core.run_folder import model_folder
 from implicitlm.core.targets import exclusive_target
 
 EOS_TOKEN = "<|endoftext|>"
@@ -78,7 +80,10 @@ def _trained(documents: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFa
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """A tokenizer from a local directory or the Hugging Face hub; it must have an eos token."""
+    """A tokenizer from a local directory or the Hugging Face hub; it must have an eos token.
+    A model folder's (or a run's newest checkpoint's) must be the one saved with the model."""
+    if Path(name_or_path).is_dir():
+        check_files_digest(model_folder(name_or_path))
     check_local_or_hub(name_or_path, "tokenizer")
     try:
         tokenizer = _from_pretrained(name_or_path, local_files_only=True)  # a folder, or the hub's cache

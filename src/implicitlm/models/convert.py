@@ -35,6 +35,7 @@ from torch.nn.utils import parametrize
 from transformers import PreTrainedModel
 
 from ..core.errors import ArgumentTypeError, first_line
+from ..core.file_digests import FILES_DIGEST
 from ..core.targets import FolderKind
 from .families import BY_ARCHITECTURE, BY_SOURCE_MODEL_TYPE, Family
 from .implicit_lm import ImplicitCausalLM
@@ -52,7 +53,7 @@ MODEL_FOLDER = FolderKind(
     "a saved model", marks=("config.json",), foreign=("checkpoints", "metrics.jsonl", "training_state.pt"), entries=(
         "config.json", "generation_config.json", "*.safetensors", "*.safetensors.sha256", "*.safetensors.index.json",
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-        "chat_template.jinja", "trainer.json", "README.md", "learned_solver.json",
+        "chat_template.jinja", "trainer.json", "README.md", "learned_solver.json", FILES_DIGEST,
     ),
 )
 

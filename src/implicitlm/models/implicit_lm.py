@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -27,8 +26,8 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from ..core.atomic_io import following_umask, writing
 from ..core.errors import ArgumentTypeError, OptionError
-from ..core.targets import TargetExistsError
-from ..core.weights_digest import WEIGHTS, write_weights_digest
+from ..core.file_digests import write_model_digests
+from ..core.run_folder import refuse_model_target
 from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
 from .inputs import check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids
@@ -90,16 +89,15 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         return load_pretrained(cls, pretrained_model_name_or_path, model_args, kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
-        """transformers' ``save_pretrained``, and the SHA-256 of the weights beside them, which
-        ``load_model`` checks: whoever saves a model (a checkpoint, an import, a user) writes it.
-        A file where the folder should be is refused (transformers logs it and saves nothing)."""
-        if Path(save_directory).exists() and not Path(save_directory).is_dir():
-            raise TargetExistsError(f"{save_directory}: is a file; save_pretrained writes a folder there")
+        """transformers' ``save_pretrained``, and the SHA-256 of the weights, the config and a
+        tokenizer beside them, which ``load_model`` checks: whoever saves a model (a checkpoint,
+        an import, a user) writes them. A file where the folder should be, or a folder that
+        links elsewhere (a training run's), is refused (``run_folder.refuse_model_target``)."""
+        refuse_model_target(save_directory)
         with writing(save_directory, "the model"), following_umask(save_directory):
             super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
-        # A sharded or variant save has no model.safetensors, which is all load_model reads.
-        if is_main_process and (Path(save_directory) / WEIGHTS).is_file():
-            write_weights_digest(save_directory)
+        if is_main_process:
+            write_model_digests(save_directory)
         for network in (self.learned_guess, self.learned_mixing):
             if is_main_process and network is not None:
                 network.save(save_directory)

@@ -16,6 +16,7 @@ from transformers.utils import logging as transformers_logging
 
 from ..core.devices import DTYPES
 from ..core.errors import DataError, first_line, quoted
+from ..core.file_digests import FILES_DIGEST, check_files_digest
 from ..core.json_file import read_json_object
 from ..deq import InitialGuess, LearnedMixing
 from ..deq.anderson import MEMORY
@@ -215,10 +216,11 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     _require_weights(config, path / CONFIG)
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
-    checked = _check_weights_digest(path)
-    check_floating_weights(path / WEIGHTS)
     with silenced_load_report():
         check_generation_config(path)
+        # After the files' own checks, which say more of a file changed by hand.
+        unchecked = _check_digests(path)
+        check_floating_weights(path / WEIGHTS)
         try:
             model, report = _load_weights(BY_MODEL_TYPE[config.model_type].model_class, path, model_args,
                                           {**options, "config": config})
@@ -231,9 +233,8 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     check_load_report(path / WEIGHTS, report)
     check_finite(path / WEIGHTS, model)
     _attach_learned_solver(path, model)
-    if not checked:
-        # Not an error: folders saved by transformers itself, or by an earlier implicitlm, have none.
-        LOGGER.warning(f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage")
+    if unchecked:
+        LOGGER.warning(unchecked)
     return model, report
 
 
@@ -334,17 +335,22 @@ def silenced_load_report():
             transformers_logging.enable_progress_bar()
 
 
-def _check_weights_digest(path: Path) -> bool:
-    """Whether ``path``'s weights were checked against a recorded digest (they match)."""
+def _check_digests(path: Path) -> str | None:
+    """Check ``path``'s weights, config and tokenizer against their recorded digests; what
+    went unchecked, to say. Not an error: folders saved by transformers itself, or by an
+    earlier implicitlm, have no digests (or no ``files.sha256``)."""
     try:
         recorded = recorded_weights_digest(path)
+        if recorded is not None and weights_sha256(path) != recorded:
+            raise ModelLoadError(f"{path / WEIGHTS}: SHA-256 differs from {WEIGHTS_DIGEST}: the weights are damaged")
+        files_checked = check_files_digest(path)
     except DataError as error:
         raise ModelLoadError(str(error)) from None
     if recorded is None:
-        return False
-    if weights_sha256(path) != recorded:
-        raise ModelLoadError(f"{path / WEIGHTS}: SHA-256 differs from {WEIGHTS_DIGEST}: the weights are damaged")
-    return True
+        return f"{path}: no {WEIGHTS_DIGEST} beside the weights: loaded without checking them for damage"
+    if not files_checked:
+        return f"{path}: no {FILES_DIGEST}: its config and tokenizer loaded without checking them for changes"
+    return None
 
 
 def config_values(folder: Path) -> dict[str, Any]:

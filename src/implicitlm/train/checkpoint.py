@@ -51,11 +51,12 @@ def save_checkpoint(
     card (``README.md``) says what the model is and how to load it."""
     path = Path(path)
     with staged_directory(path) as staging:
-        with writing(path, "model.safetensors"):
-            model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
+        # The tokenizer first: the model's save records its files' digests with the config's.
         if tokenizer is not None:
             with writing(path, "the tokenizer"):
                 tokenizer.save_pretrained(staging)
+        with writing(path, "model.safetensors"):
+            model.save_pretrained(staging, safe_serialization=True, state_dict=weights)
         if training_state is not None:
             # Through a Python file, whose failed write raises the OSError that says why;
             # torch's own writer reports only "iostream error".

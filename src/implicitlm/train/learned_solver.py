@@ -183,10 +183,10 @@ def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> N
     """The model with its learned solver, the source's tokenizer and training settings, a
     model card and the record, built aside and renamed into ``out``."""
     with staged_directory(out, MODEL_FOLDER.keeps) as staging:
-        model.save_pretrained(staging)
         for name in COPIED:
             if (checkpoint / name).is_file():
                 shutil.copy2(checkpoint / name, staging / name)
+        model.save_pretrained(staging)  # after the tokenizer: it records their digests
         write_model_card(staging, model, read_trainer_meta(checkpoint) if (checkpoint / TRAINER_META).is_file() else {})
         write_json(staging / RECORD, record)
 
