@@ -150,8 +150,10 @@ def test_save_pretrained_does_not_write_through_a_link_of_a_folder(tmp_path):
     assert elsewhere.read_text() == "{}" and sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json"]
 
 
-TINY_RUN = ["--no-progress", "--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=8",
-            "--model", "head_dim=8", "--train", "sequence_length=16", "--train", "batch_size=2", "--train", "batch_tokens=32"]
+TINY_TRAINING = ["--no-progress", "--train", "sequence_length=16", "--train", "batch_size=2", "--train", "batch_tokens=32"]
+# A resume takes the run's own model: the model options go to the fresh run only.
+TINY_RUN = ["--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=8",
+            "--model", "head_dim=8", *TINY_TRAINING]
 
 
 @pytest.mark.slow
@@ -168,7 +170,7 @@ def test_resume_refuses_to_remove_an_entry_of_the_users_where_the_run_links(name
     else:
         (run / name).write_text('{"mine": true}')
     before = folder_bytes(run)
-    command = ["train", "--data", str(shards), "--out", str(run), "--resume", "--train", "total_steps=2", *TINY_RUN]
+    command = ["train", "--data", str(shards), "--out", str(run), "--resume", "--train", "total_steps=2", *TINY_TRAINING]
     assert main(command) == 2
     assert f"{run / name}: where a run links its latest checkpoint, and not a copy of" in error_line(capsys)
     assert folder_bytes(run) == before and not (run / name).is_symlink()
