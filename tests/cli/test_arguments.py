@@ -138,6 +138,9 @@ REFUSED_BEFORE_TORCH = {
     "train --dta x --out y": ("unknown option --dta", "did you mean --data?"),
     "train --data x --out y --ovewrite": ("unknown option --ovewrite", "did you mean --overwrite?"),
     "words eval ck --lenghts 8": ("unknown option --lenghts", "did you mean --lengths?"),
+    "train --data x --out y --model hiden_size=64": ("--model", "unknown model option 'hiden_size'", "'hidden_size'"),
+    "words train --out o --train lrr=1": ("--train", "unknown training option 'lrr'", "did you mean 'lr'?"),
+    "train --data x --out y --train train_length=8": ("--train", "'train_length' is now sequence_length"),
 }
 
 

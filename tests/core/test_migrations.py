@@ -3,6 +3,7 @@ code wrote it, read through today's reader into today's values: one test per old
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -16,8 +17,10 @@ from implicitlm.cli import main
 from implicitlm.core.errors import DataError, OptionError
 from implicitlm.core.run_folder import latest_checkpoint, training_settings
 from implicitlm.data.shards import TokenShards
-from implicitlm.models import build_model, config_from_options
+from implicitlm.models import build_model, config_from_options, load_model
+from implicitlm.presets.run_presets import checkpoint_preset
 from implicitlm.tasks.words import WordBatches
+from implicitlm.train.config import TrainConfig
 from implicitlm.train.checkpoint import CheckpointError, restore_weights, save_checkpoint
 from implicitlm.train.trainer import TRAINING_STATE_KEYS, _check_same_data, resume_config
 
@@ -202,3 +205,23 @@ def test_a_resume_refuses_an_unknown_training_setting_naming_it(tmp_path, settin
         resume_config(tmp_path, {"total_steps": 12})
     message = str(refused.value)
     assert message.startswith(str(checkpoint / "trainer.json")) and f"unknown key '{key}'" in message and hint in message
+
+
+@pytest.mark.parametrize("change, key", [({"lrr": 0.01}, "lrr"), ({"train_length": 8}, "train_length")],
+                         ids=["misspelt", "former-beside-today"])
+def test_every_reader_of_a_checkpoints_training_settings_refuses_an_unknown_one_naming_it(tmp_path, capsys, change, key):
+    """Before: only a resume refused it; loading, evaluating, generating from the checkpoint
+    and a run preset made of it dropped the key in silence."""
+    model = build_model(config_from_options(dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                                 head_dim=8)))
+    settings = {**dataclasses.asdict(TrainConfig.for_task("lm")), **change}
+    save_checkpoint(tmp_path, model, meta={"step": 9, "train": settings, "data": None})
+    meta = (tmp_path / "trainer.json").read_bytes()
+    for read in (lambda: load_model(tmp_path), lambda: training_settings(tmp_path), lambda: checkpoint_preset(tmp_path)):
+        with pytest.raises(DataError) as refused:
+            read()
+        assert str(refused.value).startswith(f"{tmp_path / 'trainer.json'}: unknown key '{key}'"), refused.value
+    code = main(["generate", str(tmp_path), "--prompt", "a"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{tmp_path / 'trainer.json'}: unknown key '{key}'" in err[0], err
+    assert (tmp_path / "trainer.json").read_bytes() == meta

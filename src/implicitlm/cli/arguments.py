@@ -64,8 +64,8 @@ class Parser(argparse.ArgumentParser):
 def add_run_options(p, trainer: str) -> None:
     """What both training commands take besides their data and presets: options, and what to
     do with a run already in --out."""
-    p.add_argument("--model", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
-    p.add_argument("--train", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
+    p.add_argument("--model", type=model_option, action="append", default=[], metavar="KEY=VALUE", help="model option, repeatable")
+    p.add_argument("--train", type=training_option, action="append", default=[], metavar="KEY=VALUE", help="training option, repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out (refused without it)")
     p.add_argument("--no-progress", action="store_true",
@@ -123,6 +123,32 @@ def key_value(text: str) -> tuple[str, Any]:
     # Nested too deep for the parser, or an integer of thousands of digits.
     except (RecursionError, ValueError):
         raise argparse.ArgumentTypeError(f"the value of {key!r} is too deeply nested or too long a number") from None
+
+
+def model_option(text: str) -> tuple[str, Any]:
+    """--model KEY=VALUE, KEY an option of some family's config; whether the family asked for
+    takes it, the command checks once the model classes are imported."""
+    from ..core.option_names import MODEL_OPTIONS
+
+    return _known_key(key_value(text), MODEL_OPTIONS, "model option")
+
+
+def training_option(text: str) -> tuple[str, Any]:
+    """--train KEY=VALUE, KEY a training setting (one spelt as a former trainer did is refused
+    with today's name)."""
+    from ..core.migrations import refuse_renamed_training_options
+    from ..core.option_names import TRAINING_SETTINGS
+
+    option = key_value(text)
+    _checked(lambda key: refuse_renamed_training_options({key: None}), option[0])
+    return _known_key(option, TRAINING_SETTINGS, "training option")
+
+
+def _known_key(option: tuple[str, Any], known: Sequence[str], what: str) -> tuple[str, Any]:
+    from ..core.schema import check_known_keys
+
+    _checked(lambda key: check_known_keys({key: None}, known, what), option[0])
+    return option
 
 
 def _number(text: str, convert, minimum, strict: bool, expected: str):

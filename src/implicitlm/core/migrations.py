@@ -8,10 +8,11 @@ in ``presets`` and ``tasks``, a checkpoint's folder, training state and data in 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from .atomic_io import recover_replaced
 from .errors import DataError, OptionError, check_header_keys
+from .option_names import TRAINING_SETTINGS
 from .schema import at_least, check_field
 
 # The one checkpoint folder of a run of the former word trainer: ``RUN/checkpoint``.
@@ -71,13 +72,13 @@ def _renamed(values: Mapping[str, Any], renamed: Mapping[str, str], what: str) -
     return current
 
 
-def training_settings(settings: Mapping[str, Any], source: object, known: Sequence[str] | None = None) -> dict[str, Any]:
+def training_settings(settings: Mapping[str, Any], source: object) -> dict[str, Any]:
     """A checkpoint's training settings (its ``trainer.json`` "train", read from ``source``) as
     ``TrainConfig`` spells them today, with the ``task``: today's carry it; the former LM
     trainer's spell ``micro_batch_size``; the rest are the former word trainer's. The phase
-    budgets of either are renamed (``free_iters`` is ``free_max_iter``). With ``known`` (today's
-    names), any other key is refused, not dropped: a misspelt ``lrr`` would resume at the default
-    rate. A setting given under both its names, or a former one of the wrong type, is a one-line
+    budgets of either are renamed (``free_iters`` is ``free_max_iter``). Any key not among
+    today's names is refused, not dropped: a misspelt ``lrr`` would run at the default rate. A
+    setting given under both its names, or a former one of the wrong type, is a one-line
     DataError naming ``source``."""
     try:
         settings = _renamed(settings, RENAMED_PHASE_BUDGETS, "training option")
@@ -85,8 +86,7 @@ def training_settings(settings: Mapping[str, Any], source: object, known: Sequen
             settings = former_lm_settings(settings) if "micro_batch_size" in settings else former_word_settings(settings)
     except OptionError as error:
         raise DataError(f"{source}: {error}") from None
-    if known is not None:
-        check_header_keys(settings, [*known, "task"], source, "the training settings")
+    check_header_keys(settings, TRAINING_SETTINGS, source, "the training settings")
     return settings
 
 

@@ -164,10 +164,13 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:
     """A checkpoint's metadata (``trainer.json``): the step, the training settings, the data
     and the processes it was trained with, and the checkpoint a warm-started run began from;
-    any key besides these, a one-line DataError."""
+    any key besides these, a one-line DataError. The training settings come in today's
+    spelling, an unknown one refused (every reader, not only a resume, would otherwise drop it)."""
     file = Path(checkpoint) / TRAINER_META
     meta = read_json_object(file, "checkpoint metadata")
     check_header_keys(meta, TRAINER_META_KEYS, file, "checkpoint metadata")
+    if isinstance(meta.get("train"), dict):
+        meta["train"] = migrations.training_settings(meta["train"], file)
     return meta
 
 
@@ -178,7 +181,7 @@ def training_settings(path: str | Path) -> dict[str, Any]:
     if not (folder / TRAINER_META).is_file():
         return {}
     settings = read_trainer_meta(folder).get("train", {})
-    return migrations.training_settings(settings, folder / TRAINER_META) if isinstance(settings, dict) else {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:

@@ -161,7 +161,7 @@ def check_known_keys(values: Mapping[str, Any], known: Sequence[str], what: str)
     """Raise OptionError for the first key of ``values`` not in ``known``, naming the closest one."""
     for key in values:
         if key not in known:
-            raise OptionError(f"unknown {what} '{key}'{closest_hint(key, known)}")
+            raise OptionError(f"unknown {what} {quoted(key)}{closest_hint(key, known)}")
 
 
 def dataclass_defaults(schema: type) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from ..deq.initial_guess import GUESS_FILE
 from ..deq.learned_mixing import MIXING_FILE
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
-from ..core.run_folder import model_folder
+from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
 from ..core.schema import OptionError, check_known_keys, dataclass_defaults, option_help
 from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_digest, weights_sha256
 from .configuration import ImplicitLMConfig
@@ -218,6 +218,8 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     with silenced_load_report():
         check_generation_config(path)
+        if (path / TRAINER_META).is_file():  # a checkpoint's: an edited one is refused, as its other files are
+            read_trainer_meta(path)
         # After the files' own checks, which say more of a file changed by hand.
         unchecked = _check_digests(path)
         check_floating_weights(path / WEIGHTS)

@@ -161,7 +161,7 @@ def _architecture(config) -> dict[str, Any]:
 
 
 def saved_settings(checkpoint: Path) -> dict[str, Any]:
-    """The training settings a checkpoint records (its metadata's "train" section)."""
+    """The training settings a checkpoint records (its metadata's "train" section), in today's spelling."""
     settings = read_trainer_meta(checkpoint).get("train")
     if not isinstance(settings, dict):
         raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the training settings in 'train', got {settings!r}")

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..core.errors import OptionError
 from ..core import migrations
 from ..core.run_folder import (
-    CHECKPOINTS, TRAINER_META, link_latest_checkpoint, read_trainer_meta, remove_stale_temporaries,
+    CHECKPOINTS, link_latest_checkpoint, read_trainer_meta, remove_stale_temporaries,
 )
 from ..core.schema import field_names
 from ..data.words import WordData
@@ -358,7 +358,7 @@ def checkpoint_config(checkpoint: Path, overrides: dict[str, Any]) -> TrainConfi
     """The training settings a checkpoint recorded (in today's spelling), with ``overrides``;
     settings it lacks are refused rather than run at their defaults."""
     fields = field_names(TrainConfig)
-    saved = migrations.training_settings(saved_settings(checkpoint), checkpoint / TRAINER_META, known=fields)
+    saved = saved_settings(checkpoint)
     task = saved.pop("task")
     missing = sorted(set(fields) - set(saved) - {"task"})
     if missing:
