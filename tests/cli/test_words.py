@@ -44,11 +44,13 @@ def test_unknown_group_is_a_clean_error(tmp_path, capsys):
     assert not any(tmp_path.iterdir()), "nothing may be left behind"
 
 
-def test_misspelled_training_option_is_a_clean_error(tmp_path, capsys):
-    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--train", "total_step=3")
-    assert_clean_error(code, err, "total_step", "total_steps")
-    code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--train", "train_length=3")
-    assert_clean_error(code, err, "'train_length' is now sequence_length")
+def test_a_presets_misspelled_training_option_is_a_clean_error(tmp_path, capsys):
+    # On the command line the parser refuses them (tests/cli/test_arguments.py); in a preset, the trainer.
+    for train, expected in (({"total_step": 3}, ("total_step", "total_steps")),
+                            ({"train_length": 3}, ("'train_length' is now sequence_length",))):
+        (tmp_path / "preset.json").write_text(json.dumps({"train": train}))
+        code, _, err = run(capsys, "words", "train", "--out", str(tmp_path / "r"), "--preset", str(tmp_path / "preset.json"))
+        assert_clean_error(code, err, *expected)
 
 
 def test_misspelled_fixed_point_option_is_a_clean_error(tmp_path, capsys):
