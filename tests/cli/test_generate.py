@@ -168,3 +168,11 @@ def test_bad_decoding_options_are_refused_in_the_library_too():
     with pytest.raises(ValueError, match="temperature must be a number >= 1e-30"):
         Decoding(temperature=1e-300)
 
+
+
+def test_more_sequences_than_the_time_limit_allows_are_refused_before_the_first(run, capsys):
+    # before: decoded one sequence after another until killed, the prompt printed first
+    code, out, err = generate(capsys, str(run), "--prompt", "x", "--num-return-sequences", str(10**9))
+    assert code == 2 and out == "" and len(err) == 1, err
+    assert err[0].startswith("implicitlm: error: 1,000,000,000 sequences would take at least")
+    assert "past the limit of 1.0 days" in err[0] and "--num-return-sequences" in err[0]

@@ -260,3 +260,12 @@ def test_an_unwritable_run_folder_is_named_not_a_temporary_file(tmp_path, capsys
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1, err
     assert lines[0] == f"implicitlm: error: {out.absolute() / 'checkpoints' / 'step_0000001'}: Read-only file system"
+
+
+def test_words_longer_than_the_time_limit_allows_are_refused_up_front(capsys, trained_s3):
+    # before: read window after window in flat memory until killed
+    _, train_run = trained_s3
+    code, out, err = run(capsys, "words", "eval", str(train_run), "--lengths", "1000000000", "--no-progress")
+    assert_clean_error(code, err, "512 test words of length 1,000,000,000 would take at least", "past the limit of 1.0 days",
+                       "--lengths", "--count")
+    assert out == ""

@@ -160,7 +160,9 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
     if (both := takes("words", "lm")) is not None:
         lengths = p.add_mutually_exclusive_group()
         lengths.add_argument("--lengths", type=int_list, default=None,
-                             help=f"{both}comma-separated test lengths (lm: context lengths, default: the training context)")
+                             help=f"{both}comma-separated test lengths (lm: context lengths, default: the training context); "
+                                  "a words length evaluation refuses a length whose words take more than a day here, timed on "
+                                  "a window, before it is read")
         lengths.add_argument("--multiples", type=int_list, default=None,
                              help=f"{both}test lengths as multiples of the training length, e.g. 1,2,4,8")
     if words is not None:

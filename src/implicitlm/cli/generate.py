@@ -32,7 +32,8 @@ def add_generate(commands) -> None:
                    help="sample among the most likely tokens whose probabilities add up to p, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=non_negative_int, default=None, help="seed of the sampling (default: a fresh one each run)")
     p.add_argument("--num-return-sequences", type=positive_int, default=1,
-                   help="texts to sample for the prompt, separated by a line '---' (default: 1)")
+                   help="texts to sample for the prompt, separated by a line '---' (default: 1); more than a day "
+                        "decodes here, timed on one, are refused before the first")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",
                    help="how the prompt is solved: one fixed point over it, or token by token (default: simultaneous)")
     add_budget_options(p)

@@ -20,6 +20,7 @@ from transformers import TextStreamer
 
 from ..core.atomic_io import atomic_write
 from ..core.devices import usable_device
+from ..core.duration import require_time, seconds_of
 from ..core.errors import DataError, OptionError
 from ..core.json_file import check_regular
 from ..core.targets import exclusive_target
@@ -188,6 +189,7 @@ def _generate(
     for setting in ("eos_token_id", "pad_token_id"):
         if getattr(model.generation_config, setting) is None:
             options[setting] = tokenizer.eos_token_id
+    _require_time(model, ids, options, decoding.num_return_sequences)
     texts = []
     devices = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=decoding.seed is not None):
@@ -202,6 +204,21 @@ def _generate(
             generated = model.generate(ids, streamer=streamer, **options)
             texts.append(tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True))
     return texts
+
+
+def _require_time(model, ids: torch.Tensor, options: dict[str, Any], sequences: int) -> None:
+    """Refuse, before the first is decoded, more sequences than ``require_time`` allows: each
+    solves the prompt and decodes at least a token, timed on one: greedy, which leaves the
+    seeded random state alone, and a probe (each solve at its first evaluation, counted as
+    converged, so that no warning is logged of it)."""
+    if sequences > 1:
+        probe = {**options, "do_sample": False, "max_new_tokens": 1}
+        for setting in SAMPLING_DEFAULTS:
+            probe.pop(setting, None)
+        with model.probing():
+            seconds = seconds_of(lambda: model.generate(ids, **probe))
+        require_time(f"{sequences:,} sequences", sequences * seconds, arguments=("num_return_sequences",),
+                     hint="; ask for fewer num_return_sequences")
 
 
 class _Streamer(TextStreamer):

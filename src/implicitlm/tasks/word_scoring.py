@@ -1,15 +1,16 @@
 """Scoring a model on word problems: per-token accuracy (and last-10 accuracy) in either
 inference mode, read in windows of the words that carry each word's state from one window to
-the next, so an evaluation at any length runs in bounded memory; and that memory, estimated."""
+the next, so an evaluation at any length runs in bounded memory; and that memory and its time, estimated."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.duration import seconds_of
 from ..core.errors import OptionError
 from ..core.memory import activation_bytes, peak_growth, return_freed_memory, tensor_bytes
 from ..data.words import StoredWords, WordWindows
@@ -283,15 +284,29 @@ def forward_bytes(model, mode: str, rows: int, window: int, length: int) -> int:
     chunk = solved_at_once(model, length) if mode == "simultaneous" and config.implicit else 1
     unit = max(1, min(chunk, WINDOW_TOKENS // rows))
     positions = min(window, unit * max(1, WINDOW_TOKENS // (rows * unit)))
-    device = next(model.parameters()).device
-    tokens = torch.zeros((rows, positions), dtype=torch.long, device=device)
-
-    def one_batch() -> None:
-        with torch.no_grad(), model.probing():
-            output = model(tokens, mode=mode, use_cache=window < length)
-            output.logits.argmax(-1)
-
-    measured = peak_growth(one_batch, device)
+    measured = peak_growth(_one_forward(model, mode, rows, positions, window < length), next(model.parameters()).device)
     if measured is None:
         return activation_bytes(rows, window, config.hidden_size, config.num_hidden_layers)
     return int(window / positions * measured) + rows * window * PER_POSITION_BYTES
+
+
+def evaluation_seconds(model, words: WordWindows, mode: str, batch_size: int) -> float:
+    """A lower bound on the time ``word_accuracy`` takes on ``words``: one forward over a
+    batch's window, timed at one fixed-point iteration, for every batch of every window."""
+    rows = min(batch_size, words.count)
+    window = evaluation_window(model, (mode,), words.length, rows)
+    seconds = seconds_of(_one_forward(model, mode, rows, window, window < words.length))
+    return seconds * -(-words.count // batch_size) * -(-words.length // window)
+
+
+def _one_forward(model, mode: str, rows: int, positions: int, use_cache: bool) -> Callable[[], None]:
+    """A forward over ``rows`` words' ``positions`` tokens, as a probe: each solve stops at its
+    first evaluation."""
+    tokens = torch.zeros((rows, positions), dtype=torch.long, device=next(model.parameters()).device)
+
+    def one_batch() -> None:
+        with torch.no_grad(), model.probing():
+            output = model(tokens, mode=mode, use_cache=use_cache)
+            output.logits.argmax(-1)
+
+    return one_batch

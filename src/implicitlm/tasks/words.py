@@ -14,13 +14,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.duration import require_time
 from ..core.errors import DataError, OptionError
 from ..core.memory import require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
 from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
 from .base import Figure, Task, TaskRecord, missed_cell
-from .word_scoring import evaluation_bytes, mode_agreement, raise_word_budget, word_accuracy
+from .word_scoring import evaluation_bytes, evaluation_seconds, mode_agreement, raise_word_budget, word_accuracy
 
 # Test words come from seeds far from any training step's seed sequence.
 TEST_SEED_OFFSET = 1_000_000_007
@@ -156,8 +157,10 @@ class WordsTask(Task):
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
     def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
-        require(f"{test_set.count} test words of length {test_set.length:,}",
-                evaluation_bytes(model, test_set, mode, self.batch_size))
+        what = f"{test_set.count} test words of length {test_set.length:,}"
+        require(what, evaluation_bytes(model, test_set, mode, self.batch_size))
+        require_time(what, evaluation_seconds(model, test_set, mode, self.batch_size), arguments=("lengths", "count"),
+                     hint="; give shorter lengths or a smaller count")
         if "max_iter" not in self.fixed_point:
             # No budget given: a simultaneous solve gets what words of this length need
             # (the model's own may be a training length's).
