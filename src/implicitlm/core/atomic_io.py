@@ -178,7 +178,10 @@ def remove_entry(path: Path) -> None:
 
 def recover_replaced(target: str | os.PathLike) -> None:
     """Finish a replacement of ``target`` that a killed process left half done."""
-    target = Path(target)
+    # Absolute: "." or "run/.." names no entry of its own, beside which the retired one waits.
+    target = Path(os.path.abspath(target))
+    if not target.name:
+        return  # the root folder, which nothing replaces
     old = retired(target)
     if not target.exists() and old.is_dir():
         os.replace(old, target)
