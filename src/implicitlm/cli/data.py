@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import add_overwrite_option, fraction, int_list, non_negative_int, positive_int, tokenizer_name
+from .arguments import add_overwrite_option, fraction, int_list, positive_int, seed, tokenizer_name
 from .evaluate import add_aliases
 
 PATTERN_HELP = "file name pattern inside folders, recursively (default: every file; e.g. '*.txt')"
@@ -68,7 +68,7 @@ def add_corpus_build(commands) -> None:
     )
     p.add_argument("--shard-tokens", type=positive_int, default=2**24, help="tokens per shard file")
     p.add_argument("--workers", type=positive_int, default=1, help="tokenizer processes")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the train/test split")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the train/test split")
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
     p.add_argument("--pattern", default="*", help=PATTERN_HELP)
     p.add_argument("--split", default="train", help="split of a hub dataset")
@@ -124,7 +124,7 @@ def add_catbabi(commands) -> None:
     p.add_argument("babi_dir", type=Path, help="folder of qaN_train.txt, qaN_valid.txt, qaN_test.txt")
     p.add_argument("--out", type=Path, required=True, help="catbAbI folder: token shards, tokenizer, answer positions")
     p.add_argument("--tasks", type=int_list, default=None, help="comma-separated task ids (default: all 20)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the story order")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the story order")
     p.add_argument("--overwrite", action="store_true", help="replace a built folder")
     p.set_defaults(run=_run_catbabi_build)
     p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")
