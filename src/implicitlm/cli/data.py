@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .arguments import add_overwrite_option, fraction, int_list, positive_int, seed, tokenizer_name
@@ -95,12 +96,15 @@ def _run_corpus_build(args) -> None:
         check_held_out_apart(args.sources, args.test_sources, args.pattern)
     train_documents = documents(args.sources)
     test_documents = documents(args.test_sources) if args.test_sources else None
+    # Absolute, taken now: an --out of "." is the folder the build replaces, and the current
+    # folder then one that no longer exists.
+    out = os.path.abspath(args.out)
     index = write_shards(
-        train_documents, load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
+        train_documents, load_tokenizer(args.tokenizer), out, shard_tokens=args.shard_tokens,
         test_fraction=args.test_fraction, seed=args.seed, workers=args.workers, progress=not args.no_progress,
         resume=args.resume, overwrite=args.overwrite, test_documents=test_documents,
     )
-    train, test = TokenShards(args.out, "train"), TokenShards(args.out, "test")
+    train, test = TokenShards(out, "train"), TokenShards(out, "test")
     read = [train_documents] if test_documents is None else [train_documents, test_documents]
     notes = "; ".join(note for note in (_held_out(args, index), _replaced(args, *read)) if note)
     print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out} ({notes})")

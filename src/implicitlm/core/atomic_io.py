@@ -156,7 +156,8 @@ def staged_directory(target: str | os.PathLike, keeps: Callable[[str], bool] = l
     error, replacing an existing ``target`` (the caller has checked that it may), whose
     entries named as ``keeps`` says, and not written anew, stay. On any failure the temporary
     folder is removed and ``target`` is left as it was."""
-    target = Path(target).absolute()
+    # Normalised: the staging folder goes beside "run/.." (or "."), never inside it.
+    target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(_beside(target, tempfile.mkdtemp))
     try:
@@ -190,7 +191,7 @@ def recover_replaced(target: str | os.PathLike) -> None:
 def finish_replacement(target: str | os.PathLike) -> None:
     """``recover_replaced``, and the entries a replacement kept put back into ``target``. Only
     the holder of ``target``'s lock may call it: a replacement in progress has them aside."""
-    target = Path(target)
+    target = Path(os.path.abspath(target))
     recover_replaced(target)
     _put_kept_back(target)
 
