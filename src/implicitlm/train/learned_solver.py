@@ -189,7 +189,7 @@ def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> N
     with staged_directory(out, MODEL_FOLDER.keeps) as staging:
         for name in COPIED:
             if (checkpoint / name).is_file():
-                shutil.copy2(checkpoint / name, staging / name)
+                shutil.copyfile(checkpoint / name, staging / name)  # a new file's mode: the umask's, not the source's
         model.save_pretrained(staging)  # after the tokenizer: it records their digests
         write_model_card(staging, model, read_trainer_meta(checkpoint) if (checkpoint / TRAINER_META).is_file() else {})
         write_json(staging / RECORD, record)
