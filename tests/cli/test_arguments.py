@@ -18,6 +18,7 @@ POSITIVE_INT = lambda v: isinstance(v, int) and v > 0  # noqa: E731
 NON_NEGATIVE_INT = lambda v: isinstance(v, int) and v >= 0  # noqa: E731
 POSITIVE_FLOAT = lambda v: math.isfinite(v) and v > 0  # noqa: E731
 FRACTION = lambda v: 0 <= v <= 1  # noqa: E731
+SEED = lambda v: isinstance(v, int) and 0 <= v <= 2**63 - 1  # noqa: E731  (torch.manual_seed's range)
 POSITIVE_INTS = lambda v: bool(v) and all(POSITIVE_INT(x) for x in v)  # noqa: E731
 POSITIVE_FLOATS = lambda v: bool(v) and all(POSITIVE_FLOAT(x) for x in v)  # noqa: E731
 
@@ -31,7 +32,9 @@ OPTIONS = [
     (*GENERATE, "--length", POSITIVE_INT),
     (*GENERATE, "--count", POSITIVE_INT),
     (*GENERATE, "--hard-prob", FRACTION),
-    (*GENERATE, "--seed", NON_NEGATIVE_INT),
+    (*GENERATE, "--seed", SEED),
+    (["generate"], ["ckpt", "--prompt", "a"], "--seed", SEED),
+    (["solver", "train"], ["ckpt", "--out", "o"], "--seed", SEED),
     (*EVAL, "--lengths", POSITIVE_INTS),
     (*EVAL, "--batch-size", POSITIVE_INT),
     (*EVAL, "--max-iter", POSITIVE_INT),
@@ -84,6 +87,20 @@ def destination(command: list[str], option: str) -> str:
         commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
         parser = commands.choices[name]
     return next(action.dest for action in parser._actions if option in action.option_strings)
+
+
+@pytest.mark.parametrize("command", [["generate", "ckpt", "--prompt", "a"], ["solver", "train", "ckpt", "--out", "o"],
+                                     ["words", "eval", "ckpt"], ["corpus", "build", "src", "--tokenizer", "t", "--out", "o"]])
+@pytest.mark.parametrize("seed", [str(2**63), str(2**70), "-1"])
+def test_a_seed_beyond_what_torch_takes_is_refused_naming_the_option(command, seed):
+    """Before: generate ran to torch.manual_seed's "Overflow when unpacking long long", naming no
+    option; solver train took any integer, negative ones too."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exit:
+        PARSER.parse_args([*command, "--seed", seed])
+    err = stderr.getvalue().strip().splitlines()
+    assert exit.value.code == 2 and len(err) == 1 and "argument --seed: expected a seed" in err[0], err
+    assert PARSER.parse_args([*command, "--seed", str(2**63 - 1)]).seed == 2**63 - 1
 
 
 def test_a_value_of_two_dashes_is_refused_not_taken_for_the_end_of_options():

@@ -415,3 +415,25 @@ def test_a_result_file_with_a_bad_field_is_named_with_the_field(change, field, t
     code, err = run(capsys, ["report", results, "--out", tmp_path / "report"])
     assert_one_line(err, code, 2, str(results), field, "oops" if "oops" in json.dumps(change) else "")
     assert sorted(os.listdir(tmp_path)) == ["results.json"]
+
+
+# The writers whose --out is a folder: run in it as "." (the current folder).
+FOLDER_CASES = {name: case for name, case in CASES.items() if Path(case.target).suffix == "" or "/" in case.target}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FOLDER_CASES))
+def test_a_writer_given_the_current_folder_as_out_writes_it(name, inputs, tmp_path, monkeypatch, capsys):
+    """Before: a ValueError ("PosixPath('.') has an empty name") from most; corpus build and
+    solver train replaced the current folder, then read it back as "." (a folder no longer
+    there): "No such file or directory", exit 2, after writing it."""
+    case = FOLDER_CASES[name]
+    argv = [str(arg) for arg in case.argv(inputs, tmp_path)]
+    folder = Path(argv[argv.index("--out") + 1])
+    folder.mkdir()
+    argv[argv.index("--out") + 1] = "."
+    for again in ([], ["--overwrite"]):  # into the empty folder, then over its own work there
+        monkeypatch.chdir(folder)  # by its name: a writer replaces the folder by a rename
+        code, err = run(capsys, [*argv, *again])
+        assert code == 0, (again, err)
+        assert (tmp_path / case.marker).is_file()

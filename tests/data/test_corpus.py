@@ -348,6 +348,28 @@ def test_a_test_source_that_the_training_sources_read_is_refused(tokenizer, tmp_
     assert code == 0 and "held out: " in printed
 
 
+def test_a_test_source_holding_a_copy_of_a_training_file_is_refused(tokenizer, tmp_path, capsys):
+    """Before: a copy of the training text (another path, the same bytes) was held out, exit 0."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "train.txt").write_text("some training text\nand more\n")
+    (tmp_path / "corpus" / "other.txt").write_text("some training text\nand less\n")  # of the same size
+    (tmp_path / "held").mkdir()
+    shutil.copy(tmp_path / "corpus" / "train.txt", tmp_path / "held" / "copy.txt")
+    (tmp_path / "held" / "valid.txt").write_text("held-out text\n")
+
+    def build(*test_sources: Path) -> tuple[int, str, str]:
+        return cli(capsys, "corpus", "build", str(tmp_path / "corpus"), "--test-sources", *map(str, test_sources),
+                   "--tokenizer", tokenizer.name_or_path, "--out", str(tmp_path / "out"), "--no-progress")
+
+    line = error_line(*build(tmp_path / "held")[::2])
+    assert line == (f"implicitlm: error: {tmp_path / 'held'}: in --test-sources, but {(tmp_path / 'held' / 'copy.txt').resolve()} "
+                    f"holds the same bytes as {(tmp_path / 'corpus' / 'train.txt').resolve()}, which the training source "
+                    f"{tmp_path / 'corpus'} reads: its text would be trained on and scored as held out")
+    assert not (tmp_path / "out").exists()
+    code, printed, _ = build(tmp_path / "held" / "valid.txt")
+    assert code == 0 and "held out: " in printed
+
+
 # One document at a time, a document is written once the next one is read, and the first
 # shard closes with document 2: killed after 2, no progress is recorded yet; after 15, the run
 # stops inside a test document that spans eight shards.

@@ -151,6 +151,27 @@ def test_generate_arguments_out_of_range_are_refused(model, arguments, name):
     refused(lambda: model.generate(tokens(1, 3, seed=6), **{"max_new_tokens": 2, **arguments}), name)
 
 
+@pytest.mark.parametrize("arguments, name", [
+    (dict(max_length=-1), "'max_length'"),  # before: transformers' ValueError
+    (dict(max_length=3), "'max_length'"),  # the prompt's length: before, transformers' ValueError
+    (dict(max_length=4.5), "'max_length'"),
+    (dict(max_new_tokens=2, repetition_penalty=0.0), "'repetition_penalty'"),  # before: transformers' ValueError
+    (dict(max_new_tokens=2, repetition_penalty=math.nan), "'repetition_penalty'"),
+    (dict(max_new_tokens=2, do_sample=True, top_p=1.5), "'top_p'"),  # before: accepted
+    (dict(max_new_tokens=2, do_sample=True, top_p=math.nan), "'top_p'"),  # before: accepted
+    (dict(max_new_tokens=2, do_sample=True, top_p=0), "'top_p'"),
+    (dict(max_new_tokens=2, do_sample=True, top_k=-1), "'top_k'"),
+    (dict(generation_config=GenerationConfig(max_new_tokens=2, do_sample=True, top_p=2.0)), "'top_p'"),
+])
+def test_generate_lengths_and_sampling_numbers_out_of_range_are_refused(model, arguments, name):
+    refused(lambda: model.generate(tokens(1, 3, seed=6), **arguments), name)
+
+
+def test_generate_max_length_counts_the_prompt(model):
+    assert model.generate(tokens(1, 3, seed=6), max_length=5).shape == (1, 5)
+    assert model.generate(tokens(1, 3, seed=6), max_new_tokens=2, do_sample=True, top_p=1, top_k=0).shape == (1, 5)
+
+
 def test_sampling_at_the_lowest_temperature_draws_the_most_likely_tokens(model):
     """The floor is a temperature whose logits stay finite: sampling there is greedy decoding."""
     ids = tokens(1, 3, seed=6)

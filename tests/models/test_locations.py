@@ -77,3 +77,33 @@ def test_the_lm_eval_command_names_a_missing_checkpoint(tmp_path, monkeypatch, c
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm-lm-eval: error: nonexist: does not exist"), err
 
+
+
+@pytest.mark.parametrize("name", [".", "..", "/", "empty/.."])
+def test_the_current_folder_or_the_root_without_a_model_is_named(name, tmp_path, monkeypatch):
+    """Before: ValueError: PosixPath('.') has an empty name (and for "/")."""
+    (tmp_path / "cwd" / "empty").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert one_line(lambda: load_model(name)).startswith(f"{name}: not a model directory")
+
+
+def test_a_model_in_the_current_folder_loads_as_dot(tmp_path, monkeypatch):
+    tiny_model(0).save_pretrained(tmp_path / "model")
+    monkeypatch.chdir(tmp_path / "model")
+    assert isinstance(load_model("."), ImplicitMamba2ForCausalLM)
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", ".", "--prompt", "a"],
+    ["lm", "eval", ".", "--data", "."],
+    ["solver", "train", ".", "--out", "fit"],
+    ["words", "eval", "."],
+    ["jacobian", ".", "--out", "fit"],
+])
+def test_commands_name_the_current_folder_holding_no_model(argv, tmp_path, monkeypatch, capsys):
+    """Before: "PosixPath('.') has an empty name"; from jacobian an UnboundLocalError traceback."""
+    monkeypatch.chdir(tmp_path)
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["implicitlm: error: .: not a model directory (no config.json)"], err
+    assert sorted(path.name for path in Path(tmp_path).iterdir()) == []

@@ -20,6 +20,7 @@ from implicitlm.core.targets import TargetExistsError
 from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import ImplicitCausalLM, build_model, config_from_options, load_model
 from implicitlm.models.errors import ModelLoadError
+from implicitlm.train.checkpoint import save_checkpoint
 
 from tests.support.lm_run import train_tiny_lm
 
@@ -188,3 +189,23 @@ def test_a_run_whose_latest_links_to_another_runs_checkpoint_is_refused(shards, 
             with pytest.raises(DataError, match=f"^{run / LATEST}: links to .*other.*, outside the run's own checkpoints"):
                 load(path)
     load_model(other)
+
+
+def test_save_pretrained_into_a_runs_checkpoint_is_refused(tmp_path):
+    """Before: another model's ``save_pretrained(RUN/checkpoints/step_N)`` (or through a link to
+    it) replaced the checkpoint's weights, config and digests, all consistent: the run loaded and
+    resumed another model; one saved as ``step_N+1`` became the run's newest checkpoint."""
+    tiny = {"hidden_size": 16, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": 32}
+    run = tmp_path / "run"
+    checkpoint = save_checkpoint(run / "checkpoints" / "step_0000001", build_model(config_from_options(tiny)),
+                                 meta={"step": 1})
+    (tmp_path / "alias").symlink_to(checkpoint)
+    before = folder_bytes(run)
+    other = build_model(config_from_options({**tiny, "hidden_size": 32}))
+    for target in (checkpoint, tmp_path / "alias", run / "checkpoints" / "step_0000002"):
+        with pytest.raises(TargetExistsError, match=f"^{target}: a training run's checkpoint"):
+            other.save_pretrained(target)
+    with pytest.raises(TargetExistsError, match=f"^{run}/checkpoints: a training run's checkpoints"):
+        other.save_pretrained(run / "checkpoints")
+    assert folder_bytes(run) == before and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000001"]
+    assert load_model(run).config.hidden_size == 16

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 
 import pytest
 import torch
@@ -224,3 +226,17 @@ def test_a_batch_no_machine_holds_is_refused_with_its_memory_before_a_batch_is_d
     assert code == 2 and len(err) == 1, err
     assert "fitting a learned solver at " in err[0] and "tokens per batch needs at least " in err[0] and "is available" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_every_file_of_a_fitted_solver_follows_the_umask(tiny_run, shards, tmp_path):
+    """Before: the tokenizer files and trainer.json copied from the checkpoint kept its mode,
+    0644 under umask 027 or 077."""
+    former = os.umask(0o027)
+    try:
+        train_learned_solver(tiny_run, tmp_path / "out", data=shards, steps=1, batch_size=2, sequence_length=8,
+                             progress=False)
+    finally:
+        os.umask(former)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "out").iterdir()}
+    assert {"tokenizer.json", "trainer.json"} <= set(modes)
+    assert modes == dict.fromkeys(modes, 0o640)

@@ -181,6 +181,14 @@ def non_negative_int(text: str) -> int:
     return _number(text, int, 0, False, "an integer >= 0")
 
 
+def seed(text: str) -> int:
+    """A seed torch.manual_seed takes: one beyond 2**63 - 1 overflows its integer."""
+    value = _number(text, int, 0, False, "a seed, an integer from 0 to 2**63 - 1")
+    if value > 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"expected a seed, an integer from 0 to 2**63 - 1, got {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     return _number(text, float, 0.0, True, "a positive number")
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from .arguments import add_overwrite_option, fraction, int_list, non_negative_int, positive_int, tokenizer_name
+from .arguments import add_overwrite_option, fraction, int_list, positive_int, seed, tokenizer_name
 from .evaluate import add_aliases
 
 PATTERN_HELP = "file name pattern inside folders, recursively (default: every file; e.g. '*.txt')"
@@ -68,7 +69,7 @@ def add_corpus_build(commands) -> None:
     )
     p.add_argument("--shard-tokens", type=positive_int, default=2**24, help="tokens per shard file")
     p.add_argument("--workers", type=positive_int, default=1, help="tokenizer processes")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the train/test split")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the train/test split")
     p.add_argument("--text-field", default="text", help="field holding the text in JSONL / Parquet / datasets")
     p.add_argument("--pattern", default="*", help=PATTERN_HELP)
     p.add_argument("--split", default="train", help="split of a hub dataset")
@@ -95,12 +96,15 @@ def _run_corpus_build(args) -> None:
         check_held_out_apart(args.sources, args.test_sources, args.pattern)
     train_documents = documents(args.sources)
     test_documents = documents(args.test_sources) if args.test_sources else None
+    # Absolute, taken now: an --out of "." is the folder the build replaces, and the current
+    # folder then one that no longer exists.
+    out = os.path.abspath(args.out)
     index = write_shards(
-        train_documents, load_tokenizer(args.tokenizer), args.out, shard_tokens=args.shard_tokens,
+        train_documents, load_tokenizer(args.tokenizer), out, shard_tokens=args.shard_tokens,
         test_fraction=args.test_fraction, seed=args.seed, workers=args.workers, progress=not args.no_progress,
         resume=args.resume, overwrite=args.overwrite, test_documents=test_documents,
     )
-    train, test = TokenShards(args.out, "train"), TokenShards(args.out, "test")
+    train, test = TokenShards(out, "train"), TokenShards(out, "test")
     read = [train_documents] if test_documents is None else [train_documents, test_documents]
     notes = "; ".join(note for note in (_held_out(args, index), _replaced(args, *read)) if note)
     print(f"wrote {len(train):,} training and {len(test):,} held-out tokens to {args.out} ({notes})")
@@ -124,7 +128,7 @@ def add_catbabi(commands) -> None:
     p.add_argument("babi_dir", type=Path, help="folder of qaN_train.txt, qaN_valid.txt, qaN_test.txt")
     p.add_argument("--out", type=Path, required=True, help="catbAbI folder: token shards, tokenizer, answer positions")
     p.add_argument("--tasks", type=int_list, default=None, help="comma-separated task ids (default: all 20)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the story order")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the story order")
     p.add_argument("--overwrite", action="store_true", help="replace a built folder")
     p.set_defaults(run=_run_catbabi_build)
     p = catbabi.add_parser("sample", help="write the tiny bAbI-format sample shipped for tests (tasks 1, 6, 8, 15, 19)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import (
-    add_overwrite_option, budget_list, float_list, fraction, int_list, non_negative_int, positive_int,
+    add_overwrite_option, budget_list, float_list, fraction, int_list, positive_int, seed,
 )
 from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
 
@@ -167,7 +167,7 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
                              help=f"{both}test lengths as multiples of the training length, e.g. 1,2,4,8")
     if words is not None:
         p.add_argument("--count", type=positive_int, default=None, help=f"{words}generated words per length (default: {count})")
-        p.add_argument("--seed", type=non_negative_int, default=None, help=f"{words}seed of the generated words (default: 0)")
+        p.add_argument("--seed", type=seed, default=None, help=f"{words}seed of the generated words (default: 0)")
         p.add_argument("--hard-prob", type=fraction, default=None,
                        help=f"{words}identity probability of the group part (A5xM; default: the training's)")
     if (split := takes("lm", "catbabi")) is not None:

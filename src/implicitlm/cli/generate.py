@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .arguments import add_overwrite_option, non_negative_int, positive_float, positive_int, tokenizer_name
+from .arguments import add_overwrite_option, positive_float, positive_int, seed, tokenizer_name
 from .shared import add_budget_options, add_device_option, add_dtype_option, add_solver_flags, fixed_point_settings
 
 DESCRIPTION = (
@@ -30,7 +30,7 @@ def add_generate(commands) -> None:
     p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens (default: 50)")
     p.add_argument("--top-p", type=positive_float, default=None,
                    help="sample among the most likely tokens whose probabilities add up to p, in (0, 1] (default: 1)")
-    p.add_argument("--seed", type=non_negative_int, default=None, help="seed of the sampling (default: a fresh one each run)")
+    p.add_argument("--seed", type=seed, default=None, help="seed of the sampling (default: a fresh one each run)")
     p.add_argument("--num-return-sequences", type=positive_int, default=1,
                    help="texts to sample for the prompt, separated by a line '---' (default: 1); more than a day "
                         "decodes here, timed on one, are refused before the first")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .arguments import (
     add_overwrite_option, key_value, model_preset_name, non_negative_int, option_sections, options_epilog, position_list,
-    positive_int,
+    positive_int, seed,
 )
 from .shared import add_budget_options, fixed_point_settings
 
@@ -120,7 +120,7 @@ def add_jacobian(commands) -> None:
     p.add_argument("--words", default=None, metavar="GROUP", help="word-problem tokens over GROUP instead of random tokens")
     p.add_argument("--method", choices=["ift", "unroll"], default="ift",
                    help="implicit-function theorem at the fixed point, or autograd through the iterations")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random weights, tokens and coordinates")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random weights, tokens and coordinates")
     # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
     add_budget_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import add_overwrite_option, positive_float, positive_int
+from .arguments import add_overwrite_option, positive_float, positive_int, seed
 
 MIXING_LOSS_NAMES = {"residual": "log relative residual", "distance": "relative distance to the fixed point"}
 
@@ -25,7 +25,7 @@ def add_solver(commands) -> None:
     p.add_argument("--sequence-length", type=positive_int, default=None,
                    help="tokens per sequence (default: the run's training length; 256 for a checkpoint without one)")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate, cosine-decayed (default: 1e-3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the batches and the networks' initialisation")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the batches and the networks' initialisation")
     p.add_argument("--guess-reads-state", action="store_true",
                    help="the initial guess also reads each block's recurrent state (SSM state or KV cache) through a "
                         "learned query, not only the previous token's fixed point")

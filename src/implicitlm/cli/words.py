@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .arguments import add_overwrite_option, add_run_options, fraction, non_negative_int, positive_int, preset_name
+from .arguments import add_overwrite_option, add_run_options, fraction, positive_int, preset_name, seed
 from .shared import add_demo_command, check_resume_or_overwrite, print_run_summary, report_demo
 
 
@@ -24,7 +24,7 @@ def add_words_generate(commands) -> None:
     p.add_argument("--length", type=positive_int, required=True, help="tokens per word")
     p.add_argument("--count", type=positive_int, required=True, help="words to generate")
     p.add_argument("--hard-prob", type=fraction, default=None, help="identity probability of the group part (A5xM)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the words drawn (default: 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the words drawn (default: 0)")
     p.add_argument("--out", type=Path, required=True, help=".csv for CSV; any other suffix: memory-mapped .npy")
     p.add_argument(
         "--targets", choices=("stored", "derived"), default="stored",

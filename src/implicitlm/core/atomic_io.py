@@ -156,7 +156,8 @@ def staged_directory(target: str | os.PathLike, keeps: Callable[[str], bool] = l
     error, replacing an existing ``target`` (the caller has checked that it may), whose
     entries named as ``keeps`` says, and not written anew, stay. On any failure the temporary
     folder is removed and ``target`` is left as it was."""
-    target = Path(target).absolute()
+    # Normalised: the staging folder goes beside "run/.." (or "."), never inside it.
+    target = Path(os.path.abspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(_beside(target, tempfile.mkdtemp))
     try:
@@ -178,7 +179,10 @@ def remove_entry(path: Path) -> None:
 
 def recover_replaced(target: str | os.PathLike) -> None:
     """Finish a replacement of ``target`` that a killed process left half done."""
-    target = Path(target)
+    # Absolute: "." or "run/.." names no entry of its own, beside which the retired one waits.
+    target = Path(os.path.abspath(target))
+    if not target.name:
+        return  # the root folder, which nothing replaces
     old = retired(target)
     if not target.exists() and old.is_dir():
         os.replace(old, target)
@@ -187,7 +191,7 @@ def recover_replaced(target: str | os.PathLike) -> None:
 def finish_replacement(target: str | os.PathLike) -> None:
     """``recover_replaced``, and the entries a replacement kept put back into ``target``. Only
     the holder of ``target``'s lock may call it: a replacement in progress has them aside."""
-    target = Path(target)
+    target = Path(os.path.abspath(target))
     recover_replaced(target)
     _put_kept_back(target)
 

@@ -145,8 +145,8 @@ def same_content(copy: Path, original: Path) -> bool:
 def refuse_model_target(folder: str | os.PathLike) -> None:
     """Where ``save_pretrained`` may save a model: not over a file (transformers would log it
     and save nothing); not in a training run's folder, whose config and tokenizer link into
-    its newest checkpoint (the save would change them behind the checkpoint's digests); not
-    through a symbolic link of a folder's own, in place of a file the save writes."""
+    its newest checkpoint (the save would change them behind the checkpoint's digests), nor in
+    one of its checkpoints or their folder; not through a symbolic link of a folder's own, in place of a file the save writes."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise TargetExistsError(f"{folder}: is a file; save_pretrained writes a folder there")
@@ -154,6 +154,12 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
     if step_directories(run / CHECKPOINTS) or (run / LATEST).is_symlink():
         raise TargetExistsError(f"{run}: a training run's folder (its config and tokenizer link into its newest "
                                 "checkpoint); save the model into a folder of its own")
+    # Resolved: a link to a run's checkpoint is the checkpoint. Its weights, optimiser state
+    # and trainer.json are one step of a run; another model's files there would be resumed.
+    where = folder.resolve()
+    if where.parent.name == CHECKPOINTS and step_in_name(where) is not None or step_directories(where):
+        raise TargetExistsError(f"{folder}: a training run's checkpoint{'s' if step_directories(where) else ''} "
+                                f"({where}); save the model into a folder of its own")
     written = [entry for entry in folder.iterdir() if entry.is_symlink()
                and (entry.name in COVERED or entry.suffix in (".safetensors", ".sha256"))] if folder.is_dir() else []
     if written:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import filecmp
 import functools
 import gzip
 import itertools
@@ -98,15 +99,29 @@ def read_documents(
 def check_held_out_apart(sources: Iterable[Source], test_sources: Iterable[Source], pattern: str = "*") -> None:
     """Refuse, in one line, a held-out source that is (or holds, or lies in) one of the
     training ``sources``: its text would be trained on and then scored as unseen. Files are
-    compared as the readers list them (``pattern`` in folders, links resolved); a hub
-    dataset, by its name."""
+    compared as the readers list them (``pattern`` in folders, links resolved), and by their
+    bytes (a copy); a hub dataset, by its name."""
     trained = {entry: source for source in sources for entry in _read_entries(source, pattern)}
+    # A copy of a training file holds its text too: compared byte for byte, only with the
+    # training files of its size, so that a corpus is not read twice.
+    by_size: dict[int, list[Path]] = {}
+    for entry in trained:
+        if isinstance(entry, Path):
+            by_size.setdefault(entry.stat().st_size, []).append(entry)
     for source in test_sources:
         for entry in _read_entries(source, pattern):
             if entry in trained:
                 raise OptionError(
                     f"{source}: in test_sources, but the training source {trained[entry]} reads {entry} too: "
                     f"its text would be trained on and scored as held out", arguments=("test_sources",),
+                )
+            same = isinstance(entry, Path) and next(
+                (file for file in by_size.get(entry.stat().st_size, []) if filecmp.cmp(entry, file, shallow=False)), None)
+            if same:
+                raise OptionError(
+                    f"{source}: in test_sources, but {entry} holds the same bytes as {same}, which the training "
+                    f"source {trained[same]} reads: its text would be trained on and scored as held out",
+                    arguments=("test_sources",),
                 )
 
 

@@ -23,6 +23,7 @@ Explicit models have no fixed point: both methods give dS/dh.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -381,4 +382,6 @@ def _name_parts(spec: str) -> list[str]:
     if spec.startswith(PRESET_PREFIX):
         return [spec.removeprefix(PRESET_PREFIX)]
     path = Path(spec).with_suffix("") if spec.endswith(".json") else Path(spec)
-    return [part for part in path.parts if part not in (path.anchor, ".", "..")]
+    parts = [part for part in path.parts if part not in (path.anchor, ".", "..")]
+    # "." or "..": the folder's own name, which only its absolute path holds.
+    return parts or [Path(os.path.abspath(spec)).name]

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..core.errors import OptionError
-from ..core.schema import POSITIVE, Rule, check_field
+from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, check_field
 from .loss import IGNORE_INDEX
 
 # Sampling divides the float32 logits by the temperature: at this one, logits up to 3.4e8
@@ -22,6 +22,13 @@ MIN_TEMPERATURE = 1e-30
 # (num_return_sequences=1.5), or takes as they are (max_new_tokens=1.5, num_return_sequences=0:
 # one), read from the keywords or else from the generation config.
 _COUNTS = ("num_beams", "max_new_tokens", "num_return_sequences")
+# The other numbers of sampling: transformers takes top_p=1.5 or NaN as it is, and raises its
+# own ValueError for a repetition_penalty of 0. A top_k of 0 keeps every token, as it reads it.
+_SAMPLING_RULES = {
+    "top_p": Rule("in (0, 1]", lambda share: 0 < share <= 1),
+    "top_k": NON_NEGATIVE,
+    "repetition_penalty": Rule("> 0 and finite", lambda penalty: 0 < penalty < float("inf")),
+}
 
 
 def check_forward_inputs(model, input_ids, inputs_embeds, attention_mask, state, labels) -> None:
@@ -41,7 +48,7 @@ def check_forward_inputs(model, input_ids, inputs_embeds, attention_mask, state,
 
 
 def check_generation_arguments(default: GenerationConfig, args: tuple, kwargs: dict[str, Any]) -> None:
-    """``generate(*args, **kwargs)``'s counts and temperature, given as keywords or in a
+    """``generate(*args, **kwargs)``'s counts, lengths and sampling numbers, given as keywords or in a
     ``generation_config`` (the second positional argument, as transformers takes it; else the
     model's ``default``): num_beams=0 divided by zero, a temperature whose logits overflow
     drew from NaN probabilities, max_new_tokens=1.5 was taken as it is (``_COUNTS``)."""
@@ -53,6 +60,17 @@ def check_generation_arguments(default: GenerationConfig, args: tuple, kwargs: d
     for name in _COUNTS:
         if value(name) is not None:
             check_field("argument", name, value(name), int, POSITIVE)
+    if value("max_new_tokens") is None and kwargs.get("max_length") is not None:
+        # transformers counts max_length with the prompt, and raises its own ValueError when the
+        # prompt fills it; without max_length it adds 20 tokens to the prompt itself.
+        prompt = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+        length = prompt.shape[-1] if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 else 0
+        check_field("argument", "max_length", kwargs["max_length"], int,
+                    Rule(f"> {length}, the prompt's length, which it counts (max_new_tokens counts the new tokens only)",
+                         lambda total: total > length))
+    for name, rule in _SAMPLING_RULES.items():
+        if value(name) is not None:
+            check_field("argument", name, value(name), int if name == "top_k" else float, rule)
     if value("temperature") is not None:
         check_field("argument", "temperature", value("temperature"), float,
                     Rule(f">= {MIN_TEMPERATURE:g} (a lower one overflows the logits; do_sample=False takes the most "

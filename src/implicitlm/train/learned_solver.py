@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -115,6 +116,9 @@ def train_learned_solver(
     if mixing_loss not in MIXING_LOSSES:
         raise OptionError(f"mixing_loss must be one of {', '.join(MIXING_LOSSES)}; got {mixing_loss!r}",
                           arguments=("mixing_loss",))
+    # Absolute, taken now: an out of "." is the folder the save replaces, and the current
+    # folder then one that no longer exists.
+    out = os.path.abspath(out)
     with exclusive_target(out, overwrite, MODEL_FOLDER):
         checkpoint = model_folder(source)
         model = load_model(checkpoint).eval().requires_grad_(False)
@@ -185,7 +189,7 @@ def _save(out: str | Path, checkpoint: Path, model, record: dict[str, Any]) -> N
     with staged_directory(out, MODEL_FOLDER.keeps) as staging:
         for name in COPIED:
             if (checkpoint / name).is_file():
-                shutil.copy2(checkpoint / name, staging / name)
+                shutil.copyfile(checkpoint / name, staging / name)  # a new file's mode: the umask's, not the source's
         model.save_pretrained(staging)  # after the tokenizer: it records their digests
         write_model_card(staging, model, read_trainer_meta(checkpoint) if (checkpoint / TRAINER_META).is_file() else {})
         write_json(staging / RECORD, record)
