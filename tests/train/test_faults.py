@@ -482,6 +482,24 @@ def test_symbolic_links_inside_a_run_folder_are_refused(tmp_path, capsys, entry)
     assert before == (outside.read_bytes() if outside.is_file() else sorted(p.name for p in outside.iterdir()))
 
 
+@pytest.mark.parametrize("how", [["--overwrite"], ["--resume"]])
+def test_a_run_folder_given_as_a_link_is_refused_with_what_it_leads_to_unchanged(tmp_path, capsys, how):
+    """Before: ``--overwrite`` through a link to a finished run replaced that run."""
+    run, link = tmp_path / "run", tmp_path / "link"
+    assert main(train_command(run, "total_steps=1", "bounded_fraction=1.0")) == 0
+    link.symlink_to(run)
+    before = {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    if how == ["--resume"]:
+        command = ["words", "train", "--out", str(link), "--no-progress", "--train", "total_steps=2", *how]
+    else:
+        command = [*train_command(link, "total_steps=1", "bounded_fraction=1.0"), *how]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{link}: a symbolic link; a run writes into a folder of its own" in err[0], err
+    assert before == {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [

@@ -62,6 +62,8 @@ def run_folder_lock(out_dir: str | Path, enabled: bool = True):
         yield
         return
     with writer_lock(out_dir):
+        if Path(out_dir).is_symlink():  # before anything is moved, kept aside or written through it
+            raise DataError(f"{out_dir}: a symbolic link; a run writes into a folder of its own, not through a link")
         settled = settle_earlier_run(out_dir)
         if settled:
             LOGGER.warning(f"{out_dir}: {settled}")
