@@ -63,11 +63,18 @@ def test_a_folder_of_a_hub_like_name_here_is_loaded(tmp_path, monkeypatch):
     ["words", "eval", "nonexist"],
 ])
 def test_commands_name_a_missing_checkpoint(argv, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+    line = refusal_writing_nothing(argv, tmp_path, monkeypatch, capsys)
+    assert line.startswith("implicitlm: error: nonexist") and "does not exist" in line, line
+
+
+def refusal_writing_nothing(argv: list[str], folder: Path, monkeypatch, capsys) -> str:
+    """The one error line of the command ``argv`` run in ``folder``, which it must leave empty."""
+    monkeypatch.chdir(folder)
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm: error: nonexist") and "does not exist" in err[0], err
-    assert sorted(path.name for path in Path(tmp_path).iterdir()) == []
+    assert code == 2 and len(err) == 1, err
+    assert sorted(path.name for path in Path(folder).iterdir()) == []
+    return err[0]
 
 
 def test_the_lm_eval_command_names_a_missing_checkpoint(tmp_path, monkeypatch, capsys):
@@ -76,7 +83,6 @@ def test_the_lm_eval_command_names_a_missing_checkpoint(tmp_path, monkeypatch, c
                         "--limit", "1", "--device", "cpu"])
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm-lm-eval: error: nonexist: does not exist"), err
-
 
 
 @pytest.mark.parametrize("name", [".", "..", "/", "empty/.."])
@@ -102,8 +108,5 @@ def test_a_model_in_the_current_folder_loads_as_dot(tmp_path, monkeypatch):
 ])
 def test_commands_name_the_current_folder_holding_no_model(argv, tmp_path, monkeypatch, capsys):
     """Before: "PosixPath('.') has an empty name"; from jacobian an UnboundLocalError traceback."""
-    monkeypatch.chdir(tmp_path)
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == ["implicitlm: error: .: not a model directory (no config.json)"], err
-    assert sorted(path.name for path in Path(tmp_path).iterdir()) == []
+    line = refusal_writing_nothing(argv, tmp_path, monkeypatch, capsys)
+    assert line == "implicitlm: error: .: not a model directory (no config.json)", line

@@ -26,17 +26,17 @@ class StackPasses:
         its first evaluation (a solve without gradients holds as much whatever its iterations),
         to an infinite tolerance, so that it counts as converged and no convergence check
         fails a probe. A caller's own budget cannot ask for that (``_call_budget``)."""
-        self.__dict__["_probe_budget"] = (1, math.inf)
+        self._probe_budget = (1, math.inf)
         try:
             yield
         finally:
-            self.__dict__["_probe_budget"] = None
+            self._probe_budget = None
 
     def _call_budget(self, max_iter, tol) -> tuple:
         """A call's ``max_iter`` and ``tol``, held to the rules ``set_fixed_point_options``
         holds the options they stand in for to; inside ``probing``, one evaluation."""
         FixedPointOptions.check_call_budget(max_iter, tol, training=self.training)
-        return self.__dict__.get("_probe_budget") or (max_iter, tol)
+        return getattr(self, "_probe_budget", None) or (max_iter, tol)
 
     def _chunk_length(self, chunk_length: int | None) -> int:
         """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
