@@ -80,7 +80,7 @@ def add_budget(commands) -> None:
 
 def add_convergence(commands, name: str = "convergence", task: str | None = None, help: str | None = None) -> None:
     p = _parser(commands, name, "convergence", task, help)
-    add_budget_options(p)
+    add_budget_options(p, passes=False)
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("convergence", task))
     add_overwrite_option(p, "a record already in --out")

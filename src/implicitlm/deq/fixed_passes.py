@@ -82,7 +82,6 @@ def pass_stats(
     abs_residual = torch.linalg.vector_norm(z - before, dim=-1, dtype=norm_dtype)
     rel_residual = abs_residual / (torch.linalg.vector_norm(z, dim=-1, dtype=norm_dtype) + 1e-9)
     shape = abs_residual.shape
-    learned = options.initial_guess_for(mode) == "learned"
     return FixedPointStats(
         iterations=torch.full(shape, passes, dtype=torch.long, device=z.device),
         abs_residual=abs_residual,
@@ -93,5 +92,5 @@ def pass_stats(
         row_evaluations=passes * abs_residual.numel(),
         tol=held_tolerance(tol, computed_dtype(z)),
         stop_mode=options.stop_mode,
-        solver=f"{passes}_passes" + ("+learned_guess" if learned else ""),
+        solver=options.described_solver(mode, passes),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.option_names import MAX_EVALUATIONS
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
 
@@ -30,10 +31,6 @@ STOP_MODES = ("rel", "abs")
 # Where an inference solve starts: z = 0, or a small network's guess saved with the
 # checkpoint (deq/initial_guess.py; implicitlm solver train).
 INITIAL_GUESSES = ("zero", "learned")
-# The most evaluations of the map that one solve, unroll or phantom gradient may spend: well
-# above any budget a model here has needed (the shipped presets' largest is 2,048), and low
-# enough that a slip of the keyboard (10**30) is refused at once rather than run without end.
-MAX_EVALUATIONS = 10_000
 
 
 def evaluations(minimum: int) -> Rule:
@@ -196,11 +193,15 @@ class FixedPointOptions(Options):
                   "sequential": self.sequential_solver}[mode]
         return chosen or self.solver
 
-    def described_solver(self, mode: str) -> str:
-        """What stats and records call the solve of ``mode``: its solver, and where an
-        inference solve starts from a learned guess, "+learned_guess"."""
-        learned = mode != "training" and self.initial_guess_for(mode) == "learned"
-        return self.solver_for(mode) + ("+learned_guess" if learned else "")
+    def described_solver(self, mode: str, passes: int | None = None) -> str:
+        """What stats and records call the solve of ``mode``: its solver, or for an inference
+        solve of ``passes`` (None: the options' own), "K_passes"; and where an inference solve
+        starts from a learned guess, "+learned_guess"."""
+        inference = mode != "training"
+        passes = self.passes if passes is None else passes
+        learned = inference and self.initial_guess_for(mode) == "learned"
+        solver = f"{passes}_passes" if inference and passes else self.solver_for(mode)
+        return solver + ("+learned_guess" if learned else "")
 
     def initial_guess_for(self, mode: str) -> str:
         """Where an inference solve of ``mode`` ("simultaneous" or "sequential") starts."""

@@ -105,8 +105,10 @@ def budget_by_task(
         model_tol = model.solver.options.tol
 
         def evaluate(budget, tolerance):
-            # Each point of the sweep is a budget the task is told to solve with, in both modes.
-            task.solve_with(max_iter=budget, simultaneous_max_iter=0, tol=model_tol if tolerance is None else tolerance)
+            # Each point of the sweep is a budget the task is told to solve with, in both modes, to
+            # the tolerance (a checkpoint's declared passes would make every point the same).
+            task.solve_with(max_iter=budget, simultaneous_max_iter=0, passes=0,
+                            tol=model_tol if tolerance is None else tolerance)
             model.set_fixed_point_options(**task.fixed_point)
             return [task.evaluate(model, s, mode=mode, warn=False) for s in test_sets]
 
