@@ -2,7 +2,7 @@
 
     python benchmarks/inference_cost.py --implicit CKPT --explicit CKPT --data SHARDS
         [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson,learned_anderson]
-        [--starts zero,learned] [--guesses-from CKPT,...]
+        [--starts zero,learned] [--guesses-from CKPT,...] [--passes 1,2,3]
         [--windows 32] [--quick] [--out FILE]
 
 A study of a trained pair (the README's WikiText-2 runs), not a section of ``run.py``: the
@@ -20,7 +20,9 @@ held-out split of ``--data``:
 for the same weights (a guess that reads the state beside one that does not), each one more
 start; ``learned_anderson`` among the
 solvers: safeguarded Anderson with the checkpoint's learned mixing, where it has one. Every implicit row is a ratio to the
-explicit model measured in the same run.
+explicit model measured in the same run. ``--passes``: a row per K and start beside the tolerance rows (``--tols ""``:
+those rows only), every solve exactly K plain passes (``FixedPointOptions.passes``), its ratios to the explicit model
+measured again just before it, so that a busy machine's drift falls on both.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--starts", default="zero,learned", help="zero, and learned where the checkpoint has a guess")
     parser.add_argument("--guesses-from", default="",
                         help="checkpoints of the same weights whose learned guesses are further starts")
+    parser.add_argument("--passes", default="", help="comma-separated K: a row per K and start, exactly K passes a solve")
     parser.add_argument("--windows", type=int, default=32, help="256-token windows scored in one batch")
     parser.add_argument("--tokens", type=int, default=32, help="decoded tokens timed")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median)")
@@ -125,6 +128,7 @@ def main() -> None:
                if solver != "learned_anderson" or implicit.learned_mixing is not None]
     base_decode = decode(explicit, prompt, tokens, repeats)
     base_score = score(explicit, windows, repeats)
+    own_tol = implicit.solver.options.tol  # what a K-pass answer's last step is held to in "not converged"
     implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, initial_guess="zero")
     tight_loss = score(implicit, windows, 1)[1]
     table = Table(
@@ -137,7 +141,7 @@ def main() -> None:
               f"{base_score[0]:.2f}", "1.00x", f"{math.exp(base_score[1]):.2f}", "-", "-")
     for solver in solvers:
         for start, guess in starts.items():
-            for tol in (float(t) for t in args.tols.split(",")):
+            for tol in (float(t) for t in args.tols.split(",") if t):
                 implicit.use_solver(solver)
                 implicit.attach_learned_guess(guess, use=None)
                 implicit.set_fixed_point_options(tol=tol, max_iter=64,
@@ -148,6 +152,17 @@ def main() -> None:
                 table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x",
                           f"{passes:.2f}", f"{seconds:.2f}", f"{seconds / base_score[0]:.2f}x", f"{math.exp(loss):.2f}",
                           f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
+    for passes in (int(k) for k in args.passes.split(",") if k):
+        for start, guess in starts.items():
+            implicit.attach_learned_guess(guess, use=None)
+            implicit.set_fixed_point_options(passes=passes, tol=own_tol, initial_guess="zero" if start == "zero" else "learned",
+                                             simultaneous_initial_guess="", sequential_initial_guess="")
+            base_ms, base_seconds = decode(explicit, prompt, tokens, repeats)[0], score(explicit, windows, repeats)[0]
+            ms, per_token = decode(implicit, prompt, tokens, repeats)
+            seconds, loss, missed = score(implicit, windows, repeats)
+            table.add("implicit", f"{passes} passes", start, "-", f"{ms:.2f}", f"{ms / base_ms:.2f}x", f"{per_token:.2f}",
+                      f"{seconds:.2f}", f"{seconds / base_seconds:.2f}x", f"{math.exp(loss):.2f}",
+                      f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
                        "solver's evaluations (its state comes from the last of them)")
     table.publish(args.out)

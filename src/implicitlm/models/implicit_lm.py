@@ -21,7 +21,6 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
 from ..core.atomic_io import following_umask, writing
@@ -38,6 +37,7 @@ from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack, StackState
 from .stack_passes import StackPasses
+from .weight_cache import weights_once
 
 MODES = ("simultaneous", "sequential")
 
@@ -349,20 +349,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             self.stack(embedded, None, state, padding, hidden_states=collected)
         return tuple(collected)
 
-    @contextlib.contextmanager
     def _weights_once_per_forward(self):
-        """The weight-normalised weights computed once per forward, not once per iteration.
-
-        Not under activation checkpointing: its recomputation in the backward pass runs
-        outside this forward, where the cache is gone, so it would compute the weights
-        itself and no longer replay the forward it stands for.
-        """
-        if self.stack.gradient_checkpointing:
-            yield
-            return
-        with parametrize.cached():
-            _fill_parametrization_cache(self)
-            yield
+        """The weight-normalised weights computed once per forward (``weight_cache``)."""
+        return weights_once(self)
 
     def prepare_inputs_for_generation(
         self,
@@ -411,16 +400,3 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     def _reorder_cache(self, state: list, beam_index: torch.Tensor) -> list:
         """The state of the beams kept (beam search)."""
         return self.stack.select_state(state, beam_index)
-
-
-def _fill_parametrization_cache(model: nn.Module) -> None:
-    """Compute every parametrised weight now, while autograd records (if it is on at all).
-
-    The cache fills on first access; if that first access were inside the no-grad
-    fixed-point solve, the phantom-gradient steps would reuse weights without history and
-    the backbone would never receive a gradient.
-    """
-    for module in model.modules():
-        if parametrize.is_parametrized(module):
-            for name in module.parametrizations:
-                getattr(module, name)

@@ -256,4 +256,6 @@ class StackPasses:
         if guess is None:
             raise OptionError("initial_guess='learned', but this model has no learned initial guess "
                               "(implicitlm solver train makes one)", arguments=("initial_guess",))
-        return guess.to(self.injection.weight.device)
+        # Moved only where it is elsewhere: a module's ``to`` walks its parameters, at every token.
+        device = self.injection.weight.device
+        return guess if guess.out.weight.device == device else guess.to(device)
