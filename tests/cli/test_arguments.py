@@ -43,6 +43,7 @@ OPTIONS = [
     (*EVAL, "--passes", lambda v: isinstance(v, int) and 0 <= v <= 10_000),
     (*BUDGET, "--max-iter", POSITIVE_INTS),
     (*BUDGET, "--tol", POSITIVE_FLOATS),
+    (*BUDGET, "--passes", POSITIVE_INTS),
     (*CORPUS, "--test-fraction", FRACTION),
     (*CORPUS, "--shard-tokens", POSITIVE_INT),
     (*CATBABI, "--sequence-length", POSITIVE_INT),

@@ -279,6 +279,12 @@ def budget_list(text: str) -> list[int]:
     return _list_of(text, iteration_budget, f"budgets of 1 to {MAX_EVALUATIONS} evaluations")
 
 
+def passes_list(text: str) -> list[int]:
+    from ..core.option_names import MAX_EVALUATIONS
+
+    return _list_of(text, iteration_budget, f"numbers of passes of 1 to {MAX_EVALUATIONS}")
+
+
 def position_list(text: str) -> list[int]:
     return _list_of(text, non_negative_int, "integers >= 0")
 
