@@ -110,8 +110,10 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
         output = model(TOKENS, passes=2)
     assert len(calls) == 3 * 2 and output.fixed_point.evaluations == 3 * 2
     assert not bool(output.fixed_point.converged.any())
-    # Reports still show how many answers are not yet fixed points, as missing the budget.
-    assert tally.not_converged == tally.budget == TOKENS.shape[0]
+    # Reports still show how many answers are not yet fixed points, as missing the budget; no
+    # warning says so, since K passes, not a fixed point, were asked for.
+    assert tally.not_converged == tally.budget == tally.in_passes == TOKENS.shape[0]
+    assert tally.as_dict()["fp_not_converged_share"] == 1.0 and tally.warning("scoring") is None
     # The same budget as a solve to the tolerance: refused, as asked.
     with pytest.raises(NumericalFault, match="fixed point not reached"):
         model(TOKENS, passes=0, max_iter=2)

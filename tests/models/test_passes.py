@@ -26,7 +26,7 @@ def counted_steps(model) -> list[int]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("architecture", ["mamba2", "llama"])
-def test_k_pass_decoding_equals_the_sequential_forward_at_the_same_k(architecture, dtype):
+def test_k_pass_decoding_equals_the_sequential_forward_at_the_same_k(architecture, dtype, caplog):
     model = contractive(architecture).to(dtype)
     prompt = TOKENS[:, :5]
     steps = counted_steps(model)
@@ -42,7 +42,9 @@ def test_k_pass_decoding_equals_the_sequential_forward_at_the_same_k(architectur
     for carried, own in zip(tail.state, whole.state):
         assert all(torch.equal(getattr(carried, name), getattr(own, name)) for name in vars(own)
                    if isinstance(getattr(own, name), torch.Tensor))
-    assert model.generation_convergence["fp_fixed_points"] == 3 * (5 + 5)  # per row, the prompt's tokens and the decoded ones
+    convergence = model.generation_convergence
+    assert convergence["fp_fixed_points"] == convergence["fp_in_passes"] == 3 * (5 + 5)  # the prompt's and the new
+    assert not [record for record in caplog.records if "stopped above the tolerance" in record.getMessage()]
 
 
 def test_a_checkpoint_declares_its_passes_and_a_call_overrides_them(tmp_path):

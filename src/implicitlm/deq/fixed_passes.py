@@ -11,8 +11,8 @@ The stats still say how far from a fixed point the answer is: the residual of th
 iterates once the solve is done, with no further evaluation. A fixed point whose last step
 is above the tolerance counts as not converged (``FixedPointStats.converged``), so reports
 show the share of answers that are not yet fixed points; under ``passes`` that share is a
-measure of the budget, never a failure: nothing is retried and ``nonconvergence="error"``
-does not raise.
+measure of the budget, never a failure: nothing is retried, ``nonconvergence="error"``
+does not raise and no warning is logged (``ConvergenceTally.in_passes``).
 """
 
 from __future__ import annotations
@@ -93,4 +93,5 @@ def pass_stats(
         tol=held_tolerance(tol, computed_dtype(z)),
         stop_mode=options.stop_mode,
         solver=options.described_solver(mode, passes),
+        passes=passes,
     )
