@@ -9,6 +9,7 @@ import torch
 
 from implicitlm.core.errors import NumericalFault
 from implicitlm.deq import InitialGuess
+from implicitlm.deq import solver as deq_solver
 
 from tests.support.learned_solver import TOKENS, contractive
 
@@ -117,3 +118,23 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
     # The same budget as a solve to the tolerance: refused, as asked.
     with pytest.raises(NumericalFault, match="fixed point not reached"):
         model(TOKENS, passes=0, max_iter=2)
+
+
+@pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
+def test_k_passes_run_no_tracker_and_compute_the_guess_once_per_solve(mode, monkeypatch):
+    """The cost of K passes is K passes: no per-pass tracking of rows and residuals (the
+    tolerance solve's ``_RowTracker``), one guess per token (sequential) or sequence."""
+    model = guessing(contractive("mamba2"))
+    guesses, passes = [], []
+    original_guess, original_step = model.learned_guess.forward, model.stack.step
+    model.learned_guess.forward = lambda *args, **kwargs: guesses.append(1) or original_guess(*args, **kwargs)
+    model.stack.step = lambda *args, **kwargs: passes.append(1) or original_step(*args, **kwargs)
+
+    def tracked(*args, **kwargs):
+        raise AssertionError("a K-pass solve tracked its rows")
+
+    monkeypatch.setattr(deq_solver, "_RowTracker", tracked)
+    answers(model, mode, 3)
+    tokens = TOKENS.shape[1]
+    assert len(guesses) == (tokens if mode == "sequential" else 1)
+    assert len(passes) == (3 * tokens if mode == "sequential" else 0)
