@@ -21,8 +21,9 @@ for the same weights (a guess that reads the state beside one that does not), ea
 start; ``learned_anderson`` among the
 solvers: safeguarded Anderson with the checkpoint's learned mixing, where it has one. Every implicit row is a ratio to the
 explicit model measured in the same run. ``--passes``: a row per K and start beside the tolerance rows (``--tols ""``:
-those rows only), every solve exactly K plain passes (``FixedPointOptions.passes``), its ratios to the explicit model
-measured again just before it, so that a busy machine's drift falls on both.
+those rows only), every solve exactly K plain passes (``FixedPointOptions.passes``), each of its runs timed in
+alternation with the explicit model's, so that a busy machine's drift falls on both (decoding: the ratio of the
+per-token medians; scoring: the median of the per-pair ratios).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import argparse
 import functools
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from common import Table, median_seconds
+from common import Table, median_seconds, paired_median_seconds
 
 from implicitlm.core.weights_digest import weights_sha256
 from implicitlm.data.shards import TokenShards
@@ -61,40 +63,59 @@ class EvaluationCounter:
             setattr(stack, name, counted)
 
 
-@torch.no_grad()
+def generating(model, prompt: torch.Tensor, count: int) -> Callable[[], None]:
+    """A run of greedy ``generate()`` of ``count`` tokens after ``prompt``."""
+    @torch.no_grad()
+    def run() -> None:
+        with model.track_convergence():
+            model.generate(prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False)
+    return run
+
+
 def decode(model, prompt: torch.Tensor, tokens: int, repeats: int) -> tuple[float, float]:
     """(ms per token, stack passes per token) of greedy ``generate()`` after ``prompt``."""
+    one = median_seconds(generating(model, prompt, 1), repeats)
+    many = median_seconds(generating(model, prompt, tokens + 1), repeats)
+    return (many - one) / tokens * 1e3, passes_per_token(model, prompt, tokens)
+
+
+def passes_per_token(model, prompt: torch.Tensor, tokens: int) -> float:
+    """The stack passes of each token that greedy ``generate()`` decodes after ``prompt``."""
     counter = getattr(model, "_counter", None) or EvaluationCounter(model)
     model._counter = counter
-
-    def generate(count: int):
-        def run() -> None:
-            with model.track_convergence():
-                model.generate(prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False)
-        return run
-
-    one, many = median_seconds(generate(1), repeats), median_seconds(generate(tokens + 1), repeats)
     counter.count = 0
-    generate(1)()
+    generating(model, prompt, 1)()
     first = counter.count
     counter.count = 0
-    generate(tokens + 1)()
-    return (many - one) / tokens * 1e3, (counter.count - first) / tokens
+    generating(model, prompt, tokens + 1)()
+    return (counter.count - first) / tokens
 
 
-@torch.no_grad()
-def score(model, windows: torch.Tensor, repeats: int) -> tuple[float, float, float]:
-    """(seconds, held-out loss, share of windows short of the tolerance) of one simultaneous pass."""
-    results = {}
-
+def scoring(model, windows: torch.Tensor, results: dict) -> Callable[[], None]:
+    """A run of one simultaneous pass over ``windows``, leaving its held-out loss and its share of
+    windows short of the tolerance in ``results``."""
+    @torch.no_grad()
     def run() -> None:
         with model.track_convergence() as tally:
             logits = model(windows[:, :-1]).logits
         results["loss"] = F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten()).item()
         results["missed"] = tally.not_converged_share
+    return run
 
-    seconds = median_seconds(run, repeats)
+
+def score(model, windows: torch.Tensor, repeats: int) -> tuple[float, float, float]:
+    """(seconds, held-out loss, share of windows short of the tolerance) of one simultaneous pass."""
+    results: dict = {}
+    seconds = median_seconds(scoring(model, windows, results), repeats)
     return seconds, results["loss"], results["missed"]
+
+
+def paired_decode(explicit, implicit, prompt: torch.Tensor, tokens: int, repeats: int) -> tuple[float, float]:
+    """(explicit, implicit) ms per decoded token, each ``generate()`` timed in alternation with the other's."""
+    one = paired_median_seconds(generating(explicit, prompt, 1), generating(implicit, prompt, 1), repeats)
+    many = paired_median_seconds(generating(explicit, prompt, tokens + 1), generating(implicit, prompt, tokens + 1),
+                                 repeats)
+    return (many.baseline - one.baseline) / tokens * 1e3, (many.candidate - one.candidate) / tokens * 1e3
 
 
 def main() -> None:
@@ -157,11 +178,13 @@ def main() -> None:
             implicit.attach_learned_guess(guess, use=None)
             implicit.set_fixed_point_options(passes=passes, tol=own_tol, initial_guess="zero" if start == "zero" else "learned",
                                              simultaneous_initial_guess="", sequential_initial_guess="")
-            base_ms, base_seconds = decode(explicit, prompt, tokens, repeats)[0], score(explicit, windows, repeats)[0]
-            ms, per_token = decode(implicit, prompt, tokens, repeats)
-            seconds, loss, missed = score(implicit, windows, repeats)
+            base_ms, ms = paired_decode(explicit, implicit, prompt, tokens, repeats)
+            per_token = passes_per_token(implicit, prompt, tokens)
+            results: dict = {}
+            scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results), repeats)
+            loss, missed = results["loss"], results["missed"]
             table.add("implicit", f"{passes} passes", start, "-", f"{ms:.2f}", f"{ms / base_ms:.2f}x", f"{per_token:.2f}",
-                      f"{seconds:.2f}", f"{seconds / base_seconds:.2f}x", f"{math.exp(loss):.2f}",
+                      f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x", f"{math.exp(loss):.2f}",
                       f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
                        "solver's evaluations (its state comes from the last of them)")
