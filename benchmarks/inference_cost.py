@@ -2,7 +2,7 @@
 
     python benchmarks/inference_cost.py --implicit CKPT --explicit CKPT --data SHARDS
         [--tols 0.05,0.01] [--solvers fixed_point_iter,safeguarded_anderson,learned_anderson]
-        [--starts zero,learned] [--guesses-from CKPT,...]
+        [--starts zero,learned] [--guesses-from CKPT,...] [--passes 1,2,3]
         [--windows 32] [--quick] [--out FILE]
 
 A study of a trained pair (the README's WikiText-2 runs), not a section of ``run.py``: the
@@ -20,7 +20,10 @@ held-out split of ``--data``:
 for the same weights (a guess that reads the state beside one that does not), each one more
 start; ``learned_anderson`` among the
 solvers: safeguarded Anderson with the checkpoint's learned mixing, where it has one. Every implicit row is a ratio to the
-explicit model measured in the same run.
+explicit model measured in the same run. ``--passes``: a row per K and start beside the tolerance rows (``--tols ""``:
+those rows only), every solve exactly K plain passes (``FixedPointOptions.passes``), each of its runs timed in
+alternation with the explicit model's, so that a busy machine's drift falls on both (decoding: the ratio of the
+per-token medians; scoring: the median of the per-pair ratios).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import argparse
 import functools
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from common import Table, median_seconds
+from common import Table, median_seconds, paired_median_seconds
 
 from implicitlm.core.weights_digest import weights_sha256
 from implicitlm.data.shards import TokenShards
@@ -59,40 +63,59 @@ class EvaluationCounter:
             setattr(stack, name, counted)
 
 
-@torch.no_grad()
+def generating(model, prompt: torch.Tensor, count: int) -> Callable[[], None]:
+    """A run of greedy ``generate()`` of ``count`` tokens after ``prompt``."""
+    @torch.no_grad()
+    def run() -> None:
+        with model.track_convergence():
+            model.generate(prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False)
+    return run
+
+
 def decode(model, prompt: torch.Tensor, tokens: int, repeats: int) -> tuple[float, float]:
     """(ms per token, stack passes per token) of greedy ``generate()`` after ``prompt``."""
+    one = median_seconds(generating(model, prompt, 1), repeats)
+    many = median_seconds(generating(model, prompt, tokens + 1), repeats)
+    return (many - one) / tokens * 1e3, passes_per_token(model, prompt, tokens)
+
+
+def passes_per_token(model, prompt: torch.Tensor, tokens: int) -> float:
+    """The stack passes of each token that greedy ``generate()`` decodes after ``prompt``."""
     counter = getattr(model, "_counter", None) or EvaluationCounter(model)
     model._counter = counter
-
-    def generate(count: int):
-        def run() -> None:
-            with model.track_convergence():
-                model.generate(prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False)
-        return run
-
-    one, many = median_seconds(generate(1), repeats), median_seconds(generate(tokens + 1), repeats)
     counter.count = 0
-    generate(1)()
+    generating(model, prompt, 1)()
     first = counter.count
     counter.count = 0
-    generate(tokens + 1)()
-    return (many - one) / tokens * 1e3, (counter.count - first) / tokens
+    generating(model, prompt, tokens + 1)()
+    return (counter.count - first) / tokens
 
 
-@torch.no_grad()
-def score(model, windows: torch.Tensor, repeats: int) -> tuple[float, float, float]:
-    """(seconds, held-out loss, share of windows short of the tolerance) of one simultaneous pass."""
-    results = {}
-
+def scoring(model, windows: torch.Tensor, results: dict) -> Callable[[], None]:
+    """A run of one simultaneous pass over ``windows``, leaving its held-out loss and its share of
+    windows short of the tolerance in ``results``."""
+    @torch.no_grad()
     def run() -> None:
         with model.track_convergence() as tally:
             logits = model(windows[:, :-1]).logits
         results["loss"] = F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten()).item()
         results["missed"] = tally.not_converged_share
+    return run
 
-    seconds = median_seconds(run, repeats)
+
+def score(model, windows: torch.Tensor, repeats: int) -> tuple[float, float, float]:
+    """(seconds, held-out loss, share of windows short of the tolerance) of one simultaneous pass."""
+    results: dict = {}
+    seconds = median_seconds(scoring(model, windows, results), repeats)
     return seconds, results["loss"], results["missed"]
+
+
+def paired_decode(explicit, implicit, prompt: torch.Tensor, tokens: int, repeats: int) -> tuple[float, float]:
+    """(explicit, implicit) ms per decoded token, each ``generate()`` timed in alternation with the other's."""
+    one = paired_median_seconds(generating(explicit, prompt, 1), generating(implicit, prompt, 1), repeats)
+    many = paired_median_seconds(generating(explicit, prompt, tokens + 1), generating(implicit, prompt, tokens + 1),
+                                 repeats)
+    return (many.baseline - one.baseline) / tokens * 1e3, (many.candidate - one.candidate) / tokens * 1e3
 
 
 def main() -> None:
@@ -106,6 +129,7 @@ def main() -> None:
     parser.add_argument("--starts", default="zero,learned", help="zero, and learned where the checkpoint has a guess")
     parser.add_argument("--guesses-from", default="",
                         help="checkpoints of the same weights whose learned guesses are further starts")
+    parser.add_argument("--passes", default="", help="comma-separated K: a row per K and start, exactly K passes a solve")
     parser.add_argument("--windows", type=int, default=32, help="256-token windows scored in one batch")
     parser.add_argument("--tokens", type=int, default=32, help="decoded tokens timed")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (their median)")
@@ -125,6 +149,7 @@ def main() -> None:
                if solver != "learned_anderson" or implicit.learned_mixing is not None]
     base_decode = decode(explicit, prompt, tokens, repeats)
     base_score = score(explicit, windows, repeats)
+    own_tol = implicit.solver.options.tol  # what a K-pass answer's last step is held to in "not converged"
     implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, initial_guess="zero")
     tight_loss = score(implicit, windows, 1)[1]
     table = Table(
@@ -137,7 +162,7 @@ def main() -> None:
               f"{base_score[0]:.2f}", "1.00x", f"{math.exp(base_score[1]):.2f}", "-", "-")
     for solver in solvers:
         for start, guess in starts.items():
-            for tol in (float(t) for t in args.tols.split(",")):
+            for tol in (float(t) for t in args.tols.split(",") if t):
                 implicit.use_solver(solver)
                 implicit.attach_learned_guess(guess, use=None)
                 implicit.set_fixed_point_options(tol=tol, max_iter=64,
@@ -148,6 +173,19 @@ def main() -> None:
                 table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x",
                           f"{passes:.2f}", f"{seconds:.2f}", f"{seconds / base_score[0]:.2f}x", f"{math.exp(loss):.2f}",
                           f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
+    for passes in (int(k) for k in args.passes.split(",") if k):
+        for start, guess in starts.items():
+            implicit.attach_learned_guess(guess, use=None)
+            implicit.set_fixed_point_options(passes=passes, tol=own_tol, initial_guess="zero" if start == "zero" else "learned",
+                                             simultaneous_initial_guess="", sequential_initial_guess="")
+            base_ms, ms = paired_decode(explicit, implicit, prompt, tokens, repeats)
+            per_token = passes_per_token(implicit, prompt, tokens)
+            results: dict = {}
+            scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results), repeats)
+            loss, missed = results["loss"], results["missed"]
+            table.add("implicit", f"{passes} passes", start, "-", f"{ms:.2f}", f"{ms / base_ms:.2f}x", f"{per_token:.2f}",
+                      f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x", f"{math.exp(loss):.2f}",
+                      f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
                        "solver's evaluations (its state comes from the last of them)")
     table.publish(args.out)

@@ -40,8 +40,10 @@ OPTIONS = [
     (*EVAL, "--max-iter", POSITIVE_INT),
     (*EVAL, "--tol", POSITIVE_FLOAT),
     (*EVAL, "--chunk-length", NON_NEGATIVE_INT),
+    (*EVAL, "--passes", lambda v: isinstance(v, int) and 0 <= v <= 10_000),
     (*BUDGET, "--max-iter", POSITIVE_INTS),
     (*BUDGET, "--tol", POSITIVE_FLOATS),
+    (*BUDGET, "--passes", POSITIVE_INTS),
     (*CORPUS, "--test-fraction", FRACTION),
     (*CORPUS, "--shard-tokens", POSITIVE_INT),
     (*CATBABI, "--sequence-length", POSITIVE_INT),
@@ -158,6 +160,10 @@ REFUSED_BEFORE_TORCH = {
     "train --data x --out y --model hiden_size=64": ("--model", "unknown model option 'hiden_size'", "'hidden_size'"),
     "words train --out o --train lrr=1": ("--train", "unknown training option 'lrr'", "did you mean 'lr'?"),
     "train --data x --out y --train train_length=8": ("--train", "'train_length' is now sequence_length"),
+    "generate ck --prompt a --passes -1": ("--passes", "expected a number of passes from 0", "got '-1'"),
+    "lm eval ck --data d --passes x": ("--passes", "expected a number of passes from 0", "got 'x'"),
+    "words eval ck --passes 10001": ("--passes", "to 10000, got '10001'"),
+    "catbabi eval ck --data d --out o --passes 1.5": ("--passes", "got '1.5'"),
 }
 
 

@@ -14,6 +14,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model, model_registry
 
 from implicitlm.cli import main
+from implicitlm.core.errors import OptionError
 from implicitlm.data.shard_writer import write_shards
 from implicitlm.data.downstream_sets import read_local_set
 from implicitlm.data.tokenizer import train_tokenizer
@@ -233,6 +234,22 @@ def test_mode_and_budget_reach_the_model(tokenizer):
     assert [kwargs["mode"] for kwargs, _ in seen] == ["sequential"] * 3  # a score, a prompt, one more token
     assert all(kwargs["max_iter"] == 2 and kwargs["tol"] == 1e-9 for kwargs, _ in seen)
     assert all(int(out.fixed_point.iterations.max()) == 2 for _, out in seen)  # tol 1e-9 is out of reach in 2
+
+
+@pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
+def test_passes_from_model_args_reach_every_forward_and_the_results_config(tokenizer, mode):
+    model = make_model("llama", True, len(tokenizer))
+    seen = []
+    model.register_forward_hook(lambda module, args, kwargs, out: seen.append((kwargs, out)), with_kwargs=True)
+    lm = ImplicitLMHarness.create_from_arg_obj({"pretrained": model, "tokenizer": tokenizer, "mode": mode,
+                                                "passes": 2, "progress": False})
+    lm.loglikelihood(requests("l", ("The sun", " rises"), ("The sun", " sets")))
+    lm.generate_until(requests("g", ("The sun", {"max_gen_toks": 2, "until": []})))
+    assert seen and all(kwargs["passes"] == 2 for kwargs, _ in seen)
+    assert all(out.fixed_point.solver == "2_passes" and bool((out.fixed_point.iterations == 2).all()) for _, out in seen)
+    assert lm.get_model_info()["passes"] == 2 and model.solver.options.passes == 0
+    with pytest.raises(OptionError, match="argument 'passes' must be"):
+        ImplicitLMHarness(model, tokenizer=tokenizer, passes=-1)
 
 
 def test_fixed_points_short_of_the_tolerance_are_reported_and_warned_about(tokenizer, caplog):

@@ -177,6 +177,17 @@ def iteration_budget(text: str) -> int:
     return value
 
 
+def pass_budget(text: str) -> int:
+    """A budget of passes per solve: 0 (solve to the tolerance) to the solver's limit."""
+    from ..core.option_names import MAX_EVALUATIONS
+
+    expected = f"a number of passes from 0 (solve to the tolerance) to {MAX_EVALUATIONS}"
+    value = _number(text, int, 0, False, expected)
+    if value > MAX_EVALUATIONS:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     return _number(text, int, 0, False, "an integer >= 0")
 
@@ -266,6 +277,12 @@ def budget_list(text: str) -> list[int]:
     from ..deq.options import MAX_EVALUATIONS
 
     return _list_of(text, iteration_budget, f"budgets of 1 to {MAX_EVALUATIONS} evaluations")
+
+
+def passes_list(text: str) -> list[int]:
+    from ..core.option_names import MAX_EVALUATIONS
+
+    return _list_of(text, iteration_budget, f"numbers of passes of 1 to {MAX_EVALUATIONS}")
 
 
 def position_list(text: str) -> list[int]:

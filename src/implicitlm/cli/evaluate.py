@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import (
-    add_overwrite_option, budget_list, float_list, fraction, int_list, positive_int, seed,
+    add_overwrite_option, budget_list, float_list, fraction, int_list, passes_list, positive_int, seed,
 )
 from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
 
@@ -66,10 +66,16 @@ def add_length(commands, name: str = "length", task: str | None = None, help: st
 def add_budget(commands) -> None:
     p = _parser(commands, "budget", "budget")
     # The sweep's own lists: apart from the flags of one budget, which fixed_point_settings reads.
-    p.add_argument("--max-iter", dest="swept_max_iter", type=budget_list, default=[1, 2, 4, 8, 16, 32, 64],
-                   help="comma-separated fixed-point budgets, each a point of the sweep")
+    p.add_argument("--max-iter", dest="swept_max_iter", type=budget_list, default=None,
+                   help="comma-separated fixed-point budgets, each a point of the sweep (default: 1,2,4,...,64)")
     p.add_argument("--tol", dest="swept_tol", type=float_list, default=None,
                    help="comma-separated tolerances, a curve each (default: the model's)")
+    p.add_argument("--passes", dest="swept_passes", type=passes_list, default=None,
+                   help="comma-separated numbers of passes: a sweep of exactly K passes per solve instead of budgets "
+                        "and tolerances, with the seconds of each point")
+    p.add_argument("--explicit", type=Path, action="append", default=[], metavar="CHECKPOINT",
+                   help="with --passes: an explicit model scored on the same data, a line beside the curves (repeat "
+                        "for several: the explicit twin, a deeper one)")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",
                    help="simultaneous: all tokens solved together (training's way); sequential: token by token, as an RNN")
     add_solver_flags(p)
@@ -80,7 +86,7 @@ def add_budget(commands) -> None:
 
 def add_convergence(commands, name: str = "convergence", task: str | None = None, help: str | None = None) -> None:
     p = _parser(commands, name, "convergence", task, help)
-    add_budget_options(p)
+    add_budget_options(p, passes=False)
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("convergence", task))
     add_overwrite_option(p, "a record already in --out")
@@ -101,10 +107,21 @@ def _run_length(args) -> None:
 
 
 def _run_budget(args) -> None:
-    from ..eval.budget import budget_by_task
+    from ..core.errors import OptionError
+    from ..eval.budget import budget_by_task, passes_by_task
 
-    _report(budget_by_task(_task(args), args.swept_max_iter, args.swept_tol, args.mode, args.out,
-                           progress=not args.no_progress, overwrite=args.overwrite))
+    if args.swept_passes is None:
+        if args.explicit:
+            raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
+        _report(budget_by_task(_task(args), args.swept_max_iter or [1, 2, 4, 8, 16, 32, 64], args.swept_tol, args.mode,
+                               args.out, progress=not args.no_progress, overwrite=args.overwrite))
+        return
+    if args.swept_max_iter or args.swept_tol:
+        raise OptionError("passes sweeps solves of exactly K evaluations, max_iter and tol solves to a tolerance: give "
+                          "one", arguments=("passes", "max_iter", "tol"))
+    twins = [_task(args, checkpoint) for checkpoint in args.explicit]
+    _report(passes_by_task(_task(args), args.swept_passes, twins, args.mode, args.out, progress=not args.no_progress,
+                           overwrite=args.overwrite))
 
 
 def _run_convergence(args) -> None:
@@ -113,12 +130,12 @@ def _run_convergence(args) -> None:
     _report(convergence_by_task(_task(args), args.out, progress=not args.no_progress, overwrite=args.overwrite))
 
 
-def _task(args):
-    """The task the command names, on its checkpoint, with the options given."""
+def _task(args, checkpoint: Path | None = None):
+    """The task the command names, on its checkpoint (or ``checkpoint``), with the options given."""
     from ..tasks import make_task
 
     options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
-    return make_task(args.task, args.checkpoint, dtype=args.dtype, **options).solve_with(**fixed_point_settings(args))
+    return make_task(args.task, checkpoint or args.checkpoint, dtype=args.dtype, **options).solve_with(**fixed_point_settings(args))
 
 
 def _report(result) -> None:

@@ -128,7 +128,9 @@ def _score_downstream(args, make_table) -> None:
     if any(task in PAPER_TASKS for task in tasks):
         print(paper_table(results)[1])
     data = {"data_dir": str(args.data_dir), "skipped": skipped} if args.data_dir is not None else {"data_dir": None}
-    # The budget as solved: the model's own, or as --max-iter / --tol set it.
-    budget = dict(zip(("max_iter", "tol"), model.solver.options.budget(None, None, args.mode))) if model.config.implicit else {}
+    # The budget as solved: the model's own, or as --max-iter / --tol / --passes set it.
+    options = model.solver.options
+    budget = {**dict(zip(("max_iter", "tol"), options.budget(None, None, args.mode))),
+              "passes": options.passes} if model.config.implicit else {}
     downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **data, **settings, **budget)
     print(f"results: {args.out / 'downstream.json'}, plot: {args.out / 'downstream.png'}")

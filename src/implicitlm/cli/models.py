@@ -122,7 +122,7 @@ def add_jacobian(commands) -> None:
                    help="implicit-function theorem at the fixed point, or autograd through the iterations")
     p.add_argument("--seed", type=seed, default=0, help="seed of the random weights, tokens and coordinates")
     # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
-    add_budget_options(p)
+    add_budget_options(p, passes=False)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_jacobian)
 

@@ -8,13 +8,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .arguments import (
-    add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, positive_float, preset_name,
+    add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, pass_budget, positive_float,
+    preset_name,
 )
 
 
-def add_budget_options(p) -> None:
+def add_budget_options(p, passes: bool = True) -> None:
+    """``--max-iter`` and ``--tol``; with ``passes``, ``--passes`` too (an evaluation that measures
+    the solve to the tolerance itself, as convergence statistics do, takes none)."""
     p.add_argument("--max-iter", type=iteration_budget, default=None, help="fixed-point budget (default: the model's max_iter)")
     p.add_argument("--tol", type=positive_float, default=None, help="fixed-point tolerance (default: the model's)")
+    if passes:
+        p.add_argument("--passes", type=pass_budget, default=None,
+                       help="exactly this many passes per solve, from the learned guess where the model uses one, no "
+                            "tolerance and no retries (0: solve to --tol; default: the model's passes, 0 where "
+                            "--max-iter or --tol is given)")
 
 
 def add_dtype_option(p) -> None:
@@ -44,12 +52,15 @@ def add_solver_flags(p) -> None:
 def fixed_point_settings(args) -> dict[str, Any]:
     """The fixed-point flags given (``add_budget_options``, ``add_solver_flags``), as the
     ``FixedPointOptions`` fields they set on the model: the flag ``--max-iter`` is the field
-    ``max_iter``. A budget or solver given holds in both modes, so it clears the per-mode one."""
+    ``max_iter``. A budget or solver given holds in both modes, so it clears the per-mode one;
+    a ``--max-iter`` or ``--tol`` asks for a solve to the tolerance, unless ``--passes`` is given."""
     settings: dict[str, Any] = {}
     if getattr(args, "max_iter", None) is not None:
-        settings.update(max_iter=args.max_iter, simultaneous_max_iter=0)
+        settings.update(max_iter=args.max_iter, simultaneous_max_iter=0, passes=0)
     if getattr(args, "tol", None) is not None:
-        settings["tol"] = args.tol
+        settings.update(tol=args.tol, passes=0)
+    if getattr(args, "passes", None) is not None:
+        settings["passes"] = args.passes
     if getattr(args, "chunk_length", None) is not None:
         settings["chunk_length"] = args.chunk_length
     if getattr(args, "solver", None) is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.option_names import MAX_EVALUATIONS
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
 
@@ -30,10 +31,6 @@ STOP_MODES = ("rel", "abs")
 # Where an inference solve starts: z = 0, or a small network's guess saved with the
 # checkpoint (deq/initial_guess.py; implicitlm solver train).
 INITIAL_GUESSES = ("zero", "learned")
-# The most evaluations of the map that one solve, unroll or phantom gradient may spend: well
-# above any budget a model here has needed (the shipped presets' largest is 2,048), and low
-# enough that a slip of the keyboard (10**30) is refused at once rather than run without end.
-MAX_EVALUATIONS = 10_000
 
 
 def evaluations(minimum: int) -> Rule:
@@ -78,8 +75,12 @@ class FixedPointOptions(Options):
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
     to the tolerance; the cost is not: a whole-sequence solve needs about as many
     iterations as the sequence has tokens, and re-solves settled tokens in every one.
+    ``passes``: an inference budget of exactly this many evaluations per solve instead of a
+    tolerance (the test-time compute a checkpoint ships for): plain iteration z <- f(z) from
+    the start ``initial_guess`` says, in both modes, never checked nor retried
+    (``deq/fixed_passes.py``); 0: solve to ``tol`` within ``max_iter``.
     Every budget (``train_max_iter``, ``max_iter``, ``unroll_steps``, ``phantom_steps``,
-    a call's ``max_iter``) is at most ``MAX_EVALUATIONS`` (10,000) evaluations.
+    ``passes``, a call's ``max_iter`` or ``passes``) is at most ``MAX_EVALUATIONS`` (10,000) evaluations.
     """
 
     solver: str = "fixed_point_iter"
@@ -102,6 +103,7 @@ class FixedPointOptions(Options):
     initial_guess: str = "zero"
     simultaneous_initial_guess: str = ""
     sequential_initial_guess: str = ""
+    passes: int = 0
 
     WHAT = "fixed-point option"
     FIELD_RULES = {
@@ -110,7 +112,7 @@ class FixedPointOptions(Options):
         "initial_guess": one_of(*INITIAL_GUESSES), "simultaneous_initial_guess": one_of("", *INITIAL_GUESSES),
         "sequential_initial_guess": one_of("", *INITIAL_GUESSES),
         "train_max_iter": evaluations(0), "max_iter": evaluations(1), "simultaneous_max_iter": evaluations(0), "phantom_steps": evaluations(1),
-        "unroll_steps": evaluations(0), "divergence_patience": at_least(0), "chunk_length": at_least(0),
+        "unroll_steps": evaluations(0), "passes": evaluations(0), "divergence_patience": at_least(0), "chunk_length": at_least(0),
         "train_tol": POSITIVE, "tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
         "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
     }
@@ -138,6 +140,8 @@ class FixedPointOptions(Options):
                          "from implicitlm solver train), unless a mode names its own",
         "simultaneous_initial_guess": "inference in simultaneous mode: initial_guess (empty: initial_guess)",
         "sequential_initial_guess": "inference in sequential (RNN) mode: initial_guess (empty: initial_guess)",
+        "passes": "inference: exactly this many evaluations of the map per solve, plain iteration from the start "
+                  "initial_guess says, no tolerance and no retries (0: solve to tol within max_iter)",
         "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
@@ -158,13 +162,16 @@ class FixedPointOptions(Options):
             check_field("argument", "tol", tol, float, NON_NEGATIVE)
 
     @classmethod
-    def check_call_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:
-        """A caller's ``max_iter`` and ``tol`` (a forward's, an evaluation's), each held to the
-        rule of the option it stands in for, as ``replace`` holds them: a ``tol`` of 0 or an
-        infinite one is refused there, and only the solver's own probes ask for them."""
+    def check_call_budget(cls, max_iter: int | None, tol: float | None, training: bool,
+                          passes: int | None = None) -> None:
+        """A caller's ``max_iter``, ``tol`` and ``passes`` (a forward's, an evaluation's), each
+        held to the rule of the option it stands in for, as ``replace`` holds them: a ``tol`` of
+        0 or an infinite one is refused there, and only the solver's own probes ask for them."""
         cls.check_budget(max_iter, None, training)
         if tol is not None:
             check_field("argument", "tol", tol, float, cls.FIELD_RULES["tol"])
+        if passes is not None:
+            check_field("argument", "passes", passes, int, cls.FIELD_RULES["passes"])
 
     def budget(self, max_iter: int | None, tol: float | None, mode: str = "sequential") -> tuple[int, float]:
         """A call's ``(max_iter, tol)``, each None filled from the options of ``mode``
@@ -186,11 +193,15 @@ class FixedPointOptions(Options):
                   "sequential": self.sequential_solver}[mode]
         return chosen or self.solver
 
-    def described_solver(self, mode: str) -> str:
-        """What stats and records call the solve of ``mode``: its solver, and where an
-        inference solve starts from a learned guess, "+learned_guess"."""
-        learned = mode != "training" and self.initial_guess_for(mode) == "learned"
-        return self.solver_for(mode) + ("+learned_guess" if learned else "")
+    def described_solver(self, mode: str, passes: int | None = None) -> str:
+        """What stats and records call the solve of ``mode``: its solver, or for an inference
+        solve of ``passes`` (None: the options' own), "K_passes"; and where an inference solve
+        starts from a learned guess, "+learned_guess"."""
+        inference = mode != "training"
+        passes = self.passes if passes is None else passes
+        learned = inference and self.initial_guess_for(mode) == "learned"
+        solver = f"{passes}_passes" if inference and passes else self.solver_for(mode)
+        return solver + ("+learned_guess" if learned else "")
 
     def initial_guess_for(self, mode: str) -> str:
         """Where an inference solve of ``mode`` ("simultaneous" or "sequential") starts."""

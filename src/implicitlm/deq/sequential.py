@@ -75,7 +75,7 @@ def solve_sequence(
         row_evaluations=row_evaluations,
         tol=tol,
         stop_mode=solver.options.stop_mode,
-        solver=solver.options.described_solver("sequential"),
+        solver=solver.options.described_solver("sequential", passes=0),
     )
     solver.require_convergence(stats, max_iter, "tokens")
     return torch.stack(outputs, dim=1), state, stats

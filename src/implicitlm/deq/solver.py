@@ -192,7 +192,7 @@ class FixedPointSolver:
             row_evaluations=tracker.row_evaluations,
             tol=tol,
             stop_mode=stop_mode,
-            solver=self.options.described_solver(phase),
+            solver=self.options.described_solver(phase, passes=0),
         )
 
     def require_convergence(self, stats: FixedPointStats, max_iter: int, unit: str) -> None:

@@ -30,6 +30,9 @@ class FixedPointStats:
     batch size times ``evaluations`` where they are computed and dropped. ``solver``: the
     name of the solver that produced them. ``jacobian_penalty``: in training with the
     option of that name, the term to add to the loss (with its graph; see ``penalised``).
+    ``passes``: K for a solve of exactly K passes (``deq/fixed_passes.py``), whose residual is
+    its last pass's step and whose samples above the tolerance are answers short of a fixed
+    point by design, not failures; 0: a solve to the tolerance.
     """
 
     iterations: torch.Tensor
@@ -43,6 +46,7 @@ class FixedPointStats:
     stop_mode: str
     solver: str
     jacobian_penalty: torch.Tensor | None = None
+    passes: int = 0
 
     @property
     def residual(self) -> torch.Tensor:
@@ -103,6 +107,7 @@ def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:
         tol=first.tol,
         stop_mode=first.stop_mode,
         solver=first.solver,
+        passes=first.passes,
     )
 
 
@@ -134,18 +139,27 @@ class ConvergenceTally:
     A fixed point is a sample's in simultaneous mode and a token's in sequential mode.
     The reasons are exclusive: ``non_finite`` (an image was NaN or infinite),
     ``diverged`` (given up as running away, all images finite), ``budget`` (the budget
-    spent short of the tolerance)."""
+    spent short of the tolerance). ``in_passes``: the fixed points of solves of exactly K
+    passes, and ``missed_in_passes`` those of them above the tolerance (their last pass still
+    moved them by more): counted in the share as stopped at the budget, which they were, but
+    not warned about, since the caller asked for K passes and not for a fixed point."""
 
     fixed_points: int = 0
     budget: int = 0
     diverged: int = 0
     non_finite: int = 0
+    in_passes: int = 0
+    missed_in_passes: int = 0
 
     def add(self, stats: FixedPointStats) -> None:
+        missed_before = self.not_converged
         self.fixed_points += stats.iterations.numel()
         self.non_finite += int(stats.non_finite.sum())
         self.diverged += int((stats.diverged & ~stats.non_finite).sum())
         self.budget += int((stats.unconverged & ~stats.non_finite).sum())
+        if stats.passes:
+            self.in_passes += stats.iterations.numel()
+            self.missed_in_passes += self.not_converged - missed_before
 
     @property
     def not_converged(self) -> int:
@@ -164,11 +178,13 @@ class ConvergenceTally:
             "fp_stopped_at_budget": self.budget,
             "fp_diverged": self.diverged,
             "fp_non_finite": self.non_finite,
+            **({"fp_in_passes": self.in_passes} if self.in_passes else {}),
         }
 
     def warning(self, what: str) -> str | None:
-        """One line saying what stopped above the tolerance in ``what``; None if nothing did."""
-        if not self.not_converged:
+        """One line saying what stopped above the tolerance in ``what``; None if nothing did
+        but answers of solves of exactly K passes."""
+        if self.not_converged == self.missed_in_passes:
             return None
         return (
             f"{what}: {self.not_converged} of {self.fixed_points} fixed points ({self.not_converged_share:.2%}) "

@@ -3,11 +3,15 @@
 An implicit model's depth is its number of fixed-point iterations, chosen at evaluation
 time. A sweep re-evaluates the same data at each budget (``max_iter``) and tolerance and
 keeps, beside the quality, the iterations the model actually used: with a tolerance, a
-larger budget is only spent where tokens have not yet converged.
+larger budget is only spent where tokens have not yet converged. A sweep over ``passes`` instead
+runs exactly K passes per solve at each point, and sets the quality and the seconds it took
+beside those of explicit models on the same data (its explicit twin, a deeper one): what a
+pass buys and what it costs.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -105,8 +109,10 @@ def budget_by_task(
         model_tol = model.solver.options.tol
 
         def evaluate(budget, tolerance):
-            # Each point of the sweep is a budget the task is told to solve with, in both modes.
-            task.solve_with(max_iter=budget, simultaneous_max_iter=0, tol=model_tol if tolerance is None else tolerance)
+            # Each point of the sweep is a budget the task is told to solve with, in both modes, to
+            # the tolerance (a checkpoint's declared passes would make every point the same).
+            task.solve_with(max_iter=budget, simultaneous_max_iter=0, passes=0,
+                            tol=model_tol if tolerance is None else tolerance)
             model.set_fixed_point_options(**task.fixed_point)
             return [task.evaluate(model, s, mode=mode, warn=False) for s in test_sets]
 
@@ -116,6 +122,69 @@ def budget_by_task(
                       task.quality_scale, mode=mode, **task.details())
     files = record_files(out, task.budget_experiment)
     return {"rows": rows, "table": format_budget_table(rows, task.quality), "files": files}
+
+
+def passes_by_task(
+    task: Task,
+    passes: Iterable[int],
+    explicit: Sequence[Task] = (),
+    mode: str = "simultaneous",
+    out: str | Path = ".",
+    progress: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """The sweep of ``task``'s test sets on an implicit checkpoint at exactly K passes per solve
+    for every K in ``passes`` (from its learned guess where it starts from one), and the same
+    test sets scored by each explicit model of ``explicit`` (tasks of the same kind on other
+    checkpoints): the ``rows`` (each with its ``seconds``; an explicit one's ``passes`` is its
+    name), the printed ``table`` and the ``files`` written in ``out``
+    (``<task.budget_experiment>_passes.json`` and its figure: the quality against the passes, a
+    curve per test length, each explicit model's a line per length)."""
+    experiment = f"{task.budget_experiment}_passes"
+    with claimed_records(out, [experiment], overwrite):
+        model, test_sets = task.prepare("budget")
+        rows = []
+        for count in tqdm(sorted(set(passes)), desc="passes", disable=not progress):
+            task.solve_with(passes=count)
+            model.set_fixed_point_options(**task.fixed_point)
+            rows += [{**row, "passes": count} for row in _timed(task, model, test_sets, mode)]
+        twins = [{**row, "passes": twin.checkpoint.name} for twin in explicit
+                 for row in _timed(twin, twin.load(), test_sets, mode)]
+        quality = task.quality
+        curves = [{"label": f"length {length}", "x": [r["passes"] for r in rows if r["length"] == length],
+                   "y": [r[quality] for r in rows if r["length"] == length]} for length in dict.fromkeys(test_sets)]
+        lines = {f"{row['passes']} (one pass), length {row['length']}: {row[quality]:.4g}": row[quality] for row in twins}
+        metrics = {f"{name} L{row['length']} {row['passes']}": row[key] for row in rows + twins
+                   for name, key in ((quality, quality), ("seconds", "seconds"))}
+        axes = {"x": "passes per solve", "y": quality, "xscale": "log2", "yscale": task.quality_scale}
+        record = make_record(experiment, task.checkpoint, model, metrics, curves, axes, rows=rows, explicit=twins,
+                             mode=mode, **task.details())
+        write_record(out, record)
+        plot_curves(curves, Path(out) / f"{experiment}.png", f"{task.budget_title} in passes ({mode} mode)", axes,
+                    horizontal=lines)
+    return {"rows": rows + twins, "table": format_passes_table(rows + twins, quality),
+            "files": record_files(out, experiment)}
+
+
+def _timed(task: Task, model, test_sets: list[Any], mode: str) -> list[dict[str, Any]]:
+    """``task``'s row on each test set, with the ``seconds`` its evaluation took."""
+    rows = []
+    for test_set in test_sets:
+        began = time.perf_counter()
+        row = task.evaluate(model, test_set, mode=mode, warn=False)
+        rows.append({**row, "seconds": time.perf_counter() - began})
+    return rows
+
+
+def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
+    """A line per (test length, passes or explicit model): ``quality``, seconds, the share of
+    answers whose last pass was above the tolerance."""
+    width = max(12, len(quality) + 2)
+    lines = [f"{'length':>8}{'passes':>16}{quality:>{width}}{'seconds':>10}{'not converged':>15}"]
+    for row in rows:
+        lines.append(f"{row['length']:>8}{str(row['passes']):>16}{row[quality]:>{width}.4f}{row['seconds']:>10.2f}"
+                     f"{missed_cell(row)}")
+    return "\n".join(lines)
 
 
 def format_budget_table(rows: list[dict[str, Any]], quality: str) -> str:

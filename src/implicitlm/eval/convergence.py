@@ -36,7 +36,8 @@ def token_iterations(
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """Iterations and residual (the stop mode's, which the tolerance applies to) of every
-    token of ``inputs`` (N, L), solved in sequential mode with the model's solver; also
+    token of ``inputs`` (N, L), solved in sequential mode with the model's solver to its
+    tolerance (whatever ``passes`` the model declares: these are the solve's own figures); also
     the budget and tolerance that applied."""
     if not model.config.implicit:
         raise OptionError("convergence statistics need an implicit model; this one is explicit")
@@ -45,7 +46,7 @@ def token_iterations(
     iterations, residuals = [], []
     for start in tqdm(range(0, len(inputs), batch_size), desc="sequential", disable=not progress):
         batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)
-        stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol).fixed_point
+        stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol, passes=0).fixed_point
         iterations.append(stats.iterations.cpu().numpy())
         # float64 holds every dtype's residual exactly: no rounding across the tolerance.
         residuals.append(stats.residual.double().cpu().numpy())

@@ -12,7 +12,8 @@ Model arguments: ``pretrained`` (checkpoint folder, or a loaded model), ``tokeni
 (folder or hub name; default: the one saved in the checkpoint folder), ``mode``
 ("simultaneous": the whole text as one fixed point; "sequential": token by token, as an
 RNN), ``max_iter`` / ``tol`` (the fixed-point budget; default: the model's evaluation
-budget), ``batch_size`` (a number, or "auto": the largest whose forward over the longest
+budget), ``passes`` (exactly that many passes per solve instead, 0: solve to ``tol``; default:
+the model's ``passes``), ``batch_size`` (a number, or "auto": the largest whose forward over the longest
 texts fits in memory, probed from ``max_batch_size`` (default 64) down as lm-eval does),
 ``max_length`` (context window, default 2048: texts are cut from
 the left), ``max_gen_toks``, ``device``, ``dtype``, ``share_contexts`` (default true: a context
@@ -74,6 +75,7 @@ class ImplicitLMHarness(TemplateLM):
         mode: str = "simultaneous",
         max_iter: int | None = None,
         tol: float | None = None,
+        passes: int | None = None,
         batch_size: int | str = 1,
         max_length: int | None = None,
         max_gen_toks: int = 256,
@@ -91,11 +93,11 @@ class ImplicitLMHarness(TemplateLM):
         if mode not in MODES:
             raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         # Before the model loads, and so before any request runs or a result records them.
-        FixedPointOptions.check_call_budget(max_iter, tol, training=False)
+        FixedPointOptions.check_call_budget(max_iter, tol, training=False, passes=passes)
         self.model = load_model(pretrained) if isinstance(pretrained, (str, Path)) else pretrained
         self.model.to(device=_device(device), dtype=torch_dtype(dtype)).eval()
         self.tokenizer = model_tokenizer(self.model, tokenizer, "tokenizer=")
-        self.mode, self.max_iter, self.tol = mode, max_iter, tol
+        self.mode, self.max_iter, self.tol, self.passes = mode, max_iter, tol, passes
         self.batch_size = batch_size_argument(batch_size)
         # None, not 0, takes the default: a 0 given is refused.
         self.max_batch_size = positive_int_argument(
@@ -120,12 +122,19 @@ class ImplicitLMHarness(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         """The settings lm-eval records in its results' "config" (the budget as used)."""
-        max_iter, tol = self.model.solver.options.budget(self.max_iter, self.tol, self.mode)
+        options = self.model.solver.options
+        max_iter, tol = options.budget(self.max_iter, self.tol, self.mode)
         return {
             "model_name": self.model.name_or_path, "implicit": bool(self.model.config.implicit), "mode": self.mode,
-            "max_iter": max_iter, "tol": tol, "max_length": self.max_length,
+            "max_iter": max_iter, "tol": tol, "passes": options.passes if self.passes is None else self.passes,
+            "max_length": self.max_length,
             **(self.convergence.as_dict() if self.model.config.implicit else {}),
         }
+
+    @property
+    def _budget(self) -> dict[str, Any]:
+        """The fixed-point budget every forward and generation of a request is given."""
+        return dict(max_iter=self.max_iter, tol=self.tol, passes=self.passes)
 
     @property
     def eot_token_id(self) -> int:
@@ -196,7 +205,7 @@ class ImplicitLMHarness(TemplateLM):
         state the context left, which every continuation of that context starts from."""
         input_ids, attention_mask = self._left_padded(contexts)
         solved = self.model(
-            input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol,
+            input_ids, attention_mask=attention_mask, mode=self.mode, **self._budget,
             use_cache=True, logits_to_keep=1,
         )
         first = _log_probs(solved.logits[:, -1])
@@ -217,7 +226,7 @@ class ImplicitLMHarness(TemplateLM):
             owners = torch.tensor([rows[j][0] for j in tails], device=input_ids.device)
             output = self.model(
                 input_ids, attention_mask=attention_mask, state=self.model.stack.select_state(state, owners),
-                mode=self.mode, max_iter=self.max_iter, tol=self.tol,
+                mode=self.mode, **self._budget,
             )
             logprobs = _log_probs(output.logits)
             for row, j in enumerate(tails):
@@ -240,7 +249,7 @@ class ImplicitLMHarness(TemplateLM):
         # text would cost as much as a small model's blocks.
         scored_positions = max(1, max(len(continuation) for _, continuation in rows))
         output = self.model(
-            input_ids, attention_mask=attention_mask, mode=self.mode, max_iter=self.max_iter, tol=self.tol,
+            input_ids, attention_mask=attention_mask, mode=self.mode, **self._budget,
             logits_to_keep=scored_positions,
         )
         logprobs = _log_probs(output.logits)
@@ -294,7 +303,7 @@ class ImplicitLMHarness(TemplateLM):
         input_ids, attention_mask = self._left_padded([tokens for tokens, *_ in prompts])
         generated = self.model.generate(
             input_ids, attention_mask=attention_mask, max_new_tokens=max_new, mode=self.mode,
-            max_iter=self.max_iter, tol=self.tol, eos_token_id=self.eot_token_id, pad_token_id=self.eot_token_id,
+            **self._budget, eos_token_id=self.eot_token_id, pad_token_id=self.eot_token_id,
             stop_strings=until or None, tokenizer=self.tokenizer if until else None, **settings,
         )
         texts = []

@@ -179,12 +179,13 @@ def _check_positions(positions: Sequence[int], length: int) -> None:
 
 @torch.no_grad()
 def _advance(model, ids: torch.Tensor, state: list | None, max_iter: int | None, tol: float | None) -> list:
-    """The state after feeding ``ids`` (1, n) from ``state`` (zeros when None), in sequential mode."""
+    """The state after feeding ``ids`` (1, n) from ``state`` (zeros when None), in sequential mode,
+    each token solved to the tolerance: the Jacobians are taken at fixed points."""
     if state is None:
         state = model.stack.initial_state(1, model.device, model.dtype)
     if ids.shape[1] == 0:
         return state
-    return model(ids, mode="sequential", state=state, max_iter=max_iter, tol=tol).state
+    return model(ids, mode="sequential", state=state, max_iter=max_iter, tol=tol, passes=0).state
 
 
 @torch.no_grad()  # torch.func differentiates all the same; no graph to the weights is kept

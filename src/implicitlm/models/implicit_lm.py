@@ -21,20 +21,23 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrize
 from transformers import GenerationMixin, PreTrainedModel
 
 from ..core.atomic_io import following_umask, writing
-from ..core.errors import ArgumentTypeError, OptionError
+from ..core.errors import OptionError
 from ..core.file_digests import write_model_digests
 from ..core.run_folder import refuse_model_target
 from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
-from .inputs import check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids
+from .inputs import (
+    check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
+    transformers_options,
+)
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack, StackState
 from .stack_passes import StackPasses
+from .weight_cache import weights_once
 
 MODES = ("simultaneous", "sequential")
 
@@ -126,10 +129,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     @torch.no_grad()
     def solve_fixed_point(self, input_ids: torch.Tensor, max_iter: int | None = None, tol: float | None = None):
         """An implicit model's input embeddings, fixed point z* (before the head) and the solve's
-        stats for ``input_ids``, by an inference solve in simultaneous mode with this budget:
-        what a learned solver is fitted to."""
+        stats for ``input_ids``, by an inference solve in simultaneous mode with this budget, to
+        the tolerance whatever ``passes`` says: what a learned solver is fitted to."""
         self._require_fixed_point(input_ids)
-        max_iter, tol = self._call_budget(max_iter, tol)
+        max_iter, tol, _ = self._call_budget(max_iter, tol, passes=0)
         with self._weights_once_per_forward():
             embedded = self.embeddings(input_ids)
             z, stats, _ = self._simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
@@ -273,10 +276,13 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         chunk_length: int | None = None,
+        passes: int | None = None,
         **kwargs,
     ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
-        token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call.
+        token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call;
+        ``passes``: exactly that many passes per solve instead (0: to ``tol``; default the
+        solver options' ``passes``; ``deq/fixed_passes.py``).
         ``state``: the recurrent state to continue from (a previous output's ``state``);
         ``use_cache``: return the state after the last token (sequential mode always does).
         ``return_dict=False``: a tuple instead, as transformers' convention has it.
@@ -291,9 +297,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         ``chunk_length``). ``fixed_point`` then describes each sample's chunks together.
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
-        num_items_in_batch = _transformers_options(kwargs)
+        num_items_in_batch = transformers_options(kwargs)
         check_forward_inputs(self, input_ids, inputs_embeds, attention_mask, state, labels)
-        max_iter, tol = self._call_budget(max_iter, tol)
+        max_iter, tol, passes = self._call_budget(max_iter, tol, passes)
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
@@ -310,14 +316,13 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
             injection = self._injected(embedded)
             if mode == "sequential":
-                z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol)
+                z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol, passes)
             else:
-                z, stats, new_state = self._simultaneous(
-                    embedded, injection, state, padding, use_cache, max_iter, tol, self._chunk_length(chunk_length)
-                )
+                z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol,
+                                                         self._chunk_length(chunk_length), passes=passes)
             hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
             head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
-            logits = F.linear(z[:, _kept_positions(logits_to_keep, labels)], head)[..., : self.config.vocab_size]
+            logits = F.linear(z[:, kept_positions(logits_to_keep, labels)], head)[..., : self.config.vocab_size]
         if stats is not None:
             for tally in self._tallies:
                 tally.add(stats)
@@ -344,20 +349,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             self.stack(embedded, None, state, padding, hidden_states=collected)
         return tuple(collected)
 
-    @contextlib.contextmanager
     def _weights_once_per_forward(self):
-        """The weight-normalised weights computed once per forward, not once per iteration.
-
-        Not under activation checkpointing: its recomputation in the backward pass runs
-        outside this forward, where the cache is gone, so it would compute the weights
-        itself and no longer replay the forward it stands for.
-        """
-        if self.stack.gradient_checkpointing:
-            yield
-            return
-        with parametrize.cached():
-            _fill_parametrization_cache(self)
-            yield
+        """The weight-normalised weights computed once per forward (``weight_cache``)."""
+        return weights_once(self)
 
     def prepare_inputs_for_generation(
         self,
@@ -373,6 +367,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         output_hidden_states: bool = False,
         logits_to_keep: int | torch.Tensor = 0,
         chunk_length: int | None = None,
+        passes: int | None = None,
         **unused,
     ) -> dict:
         """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
@@ -380,12 +375,12 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         point, as an RNN) from the state the previous call returned. That state already
         holds what the attention mask said about the prompt, so decoding takes no mask.
         A ``state`` given to ``generate()`` continues an earlier run: the tokens given are
-        the ones after it, fed in sequential mode. ``max_iter`` / ``tol`` set the solver
-        budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
+        the ones after it, fed in sequential mode. ``max_iter`` / ``tol`` / ``passes`` set the
+        solver budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
         sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
         forward (transformers' convention), ``input_ids`` for it afterwards. ``chunk_length``:
         the prefill's, as ``forward`` takes it."""
-        budget = dict(max_iter=max_iter, tol=tol, use_cache=use_cache, output_hidden_states=output_hidden_states,
+        budget = dict(max_iter=max_iter, tol=tol, passes=passes, use_cache=use_cache, output_hidden_states=output_hidden_states,
                       logits_to_keep=logits_to_keep)
         if state is None:
             prompt = dict(input_ids=input_ids) if inputs_embeds is None or not is_first_iteration else dict(inputs_embeds=inputs_embeds)
@@ -405,56 +400,3 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     def _reorder_cache(self, state: list, beam_index: torch.Tensor) -> list:
         """The state of the beams kept (beam search)."""
         return self.stack.select_state(state, beam_index)
-
-
-# transformers' per-call options (TransformersKwargs, besides the ones forward names): what
-# each needs from this model. Packed sequences and attention weights it cannot give, so
-# asking for them is refused rather than ignored.
-_PACKED_SEQUENCE_OPTIONS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
-_TRANSFORMERS_OPTIONS = {"num_items_in_batch", "output_attentions", "output_router_logits", "is_causal",
-                         "max_length_q", "max_length_k", *_PACKED_SEQUENCE_OPTIONS}
-
-
-def _transformers_options(options: dict) -> int | torch.Tensor | None:
-    """Check the per-call options a forward got from transformers; returns ``num_items_in_batch``."""
-    unknown = sorted(set(options) - _TRANSFORMERS_OPTIONS)
-    if unknown:
-        raise ArgumentTypeError(f"forward() got unexpected keyword argument(s): {', '.join(unknown)}")
-    if options.get("output_attentions"):
-        raise OptionError("output_attentions is not supported: Mamba mixers have no attention weights and attention runs in SDPA")
-    if options.get("output_router_logits"):
-        raise OptionError("output_router_logits is not supported: the model has no router")
-    if options.get("is_causal") is False:
-        raise OptionError("is_causal=False is not supported: the model is causal")
-    packed = [name for name in _PACKED_SEQUENCE_OPTIONS if options.get(name) is not None]
-    if packed:
-        raise OptionError(f"packed sequences ({packed[0]}) are not supported: give one sequence per row, padded with attention_mask")
-    return options.get("num_items_in_batch")
-
-
-def _kept_positions(logits_to_keep: int | torch.Tensor, labels: torch.Tensor | None) -> slice | torch.Tensor:
-    """The positions whose logits a forward computes: the head over a vocabulary costs as
-    much as a small model's blocks, and a scorer or a generator needs a few positions only."""
-    if isinstance(logits_to_keep, torch.Tensor):
-        if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point():
-            raise OptionError(f"logits_to_keep as a tensor lists positions (1-d integers); got shape {tuple(logits_to_keep.shape)}")
-    elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-        raise OptionError(f"logits_to_keep must be a non-negative integer or a tensor of positions; got {logits_to_keep!r}")
-    elif logits_to_keep == 0:
-        return slice(None)
-    if labels is not None:
-        raise OptionError("a loss needs the logits of every position: give labels with logits_to_keep=0")
-    return logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
-
-
-def _fill_parametrization_cache(model: nn.Module) -> None:
-    """Compute every parametrised weight now, while autograd records (if it is on at all).
-
-    The cache fills on first access; if that first access were inside the no-grad
-    fixed-point solve, the phantom-gradient steps would reuse weights without history and
-    the backbone would never receive a gradient.
-    """
-    for module in model.modules():
-        if parametrize.is_parametrized(module):
-            for name in module.parametrizations:
-                getattr(module, name)

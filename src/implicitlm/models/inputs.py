@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from ..core.errors import OptionError
+from ..core.errors import ArgumentTypeError, OptionError
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, check_field
 from .loss import IGNORE_INDEX
 
@@ -156,3 +156,41 @@ def check_position_ids(position_ids: torch.Tensor, padding: torch.Tensor | None,
         )
 
 
+# transformers' per-call options (TransformersKwargs, besides the ones forward names): what
+# each needs from this model. Packed sequences and attention weights it cannot give, so
+# asking for them is refused rather than ignored.
+_PACKED_SEQUENCE_OPTIONS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
+_TRANSFORMERS_OPTIONS = {"num_items_in_batch", "output_attentions", "output_router_logits", "is_causal",
+                         "max_length_q", "max_length_k", *_PACKED_SEQUENCE_OPTIONS}
+
+
+def transformers_options(options: dict) -> int | torch.Tensor | None:
+    """Check the per-call options a forward got from transformers; returns ``num_items_in_batch``."""
+    unknown = sorted(set(options) - _TRANSFORMERS_OPTIONS)
+    if unknown:
+        raise ArgumentTypeError(f"forward() got unexpected keyword argument(s): {', '.join(unknown)}")
+    if options.get("output_attentions"):
+        raise OptionError("output_attentions is not supported: Mamba mixers have no attention weights and attention runs in SDPA")
+    if options.get("output_router_logits"):
+        raise OptionError("output_router_logits is not supported: the model has no router")
+    if options.get("is_causal") is False:
+        raise OptionError("is_causal=False is not supported: the model is causal")
+    packed = [name for name in _PACKED_SEQUENCE_OPTIONS if options.get(name) is not None]
+    if packed:
+        raise OptionError(f"packed sequences ({packed[0]}) are not supported: give one sequence per row, padded with attention_mask")
+    return options.get("num_items_in_batch")
+
+
+def kept_positions(logits_to_keep: int | torch.Tensor, labels: torch.Tensor | None) -> slice | torch.Tensor:
+    """The positions whose logits a forward computes: the head over a vocabulary costs as
+    much as a small model's blocks, and a scorer or a generator needs a few positions only."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        if logits_to_keep.dim() != 1 or logits_to_keep.is_floating_point():
+            raise OptionError(f"logits_to_keep as a tensor lists positions (1-d integers); got shape {tuple(logits_to_keep.shape)}")
+    elif isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+        raise OptionError(f"logits_to_keep must be a non-negative integer or a tensor of positions; got {logits_to_keep!r}")
+    elif logits_to_keep == 0:
+        return slice(None)
+    if labels is not None:
+        raise OptionError("a loss needs the logits of every position: give labels with logits_to_keep=0")
+    return logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)

@@ -1,7 +1,8 @@
 """The passes of the backbone stack that a forward of ``ImplicitCausalLM`` makes in each mode:
 an explicit model's one pass; an implicit model's fixed point over the whole sequence at once
 (in training with phantom gradients, in evaluation optionally in chunks, retrying the rows
-that missed the tolerance) or token by token, as an RNN."""
+that missed the tolerance) or token by token, as an RNN; or, in an evaluation with
+``passes``, exactly that many passes per solve in either mode (``deq/fixed_passes.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from ..core.errors import OptionError
 from ..deq import FixedPointOptions, KeptState, chain_chunks, solve_sequence, with_retried_rows
+from ..deq.fixed_passes import sequence_in_passes, solve_in_passes
 
 
 class StackPasses:
@@ -32,11 +34,15 @@ class StackPasses:
         finally:
             self._probe_budget = None
 
-    def _call_budget(self, max_iter, tol) -> tuple:
-        """A call's ``max_iter`` and ``tol``, held to the rules ``set_fixed_point_options``
-        holds the options they stand in for to; inside ``probing``, one evaluation."""
-        FixedPointOptions.check_call_budget(max_iter, tol, training=self.training)
-        return getattr(self, "_probe_budget", None) or (max_iter, tol)
+    def _call_budget(self, max_iter, tol, passes=None) -> tuple:
+        """A call's ``(max_iter, tol, passes)``, each held to the rule ``set_fixed_point_options``
+        holds the option it stands in for to; ``passes`` None: the options' own. Training and
+        ``probing`` (one evaluation) solve to a tolerance: their ``passes`` is 0."""
+        FixedPointOptions.check_call_budget(max_iter, tol, training=self.training, passes=passes)
+        probe = getattr(self, "_probe_budget", None)
+        if probe or self.training:
+            return (*(probe or (max_iter, tol)), 0)
+        return max_iter, tol, self.solver.options.passes if passes is None else passes
 
     def _chunk_length(self, chunk_length: int | None) -> int:
         """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
@@ -49,10 +55,11 @@ class StackPasses:
 
     def _simultaneous(
         self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
-        retrying: bool = False,
+        retrying: bool = False, passes: int = 0,
     ):
         """``retrying``: a retry inside a chunked solve, whose convergence the outer solve
-        checks once all its retries are done (``nonconvergence="error"``)."""
+        checks once all its retries are done (``nonconvergence="error"``). ``passes``: that
+        many passes per solve (each chunk's), never checked nor retried (0: to ``tol``)."""
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
@@ -60,7 +67,8 @@ class StackPasses:
         # the previous chunk's last one, or the one a state this model returned carries.
         previous = getattr(state, "last_fixed_point", None)
         if not chunk_length:
-            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol, previous=previous)
+            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol, previous=previous,
+                               passes=passes)
         # The fixed point is causal: a chunk's tokens are settled by what precedes them, which
         # the state read off the previous chunk's fixed point carries. Chunks are counted
         # back from the end (the first one is the partial one): under left padding, every
@@ -75,13 +83,16 @@ class StackPasses:
             chunk = (embedded[:, part], injection[:, part], None if padding is None else padding[:, part])
             keep_state = use_cache or end < length
             z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False,
-                                               previous=previous)
-            z, stats, state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter, tol)
+                                               previous=previous, passes=passes)
+            if not passes:
+                z, stats, next_state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter,
+                                                          tol)
+            state = next_state
             pieces.append(z)
             previous = z[:, -1]
             chunk_stats.append(stats)
         stats = chain_chunks(chunk_stats)
-        if not retrying:
+        if not (retrying or passes):
             self.solver.require_convergence(stats, max_iter, "samples")
         return torch.cat(pieces, dim=1), stats, state
 
@@ -111,18 +122,23 @@ class StackPasses:
 
     def _solve(
         self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True,
-        previous: torch.Tensor | None = None,
+        previous: torch.Tensor | None = None, passes: int = 0,
     ):
         """One simultaneous solve over the given tokens, from ``state``. ``check=False``: an
         evaluation solve whose convergence its caller checks (a chunk, which may be retried).
         ``previous``: the fixed point before the first token, where it is known (a learned
-        guess reads it).
+        guess reads it). ``passes``: an evaluation of exactly that many passes instead.
         With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
         the pass that gave each sample's answer, as sequential mode does per token; training
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
+        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded, previous, state)
+        if passes:
+            tol = self.solver.options.budget(max_iter, tol, "simultaneous")[1]
+            z, stats, next_state = solve_in_passes(self._stack_map(injection, state, padding), z0, passes, tol,
+                                                   self.solver.options)
+            return z, stats, next_state if use_cache else None
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
                          self.stack.replace_state_rows)
-        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded, previous, state)
         if self.training:
             z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
             if use_cache:
@@ -157,7 +173,8 @@ class StackPasses:
 
         return f
 
-    def _sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None):
+    def _sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None,
+                    passes: int = 0):
         batch, length, _ = embedded.shape
         # A state this model returned carries its last token's fixed point, which a learned
         # guess reads for the first token here (a decoding step's one token).
@@ -171,6 +188,10 @@ class StackPasses:
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
         max_iter, tol = self.solver.options.budget(max_iter, tol)
+        if passes:
+            z, state, stats = sequence_in_passes(self.stack.step, injection, state, self.config.hidden_size, passes, tol,
+                                                 self.solver.options, self._token_guess(embedded, previous))
+            return z, stats, state
         z, state, stats = solve_sequence(
             self.stack.step,
             injection,
@@ -235,4 +256,6 @@ class StackPasses:
         if guess is None:
             raise OptionError("initial_guess='learned', but this model has no learned initial guess "
                               "(implicitlm solver train makes one)", arguments=("initial_guess",))
-        return guess.to(self.injection.weight.device)
+        # Moved only where it is elsewhere: a module's ``to`` walks its parameters, at every token.
+        device = self.injection.weight.device
+        return guess if guess.out.weight.device == device else guess.to(device)

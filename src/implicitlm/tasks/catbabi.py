@@ -182,7 +182,7 @@ class CatbabiTask(FolderTask):
         # The budget as solved: the model's own, or as the task's fixed_point settings set it.
         max_iter, tol = self.model.solver.options.budget(None, None, mode)
         details.update(data=str(self.data), split=self.split, sequence_length=self.sequence_length, mode=mode,
-                       max_iter=max_iter, tol=tol)
+                       max_iter=max_iter, tol=tol, passes=self.model.solver.options.passes)
         tasks = sorted(result["tasks"])
         bars = {"label": "", "x": tasks, "y": [result["tasks"][task]["accuracy"] for task in tasks]}
         figure = Figure(

@@ -8,7 +8,7 @@ from typing import Any
 
 MODEL_CARD = "README.md"
 # The fixed-point settings a reader needs to run the model as it was trained and evaluated.
-SHOWN_FIXED_POINT = ("max_iter", "tol", "solver", "chunk_length", "train_max_iter", "phantom_steps", "tau",
+SHOWN_FIXED_POINT = ("max_iter", "tol", "passes", "solver", "chunk_length", "train_max_iter", "phantom_steps", "tau",
                      "initial_guess", "simultaneous_initial_guess", "sequential_initial_guess")
 
 
@@ -48,8 +48,9 @@ def model_card(model, meta: dict[str, Any]) -> str:
         fixed_point = config.fixed_point
         lines += ["", "## Fixed-point settings", ""]
         lines += [f"- {name}: {fixed_point[name]}" for name in SHOWN_FIXED_POINT if fixed_point.get(name) not in (None, "")]
-        lines += ["", "Change them with `model.set_fixed_point_options(max_iter=..., tol=...)`, or on the command "
-                      "line with --max-iter, --tol, --solver and --chunk-length."]
+        lines += ["", "Change them with `model.set_fixed_point_options(max_iter=..., tol=..., passes=...)`, or on the "
+                      "command line with --max-iter, --tol, --passes, --solver and --chunk-length (passes: exactly that "
+                      "many passes per solve, 0: solve to tol)."]
     return "\n".join(lines) + "\n"
 
 

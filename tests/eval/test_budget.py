@@ -1,0 +1,66 @@
+"""``eval budget --passes``: quality and seconds at exactly K passes per solve, beside explicit
+models scored on the same data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from implicitlm.cli import main
+from implicitlm.data.shards import TokenShards
+from implicitlm.models import build_model, config_from_options
+
+from tests.support.contractive import make_contractive
+
+
+@pytest.fixture(scope="module")
+def pair(shards, tmp_path_factory):
+    """(implicit, explicit) one-block checkpoints over the shards' vocabulary."""
+    root = tmp_path_factory.mktemp("pair")
+    vocab = TokenShards(shards, "train").vocab_size
+    for implicit in (True, False):
+        torch.manual_seed(0)
+        model = build_model(config_from_options(dict(
+            architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8,
+            chunk_size=8, implicit=implicit, fixed_point={"max_iter": 100, "tol": 1e-4})))
+        (make_contractive(model) if implicit else model).save_pretrained(root / ("implicit" if implicit else "explicit"))
+    return root / "implicit", root / "explicit"
+
+
+def budget(capsys, shards, implicit, out, *flags: str) -> tuple[int, list[str]]:
+    code = main(["eval", "budget", "--task", "lm", str(implicit), "--data", str(shards), "--lengths", "8",
+                 "--max-tokens", "64", "--no-progress", "--out", str(out), *flags])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards, tmp_path, capsys):
+    implicit, explicit = pair
+    code, _ = budget(capsys, shards, implicit, tmp_path / "out", "--passes", "1,2,3", "--explicit", str(explicit))
+    assert code == 0
+    record = json.loads((tmp_path / "out" / "lm_budget_passes.json").read_text())
+    assert (tmp_path / "out" / "lm_budget_passes.png").stat().st_size > 0
+    rows = record["rows"]
+    assert [row["passes"] for row in rows] == [1, 2, 3] and all(row["seconds"] > 0 for row in rows)
+    assert [row["fp_iterations_mean"] for row in rows] == [1.0, 2.0, 3.0]
+    assert len({row["perplexity"] for row in rows}) == 3  # each K its own answers
+    [twin] = record["explicit"]
+    assert twin["passes"] == "explicit" and twin["perplexity"] > 1 and "fp_iterations_mean" not in twin
+    assert record["curves"] == [{"label": "length 8", "x": [1, 2, 3], "y": [row["perplexity"] for row in rows]}]
+    assert record["metrics"]["seconds L8 explicit"] == twin["seconds"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--explicit", "x"], "--explicit is drawn beside a sweep of --passes: give --passes"),
+    (["--passes", "1,2", "--max-iter", "4"], "--passes sweeps solves of exactly K evaluations, --max-iter and --tol solves to a tolerance: give one"),
+    (["--passes", "0,2"], "argument --passes: expected comma-separated numbers of passes of 1 to 10000"),
+])
+def test_a_passes_sweep_mixed_with_a_tolerance_sweep_is_refused_in_one_line(pair, shards, tmp_path, capsys, flags,
+                                                                            message):
+    try:
+        code, err = budget(capsys, shards, pair[0], tmp_path / "out", *flags)
+    except SystemExit as parser_exit:
+        code, err = parser_exit.code, capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()
