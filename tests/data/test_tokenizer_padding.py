@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, train_tokenizer
+import json
+
+from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer, train_tokenizer
 
 
 def test_a_trained_tokenizer_pads_a_batch_with_the_models_pad_id(tmp_path):
@@ -13,3 +15,12 @@ def test_a_trained_tokenizer_pads_a_batch_with_the_models_pad_id(tmp_path):
     assert tokenizer.pad_token == EOS_TOKEN and tokenizer.pad_token_id == tokenizer.eos_token_id == 0
     short, long = batch["input_ids"]
     assert len(short) == len(long) > 1 and short[-1] == 0 and batch["attention_mask"][0][-1] == 0
+
+
+def test_a_tokenizer_saved_after_a_local_load_says_nothing_of_where_it_was_loaded(tmp_path):
+    """Before: load_tokenizer's local_files_only=True was saved in tokenizer_config.json, so a
+    shipped checkpoint refreshed (or a run's checkpoint written) after a load changed its files."""
+    train_tokenizer(["some text to learn merges from", "and a little more text"], 300, tmp_path / "tok")
+    save_tokenizer(load_tokenizer(tmp_path / "tok"), tmp_path / "again")
+    saved = json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())
+    assert "local_files_only" not in saved and saved["eos_token"] == EOS_TOKEN

@@ -116,9 +116,13 @@ def _from_pretrained(name_or_path: str | os.PathLike, local_files_only: bool) ->
     """Loading fails in many ways (no such directory or repository, network, a malformed file),
     with exception types that differ between library versions: the caller catches them all."""
     # Never the code a tokenizer folder may name in its auto_map, not even on a yes at a prompt.
-    return AutoTokenizer.from_pretrained(
+    tokenizer = AutoTokenizer.from_pretrained(
         os.fspath(name_or_path), trust_remote_code=False, local_files_only=local_files_only
     )
+    # Where this load looked is no property of the tokenizer: transformers keeps it among the
+    # arguments it saves, and every checkpoint written after a local load would say so.
+    tokenizer.init_kwargs.pop("local_files_only", None)
+    return tokenizer
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
