@@ -9,7 +9,10 @@ from pathlib import Path
 from .arguments import (
     add_overwrite_option, budget_list, float_list, fraction, int_list, positive_int, seed,
 )
-from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
+from .shared import (
+    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, device_in_use, fixed_point_settings,
+    print_device,
+)
 
 TASKS = ("words", "lm", "catbabi")
 # The options of the tasks, as the library names them; one not given (None) takes the task's default.
@@ -97,20 +100,23 @@ def add_aliases(commands, task: str) -> None:
 def _run_length(args) -> None:
     from ..eval.length import evaluate_by_length
 
-    _report(evaluate_by_length(_task(args), args.mode, args.out, progress=not args.no_progress, overwrite=args.overwrite))
+    task = _task(args)
+    _report(evaluate_by_length(task, args.mode, args.out, progress=not args.no_progress, overwrite=args.overwrite), task)
 
 
 def _run_budget(args) -> None:
     from ..eval.budget import budget_by_task
 
-    _report(budget_by_task(_task(args), args.swept_max_iter, args.swept_tol, args.mode, args.out,
-                           progress=not args.no_progress, overwrite=args.overwrite))
+    task = _task(args)
+    _report(budget_by_task(task, args.swept_max_iter, args.swept_tol, args.mode, args.out,
+                           progress=not args.no_progress, overwrite=args.overwrite), task)
 
 
 def _run_convergence(args) -> None:
     from ..eval.convergence import convergence_by_task
 
-    _report(convergence_by_task(_task(args), args.out, progress=not args.no_progress, overwrite=args.overwrite))
+    task = _task(args)
+    _report(convergence_by_task(task, args.out, progress=not args.no_progress, overwrite=args.overwrite), task)
 
 
 def _task(args):
@@ -118,10 +124,12 @@ def _task(args):
     from ..tasks import make_task
 
     options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
-    return make_task(args.task, args.checkpoint, dtype=args.dtype, **options).solve_with(**fixed_point_settings(args))
+    task = make_task(args.task, args.checkpoint, dtype=args.dtype, device=device_in_use(args), **options)
+    return task.solve_with(**fixed_point_settings(args))
 
 
-def _report(result) -> None:
+def _report(result, task) -> None:
+    print_device(str(task.device))
     print(result["table"])
     if result["files"]:
         record, figure = result["files"]
@@ -185,6 +193,7 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
     batch = {"words": "256", "lm": "8", "catbabi": "8"}
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"sequences per batch (default: {batch[task] if task else '256 for words, 8 for lm and catbabi'})")
+    add_device_option(p)
     add_dtype_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
