@@ -27,8 +27,8 @@ def check_device_name(name: str) -> str:
 
 def usable_device(name: str | None, cuda_fallback: bool = False):
     """The torch device ``name`` (default: the CPU; ``auto``: cuda where torch sees a GPU, else
-    the CPU), refused unless this machine has it. ``cuda_fallback``: "cuda" without a GPU is the CPU (lm-eval's command line asks for cuda
-    by default) instead of an error."""
+    the CPU), refused unless this machine has it. ``cuda_fallback``: "cuda" without a GPU is
+    the CPU (lm-eval's command line asks for cuda by default) instead of an error."""
     import torch  # here, not at the top: the command line checks names before it loads torch
 
     name = "cpu" if name is None else check_device_name(name)
