@@ -6,13 +6,23 @@
 
 Steps, each a subprocess of this file with its own time limit, its output appended to a log
 in the output folder: setup (install the wheels, versions, whether the library finds the fused
-kernel), tests (the ``device``-marked tests on cuda), kernel (mamba_ssm's fused SSD against
-the pure scan and a float64 oracle, outputs and gradients, fp32 and bf16), benchmarks
-(benchmarks/run.py --quick), training (the 130M preset's step, bf16 autocast), decoding
-(ms/token near the start and deep into a sequence), words (a short A5xM run at length 256).
-``report.md`` and ``summary.json`` are rewritten after every step, so a run cut off still
-leaves what it measured; the output folder holds at most 8 files, so that a remote machine that returns a few
-files of output returns it whole.
+kernel), training (the 130M preset's step, bf16 autocast: explicit, bounded, free, tokens/s and
+peak memory), decoding (ms/token at batch 1, the 130M implicit against the explicit, then
+benchmarks/decoding.py's small models near the start and deep into a sequence), scoring (8 x
+2,048 tokens through the 130M, implicit against explicit), kernel (mamba_ssm's fused SSD
+against the pure scan and a float64 oracle, outputs and gradients, fp32 and bf16), tests (the
+``device``-marked tests on cuda, the files nearest the 130M path first), words (a fixed number
+of A5xM steps at length 256), benchmarks (benchmarks/run.py --quick).
+
+The order is what each figure is worth against what it costs on a fresh machine: Triton
+autotunes mamba_ssm's kernels once per chunk, head and state size and dtype (a minute or more
+each on an H100), so the steps share one Triton cache folder (``TRITON_CACHE_DIR``, tuning
+kept), and the 130M shapes the training step tunes serve the scoring and kernel steps. Every
+step has a limit of its own but the tests, which get what the steps after them leave; the whole
+check ends within the budget (nine minutes by default). ``report.md`` and ``summary.json`` are
+rewritten after every step, so a run cut off still leaves what it measured; the output folder
+holds at most 8 files, so that a remote machine that returns a few files of output returns it
+whole.
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ DEFAULT_OUT = ROOT / "gpu-check-out"
 # On the H200 Triton's autotuning took most of 480 s (80 s for the SSD kernel's first shape).
 DEFAULT_BUDGET_S = 540.0
 FIGURES = "GPU-CHECK FIGURES "  # the line prefix a step reports its key figures under
+# Shared by every step, outside the output folder (which stays at 8 files); a user's own
+# TRITON_CACHE_DIR is used instead.
+TRITON_CACHE = Path(tempfile.gettempdir()) / "gpucheck-triton-cache"
 
 # ---------------------------------------------------------------- the steps and their budgets
 
@@ -52,19 +65,22 @@ FIGURES = "GPU-CHECK FIGURES "  # the line prefix a step reports its key figures
 @dataclass(frozen=True)
 class Step:
     name: str
-    weight: float  # share of the budget left when it starts, against the steps after it
     log: str  # steps share logs: the folder stays at 8 files or fewer
-    fixed_s: float | None = None  # a limit of its own instead of a share
+    # Its limit; None: the time left less the limits of the steps after it, which stay theirs.
+    limit_s: float | None
 
 
+# The limits from the H100 run of 2026-11-27: the training step took 51 s with its kernels
+# tuned (and about a minute more for each new kernel shape's tuning), decoding 25 s.
 STEPS = [
-    Step("setup", 0.0, "setup.log", fixed_s=90.0),
-    Step("tests", 0.40, "tests.log"),
-    Step("kernel", 0.18, "kernel.log"),
-    Step("benchmarks", 0.12, "benchmarks.log"),
-    Step("training", 0.12, "benchmarks.log"),
-    Step("decoding", 0.06, "benchmarks.log"),
-    Step("words", 0.12, "words.log"),
+    Step("setup", "setup.log", 60.0),
+    Step("training", "benchmarks.log", 200.0),
+    Step("decoding", "benchmarks.log", 60.0),
+    Step("scoring", "benchmarks.log", 45.0),
+    Step("kernel", "kernel.log", 90.0),
+    Step("tests", "tests.log", None),
+    Step("words", "words.log", 90.0),
+    Step("benchmarks", "benchmarks.log", 30.0),
 ]
 # Below this a step could not even import torch and its model: it is skipped instead.
 MINIMUM_STEP_S = 10.0
@@ -74,16 +90,20 @@ MINIMUM_STEP_S = 10.0
 # their collection.
 TEST_FILES = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
                     if "@pytest.mark.device" in path.read_text())
-# The file of the one test known to fail on cuda (the trainer's bf16 autocast, whose message a
-# run cut off by its limit lost) runs first, so that its message is in the log whatever the time.
-FAILED_ON_CUDA = "tests/train/test_lm_train.py"
-TEST_FILES.sort(key=lambda name: name != FAILED_ON_CUDA)
+# First the files nearest what a user runs on a GPU (the fused kernel against the pure scan, the
+# trainer's bf16 autocast, the Mamba2 models and their generation): a run cut off at its limit
+# has checked those. Each test model's new shape costs a tuning; the other files follow.
+FIRST_TEST_FILES = ["tests/layers/test_ssd.py", "tests/train/test_lm_train.py", "tests/models/test_mamba2.py",
+                    "tests/models/test_generation.py", "tests/models/test_precision.py"]
+TEST_FILES.sort(key=lambda name: FIRST_TEST_FILES.index(name) if name in FIRST_TEST_FILES else len(FIRST_TEST_FILES))
 REHEARSED_TESTS = "test_steps_match_parallel_from_zero_state or test_gradients_match_recurrence"
-# decoding has a step of its own; multiple_choice needs lm-eval and ../shared/data, which the
-# GPU machine lacks; data_generation measures the CPU's word generation; mixer's baseline,
-# transformers' Mamba2, takes its CUDA path only with causal-conv1d's CUDA build, which the
-# GPU machine lacks (it failed there: "'NoneType' object is not callable").
-GPU_SECTIONS = "generation,chunked,scoring,solvers,training_step"
+# generate()'s ms/token, the one section that fits the step's limit: decoding, scoring and the
+# training step have steps of their own; chunked and solvers run by hand (benchmarks/run.py);
+# multiple_choice needs lm-eval and ../shared/data, which the GPU machine lacks; data_generation
+# measures the CPU's word generation; mixer's baseline, transformers' Mamba2, takes its CUDA
+# path only with causal-conv1d's CUDA build, which the GPU machine lacks ("'NoneType' object is
+# not callable" there).
+GPU_SECTIONS = "generation"
 REHEARSED_SECTIONS = "training_step"  # the one section that takes seconds on a CPU
 
 
@@ -123,13 +143,15 @@ def step_environment(name: str, rehearse: bool) -> dict[str, str]:
     if rehearse and name == "kernel":
         env["TRITON_INTERPRET"] = "1"  # read once, when triton is first imported
     env["PYTHONPATH"] = os.pathsep.join(path for path in (str(ROOT / "benchmarks"), env.get("PYTHONPATH")) if path)
+    # Triton autotunes mamba_ssm's kernels at every new shape (80 s of a first call on an H200)
+    # and forgets it with the process; kept in one cache folder, a shape one step tuned is not
+    # tuned again by the next. (Keeping one configuration per kernel instead failed there: the
+    # first needs 289 KiB of shared memory, the H200 has 227.) The library keeps the tuning too
+    # (layers/ssd_kernel.py); said here as well, since a step may import the kernels first.
+    env["TRITON_CACHE_AUTOTUNING"] = "1"
+    env.setdefault("TRITON_CACHE_DIR", str(TRITON_CACHE))
     if not rehearse:
         paths = [str(SITE), str(ROOT / "src"), env.get("PYTHONPATH", "")]
-        # Triton autotunes mamba_ssm's kernels at every new shape (80 s of a first call on an
-        # H200) and forgets it with the process; cached on disk, a shape the tests tuned is
-        # not tuned again by the kernel or benchmark steps. (Keeping one configuration per
-        # kernel instead failed there: the first needs 289 KiB of shared memory, the H200 has 227.)
-        env["TRITON_CACHE_AUTOTUNING"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     return env
 
@@ -151,18 +173,19 @@ def run_all(out: Path, rehearse: bool, budget_s: float) -> int:
     started, results = time.monotonic(), []
     for index, step in enumerate(STEPS):
         left = budget_s - (time.monotonic() - started)
-        results.append(run_step(step, step_limit(step, STEPS[index:], left), out, rehearse))
+        results.append(run_step(step, step_limit(step, STEPS[index + 1:], left), out, rehearse))
         write_report(out, results, rehearse, budget_s, time.monotonic() - started)
     print((out / "report.md").read_text())
     return 0 if all(result.status == "ok" for result in results) else 1
 
 
-def step_limit(step: Step, remaining: list[Step], left_s: float) -> float:
-    """Its fixed limit, else its weight's share of the time left; what a step leaves unused
-    goes to the steps after it."""
-    if step.fixed_s is not None:
-        return min(step.fixed_s, left_s)
-    return left_s * step.weight / sum(s.weight for s in remaining)
+def step_limit(step: Step, after: list[Step], left_s: float) -> float:
+    """Its own limit, within the time left; a step without one gets what the steps ``after``
+    it leave of the time left (their limits kept for them), so the time others leave unused
+    goes to it."""
+    if step.limit_s is not None:
+        return min(step.limit_s, left_s)
+    return max(0.0, left_s - sum(s.limit_s or 0.0 for s in after))
 
 
 def run_step(step: Step, limit_s: float, out: Path, rehearse: bool) -> Result:
@@ -385,12 +408,14 @@ def unmet(requirements: list[str]) -> list[str]:
 # ---------------------------------------------------------------- step: kernel
 
 # (batch, length, heads, headdim, groups, d_state, chunk, with an initial state)
+# On a GPU every shape has the 130M mixer's heads, head and state sizes and chunk, which are
+# what Triton tunes the kernels for (the length and groups are not): the training step has
+# tuned them in bf16 already, and the fp32 tuning is paid once for all three.
 KERNEL_SHAPES = {
     "gpu": [
-        (2, 512, 8, 64, 1, 64, 256, True),  # whole chunks
-        (2, 700, 8, 64, 2, 128, 256, True),  # a partial last chunk, two groups
         (1, 1000, 24, 64, 1, 128, 256, False),  # the 130M model's mixer, from a zero state
-        (3, 100, 4, 32, 4, 16, 256, True),  # shorter than one chunk, a group per head
+        (2, 700, 24, 64, 2, 128, 256, True),  # a partial last chunk, two groups
+        (3, 100, 24, 64, 4, 128, 256, True),  # shorter than one chunk, six heads a group
     ],
     # Triton's interpreter takes seconds per call; its bfloat16 is not the GPU's (it returns
     # garbage), so the rehearsal checks float32 only.
@@ -544,19 +569,20 @@ def training_step_figures(rehearse: bool, limit_s: float) -> None:
     import torch
 
     from common import median_seconds
-    from implicitlm.models import build_model, config_from_options
-    from implicitlm.presets import model_preset
     from training_step import peak_memory, training_step
 
     batch, length, repeats = TRAINING_SIZES["rehearsal" if rehearse else "gpu"]
     device_name, figures = device(rehearse), {}
     for variant in TRAINING_VARIANTS:
-        options = model_preset(f"mamba2-130m-{variant}") | (TINY_MODEL if rehearse else {})
-        torch.manual_seed(0)
-        model = build_model(config_from_options(options)).to(device_name).train()
-        ids = torch.randint(0, options["vocab_size"], (batch, length), device=device_name)
+        model, ids = preset_model(variant, rehearse, batch, length)
+        model.train()
         with torch.autocast(device_name, dtype=torch.bfloat16):
-            seconds = median_seconds(lambda: training_step(model, ids), repeats)
+            # The first step compiles and tunes the kernels (once per process, or once for all
+            # of them where Triton's cache keeps the tuning): what a user's first step costs.
+            started = time.perf_counter()
+            training_step(model, ids)
+            figures[f"{variant} first step s"] = round(time.perf_counter() - started, 2)
+            seconds = median_seconds(lambda: training_step(model, ids), repeats, warmup=0)
             figures[f"{variant} tokens/s"] = round(batch * length / seconds)
             if device_name == "cuda":
                 figures[f"{variant} peak GiB"] = round(peak_memory(model, ids), 2)
@@ -570,18 +596,67 @@ def training_step_figures(rehearse: bool, limit_s: float) -> None:
             torch.cuda.empty_cache()
 
 
+def preset_model(variant: str, rehearse: bool, batch: int, length: int):
+    """The 130M preset's ``variant`` (tiny on a CPU), random weights, on the step's device, and
+    random token ids of ``batch`` x ``length``."""
+    import torch
+
+    from implicitlm.models import build_model, config_from_options
+    from implicitlm.presets import model_preset
+
+    options = model_preset(f"mamba2-130m-{variant}") | (TINY_MODEL if rehearse else {})
+    torch.manual_seed(0)
+    model = build_model(config_from_options(options)).to(device(rehearse))
+    return model, torch.randint(0, options["vocab_size"], (batch, length), device=device(rehearse))
+
+
 # ---------------------------------------------------------------- step: decoding
 
 # (position near, position far, decoded tokens, repeats)
 DECODING_SIZES = {"gpu": (64, 4096, 16, 5), "rehearsal": (8, 32, 2, 1)}
+# The 130M at batch 1: (prompt tokens, decoded tokens, repeats). The prompt is read token by
+# token too (sequential), so no step here tunes the fused kernel.
+DECODING_130M = {"gpu": (16, 32, 5), "rehearsal": (4, 2, 1)}
+INFERENCE_VARIANTS = ("explicit", "bounded")  # the implicit one: any variant decodes alike
 
 
 def decoding_figures(rehearse: bool, limit_s: float) -> None:
-    """benchmarks/decoding.py's models and latency, at positions near the start and far in."""
+    """ms/token at batch 1, eager: the 130M implicit (benchmarks/decoding.py's fixed number of
+    passes a token, the tolerance out of reach) against the explicit; then benchmarks/decoding.py's
+    models and latency, at positions near the start and far in."""
     import decoding
+    import torch
 
+    from common import synchronize
+
+    prompt_tokens, tokens, repeats = DECODING_130M["rehearsal" if rehearse else "gpu"]
+    figures: dict[str, Any] = {}
+    for variant in INFERENCE_VARIANTS:
+        model, ids = preset_model(variant, rehearse, 1, prompt_tokens + tokens)
+        model.eval()
+        passes = {"max_iter": decoding.ITERATIONS, "tol": 1e-12} if model.config.implicit else {}
+
+        @torch.no_grad()
+        def decode() -> None:
+            state = model(ids[:, :prompt_tokens], use_cache=True, mode="sequential", **passes).state
+            started = time.perf_counter()
+            for t in range(prompt_tokens, prompt_tokens + tokens):
+                state = model(ids[:, t : t + 1], state=state, mode="sequential", **passes).state
+            synchronize(device(rehearse))
+            return time.perf_counter() - started
+
+        decode()  # the first call: allocations, and the kernels' compiling where any
+        seconds = sorted(decode() for _ in range(repeats))[repeats // 2] / tokens
+        figures[f"130M {variant} ms/token"] = round(seconds * 1e3, 3)
+        del model
+    explicit, implicit = (figures[f"130M {variant} ms/token"] for variant in INFERENCE_VARIANTS)
+    figures["130M passes per token"] = decoding.ITERATIONS
+    # Item 2's measure: an implicit token against as many explicit ones as it has passes.
+    figures["130M implicit / (passes x explicit)"] = round(implicit / (decoding.ITERATIONS * explicit), 2)
+    print(f"130M at batch 1: implicit {implicit} ms/token ({decoding.ITERATIONS} passes), explicit {explicit}",
+          flush=True)
+    report_figures(figures)
     near, far, tokens, repeats = DECODING_SIZES["rehearsal" if rehearse else "gpu"]
-    figures = {}
     for name, options in decoding.MODELS.items():
         model = decoding.build(options, device(rehearse))
         for position in (near, far):
@@ -592,12 +667,53 @@ def decoding_figures(rehearse: bool, limit_s: float) -> None:
         report_figures(figures)
 
 
+# ---------------------------------------------------------------- step: scoring
+
+# (batch, length, timed repeats): lm eval's windows of the paper's context, a batch of 8.
+SCORING_SIZES = {"gpu": (8, 2048, 3), "rehearsal": (2, 16, 1)}
+
+
+def scoring_figures(rehearse: bool, limit_s: float) -> None:
+    """One forward of 8 x 2,048 tokens (logits and all), without gradients, under bf16 autocast
+    (the training step's kernel shapes, tuned already): the 130M implicit, its own budget and
+    tolerance, against the explicit."""
+    import torch
+
+    from common import median_seconds, synchronize
+
+    batch, length, repeats = SCORING_SIZES["rehearsal" if rehearse else "gpu"]
+    device_name, figures = device(rehearse), {}
+    for variant in INFERENCE_VARIANTS:
+        model, ids = preset_model(variant, rehearse, batch, length)
+        model.eval()
+
+        def score():
+            output = model(ids)
+            synchronize(device_name)
+            return output
+
+        with torch.no_grad(), torch.autocast(device_name, dtype=torch.bfloat16):
+            started = time.perf_counter()
+            output = score()
+            figures[f"{variant} first call s"] = round(time.perf_counter() - started, 2)
+            seconds = median_seconds(score, repeats, warmup=0)
+        figures[f"{variant} tokens/s"] = round(batch * length / seconds)
+        if model.config.implicit:
+            figures[f"{variant} solver passes"] = int(output.fixed_point.evaluations)
+        print(f"{variant}: {seconds:.3f} s per forward of {batch} x {length} tokens", flush=True)
+        report_figures(figures)
+        del model, output
+    figures["implicit / explicit time"] = round(figures["explicit tokens/s"] / figures["bounded tokens/s"], 2)
+    report_figures(figures)
+
+
 # ---------------------------------------------------------------- step: words
 
 # The authors' A5 x M setup (p = 0.9, train length 256, test 1024, 1-layer Mamba2 d_model 256,
-# expand 4, headdim 64, d_state 128, (32+4), lr 1e-3) for as many steps as the time allows.
+# expand 4, headdim 64, d_state 128, (32+4), lr 1e-3) for a fixed number of steps: tokens/s and
+# the loss after them, which runs compare (stopped at the time limit if it comes first).
 WORDS = {
-    "gpu": dict(length=256, test_lengths="256,1024", batch=128, steps=400, count=64, convergence_count=32,
+    "gpu": dict(length=256, test_lengths="256,1024", batch=128, steps=30, count=64, convergence_count=32,
                 max_iter=64, model=["hidden_size=256", "expand=4", "head_dim=64", "state_size=128", "chunk_size=256"]),
     "rehearsal": dict(length=8, test_lengths="8", batch=8, steps=2, count=8, convergence_count=4, max_iter=4,
                       model=[]),
@@ -647,7 +763,7 @@ def train_words(run: Path, size: dict[str, Any], limit_s: float) -> dict[str, An
         raise SystemExit(f"words train failed (exit code {code})")
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     return {"train steps (last logged)": last["step"] + 1, "stopped by the time limit": code != 0,
-            "train tokens/s": round(last["tokens_per_s"]), "train accuracy": last["accuracy"],
+            "train tokens/s": round(last["tokens_per_s"]), "train loss": last["loss"], "train accuracy": last["accuracy"],
             "train solver iterations": last.get("fp_iterations_mean")}
 
 
@@ -743,7 +859,7 @@ def check_installable(folder: Path) -> None:
 # ---------------------------------------------------------------- command line
 
 STEP_FUNCTIONS = {"setup": setup_step, "kernel": kernel_step, "training": training_step_figures,
-                  "decoding": decoding_figures, "words": words_step}
+                  "decoding": decoding_figures, "scoring": scoring_figures, "words": words_step}
 
 
 def pytest_runtest_logreport(report) -> None:

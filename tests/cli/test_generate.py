@@ -140,7 +140,7 @@ def test_a_model_without_a_tokenizer_is_refused_in_one_line_unless_given_one(run
     # before: a torch.multinomial RuntimeError (the logits / 1e-300 overflowed)
     (["--prompt", "x", "--temperature", "1e-300"], "temperature must be a number >= 1e-30 (a lower one overflows"),
     (["--prompt", "x", "--max-iter", "0"], "expected a budget of 1 to"),
-    (["--prompt", "x", "--device", "nowhere"], "device must be cpu, cuda"),
+    (["--prompt", "x", "--device", "nowhere"], "device must be auto, cpu, cuda"),
     (["--prompt", "x", "--dtype", "int8"], "dtype must be one of"),
     (["--prompt", "x", "--solver", "newton"], "solver"),
     (["--prompt-file", "no_such_prompt.txt"], "no_such_prompt.txt: No such file"),

@@ -1,5 +1,6 @@
 """A device is checked by name before any model is loaded: one that nothing here runs on, or
-that this machine lacks, is one line (an OptionError), never a failure deep inside a forward."""
+that this machine lacks, is one line (an OptionError), never a failure deep inside a forward;
+``auto`` is the GPU where torch sees one, else the CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from implicitlm.core.errors import OptionError
 
 @pytest.mark.parametrize("name", ["meta", "mps", "xpu", "cuda:", "cuda:-1", "CPU", "", " cpu", "cuda:0:1"])
 def test_a_device_models_do_not_run_on_is_refused_by_name(name):
-    with pytest.raises(OptionError, match="device must be cpu, cuda or cuda:N"):
+    with pytest.raises(OptionError, match="device must be auto, cpu, cuda or cuda:N"):
         usable_device(name)
     with pytest.raises(OptionError):
         check_device_name(name)
@@ -27,3 +28,11 @@ def test_the_cpu_is_usable_and_a_gpu_only_where_there_is_one():
         with pytest.raises(OptionError, match="no CUDA GPU"):
             usable_device("cuda")
         assert usable_device("cuda:0", cuda_fallback=True) == torch.device("cpu")
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_cuda_with_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert usable_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert usable_device("auto") == torch.device("cuda")

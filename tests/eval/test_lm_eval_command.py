@@ -114,7 +114,7 @@ def test_a_missing_data_folder_is_one_line(run, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("options, message", [
     (["--num_fewshot", "1"], "piqa_local: a local set has no training split"),
-    (["--device", "meta"], "device must be cpu, cuda or cuda:N; got 'meta'"),
+    (["--device", "meta"], "device must be auto, cpu, cuda or cuda:N; got 'meta'"),
 ], ids=["fewshot", "device"])
 def test_few_shot_examples_from_the_scored_split_or_an_unusable_device_are_one_line(run, tmp_path, monkeypatch, capsys,
                                                                                      options, message):

@@ -53,7 +53,9 @@ def test_ssd_scan_dispatches_to_the_fused_kernel_and_matches_the_pure_scan(monke
     leaves = inputs(*dims)
     with interpreted_fused_kernel(monkeypatch) as fused_kernel:
         fused = scan_with_grads(ssd_scan, leaves, with_state, chunk)
-    assert fused_kernel.calls == [leaves[0].shape]  # the dispatch ran the kernel, once
+    # The dispatch ran the kernel once, on the inputs padded to whole chunks.
+    batch, length, *rest = leaves[0].shape
+    assert fused_kernel.calls == [torch.Size([batch, -(-length // chunk) * chunk, *rest])]
     pure = scan_with_grads(ssd_chunked, leaves, with_state, chunk)
     names = ["y", "final state", "dx", "ddt", "dA", "dB", "dC", "dstate"]
     for name, got, want in zip(names, [fused[0], fused[1], *fused[2]], [pure[0], pure[1], *pure[2]]):
@@ -67,6 +69,27 @@ def test_ssd_scan_dispatches_to_the_fused_kernel_and_matches_the_pure_scan(monke
     y64, final64 = ssd_reference(x, dt, A, B, C, initial_state=state if with_state else None)
     torch.testing.assert_close(fused[0].double(), y64, rtol=0, atol=1e-5 * y64.abs().max().item())
     torch.testing.assert_close(fused[1].double(), final64, rtol=0, atol=1e-5 * final64.abs().max().item())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
+def test_padding_to_whole_chunks_gives_the_kernels_unpadded_results(monkeypatch, with_state):
+    """Every length runs the kernel's one compiled variant: padded with dt = 0, the outputs, the
+    final state and every gradient are those of the kernel on the unpadded inputs."""
+    *dims, chunk = SHAPES[0]  # 24 tokens: 16 + a partial chunk of 8
+    leaves = inputs(*dims)
+    with interpreted_fused_kernel(monkeypatch) as fused_kernel:
+        padded = scan_with_grads(ssd_scan, leaves, with_state, chunk)
+        unpadded = scan_with_grads(lambda x, dt, A, B, C, chunk_size, initial_state: fused_kernel.kernel(
+            x, dt, A, B, C, chunk_size, initial_states=initial_state, return_final_states=True), leaves, with_state, chunk)
+    assert [call[1] for call in fused_kernel.calls] == [32]  # the direct call is not the dispatch's
+    names = ["y", "final state", "dx", "ddt", "dA", "dB", "dC", "dstate"]
+    for name, got, want in zip(names, [padded[0], padded[1], *padded[2]], [unpadded[0], unpadded[1], *unpadded[2]]):
+        if want is None:
+            assert got is None, name
+            continue
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6 * want.abs().max().item(),
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.slow

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from implicitlm.layers import ssd as ssd_module
 from implicitlm.layers import ssd_chunked, ssd_kernel, ssd_reference, ssd_scan, ssd_step
 from implicitlm.layers.ssd import chunk_size_for
+from implicitlm.layers.ssd_kernel import KEEP_AUTOTUNING, pad_to_chunks
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -187,3 +190,39 @@ def test_fused_kernel_matches_pure_path_on_cuda():
     torch.testing.assert_close(final, final_ref, rtol=1e-3, atol=1e-3)
     for name, g, g_ref in zip(["x", "dt", "A", "B", "C", "state"], fused_grads, [t.grad for t in leaves]):
         torch.testing.assert_close(g, g_ref, rtol=1e-2, atol=1e-2, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_padding_to_whole_chunks_changes_no_output_state_or_gradient():
+    """What lets every length run whole chunks: tokens with dt = 0 added at the end leave the
+    state as it was, so the outputs, the final state and the gradients are the unpadded ones."""
+    inputs = random_inputs(2, 13, 4, 3, 2, 5, seed=12)
+    padded = pad_to_chunks(8, *inputs[:2], *inputs[3:5])
+    assert [t.shape[1] for t in padded] == [16] * 4 and all(t[:, 13:].abs().sum() == 0 for t in padded)
+    assert pad_to_chunks(13, *inputs[:2]) == inputs[:2]  # whole chunks already: the tensors themselves
+
+    def run(scan):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        x, dt, A, B, C, state = leaves
+        y, final = scan(x, dt, A, B, C, state)
+        (y.square().sum() + (final * final.detach().sign()).sum()).backward()
+        return [y, final, *(t.grad for t in leaves)]
+
+    chunked = run(lambda *t: ssd_chunked(*t[:5], 8, initial_state=t[5]))  # padded to 16 inside
+    reference = run(lambda *t: ssd_reference(*t[:5], initial_state=t[5]))
+    for name, got, want in zip(["y", "final", "dx", "ddt", "dA", "dB", "dC", "dstate"], chunked, reference):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("users", [None, "0"])
+def test_the_kernel_is_imported_with_autotuning_kept_across_processes_unless_the_user_says(monkeypatch, users):
+    monkeypatch.setenv(KEEP_AUTOTUNING, "unset below")  # restored, or removed, after the test
+    if users is None:
+        monkeypatch.delenv(KEEP_AUTOTUNING)
+    else:
+        monkeypatch.setenv(KEEP_AUTOTUNING, users)
+    ssd_kernel.fused_ssd_kernel.cache_clear()
+    try:
+        ssd_kernel.fused_ssd_kernel()
+    finally:
+        ssd_kernel.fused_ssd_kernel.cache_clear()
+    assert os.environ[KEEP_AUTOTUNING] == (users or "1")

@@ -66,9 +66,15 @@ def test_key_figures_are_present_and_finite(rehearsal):
     for variant in gpu_check.TRAINING_VARIANTS:
         assert figures["training"][f"{variant} tokens/s"] > 0
     assert figures["training"]["free solver passes"] > figures["training"]["bounded solver passes"] == 4
+    assert all(figures["training"][f"{variant} first step s"] > 0 for variant in gpu_check.TRAINING_VARIANTS)
     near, far = gpu_check.DECODING_SIZES["rehearsal"][:2]
     assert all(figures["decoding"][f"{name} ms/token @{position}"] > 0
                for name in ("implicit Mamba2", "explicit Mamba2") for position in (near, far))
+    decoding, scoring = figures["decoding"], figures["scoring"]
+    assert decoding["130M bounded ms/token"] > decoding["130M explicit ms/token"] > 0
+    assert decoding["130M passes per token"] > 1 and decoding["130M implicit / (passes x explicit)"] > 0
+    assert scoring["explicit tokens/s"] > 0 and scoring["bounded tokens/s"] > 0 and scoring["bounded solver passes"] >= 1
+    assert scoring["implicit / explicit time"] > 0
     words = figures["words"]
     assert 0 <= words["accuracy_last10@8"] <= 1 and words["hard token share"] > 0
     assert {"hard iterations_mean", "easy iterations_mean", "all share_unconverged"} <= set(words)
@@ -81,7 +87,35 @@ def test_a_step_past_its_limit_is_stopped_and_reported_without_losing_the_others
     script.write_text(f"print({gpu_check.FIGURES!r} + '{{\"first\": 1}}', flush=True)\nimport time\ntime.sleep(60)\n")
     monkeypatch.setattr(gpu_check, "step_command", lambda name, rehearse, limit: [sys.executable, str(script)])
     monkeypatch.setattr(gpu_check, "MINIMUM_STEP_S", 1.0)
-    result = gpu_check.run_step(gpu_check.Step("slow", 1.0, "slow.log"), 3.0, tmp_path, rehearse=True)
+    result = gpu_check.run_step(gpu_check.Step("slow", "slow.log", 3.0), 3.0, tmp_path, rehearse=True)
     assert result.status == "timed out" and result.figures == {"first": 1}
     assert result.seconds < 20
-    assert gpu_check.run_step(gpu_check.Step("late", 1.0, "late.log"), 0.5, tmp_path, rehearse=True).status == "skipped"
+    assert gpu_check.run_step(gpu_check.Step("late", "late.log", 0.5), 0.5, tmp_path, rehearse=True).status == "skipped"
+
+
+def test_the_steps_end_within_the_budget_in_order_of_value_and_the_tests_get_what_the_others_leave():
+    names = [step.name for step in gpu_check.STEPS]
+    # The 130M figures first: the tests' many small shapes each cost a tuning.
+    assert names.index("training") < names.index("decoding") < names.index("scoring") < names.index("tests")
+    assert names.index("kernel") < names.index("tests") < names.index("words")
+    budget = gpu_check.DEFAULT_BUDGET_S
+    # Every step using its whole limit still ends the check within the budget.
+    left = budget
+    for index, step in enumerate(gpu_check.STEPS):
+        left -= gpu_check.step_limit(step, gpu_check.STEPS[index + 1:], left)
+    assert left >= 0
+    # Time the steps before them leave goes to the tests, the limits of the steps after them kept.
+    tests = names.index("tests")
+    after = gpu_check.STEPS[tests + 1:]
+    assert gpu_check.step_limit(gpu_check.STEPS[tests], after, 300.0) == 300.0 - sum(s.limit_s for s in after)
+    assert gpu_check.step_limit(gpu_check.STEPS[tests], after, 50.0) == 0.0
+
+
+def test_every_step_shares_one_triton_cache_folder_with_its_tuning_kept(monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    for rehearse in (False, True):
+        environments = [gpu_check.step_environment(step.name, rehearse) for step in gpu_check.STEPS]
+        assert {env["TRITON_CACHE_DIR"] for env in environments} == {str(gpu_check.TRITON_CACHE)}
+        assert {env["TRITON_CACHE_AUTOTUNING"] for env in environments} == {"1"}
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")  # the user's own folder stands
+    assert gpu_check.step_environment("kernel", False)["TRITON_CACHE_DIR"] == "/somewhere/else"

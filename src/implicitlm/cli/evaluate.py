@@ -9,7 +9,10 @@ from pathlib import Path
 from .arguments import (
     add_overwrite_option, budget_list, float_list, fraction, int_list, passes_list, positive_int, seed,
 )
-from .shared import add_budget_options, add_dtype_option, add_solver_flags, fixed_point_settings
+from .shared import (
+    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, device_in_use, fixed_point_settings,
+    print_device,
+)
 
 TASKS = ("words", "lm", "catbabi")
 # The options of the tasks, as the library names them; one not given (None) takes the task's default.
@@ -103,31 +106,34 @@ def add_aliases(commands, task: str) -> None:
 def _run_length(args) -> None:
     from ..eval.length import evaluate_by_length
 
-    _report(evaluate_by_length(_task(args), args.mode, args.out, progress=not args.no_progress, overwrite=args.overwrite))
+    task = _task(args)
+    _report(evaluate_by_length(task, args.mode, args.out, progress=not args.no_progress, overwrite=args.overwrite), task)
 
 
 def _run_budget(args) -> None:
     from ..core.errors import OptionError
     from ..eval.budget import budget_by_task, passes_by_task
 
-    if args.swept_passes is None:
-        if args.explicit:
-            raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
-        _report(budget_by_task(_task(args), args.swept_max_iter or [1, 2, 4, 8, 16, 32, 64], args.swept_tol, args.mode,
-                               args.out, progress=not args.no_progress, overwrite=args.overwrite))
-        return
-    if args.swept_max_iter or args.swept_tol:
+    if args.swept_passes is None and args.explicit:
+        raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
+    if args.swept_passes is not None and (args.swept_max_iter or args.swept_tol):
         raise OptionError("passes sweeps solves of exactly K evaluations, max_iter and tol solves to a tolerance: give "
                           "one", arguments=("passes", "max_iter", "tol"))
+    task = _task(args)
+    if args.swept_passes is None:
+        _report(budget_by_task(task, args.swept_max_iter or [1, 2, 4, 8, 16, 32, 64], args.swept_tol, args.mode,
+                               args.out, progress=not args.no_progress, overwrite=args.overwrite), task)
+        return
     twins = [_task(args, checkpoint) for checkpoint in args.explicit]
-    _report(passes_by_task(_task(args), args.swept_passes, twins, args.mode, args.out, progress=not args.no_progress,
-                           overwrite=args.overwrite))
+    _report(passes_by_task(task, args.swept_passes, twins, args.mode, args.out, progress=not args.no_progress,
+                           overwrite=args.overwrite), task)
 
 
 def _run_convergence(args) -> None:
     from ..eval.convergence import convergence_by_task
 
-    _report(convergence_by_task(_task(args), args.out, progress=not args.no_progress, overwrite=args.overwrite))
+    task = _task(args)
+    _report(convergence_by_task(task, args.out, progress=not args.no_progress, overwrite=args.overwrite), task)
 
 
 def _task(args, checkpoint: Path | None = None):
@@ -135,10 +141,12 @@ def _task(args, checkpoint: Path | None = None):
     from ..tasks import make_task
 
     options = {name: getattr(args, name, None) for name in TASK_OPTIONS}
-    return make_task(args.task, checkpoint or args.checkpoint, dtype=args.dtype, **options).solve_with(**fixed_point_settings(args))
+    task = make_task(args.task, checkpoint or args.checkpoint, dtype=args.dtype, device=device_in_use(args), **options)
+    return task.solve_with(**fixed_point_settings(args))
 
 
-def _report(result) -> None:
+def _report(result, task) -> None:
+    print_device(str(task.device))
     print(result["table"])
     if result["files"]:
         record, figure = result["files"]
@@ -202,6 +210,7 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
     batch = {"words": "256", "lm": "8", "catbabi": "8"}
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"sequences per batch (default: {batch[task] if task else '256 for words, 8 for lm and catbabi'})")
+    add_device_option(p)
     add_dtype_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 from .arguments import add_overwrite_option, positive_float, positive_int, seed, tokenizer_name
-from .shared import add_budget_options, add_device_option, add_dtype_option, add_solver_flags, fixed_point_settings
+from .shared import (
+    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, device_in_use, fixed_point_settings,
+    print_device,
+)
 
 DESCRIPTION = (
     "Continue a prompt with a language model (a checkpoint, or a run folder's latest). The prompt is solved "
@@ -54,11 +57,16 @@ def _run_generate(args) -> None:
         max_new_tokens=args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, greedy=args.greedy, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_return_sequences=args.num_return_sequences,
     )
+    device = device_in_use(args)
+    said = []
+
+    def show(text: str) -> None:
+        if not said:  # once the model is loaded and the prompt read: a refusal before stays one line
+            print_device(device, file=sys.stderr)
+            said.append(device)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
     generate_text(args.checkpoint, prompt, decoding, tokenizer=args.tokenizer, mode=args.mode,
-                  fixed_point=fixed_point_settings(args), dtype=args.dtype, device=args.device, on_text=_print, out=args.out,
-                  overwrite=args.overwrite, echo_prompt=True)
-
-
-def _print(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+                  fixed_point=fixed_point_settings(args), dtype=args.dtype, device=device, on_text=show,
+                  out=args.out, overwrite=args.overwrite, echo_prompt=True)

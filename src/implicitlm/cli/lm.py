@@ -11,7 +11,7 @@ from .arguments import (
 )
 from .shared import (
     add_budget_options, add_demo_command, add_device_option, add_dtype_option, add_solver_flags, check_resume_or_overwrite,
-    fixed_point_settings, print_run_summary, report_demo,
+    device_in_use, fixed_point_settings, print_device, print_run_summary, report_demo,
 )
 
 
@@ -105,6 +105,7 @@ def _score_downstream(args, make_table) -> None:
     from ..eval.downstream import PAPER_TASKS, downstream_record, paper_table, read_local_sets, run_tasks
     from ..models import load_model
 
+    device = device_in_use(args)  # before the model loads: a device this machine lacks costs nothing
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()] if args.tasks else list(PAPER_TASKS)
     local_sets, skipped = None, {}
     if args.data_dir is not None:
@@ -115,8 +116,8 @@ def _score_downstream(args, make_table) -> None:
     model = load_model(args.checkpoint)
     model.set_fixed_point_options(**fixed_point_settings(args))
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    settings = {"mode": args.mode, "batch_size": args.batch_size, "max_length": args.max_length, "device": args.device,
-                "dtype": args.dtype}
+    settings = {"mode": args.mode, "batch_size": args.batch_size, "max_length": args.max_length,
+                "device": device, "dtype": args.dtype}
     try:
         results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
                             tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets, **settings)
@@ -124,6 +125,7 @@ def _score_downstream(args, make_table) -> None:
         if local_sets is not None:
             raise
         raise NetworkError(f"{error}; without a network, read local copies with --data-dir DIR") from None
+    print_device(device)
     print(make_table(results))
     if any(task in PAPER_TASKS for task in tasks):
         print(paper_table(results)[1])

@@ -10,7 +10,7 @@ from .arguments import (
     add_overwrite_option, key_value, model_preset_name, non_negative_int, option_sections, options_epilog, position_list,
     positive_int, seed,
 )
-from .shared import add_budget_options, fixed_point_settings
+from .shared import add_budget_options, add_device_option, device_in_use, fixed_point_settings, print_device
 
 
 def add_models_list(commands) -> None:
@@ -123,6 +123,7 @@ def add_jacobian(commands) -> None:
     p.add_argument("--seed", type=seed, default=0, help="seed of the random weights, tokens and coordinates")
     # The models are built inside run_jacobian, whose solves are its own: no flag to apply.
     add_budget_options(p, passes=False)
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=_run_jacobian)
 
@@ -134,8 +135,9 @@ def _run_jacobian(args) -> None:
         args.models, args.out, layer=args.layer, coordinates=args.coordinates,
         positions=args.positions, length=args.length, count=args.count,
         words=args.words, method=args.method, fixed_point=fixed_point_settings(args), seed=args.seed,
-        progress=not args.no_progress, overwrite=args.overwrite,
+        progress=not args.no_progress, overwrite=args.overwrite, device=device_in_use(args),
     )
+    print_device(records[0]["model"]["device"])
     print(f"{'model':<28}{'kind':<10}{'share mean':>12}{'median':>12}{'max':>12}")
     for record in records:
         kind = "implicit" if record["model"]["implicit"] else "explicit"

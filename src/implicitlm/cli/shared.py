@@ -31,7 +31,22 @@ def add_dtype_option(p) -> None:
 
 
 def add_device_option(p) -> None:
-    p.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="cpu, cuda, cuda:1, ... (default: auto, a GPU where torch sees one, else the CPU)")
+
+
+def device_in_use(args) -> str:
+    """The device ``--device`` names on this machine (auto: cuda or cpu), refused in one line
+    before anything loads if the machine lacks it. A default that picks for the user says what
+    it picked: each command says it with its output (``print_device``), and its records name it."""
+    from ..core.devices import usable_device
+
+    return str(usable_device(args.device))
+
+
+def print_device(device: str, file=None) -> None:
+    # With the output, not before the work: a refusal on the way stays the one line it is.
+    print(f"device: {device}", file=file)
 
 
 def add_solver_flags(p) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import add_overwrite_option, positive_float, positive_int, seed
+from .shared import add_device_option, device_in_use, print_device
 
 MIXING_LOSS_NAMES = {"residual": "log relative residual", "distance": "relative distance to the fixed point"}
 
@@ -32,6 +33,7 @@ def add_solver(commands) -> None:
     p.add_argument("--mixing-loss", choices=tuple(MIXING_LOSS_NAMES), default="residual",
                    help="what each learned mixing step is fitted to minimise: the log relative residual at its "
                         "iterate (default: what the stop test reads), or the paper's distance to the fixed point")
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit of --out where it stopped")
     add_overwrite_option(p, "a model already at --out (its files; others stay)")
@@ -45,7 +47,9 @@ def _run_solver_train(args) -> None:
         args.checkpoint, args.out, data=args.data, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         seed=args.seed, sequence_length=args.sequence_length, progress=not args.no_progress, resume=args.resume,
         overwrite=args.overwrite, guess_reads_state=args.guess_reads_state, mixing_loss=args.mixing_loss,
+        device=device_in_use(args),
     )
+    print_device(record["device"])
     parameters, loss = record["parameters"], record["loss"]
     reads = ", reads the state" if record["guess_reads_state"] else ""
     guess_loss, mixing_loss = loss["guess"], loss["mixing"]

@@ -1,5 +1,5 @@
 """The device and dtype a model runs on, named on the command line or in lm-eval's model
-arguments.
+arguments. ``auto``, the commands' default, is a GPU where the machine has one, else the CPU.
 
 torch accepts names that nothing here can run on (``meta`` holds shapes without values,
 ``mps`` needs another build), and fails on them deep inside a forward: a name is checked
@@ -13,8 +13,8 @@ from .errors import OptionError
 
 # The dtypes a model can be loaded or cast to, by the names the command line and lm-eval use.
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-DEVICE_NAME = re.compile(r"cpu|cuda(?::(\d+))?")
-DEVICE_NAMES = "cpu, cuda or cuda:N"
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(?::(\d+))?")
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
 
 
 def check_device_name(name: str) -> str:
@@ -26,12 +26,14 @@ def check_device_name(name: str) -> str:
 
 
 def usable_device(name: str | None, cuda_fallback: bool = False):
-    """The torch device ``name`` (default: the CPU), refused unless this machine has it.
-    ``cuda_fallback``: "cuda" without a GPU is the CPU (lm-eval's command line asks for cuda
-    by default) instead of an error."""
+    """The torch device ``name`` (default: the CPU; ``auto``: cuda where torch sees a GPU, else
+    the CPU), refused unless this machine has it. ``cuda_fallback``: "cuda" without a GPU is
+    the CPU (lm-eval's command line asks for cuda by default) instead of an error."""
     import torch  # here, not at the top: the command line checks names before it loads torch
 
     name = "cpu" if name is None else check_device_name(name)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type != "cuda":
         return device

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from ..data.groups import resolve_group
 from ..data.words import generate_words
+from ..core.devices import usable_device
 from ..core.errors import OptionError
 from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from ..models import build_model, config_from_options, load_model
@@ -332,11 +333,12 @@ def run_jacobian(
     specs: Sequence[str], out_dir: str | Path, layer: int = 0, coordinates: int = 64,
     positions: Sequence[int] | None = None, length: int = 32, count: int = 4, words: str | None = None,
     method: str = "ift", fixed_point: dict[str, Any] | None = None, seed: int = 0, progress: bool = False,
-    overwrite: bool = False,
+    overwrite: bool = False, device: str | None = None,
 ) -> list[dict[str, Any]]:
     """Analyse each model (``analysis_model`` specs) on the same tokens, solved as its own
     fixed-point options say or as ``fixed_point`` sets them (``FixedPointOptions`` fields:
-    ``max_iter``, ``tol`` ...); returns the records.
+    ``max_iter``, ``tol`` ...), on ``device`` (``usable_device``'s names; None: the CPU);
+    returns the records.
 
     One model: ``<out>/jacobian.json`` and ``<out>/jacobian.png``. Several:
     ``<out>/<label>/jacobian.json`` and ``.png`` per model, and every heatmap side by side
@@ -344,6 +346,7 @@ def run_jacobian(
     unless ``overwrite``.
     """
     out_dir = Path(out_dir)
+    device = usable_device(device)
     positions = list(positions) if positions else default_positions(length)
     settings = dict(layer=layer, method=method)
     details = dict(positions=positions, length=length, count=count, tokens=f"words:{words}" if words else "random", seed=seed)
@@ -352,7 +355,7 @@ def run_jacobian(
     records = []
     with claimed_outputs([*outputs, record_files(out_dir, EXPERIMENT)[1]], overwrite):
         for spec, (label, folder) in zip(specs, folders.items()):
-            model = analysis_model(spec, seed)
+            model = analysis_model(spec, seed).to(device)
             model.set_fixed_point_options(**(fixed_point or {}))
             _require_sequences(model, count, length)
             ids = analysis_tokens(model, length, count, seed, words)

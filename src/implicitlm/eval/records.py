@@ -43,6 +43,7 @@ def model_summary(model) -> dict[str, Any]:
         "implicit": bool(config.implicit),
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(model.dtype).removeprefix("torch."),
+        "device": str(model.device),
     }
     if config.implicit:
         options = model.solver.options

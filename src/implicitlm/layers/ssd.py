@@ -10,9 +10,8 @@ states. The naive loop ``ssd_reference`` is the oracle the tests compare against
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .ssd_kernel import fused_ssd_kernel, notify_fallback_once, run_fused_ssd
+from .ssd_kernel import fused_ssd_kernel, notify_fallback_once, pad_to_chunks, run_fused_ssd
 from .ssm_parameters import ssm_state_dtype
 
 
@@ -71,14 +70,9 @@ def ssd_chunked(
     batch, length, heads, headdim = x.shape
     groups, d_state = B.shape[2], B.shape[3]
     per_group = heads // groups
-    # Padding with dt = 0 adds tokens that neither decay nor feed the state, so the
-    # final state is exact and the padded outputs are simply dropped.
     chunk_size = min(chunk_size, length)
-    pad = (-length) % chunk_size
-    if pad:
-        x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
-        dt = F.pad(dt, (0, 0, 0, pad))
-    chunks = (length + pad) // chunk_size
+    x, dt, B, C = pad_to_chunks(chunk_size, x, dt, B, C)
+    chunks = x.shape[1] // chunk_size
     shape = (batch, chunks, chunk_size)
 
     xdt = (x * dt.unsqueeze(-1)).view(*shape, heads, headdim)                 # b c l h p

@@ -4,24 +4,41 @@ The pure-PyTorch ``ssd.ssd_chunked`` is both the fallback and the oracle the ker
 tested against. The kernel takes dt already softplus'd (``dt_softplus=False``), the
 same (b, l, h, p) / (b, l, g, n) layouts and the same (b, h, p, n) states, so it is a
 drop-in replacement, gradients included.
+
+What the kernels cost before their first result, paid once rather than per process and
+length: Triton benchmarks every configuration of a kernel (about a minute for the SSD's
+kernels on an H100) for each new chunk size, head and state size and dtype, and compiles a
+variant for each new length's divisibility. Its cache folder (``TRITON_CACHE_DIR``, by
+default ``~/.triton/cache``) keeps the compiled kernels across processes, and with
+``TRITON_CACHE_AUTOTUNING=1``, which ``fused_ssd_kernel`` sets unless the user set it, the
+benchmarks' results as well; sequences are padded to whole chunks (``pad_to_chunks``), so
+every length runs one compiled variant.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from .ssm_parameters import ssm_state_dtype
 
 _notified = False
+# Triton's own switch (triton >= 3.4): autotuning results kept in its cache folder. Read as
+# each autotuned kernel is defined, so it is set before mamba_ssm's kernels are imported.
+KEEP_AUTOTUNING = "TRITON_CACHE_AUTOTUNING"
 
 
 @functools.cache
 def fused_ssd_kernel() -> Callable | None:
-    """mamba_ssm's ``mamba_chunk_scan_combined``, or None when it cannot be imported."""
+    """mamba_ssm's ``mamba_chunk_scan_combined``, or None when it cannot be imported; imported
+    with Triton keeping its autotuning results across processes (``KEEP_AUTOTUNING``) unless the
+    environment says otherwise."""
+    os.environ.setdefault(KEEP_AUTOTUNING, "1")
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
     except (ImportError, OSError):
@@ -34,6 +51,8 @@ def run_fused_ssd(
     kernel: Callable, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     chunk_size: int, initial_state: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    length = x.shape[1]
+    x, dt, B, C = pad_to_chunks(chunk_size, x, dt, B, C)
     y, final_state = kernel(
         x.contiguous(),
         dt.contiguous(),
@@ -46,7 +65,19 @@ def run_fused_ssd(
     )
     # The state in ``ssm_state_dtype``, as the pure scan gives it: the kernel's state passing
     # accumulates in float32 too, so this is no rounding of a half-precision state.
-    return y, final_state.to(ssm_state_dtype(x.dtype))
+    return y[:, :length], final_state.to(ssm_state_dtype(x.dtype))
+
+
+def pad_to_chunks(chunk_size: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The scan's (b, l, ...) inputs x, dt, B, C zero-padded at the end of l to whole chunks.
+
+    Exact: a padded token has dt = 0, so its step exp(dt A) state + dt x B^T leaves the state
+    as it was, and the state after the last real token is the final one; the outputs before
+    it are causal, untouched by what follows. The caller drops the padded outputs."""
+    pad = (-tensors[0].shape[1]) % chunk_size
+    if not pad:
+        return tensors
+    return tuple(F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in tensors)
 
 
 def notify_fallback_once(reason: str) -> None:

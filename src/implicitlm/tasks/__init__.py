@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.devices import usable_device
 from ..core.errors import OptionError
 from ..models.loading import torch_dtype
 from .base import Task
@@ -21,10 +22,12 @@ TASKS: dict[str, type[Task]] = {task.name: task for task in (WordsTask, LMTask, 
 TRAINING_BATCHES: dict[str, type[WordBatches | TokenBatches]] = {"words": WordBatches, "lm": TokenBatches}
 
 
-def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **options: Any) -> Task:
+def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, device: str | None = None,
+              **options: Any) -> Task:
     """Task ``name`` on ``checkpoint`` with ``options`` (None: the task's default), which must
     all be the task's own: another task's option is refused in one line. ``dtype``: the
-    model's, for any task (None: as saved). How it solves (the budget ``max_iter``, ``tol``,
+    model's, for any task (None: as saved); ``device``: where it runs (``usable_device``'s
+    names; None: the CPU). How it solves (the budget ``max_iter``, ``tol``,
     ``solver`` ...) is ``Task.solve_with``'s."""
     if name not in TASKS:
         raise OptionError(f"unknown task {name!r}; one of {', '.join(TASKS)}")
@@ -37,4 +40,5 @@ def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, **opt
         )
     made = task(checkpoint, **given)
     made.dtype = torch_dtype(dtype)  # a wrong name is refused here, before any data is read
+    made.device = usable_device(device)
     return made

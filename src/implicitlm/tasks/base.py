@@ -81,6 +81,8 @@ class Task(ABC):
     # The dtype the model is evaluated in (None: as saved). Every task takes it
     # (``make_task``), so it is no task's own option.
     dtype: torch.dtype | None = None
+    # The device it is evaluated on (None: where it loads, the CPU), taken as the dtype is.
+    device: torch.device | None = None
 
     def __init__(self, checkpoint: str | Path, batch_size: int | None = None):
         self.checkpoint = Path(checkpoint)
@@ -109,6 +111,8 @@ class Task(ABC):
         """The checkpoint's model, its fixed-point options set (``solve_with``), the task's
         options settled against its training settings."""
         self.model = load_model(self.checkpoint, dtype=self.dtype)
+        if self.device is not None:
+            self.model.to(self.device)
         self.model.set_fixed_point_options(**self.fixed_point)
         self.resolve()
         return self.model

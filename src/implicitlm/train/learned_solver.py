@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.atomic_io import staged_directory, write_json
+from ..core.devices import usable_device
 from ..core.errors import DataError, OptionError
 from ..core.memory import activation_bytes, require
 from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
@@ -98,7 +99,7 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", 
 def train_learned_solver(
     source: str | Path, out: str | Path, data: str | Path | None = None, steps: int = 100, batch_size: int = 8,
     lr: float = 1e-3, seed: int = 0, sequence_length: int | None = None, progress: bool = True, resume: bool = False,
-    overwrite: bool = False, guess_reads_state: bool = False, mixing_loss: str = "residual",
+    overwrite: bool = False, guess_reads_state: bool = False, mixing_loss: str = "residual", device: str | None = None,
 ) -> dict[str, Any]:
     """Fit a learned initial guess and mixing to the fixed points of the checkpoint (or run)
     ``source`` and save the checkpoint with them in ``out``; returns the record written there.
@@ -109,7 +110,8 @@ def train_learned_solver(
     ``resume``: continue the fit an interruption left (``solver_progress``).
     ``guess_reads_state``: the guess also reads each block's recurrent state before the token
     (``deq.InitialGuess``'s ``readouts``), not only the previous fixed point.
-    ``mixing_loss``: what each learned step is fitted to minimise (``MIXING_LOSSES``)."""
+    ``mixing_loss``: what each learned step is fitted to minimise (``MIXING_LOSSES``).
+    ``device``: where the model and the fit run (``usable_device``'s names; None: the CPU)."""
     if steps < 1 or batch_size < 1:
         raise OptionError(f"steps and batch_size must be at least 1; got {steps} and {batch_size}",
                           arguments=("steps", "batch_size"))
@@ -121,7 +123,7 @@ def train_learned_solver(
     out = os.path.abspath(out)
     with exclusive_target(out, overwrite, MODEL_FOLDER):
         checkpoint = model_folder(source)
-        model = load_model(checkpoint).eval().requires_grad_(False)
+        model = load_model(checkpoint).eval().requires_grad_(False).to(usable_device(device))
         if not model.config.implicit:
             raise OptionError(f"{source}: an explicit model has no fixed point to guess")
         own = _own_solvers(model)
@@ -135,7 +137,8 @@ def train_learned_solver(
         batches.prepare(model)
         torch.manual_seed(seed)
         readouts = model.stack.readout_sizes() if guess_reads_state else ()
-        guess, mixing = InitialGuess(model.config.hidden_size, readouts=readouts), LearnedMixing(MEMORY)
+        guess = InitialGuess(model.config.hidden_size, readouts=readouts).to(model.device)
+        mixing = LearnedMixing(MEMORY).to(model.device)
         settings = {"source": str(checkpoint.resolve()), "weights_sha256": weights_sha256(checkpoint),
                     "data": None if data is None else str(Path(data).resolve()), "steps": steps,
                     "batch_size": batch_size, "lr": lr, "seed": seed, "sequence_length": config.sequence_length,
@@ -149,7 +152,7 @@ def train_learned_solver(
         record = {
             **{key: settings[key] for key in ("steps", "batch_size", "sequence_length", "lr", "seed",
                                               "guess_reads_state", "mixing_loss")},
-            "source": str(checkpoint), "seconds": round(time.perf_counter() - started, 1),  # of this call's part
+            "source": str(checkpoint), "device": str(model.device), "seconds": round(time.perf_counter() - started, 1),  # of this call's part
             "parameters": {"guess": _parameters(guess), "mixing": _parameters(mixing)}, "tight_tol": TIGHT_TOL,
             "tight_unconverged_share": state.missed / max(state.solved, 1),
             "loss": {name: {"first": losses[0], "last": sum(losses[-10:]) / len(losses[-10:])}

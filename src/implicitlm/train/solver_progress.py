@@ -65,8 +65,9 @@ def restore_progress(folder: Path, settings: dict[str, Any], fitted: Fitted, bat
         prefix = f"{name}."
         network.load_state_dict({key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)})
         for index, parameter in enumerate(network.parameters()):
-            moments = {moment: tensors[f"adam.{name}.{index}.{moment}"] for moment in MOMENTS
-                       if f"adam.{name}.{index}.{moment}" in tensors}
+            # Saved from, and read to, the CPU; AdamW keeps its step count there, its moments beside the parameter.
+            moments = {moment: tensors[key] if moment == "step" else tensors[key].to(parameter.device)
+                       for moment in MOMENTS if (key := f"adam.{name}.{index}.{moment}") in tensors}
             if moments:
                 optimizer.state[parameter] = moments
     batches.load_state_dict(meta["batches"])
