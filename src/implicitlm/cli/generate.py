@@ -58,15 +58,13 @@ def _run_generate(args) -> None:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_return_sequences=args.num_return_sequences,
     )
     device = device_in_use(args)
-    said = []
 
     def show(text: str) -> None:
-        if not said:  # once the model is loaded and the prompt read: a refusal before stays one line
-            print_device(device, file=sys.stderr)
-            said.append(device)
         sys.stdout.write(text)
         sys.stdout.flush()
 
     generate_text(args.checkpoint, prompt, decoding, tokenizer=args.tokenizer, mode=args.mode,
                   fixed_point=fixed_point_settings(args), dtype=args.dtype, device=device, on_text=show,
                   out=args.out, overwrite=args.overwrite, echo_prompt=True)
+    # Once all is written: a refusal on the way, the --out file's included, stays one line.
+    print_device(device, file=sys.stderr)
