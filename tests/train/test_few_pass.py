@@ -132,3 +132,20 @@ def test_an_explicit_model_refuses_the_stage():
     config = TrainConfig.for_task("lm", total_steps=4, few_pass_steps=2)
     with pytest.raises(OptionError, match="few_pass_steps.*implicit"):
         config.curriculum(implicit=False)
+
+
+def test_a_run_from_a_checkpoint_with_a_learned_solver_solves_from_zero(shards, base, tmp_path):
+    """The learned guess and mixing were fitted to the source's weights and stay with its
+    checkpoint: the run's held-out evaluation and its checkpoint solve without them."""
+    fitted = tmp_path / "fitted"
+    assert main(["solver", "train", str(base), "--data", str(shards), "--out", str(fitted), "--steps", "2",
+                 "--no-progress"]) == 0
+    model = load_model(fitted)
+    model.set_fixed_point_options(initial_guess="learned", simultaneous_solver="learned_anderson")
+    model.save_pretrained(fitted)
+    run = tmp_path / "run"
+    assert main(few_pass_command(shards, fitted, run, "total_steps=1", "few_pass_steps=1", "eval_every=1",
+                                 "eval_batches=1")) == 0
+    options = load_model(run).solver.options
+    assert (options.initial_guess_for("simultaneous"), options.solver_for("simultaneous")) == ("zero", "safeguarded_anderson")
+    assert logged(run)[-1]["test_ppl"] > 0
