@@ -84,7 +84,7 @@ def test_the_stage_closes_the_gap_of_k_passes_to_the_fixed_point_and_keeps_it(sh
 
 
 def test_the_stage_logs_its_terms_after_the_curriculum(shards, base, tmp_path):
-    assert main(few_pass_command(shards, base, tmp_path, "total_steps=4", "few_pass_steps=2",
+    assert main(few_pass_command(shards, base, tmp_path, "total_steps=4", "few_pass_steps=2", "few_pass_distance=1",
                                  "bounded_fraction=0.5")) == 0
     rows = logged(tmp_path)
     assert [row["phase"] for row in rows] == ["bounded", "free", "few_pass", "few_pass"]
@@ -102,9 +102,10 @@ def test_the_stage_without_a_teacher_runs_the_passes_alone(shards, base, tmp_pat
 
 
 def test_a_run_resumes_into_and_through_the_stage_exactly(shards, base, tmp_path):
-    whole = few_pass_command(shards, base, tmp_path / "whole", "total_steps=4", "few_pass_steps=3")
+    whole = few_pass_command(shards, base, tmp_path / "whole", "total_steps=4", "few_pass_steps=3", "few_pass_distance=1")
     assert main(whole) == 0
-    stopped = few_pass_command(shards, base, tmp_path / "stopped", "total_steps=2", "few_pass_steps=1")
+    stopped = few_pass_command(shards, base, tmp_path / "stopped", "total_steps=2", "few_pass_steps=1",
+                               "few_pass_distance=1")
     assert main(stopped) == 0
     more = ["--train", "total_steps=4", "--train", "few_pass_steps=3"]
     assert main(["train", "--data", str(shards), "--out", str(tmp_path / "stopped"), "--resume", "--no-progress",

@@ -42,7 +42,7 @@ RENAMED_TRAINING_OPTIONS = {
 # The few-pass stage's settings, at their defaults when it came (train/config.py): settings
 # recorded before then lack them, and their runs had no such stage.
 BEFORE_FEW_PASS_STAGE = {
-    "few_pass_steps": 0, "few_pass_passes": 2, "few_pass_distance": 1.0, "few_pass_fixed_point": 1.0,
+    "few_pass_steps": 0, "few_pass_passes": 2, "few_pass_distance": 0.0, "few_pass_fixed_point": 1.0,
     "few_pass_jacobian": 0.0,
 }
 

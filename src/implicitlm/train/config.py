@@ -51,7 +51,7 @@ class TrainConfig(Options):
     # The few-pass stage (implicit models): the last steps, after the curriculum (train/few_pass.py).
     few_pass_steps: int = 0
     few_pass_passes: int = 2
-    few_pass_distance: float = 1.0
+    few_pass_distance: float = 0.0
     few_pass_fixed_point: float = 1.0
     few_pass_jacobian: float = 0.0
     precision: str = "auto"
