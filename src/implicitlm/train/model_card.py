@@ -60,8 +60,8 @@ def few_pass_lines(train: dict[str, Any]) -> list[str]:
         return []
     return [f"- few-pass stage: the last {train['few_pass_steps']:,} steps trained the output after "
             f"{train['few_pass_passes']} passes from z = 0 beside the fixed point's (weight "
-            f"{train['few_pass_fixed_point']}; distance to the fixed point {train['few_pass_distance']}, "
-            f"Jacobian penalty {train['few_pass_jacobian']})"]
+            f"{train['few_pass_fixed_point']:g}; distance to the fixed point {train['few_pass_distance']:g}, "
+            f"Jacobian penalty {train['few_pass_jacobian']:g})"]
 
 
 def write_model_card(folder: Path, model, meta: dict[str, Any]) -> None:
