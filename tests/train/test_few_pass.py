@@ -5,6 +5,9 @@ through it as through the curriculum's phases, and its terms are logged."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,6 +118,22 @@ def test_a_run_resumes_into_and_through_the_stage_exactly(shards, base, tmp_path
     assert phases == [row["phase"] for row in resumed] == ["bounded", "few_pass", "few_pass", "few_pass"]
     for key in ("loss", "fixed_point_loss", "distance"):
         assert [row.get(key) for row in resumed] == [row.get(key) for row in uninterrupted]
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_stage_as_one_does(shards, base, tmp_path):
+    """Each micro-step's two forwards are each followed by their own backward, as DDP needs."""
+    settings = ["total_steps=2", "few_pass_steps=2", "few_pass_distance=1", f"batch_tokens={4 * SEQUENCE}"]
+    assert main(few_pass_command(shards, base, tmp_path / "single", *settings, "batch_size=4")) == 0
+    two = few_pass_command(shards, base, tmp_path / "two", *settings, "batch_size=2")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "implicitlm", *two]
+    source = Path(__file__).parents[2]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{source / 'src'}{os.pathsep}{source}"}
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for key in ("loss", "fixed_point_loss", "distance"):
+        torch.testing.assert_close([row[key] for row in logged(tmp_path / "two")],
+                                   [row[key] for row in logged(tmp_path / "single")], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("setting, named", [
