@@ -10,7 +10,9 @@ model sees one forward per backward):
 - K passes from z = 0, differentiated through (the unroll): their cross-entropy, plus
   ``distance`` times the mean over samples of ``|z_K - z*|^2 / |z*|^2``.
 Where neither the fixed point's loss nor a Jacobian penalty is asked for, the first forward
-runs without gradient, and where the distance is not asked for either, not at all.
+runs without gradient, and where the distance is not asked for either, not at all. The
+distance is off by default: on WikiText-2's validation text it cost the fixed point more
+than it gave the K passes (the warm-start guide has the figures).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ micro-step, accumulated over as many micro-steps as ``batch_tokens`` asks (one w
 and wraps the model; each process reads its own rows of every global batch.
 
 The curriculum is the unroll warm-up (if any), then bounded (4+1) for ``bounded_fraction``
-of the remaining steps, then free. A run resumes exactly from its latest checkpoint:
+of the remaining steps, then free, then the few-pass stage (if any, ``few_pass.py``). A run resumes exactly from its latest checkpoint:
 weights, optimiser, scheduler, batch position and RNG state are all restored, so the
 losses after a resume are those the uninterrupted run would have produced.
 """
