@@ -32,3 +32,15 @@ def test_an_explicit_models_card_has_no_fixed_point_settings(tmp_path):
                                                  head_dim=8, implicit=False)))
     card = (save_checkpoint(tmp_path / "step_0000001", model, meta={"step": 1}) / "README.md").read_text()
     assert ", explicit\n" in card.splitlines(keepends=True)[0] and "Fixed-point" not in card
+
+
+def test_a_card_says_the_few_pass_stage(tmp_path):
+    model = build_model(config_from_options(dict(vocab_size=300, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                                 head_dim=8)))
+    train = {"task": "lm", "sequence_length": 64, "batch_tokens": 512, "few_pass_steps": 60, "few_pass_passes": 2,
+             "few_pass_fixed_point": 1.0, "few_pass_distance": 0.0, "few_pass_jacobian": 0.0}
+    card = (save_checkpoint(tmp_path / "step_0000060", model, meta={"step": 60, "train": train}) / "README.md").read_text()
+    assert "- few-pass stage: the last 60 steps trained the output after 2 passes from z = 0" in card
+    plain = (save_checkpoint(tmp_path / "plain", model, meta={"step": 1, "train": {**train, "few_pass_steps": 0}})
+             / "README.md").read_text()
+    assert "few-pass" not in plain

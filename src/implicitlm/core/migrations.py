@@ -39,6 +39,13 @@ RENAMED_TRAINING_OPTIONS = {
     **RENAMED_PHASE_BUDGETS,
 }
 
+# The few-pass stage's settings, at their defaults when it came (train/config.py): settings
+# recorded before then lack them, and their runs had no such stage.
+BEFORE_FEW_PASS_STAGE = {
+    "few_pass_steps": 0, "few_pass_passes": 2, "few_pass_distance": 0.0, "few_pass_fixed_point": 1.0,
+    "few_pass_jacobian": 0.0,
+}
+
 
 def refuse_renamed_training_options(values: Mapping[str, Any]) -> None:
     """An option given under a former trainer's name is an OptionError naming today's."""
@@ -77,7 +84,8 @@ def training_settings(settings: Mapping[str, Any], source: object) -> dict[str, 
     ``TrainConfig`` spells them today, with the ``task``: today's carry it; the former LM
     trainer's spell ``micro_batch_size``; the rest are the former word trainer's. The phase
     budgets of either are renamed (``free_iters`` is ``free_max_iter``). Any key not among
-    today's names is refused, not dropped: a misspelt ``lrr`` would run at the default rate. A
+    today's names is refused, not dropped: a misspelt ``lrr`` would run at the default rate.
+    Settings recorded before the few-pass stage came get its settings, the stage off. A
     setting given under both its names, or a former one of the wrong type, is a one-line
     DataError naming ``source``."""
     try:
@@ -87,6 +95,8 @@ def training_settings(settings: Mapping[str, Any], source: object) -> dict[str, 
     except OptionError as error:
         raise DataError(f"{source}: {error}") from None
     check_header_keys(settings, TRAINING_SETTINGS, source, "the training settings")
+    if not any(name in settings for name in BEFORE_FEW_PASS_STAGE):
+        settings = {**settings, **BEFORE_FEW_PASS_STAGE}
     return settings
 
 

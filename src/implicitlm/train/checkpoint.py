@@ -186,5 +186,20 @@ def warm_start(model: ImplicitCausalLM, source: str | Path) -> WarmStart:
 
     checkpoint = model_folder(source)
     initialise_from(model, load_model(checkpoint))
+    _solve_without_learned_solver(model)
     position = load_training_state(checkpoint).get("sampler") if (checkpoint / TRAINING_STATE).is_file() else None
     return WarmStart(checkpoint, position)
+
+
+def _solve_without_learned_solver(model: ImplicitCausalLM) -> None:
+    """A learned guess and mixing are fitted to one model's weights and travel with its
+    checkpoint only: a run from those weights solves from z = 0 with the safeguarded
+    Anderson solver where the source's options named them (``implicitlm solver train``
+    fits new ones to the run's result)."""
+    if not model.config.implicit:
+        return
+    options = model.solver.options
+    learned_solvers = {name: "safeguarded_anderson" for name in ("solver", "simultaneous_solver", "sequential_solver")
+                       if getattr(options, name) == "learned_anderson"}
+    model.set_fixed_point_options(initial_guess="zero", simultaneous_initial_guess="", sequential_initial_guess="",
+                                  **learned_solvers)

@@ -18,6 +18,7 @@ from ..core.schema import (
 )
 from ..deq.options import evaluations
 from .curriculum import Curriculum, Phase
+from .few_pass import FewPassLoss
 
 TASKS = ("words", "lm")
 DISTRIBUTED = ("ddp", "fsdp")
@@ -47,6 +48,12 @@ class TrainConfig(Options):
     free_max_iter: int = 24
     free_phantom_steps: int = 4
     free_tol: float = 0.05
+    # The few-pass stage (implicit models): the last steps, after the curriculum (train/few_pass.py).
+    few_pass_steps: int = 0
+    few_pass_passes: int = 2
+    few_pass_distance: float = 0.0
+    few_pass_fixed_point: float = 1.0
+    few_pass_jacobian: float = 0.0
     precision: str = "auto"
     distributed: str = "ddp"
     activation_checkpointing: bool = False
@@ -70,6 +77,8 @@ class TrainConfig(Options):
         "grad_clip": POSITIVE, "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1),
         "bounded_fraction": UNIT_INTERVAL, "bounded_max_iter": evaluations(0),
         "bounded_phantom_steps": evaluations(1), "free_max_iter": evaluations(0), "free_phantom_steps": evaluations(1), "free_tol": POSITIVE,
+        "few_pass_steps": NON_NEGATIVE, "few_pass_passes": evaluations(1), "few_pass_distance": NON_NEGATIVE,
+        "few_pass_fixed_point": NON_NEGATIVE, "few_pass_jacobian": NON_NEGATIVE,
         "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
         "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),
         "checkpoint_every": NON_NEGATIVE, "keep_checkpoints": at_least(1), "hard_prob": UNIT_INTERVAL,
@@ -97,6 +106,14 @@ class TrainConfig(Options):
         "free_max_iter": "implicit: most solver iterations per free step",
         "free_phantom_steps": "implicit: phantom-gradient steps per free step",
         "free_tol": "implicit: relative residual at which a free-phase solve stops",
+        "few_pass_steps": "implicit: steps of the few-pass stage, the run's last, after the curriculum (0: none): it "
+                          "teaches the model its fixed point's quality in few_pass_passes passes from z = 0",
+        "few_pass_passes": "implicit: the passes (K) the few-pass stage trains for",
+        "few_pass_distance": "implicit: few-pass stage, weight of |z_K - z*|^2 / |z*|^2, the distance of the K-pass "
+                             "state to the fixed point (held without gradient)",
+        "few_pass_fixed_point": "implicit: few-pass stage, weight of the fixed point's own loss (phantom gradient, the "
+                                "free phase's budget), which keeps its quality",
+        "few_pass_jacobian": "implicit: few-pass stage, weight of the Jacobian penalty at the fixed point (0: off)",
         "precision": "auto (bf16 autocast on CUDA, full precision elsewhere), no (full precision), bf16 (autocast)",
         "distributed": "under torchrun: ddp or fsdp",
         "activation_checkpointing": "recompute each block in the backward pass (less memory, one more forward)",
@@ -112,8 +129,11 @@ class TrainConfig(Options):
     }
 
     def check(self) -> None:
-        if self.unroll_steps > self.total_steps:
-            raise OptionError(f"unroll_steps={self.unroll_steps} is more than total_steps={self.total_steps}")
+        if self.unroll_steps + self.few_pass_steps > self.total_steps:
+            raise OptionError(
+                f"unroll_steps={self.unroll_steps} and few_pass_steps={self.few_pass_steps} are more than "
+                f"total_steps={self.total_steps}"
+            )
         if self.min_lr > self.lr:
             raise OptionError(
                 f"min_lr={self.min_lr} is more than lr={self.lr}: the decay would raise the rate, not lower it"
@@ -153,14 +173,18 @@ class TrainConfig(Options):
         if not implicit:
             return 1
         unroll = self.unroll_depth if self.unroll_steps else 0
-        return max(unroll, self.bounded_phantom_steps, self.free_phantom_steps)
+        # The few-pass stage's unroll, and one more pass that reads z_K off (few_pass.py).
+        few_pass = self.few_pass_passes + 1 if self.few_pass_steps else 0
+        return max(unroll, self.bounded_phantom_steps, self.free_phantom_steps, few_pass)
 
     def curriculum(self, implicit: bool) -> Curriculum:
         if not implicit:
+            if self.few_pass_steps:
+                raise OptionError("training option 'few_pass_steps' is for implicit models; this one is explicit")
             return Curriculum((Phase("explicit", self.total_steps),))
-        after_warm_up = self.total_steps - self.unroll_steps
+        after_warm_up = self.total_steps - self.unroll_steps - self.few_pass_steps
         bounded_steps = round(self.bounded_fraction * after_warm_up)
-        return Curriculum.unroll_bounded_free(
+        curriculum = Curriculum.unroll_bounded_free(
             self.unroll_steps,
             bounded_steps,
             after_warm_up - bounded_steps,
@@ -168,6 +192,16 @@ class TrainConfig(Options):
             bounded=(self.bounded_max_iter, self.bounded_phantom_steps),
             free=(self.free_max_iter, self.free_phantom_steps),
             free_tol=self.free_tol,
+        )
+        return Curriculum((*curriculum.phases, self.few_pass_phase())) if self.few_pass_steps else curriculum
+
+    def few_pass_phase(self) -> Phase:
+        """The few-pass stage: its fixed point solved on the free phase's budget."""
+        return Phase(
+            "few_pass", self.few_pass_steps,
+            {"unroll_steps": 0, "train_max_iter": self.free_max_iter, "phantom_steps": self.free_phantom_steps,
+             "train_tol": self.free_tol, "jacobian_penalty": self.few_pass_jacobian},
+            FewPassLoss(self.few_pass_passes, self.few_pass_distance, self.few_pass_fixed_point),
         )
 
 

@@ -13,13 +13,17 @@ from typing import Any
 
 from ..deq.options import FixedPointOptions
 from ..core.schema import OptionError
+from .few_pass import FewPassLoss
 
 
 @dataclass(frozen=True)
 class Phase:
+    """``few_pass``: the few-pass stage's loss in place of the cross-entropy at the fixed point."""
+
     name: str
     steps: int
     fixed_point: dict[str, Any] = field(default_factory=dict)
+    few_pass: FewPassLoss | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:

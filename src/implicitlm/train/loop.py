@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
 
-from .curriculum import Curriculum
+from .curriculum import Curriculum, Phase
 from ..core.errors import NumericalFault
 from .guard import (
     StopSignals, TrainingInterrupted, agreed_count, check_finite, stop_on_numerical_fault, stop_on_write_failure,
@@ -31,7 +31,8 @@ from .run_log import RunLog
 class StepOutcome:
     """One optimiser step's forward and backward: the loss over the whole (global) batch,
     the last forward's output, this process's count of non-finite fixed-point images, the
-    tokens the step consumed, and what the task's metrics need besides (word labels).
+    tokens the step consumed, what the task's metrics need besides (word labels), and the
+    terms of a loss made of several (the few-pass stage's), to log.
     ``recheck()``: the loss and non-finite count of the step's (last) batch again, under the
     current weights: how the loop tries the updated weights before it checkpoints them."""
 
@@ -41,20 +42,22 @@ class StepOutcome:
     tokens: int
     recheck: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     labels: torch.Tensor | None = None
+    terms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class TrainingTask:
     """What a trainer gives the loop.
 
-    ``forward_backward(model)``: one step's gradients, accumulated. ``task_metrics(outcome)``:
+    ``forward_backward(model, phase)``: one step's gradients, accumulated, by the loss of
+    the curriculum's ``phase``. ``task_metrics(outcome)``:
     the metrics only this task has (accuracy, perplexity). ``save(step)``: write a
     checkpoint after ``step`` steps, collectively; returns its path. ``evaluate(step)``:
     held-out metrics due after ``step``, or None. ``checkpoint_every``: 0 for only at the end.
     """
 
     curriculum: Curriculum
-    forward_backward: Callable[[torch.nn.Module], StepOutcome]
+    forward_backward: Callable[[torch.nn.Module, Phase], StepOutcome]
     task_metrics: Callable[[StepOutcome], dict[str, Any]]
     save: Callable[[int], Path]
     grad_clip: float
@@ -96,7 +99,7 @@ def run_training(
         for step in bar:
             phase = task.curriculum.enter(step, phase, core)
             with stop_on_numerical_fault(step, last_checkpoint):
-                outcome = task.forward_backward(model)
+                outcome = task.forward_backward(model, phase)
                 grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), task.grad_clip))
                 check_finite(outcome.loss, grad_norm, agreed_count(outcome.non_finite, accelerator))
             optimizer.step()
@@ -108,7 +111,7 @@ def run_training(
             last = step == total - 1
             if step % task.log_every == 0 or last:
                 metrics = {
-                    **task.task_metrics(outcome), "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
+                    **task.task_metrics(outcome), **outcome.terms, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
                     "phase": phase.name, "tokens_per_s": tokens / (time.perf_counter() - started),
                 }
                 if outcome.output.fixed_point is not None:

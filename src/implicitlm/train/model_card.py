@@ -30,6 +30,7 @@ def model_card(model, meta: dict[str, Any]) -> str:
         f"- parameters: {model.num_parameters():,}",
         f"- trained: {step:,} steps, {step * tokens_per_step:,} tokens ({train.get('task', 'lm')} task, "
         f"sequence length {train.get('sequence_length')})",
+        *few_pass_lines(train),
         "",
         "## Loading",
         "",
@@ -52,6 +53,16 @@ def model_card(model, meta: dict[str, Any]) -> str:
                       "command line with --max-iter, --tol, --passes, --solver and --chunk-length (passes: exactly that "
                       "many passes per solve, 0: solve to tol)."]
     return "\n".join(lines) + "\n"
+
+
+def few_pass_lines(train: dict[str, Any]) -> list[str]:
+    """The few-pass stage, where the run had one."""
+    if not train.get("few_pass_steps"):
+        return []
+    return [f"- few-pass stage: the last {train['few_pass_steps']:,} steps trained the output after "
+            f"{train['few_pass_passes']} passes from z = 0 beside the fixed point's (weight "
+            f"{train['few_pass_fixed_point']:g}; distance to the fixed point {train['few_pass_distance']:g}, "
+            f"Jacobian penalty {train['few_pass_jacobian']:g})"]
 
 
 def write_model_card(folder: Path, model, meta: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ micro-step, accumulated over as many micro-steps as ``batch_tokens`` asks (one w
 and wraps the model; each process reads its own rows of every global batch.
 
 The curriculum is the unroll warm-up (if any), then bounded (4+1) for ``bounded_fraction``
-of the remaining steps, then free. A run resumes exactly from its latest checkpoint:
+of the remaining steps, then free, then the few-pass stage (if any, ``few_pass.py``). A run resumes exactly from its latest checkpoint:
 weights, optimiser, scheduler, batch position and RNG state are all restored, so the
 losses after a resume are those the uninterrupted run would have produced.
 """
@@ -40,6 +40,8 @@ from .checkpoint import (
     save_checkpoint, saved_settings,
 )
 from .config import TrainConfig
+from .curriculum import Phase
+from .few_pass import few_pass_micro_step
 from .guard import non_finite_images
 from .held_out import held_out_metrics, write_training_record
 from .loop import StepOutcome, TrainingTask, chunk_evaluations_at, run_training
@@ -147,7 +149,7 @@ def _train(
 
     task = TrainingTask(
         curriculum=curriculum,
-        forward_backward=lambda model: _optimiser_step(accelerator, model, batches, accumulation),
+        forward_backward=lambda model, phase: _optimiser_step(accelerator, model, batches, accumulation, phase),
         task_metrics=lambda outcome: _step_metrics(accelerator, batches, outcome),
         save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config, origin),
         grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
@@ -223,21 +225,29 @@ def _accelerator(config: TrainConfig, model, out_dir: Path):
     )
 
 
-def _optimiser_step(accelerator, model, batches, accumulation: int) -> StepOutcome:
+def _optimiser_step(accelerator, model, batches, accumulation: int, phase: Phase) -> StepOutcome:
     """Forward and backward over ``accumulation`` micro-batches; gradients are synchronised
-    between processes on the last one only. The loss is the step's mean over all processes."""
+    between processes on the last one only. The loss is the step's mean over all processes:
+    the cross-entropy, at the fixed point or, in the few-pass stage, after its passes."""
     total = torch.zeros((), device=accelerator.device)
     output, non_finite = None, torch.zeros((), dtype=torch.long, device=accelerator.device)
-    tokens = 0
+    tokens, terms = 0, {}
     for micro_step in range(accumulation):
         input_ids, labels = (tensor.to(accelerator.device) for tensor in next(batches))
         last = micro_step == accumulation - 1
-        with contextlib.nullcontext() if last else accelerator.no_sync(model):
-            output = model(input_ids)
-            # Every micro-batch holds the same number of labels, so the mean of the
-            # micro-batch means is the mean over the whole global batch.
-            cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
-            accelerator.backward(penalised(cross_entropy, output.fixed_point) / accumulation)
+        if phase.few_pass is not None:
+            cross_entropy, step_terms, output = few_pass_micro_step(
+                accelerator, model, input_ids, labels, phase.few_pass, 1 / accumulation, last
+            )
+            for name, value in step_terms.items():
+                terms[name] = terms.get(name, 0) + value / accumulation
+        else:
+            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                output = model(input_ids)
+                # Every micro-batch holds the same number of labels, so the mean of the
+                # micro-batch means is the mean over the whole global batch.
+                cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
+                accelerator.backward(penalised(cross_entropy, output.fixed_point) / accumulation)
         total += cross_entropy.detach() / accumulation
         non_finite += non_finite_images(output)
         tokens += input_ids.numel() * accelerator.num_processes
@@ -247,7 +257,8 @@ def _optimiser_step(accelerator, model, batches, accumulation: int) -> StepOutco
         return token_cross_entropy(again.logits, labels, "aligned"), non_finite_images(again)
 
     loss = accelerator.reduce(total, reduction="mean").item()
-    return StepOutcome(loss, output, non_finite, tokens, recheck, labels)
+    terms = {name: accelerator.reduce(value, reduction="mean").item() for name, value in terms.items()}
+    return StepOutcome(loss, output, non_finite, tokens, recheck, labels, terms)
 
 
 def _step_metrics(accelerator, batches, outcome: StepOutcome) -> dict[str, float]:

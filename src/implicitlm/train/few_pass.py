@@ -1,0 +1,84 @@
+"""The few-pass stage: the last steps of a run teach an implicit model to reach its fixed
+point's quality in K passes of the stack from z = 0, while keeping the fixed point.
+
+Each micro-step runs two forwards, each followed by its own backward (so a data-parallel
+model sees one forward per backward):
+- at the fixed point, as the free phase does (no-grad solve, phantom gradient): its
+  cross-entropy, weighted ``fixed_point``, keeps the fixed point's quality, and the fixed
+  point itself, without gradient, is the teacher of the second forward (C-DEQ,
+  arXiv 2602.03024). The phase's ``jacobian_penalty``, if any, is added here, at the solution;
+- K passes from z = 0, differentiated through (the unroll): their cross-entropy, plus
+  ``distance`` times the mean over samples of ``|z_K - z*|^2 / |z*|^2``.
+Where neither the fixed point's loss nor a Jacobian penalty is asked for, the first forward
+runs without gradient, and where the distance is not asked for either, not at all. The
+distance is off by default: on WikiText-2's validation text it cost the fixed point more
+than it gave the K passes (the warm-start guide has the figures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..deq import penalised
+from ..models.loss import token_cross_entropy
+
+
+@dataclass(frozen=True)
+class FewPassLoss:
+    """The stage's loss: ``passes`` (K) and the weights of its terms besides the K-pass
+    cross-entropy."""
+
+    passes: int
+    distance: float
+    fixed_point: float
+
+
+def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss, scale: float, sync: bool):
+    """Both forwards and backwards of one micro-batch, each backward's loss times ``scale``
+    (1 / the accumulation steps); gradients are synchronised between processes after the
+    second one if ``sync``. Returns the K-pass cross-entropy (the step's loss), the other
+    terms computed (``fixed_point_loss``, ``distance``), detached, and the K-pass output."""
+    core = accelerator.unwrap_model(model)
+    teacher, fixed_point_loss = None, None
+    jacobian = core.solver.options.jacobian_penalty > 0
+    if loss.fixed_point or jacobian:
+        with accelerator.no_sync(model):
+            output = model(input_ids, output_hidden_states=bool(loss.distance))
+            fixed_point_loss = token_cross_entropy(output.logits, labels, "aligned")
+            accelerator.backward(penalised(loss.fixed_point * fixed_point_loss, output.fixed_point) * scale)
+        teacher = output.hidden_states[-1].detach() if loss.distance else None
+        fixed_point_loss = fixed_point_loss.detach()
+    elif loss.distance:
+        with torch.no_grad():
+            teacher = model(input_ids, output_hidden_states=True).hidden_states[-1]
+    with contextlib.nullcontext() if sync else accelerator.no_sync(model), _unrolled(core, loss.passes):
+        # The hidden states' one more pass over z_K is what gives z_K itself: the head reads it.
+        output = model(input_ids, output_hidden_states=teacher is not None)
+        cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
+        distance = None if teacher is None else relative_distance(output.hidden_states[-1], teacher)
+        objective = cross_entropy if distance is None else cross_entropy + loss.distance * distance
+        accelerator.backward(objective * scale)
+    terms = {"fixed_point_loss": fixed_point_loss, "distance": None if distance is None else distance.detach()}
+    return cross_entropy.detach(), {name: value for name, value in terms.items() if value is not None}, output
+
+
+def relative_distance(z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean over samples of ``|z - target|^2 / |target|^2``: each sample's distance at the
+    scale of its own fixed point."""
+    squares = lambda x: x.float().pow(2).flatten(1).sum(dim=1)
+    return (squares(z - target) / squares(target).clamp_min(1e-12)).mean()
+
+
+@contextlib.contextmanager
+def _unrolled(core, passes: int):
+    """The model's training forward as ``passes`` passes from z = 0 with autograd (the
+    unroll), without the phase's Jacobian penalty, which belongs at the fixed point."""
+    phase_options = core.solver.options
+    core.set_fixed_point_options(unroll_steps=passes, jacobian_penalty=0.0)
+    try:
+        yield
+    finally:
+        core.set_fixed_point_options(**phase_options.to_dict())
