@@ -23,7 +23,8 @@ solvers: safeguarded Anderson with the checkpoint's learned mixing, where it has
 explicit model measured in the same run. ``--passes``: a row per K and start beside the tolerance rows (``--tols ""``:
 those rows only), every solve exactly K plain passes (``FixedPointOptions.passes``), each of its runs timed in
 alternation with the explicit model's, so that a busy machine's drift falls on both (decoding: the ratio of the
-per-token medians; scoring: the median of the per-pair ratios).
+per-token medians; scoring: the median of the per-pair ratios). The last row, always: the implicit model as
+shipped, its checkpoint's own options (passes, solver, guess, tolerance), timed the same way.
 """
 
 from __future__ import annotations
@@ -149,8 +150,10 @@ def main() -> None:
                if solver != "learned_anderson" or implicit.learned_mixing is not None]
     base_decode = decode(explicit, prompt, tokens, repeats)
     base_score = score(explicit, windows, repeats)
-    own_tol = implicit.solver.options.tol  # what a K-pass answer's last step is held to in "not converged"
-    implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, initial_guess="zero")
+    # The checkpoint's own options and guess, for the row of the model run as shipped (no flags).
+    shipped, shipped_guess = implicit.solver.options, implicit.learned_guess
+    own_tol = shipped.tol  # what a K-pass answer's last step is held to in "not converged"
+    implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, passes=0, initial_guess="zero", simultaneous_initial_guess="")
     tight_loss = score(implicit, windows, 1)[1]
     table = Table(
         f"Trained pair {args.implicit} vs {args.explicit}: decoding after {PROMPT} tokens and scoring "
@@ -178,17 +181,30 @@ def main() -> None:
             implicit.attach_learned_guess(guess, use=None)
             implicit.set_fixed_point_options(passes=passes, tol=own_tol, initial_guess="zero" if start == "zero" else "learned",
                                              simultaneous_initial_guess="", sequential_initial_guess="")
-            base_ms, ms = paired_decode(explicit, implicit, prompt, tokens, repeats)
-            per_token = passes_per_token(implicit, prompt, tokens)
-            results: dict = {}
-            scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results), repeats)
-            loss, missed = results["loss"], results["missed"]
-            table.add("implicit", f"{passes} passes", start, "-", f"{ms:.2f}", f"{ms / base_ms:.2f}x", f"{per_token:.2f}",
-                      f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x", f"{math.exp(loss):.2f}",
-                      f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
+            table.add("implicit", f"{passes} passes", start, "-",
+                      *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
+    implicit.attach_learned_guess(shipped_guess, use=None)
+    implicit.set_fixed_point_options(**shipped.to_dict())
+    table.add("implicit, as shipped", shipped.described_solver("simultaneous", shipped.passes), "its own",
+              "-" if shipped.passes else f"{shipped.tol:g}",
+              *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
                        "solver's evaluations (its state comes from the last of them)")
     table.publish(args.out)
+
+
+def paired_cells(explicit, implicit, prompt: torch.Tensor, windows: torch.Tensor, tokens: int, repeats: int,
+                 tight_loss: float) -> list[str]:
+    """A row's cells from decode ms/token on, the implicit model as its options stand, each of its
+    runs timed in alternation with the explicit model's (decoding: the ratio of the per-token
+    medians; scoring: the median of the per-pair ratios)."""
+    base_ms, ms = paired_decode(explicit, implicit, prompt, tokens, repeats)
+    per_token = passes_per_token(implicit, prompt, tokens)
+    results: dict = {}
+    scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results), repeats)
+    loss, missed = results["loss"], results["missed"]
+    return [f"{ms:.2f}", f"{ms / base_ms:.2f}x", f"{per_token:.2f}", f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x",
+            f"{math.exp(loss):.2f}", f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}"]
 
 
 def other_guesses(implicit: Path, folders: str) -> dict:
