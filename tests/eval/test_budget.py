@@ -10,6 +10,7 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.data.shards import TokenShards
+from implicitlm.eval.budget import time_curves
 from implicitlm.models import build_model, config_from_options
 
 from tests.support.contractive import make_contractive
@@ -49,6 +50,26 @@ def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards
     assert twin["passes"] == "explicit" and twin["perplexity"] > 1 and "fp_iterations_mean" not in twin
     assert record["curves"] == [{"label": "length 8", "x": [1, 2, 3], "y": [row["perplexity"] for row in rows]}]
     assert record["metrics"]["seconds L8 explicit"] == twin["seconds"]
+    assert (tmp_path / "out" / "lm_budget_passes_time.png").stat().st_size > 0
+
+
+def test_the_time_figure_puts_each_k_and_each_explicit_model_at_its_seconds():
+    rows = [{"length": 8, "passes": k, "seconds": 0.1 * k, "perplexity": 10.0 / k} for k in (1, 2)]
+    twins = [{"length": 8, "passes": "explicit", "seconds": 0.05, "perplexity": 7.0}]
+    assert time_curves(rows, twins, "perplexity") == [
+        {"label": "implicit, 1, 2 passes, length 8", "x": [0.1, 0.2], "y": [10.0, 5.0]},
+        {"label": "explicit, length 8", "x": [0.05], "y": [7.0]},
+    ]
+
+
+def test_a_passes_sweep_refuses_a_time_figure_already_there(pair, shards, tmp_path, capsys):
+    implicit, _ = pair
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "lm_budget_passes_time.png").write_bytes(b"mine")
+    code, err = budget(capsys, shards, implicit, tmp_path / "out", "--passes", "1")
+    assert code == 2 and len(err) == 1 and "lm_budget_passes_time.png" in err[0]
+    assert (tmp_path / "out" / "lm_budget_passes_time.png").read_bytes() == b"mine"
+    assert not (tmp_path / "out" / "lm_budget_passes.json").exists()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..core.errors import OptionError
 from ..tasks.base import Task, missed_cell
 from .plots import plot_curves
-from .records import claimed_records, make_record, record_files, write_record
+from .records import claimed_outputs, claimed_records, make_record, record_files, write_record
 
 # evaluate(max_iter, tol) -> one row per test length, each with a "length" key.
 Evaluate = Callable[[int, "float | None"], list[dict[str, Any]]]
@@ -141,7 +141,8 @@ def passes_by_task(
     (``<task.budget_experiment>_passes.json`` and its figure: the quality against the passes, a
     curve per test length, each explicit model's a line per length)."""
     experiment = f"{task.budget_experiment}_passes"
-    with claimed_records(out, [experiment], overwrite):
+    by_time = Path(out) / f"{experiment}_time.png"
+    with claimed_outputs([*record_files(out, experiment), by_time], overwrite):
         model, test_sets = task.prepare("budget")
         rows = []
         for count in tqdm(sorted(set(passes)), desc="passes", disable=not progress):
@@ -162,8 +163,24 @@ def passes_by_task(
         write_record(out, record)
         plot_curves(curves, Path(out) / f"{experiment}.png", f"{task.budget_title} in passes ({mode} mode)", axes,
                     horizontal=lines)
+        plot_curves(time_curves(rows, twins, quality), by_time, f"{task.budget_title} against time ({mode} mode)",
+                    {"x": "seconds per evaluation", "y": quality, "xscale": "log", "yscale": task.quality_scale})
     return {"rows": rows + twins, "table": format_passes_table(rows + twins, quality),
             "files": record_files(out, experiment)}
+
+
+def time_curves(rows: list[dict[str, Any]], twins: list[dict[str, Any]], quality: str) -> list[dict[str, Any]]:
+    """The price of quality: the implicit model's points (one per K) and each explicit model's
+    one point, ``quality`` against the seconds each evaluation took, a curve per test length."""
+    curves = []
+    for length in dict.fromkeys(row["length"] for row in rows):
+        points = [row for row in rows if row["length"] == length]
+        passes = ", ".join(str(row["passes"]) for row in points)
+        curves.append({"label": f"implicit, {passes} passes, length {length}", "x": [r["seconds"] for r in points],
+                       "y": [r[quality] for r in points]})
+        curves += [{"label": f"{row['passes']}, length {length}", "x": [row["seconds"]], "y": [row[quality]]}
+                   for row in twins if row["length"] == length]
+    return curves
 
 
 def _timed(task: Task, model, test_sets: list[Any], mode: str) -> list[dict[str, Any]]:
@@ -180,9 +197,10 @@ def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
     """A line per (test length, passes or explicit model): ``quality``, seconds, the share of
     answers whose last pass was above the tolerance."""
     width = max(12, len(quality) + 2)
-    lines = [f"{'length':>8}{'passes':>16}{quality:>{width}}{'seconds':>10}{'not converged':>15}"]
+    name_width = max(len(str(row["passes"])) for row in rows) + 2
+    lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{'not converged':>15}"]
     for row in rows:
-        lines.append(f"{row['length']:>8}{str(row['passes']):>16}{row[quality]:>{width}.4f}{row['seconds']:>10.2f}"
+        lines.append(f"{row['length']:>8}{str(row['passes']):>{name_width}}{row[quality]:>{width}.4f}{row['seconds']:>10.2f}"
                      f"{missed_cell(row)}")
     return "\n".join(lines)
 
