@@ -44,3 +44,20 @@ def test_a_card_says_the_few_pass_stage(tmp_path):
     plain = (save_checkpoint(tmp_path / "plain", model, meta={"step": 1, "train": {**train, "few_pass_steps": 0}})
              / "README.md").read_text()
     assert "few-pass" not in plain
+
+
+def test_a_card_says_where_a_run_began_and_what_was_measured_since(tmp_path):
+    """A shipped checkpoint's trainer.json may carry what was measured of it ("measured"), which
+    its card shows; before, such a key was refused on read and a warm start's source unsaid."""
+    from implicitlm.core.run_folder import read_trainer_meta
+    from implicitlm.train.model_card import model_card
+
+    model = build_model(config_from_options(dict(vocab_size=300, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                                 head_dim=8)))
+    meta = {"step": 4, "train": {"task": "lm", "sequence_length": 64, "batch_tokens": 512},
+            "initialised_from": "checkpoints/source", "measured": ["perplexity 41.2 on held-out text"]}
+    folder = save_checkpoint(tmp_path / "step_0000004", model, meta=meta)
+    card = (folder / "README.md").read_text()
+    assert "- initialised from: checkpoints/source\n" in card
+    assert "## Measured\n\n- perplexity 41.2 on held-out text\n" in card
+    assert model_card(model, read_trainer_meta(folder)) == card

@@ -30,7 +30,9 @@ CHECKPOINTS = "checkpoints"
 # Beside a checkpoint's weights: its step, training settings and what it trained on.
 TRAINER_META = "trainer.json"
 # What the trainers (today's and the two former ones) write into it.
-TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from")
+# "measured": what was measured of a checkpoint after training (lines its model card shows);
+# the trainer writes none, a shipped checkpoint may carry them.
+TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from", "measured")
 LATEST = "latest"
 # The links of a run folder to its latest checkpoint (relative: the run folder may be moved),
 # so that transformers' AutoModelForCausalLM and AutoTokenizer take the run folder itself.
@@ -169,7 +171,8 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
 
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:
     """A checkpoint's metadata (``trainer.json``): the step, the training settings, the data
-    and the processes it was trained with, and the checkpoint a warm-started run began from;
+    and the processes it was trained with, the checkpoint a warm-started run began from, and
+    what was measured of it since;
     any key besides these, a one-line DataError. The training settings come in today's
     spelling, an unknown one refused (every reader, not only a resume, would otherwise drop it)."""
     file = Path(checkpoint) / TRAINER_META

@@ -30,6 +30,7 @@ def model_card(model, meta: dict[str, Any]) -> str:
         f"- parameters: {model.num_parameters():,}",
         f"- trained: {step:,} steps, {step * tokens_per_step:,} tokens ({train.get('task', 'lm')} task, "
         f"sequence length {train.get('sequence_length')})",
+        *([f"- initialised from: {meta['initialised_from']}"] if meta.get("initialised_from") else []),
         *few_pass_lines(train),
         "",
         "## Loading",
@@ -45,6 +46,8 @@ def model_card(model, meta: dict[str, Any]) -> str:
         "",
         "where CHECKPOINT is this folder.",
     ]
+    if meta.get("measured"):
+        lines += ["", "## Measured", "", *(f"- {line}" for line in meta["measured"])]
     if config.implicit:
         fixed_point = config.fixed_point
         lines += ["", "## Fixed-point settings", ""]
