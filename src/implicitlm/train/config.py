@@ -130,10 +130,10 @@ class TrainConfig(Options):
 
     def check(self) -> None:
         if self.unroll_steps + self.few_pass_steps > self.total_steps:
-            raise OptionError(
-                f"unroll_steps={self.unroll_steps} and few_pass_steps={self.few_pass_steps} are more than "
-                f"total_steps={self.total_steps}"
-            )
+            stages = [f"{name}={steps}" for name, steps in (("unroll_steps", self.unroll_steps),
+                                                            ("few_pass_steps", self.few_pass_steps)) if steps]
+            verb = "is" if len(stages) == 1 else "are"
+            raise OptionError(f"{' and '.join(stages)} {verb} more than total_steps={self.total_steps}")
         if self.min_lr > self.lr:
             raise OptionError(
                 f"min_lr={self.min_lr} is more than lr={self.lr}: the decay would raise the rate, not lower it"
