@@ -133,7 +133,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         the tolerance whatever ``passes`` says: what a learned solver is fitted to."""
         self._require_fixed_point(input_ids)
         max_iter, tol, _ = self._call_budget(max_iter, tol, passes=0)
-        with self._weights_once_per_forward():
+        with weights_once(self):
             embedded = self.embeddings(input_ids)
             z, stats, _ = self._simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
                                              self._chunk_length(None))
@@ -146,7 +146,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         learned mixing is fitted on a solver's iterates of it). Valid inside the block. f records
         a graph where autograd is on (a gradient in z: the weights are the caller's to freeze)."""
         self._require_fixed_point(input_ids)
-        with self._weights_once_per_forward():
+        with weights_once(self):
             with torch.no_grad():
                 embedded = self.embeddings(input_ids)
                 stack_map = self._stack_map(self._injected(embedded), None, None)
@@ -160,7 +160,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         read_t that state's ``BlockStack.read_state``, as a learned guess reads it. Valid
         inside the block; as ``fixed_point_map``'s, the maps record a graph where autograd is on."""
         self._require_fixed_point(input_ids)
-        with self._weights_once_per_forward():
+        with weights_once(self):
             with torch.no_grad():
                 embedded = self.embeddings(input_ids)
                 injection = self._injected(embedded)
@@ -245,7 +245,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         caller_tracks = bool(self._tallies)
         # The weight-normalised weights once per generation, not once per token: a token's
         # step is small enough that computing them again was a twentieth of its time.
-        with self.track_convergence() as tally, self._weights_once_per_forward():
+        with self.track_convergence() as tally, weights_once(self):
             output = super().generate(*args, **kwargs)
         if self.config.implicit:
             self.generation_convergence = tally.as_dict()
@@ -312,7 +312,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             check_position_ids(position_ids, padding, continues=state is not None)
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        with self._weights_once_per_forward():
+        with weights_once(self):
             embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
             injection = self._injected(embedded)
             if mode == "sequential":
@@ -348,10 +348,6 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         else:
             self.stack(embedded, None, state, padding, hidden_states=collected)
         return tuple(collected)
-
-    def _weights_once_per_forward(self):
-        """The weight-normalised weights computed once per forward (``weight_cache``)."""
-        return weights_once(self)
 
     def prepare_inputs_for_generation(
         self,
