@@ -186,10 +186,14 @@ def test_fused_kernel_matches_pure_path_on_cuda():
     x, dt, A, B, C, state = leaves
     y_ref, final_ref = ssd_chunked(x, dt, A, B, C, 64, initial_state=state)
     (y_ref.square().sum() + final_ref.sum()).backward()
-    torch.testing.assert_close(y, y_ref, rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(final, final_ref, rtol=1e-3, atol=1e-3)
-    for name, g, g_ref in zip(["x", "dt", "A", "B", "C", "state"], fused_grads, [t.grad for t in leaves]):
-        torch.testing.assert_close(g, g_ref, rtol=1e-2, atol=1e-2, msg=lambda m, name=name: f"{name}: {m}")
+    # Relative to each tensor's norm: the kernel's float32 products are TF32 (Triton's default for
+    # a float32 tl.dot, about 3e-4 a product), whose error follows the sums' size, not each
+    # output's: elementwise, outputs near 0 beside ones of 120 here are off by 0.2 on an H200.
+    # The GPU check's kernel step holds the kernel to the same 5e-3 against a float64 oracle.
+    names = ["y", "final", "dx", "ddt", "dA", "dB", "dC", "dstate"]
+    wanted = [y_ref, final_ref, *(t.grad for t in leaves)]
+    for name, got, want in zip(names, [y, final, *fused_grads], wanted, strict=True):
+        assert float((got - want).norm() / want.norm()) < 5e-3, name
 
 
 def test_padding_to_whole_chunks_changes_no_output_state_or_gradient():

@@ -44,6 +44,9 @@ def add_generate(commands) -> None:
     p.add_argument("--tokenizer", type=tokenizer_name, default=None, help="tokenizer folder or hub name (default: the checkpoint's)")
     add_device_option(p)
     add_dtype_option(p)
+    p.add_argument("--eager", action="store_true",
+                   help="on a CUDA device, launch each token's kernels one by one instead of replaying the graph "
+                        "captured of its passes (the default where they are fixed: an explicit model, or --passes K)")
     p.add_argument("--out", type=Path, default=None, help="also write the text to this file")
     add_overwrite_option(p, "a file already at --out")
     p.set_defaults(run=_run_generate)
@@ -65,6 +68,6 @@ def _run_generate(args) -> None:
 
     generate_text(args.checkpoint, prompt, decoding, tokenizer=args.tokenizer, mode=args.mode,
                   fixed_point=fixed_point_settings(args), dtype=args.dtype, device=device, on_text=show,
-                  out=args.out, overwrite=args.overwrite, echo_prompt=True)
+                  out=args.out, overwrite=args.overwrite, echo_prompt=True, cuda_graphs=False if args.eager else None)
     # Once all is written: a refusal on the way, the --out file's included, stays one line.
     print_device(device, file=sys.stderr)

@@ -37,6 +37,7 @@ from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack, StackState
 from .stack_passes import StackPasses
+from .token_graphs import TokenGraphs
 from .weight_cache import weights_once
 
 MODES = ("simultaneous", "sequential")
@@ -70,6 +71,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         self.__dict__["learned_guess"] = None
         self.__dict__["learned_mixing"] = None
         self._tallies: list[ConvergenceTally] = []
+        # The token steps of the ``decoding_graphs`` block the model is in (None: none).
+        self._token_graphs: TokenGraphs | None = None
         # What the last ``generate()`` call's fixed points did (ConvergenceTally.as_dict).
         self.generation_convergence: dict[str, float] | None = None
         self.post_init()
@@ -236,16 +239,40 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         finally:
             self._tallies.remove(tally)
 
-    def generate(self, *args, **kwargs):
+    @contextlib.contextmanager
+    def decoding_graphs(self, capture: bool | None = None) -> Iterator[None]:
+        """Inside the block, a forward of one token in sequential mode from a state, without
+        gradients, whose passes are fixed (an explicit model, or ``passes`` K), runs as one
+        captured CUDA graph (``token_graphs.py``): what decoding a token costs at batch 1 is
+        then the GPU's work, not its kernels' launches. Its ``state`` is the graph's buffers, and
+        its ``fixed_point`` stats, until the next such forward. ``capture``: record graphs
+        (default: on a CUDA model); False runs the same buffers eagerly. The weights are
+        computed once for the whole block: the graphs read them where they are."""
+        capture = self.device.type == "cuda" if capture is None else capture
+        if capture and self.device.type != "cuda":
+            raise OptionError(f"CUDA graphs need a model on a CUDA device; this one is on {self.device.type}")
+        outer = self._token_graphs
+        with weights_once(self):
+            self._token_graphs = TokenGraphs(capture)
+            try:
+                yield
+            finally:
+                self._token_graphs = outer
+
+    def generate(self, *args, cuda_graphs: bool | None = None, **kwargs):
         """transformers' ``generate``; for an implicit model, the convergence of the prefill
         and of every decoded token is kept in ``generation_convergence`` and a share that
         stopped above the tolerance is warned about in one line (unless a caller tracking
-        convergence around this call reports it itself)."""
+        convergence around this call reports it itself). ``cuda_graphs``: decode each token
+        from a captured graph where its passes are fixed (``decoding_graphs``; default: on a
+        CUDA model; True on a CPU runs the graphs' buffers eagerly)."""
         check_generation_arguments(self.generation_config, args, kwargs)
         caller_tracks = bool(self._tallies)
+        graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         # The weight-normalised weights once per generation, not once per token: a token's
         # step is small enough that computing them again was a twentieth of its time.
-        with self.track_convergence() as tally, weights_once(self):
+        decoding = self.decoding_graphs(capture=self.device.type == "cuda") if graphs else weights_once(self)
+        with self.track_convergence() as tally, decoding:
             output = super().generate(*args, **kwargs)
         if self.config.implicit:
             self.generation_convergence = tally.as_dict()
@@ -312,17 +339,24 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             check_position_ids(position_ids, padding, continues=state is not None)
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        with weights_once(self):
-            embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-            injection = self._injected(embedded)
-            if mode == "sequential":
-                z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol, passes)
-            else:
-                z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol,
-                                                         self._chunk_length(chunk_length), passes=passes)
-            hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
-            head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
-            logits = F.linear(z[:, kept_positions(logits_to_keep, labels)], head)[..., : self.config.vocab_size]
+        graphed = None
+        if self._token_graphs is not None and mode == "sequential" and not (output_hidden_states or labels is not None
+                                                                              or inputs_embeds is not None):
+            graphed = self._token_graphs.token(self, input_ids, state, (max_iter, tol, passes))
+        if graphed is not None:
+            (logits, stats, new_state), hidden_states = graphed, None
+        else:
+            with weights_once(self):
+                embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+                injection = self._injected(embedded)
+                if mode == "sequential":
+                    z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol, passes)
+                else:
+                    z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter,
+                                                             tol, self._chunk_length(chunk_length), passes=passes)
+                hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
+                logits = self._logits(z[:, kept_positions(logits_to_keep, labels)])
+                new_state = self._with_last_fixed_point(new_state, z)
         if stats is not None:
             for tally in self._tallies:
                 tally.add(stats)
@@ -330,10 +364,14 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_alignment, num_items_in_batch)
         output = ImplicitLMOutput(
-            loss=loss, logits=logits, fixed_point=stats, state=self._with_last_fixed_point(new_state, z),
+            loss=loss, logits=logits, fixed_point=stats, state=new_state,
             hidden_states=hidden_states
         )
         return output.to_tuple() if return_dict is False else output
+
+    def _logits(self, z: torch.Tensor) -> torch.Tensor:
+        head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return F.linear(z, head)[..., : self.config.vocab_size]
 
     def _hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
         """Every block's input and the stack's output, from one more pass of the stack: at

@@ -131,6 +131,7 @@ def generate_text(
     out: str | Path | None = None,
     overwrite: bool = False,
     echo_prompt: bool = False,
+    cuda_graphs: bool | None = None,
 ) -> list[str]:
     """The continuations of ``prompt`` (``decoding.num_return_sequences`` of them) by ``model``
     (a checkpoint or run folder, or a loaded model), without the prompt.
@@ -141,7 +142,9 @@ def generate_text(
     ``on_text``: called with each piece of text as it is decoded. ``out``: a file the texts
     are also written to, as ``format_texts`` joins them (an existing one is refused before
     anything is generated, unless ``overwrite``). ``echo_prompt``: what ``on_text`` and ``out``
-    get starts each text with the prompt, as a reader of the text expects."""
+    get starts each text with the prompt, as a reader of the text expects. ``cuda_graphs``: as
+    the model's ``generate`` takes it (default: each token's fixed passes replayed from a
+    captured graph on a CUDA device)."""
     if not isinstance(prompt, str) or not prompt:
         raise OptionError("the prompt is empty: give the text to continue")
     if mode not in MODES:
@@ -155,7 +158,8 @@ def generate_text(
             model.set_fixed_point_options(**fixed_point)
         tokenizer = model_tokenizer(model, tokenizer)
         shown = prompt if echo_prompt else ""
-        texts = _generate(model, tokenizer, _prompt_ids(prompt, tokenizer, model), decoding, mode, on_text, shown)
+        texts = _generate(model, tokenizer, _prompt_ids(prompt, tokenizer, model), decoding, mode, on_text, shown,
+                          cuda_graphs)
         if out is not None:
             written = format_texts([shown + text for text in texts])
             atomic_write(out, lambda temporary: temporary.write_text(written, encoding="utf-8"))
@@ -180,10 +184,12 @@ def _prompt_ids(prompt: str, tokenizer, model: ImplicitCausalLM) -> torch.Tensor
 @torch.no_grad()
 def _generate(
     model, tokenizer, ids: torch.Tensor, decoding: Decoding, mode: str, on_text: OnText | None, shown: str = "",
+    cuda_graphs: bool | None = None,
 ) -> list[str]:
     """One sequence at a time, so that each streams as it is decoded (transformers' streamers
     take one row), ``shown`` before each; the seed's random state is this call's alone."""
-    options = {**decoding.generate_options(), "mode": mode, "attention_mask": torch.ones_like(ids)}
+    options = {**decoding.generate_options(), "mode": mode, "attention_mask": torch.ones_like(ids),
+               "cuda_graphs": cuda_graphs}
     # A model trained here stops at its tokenizer's end of text (tasks.lm.mark_end_of_text); one
     # imported may name none, and transformers would then warn at every call.
     for setting in ("eos_token_id", "pad_token_id"):
