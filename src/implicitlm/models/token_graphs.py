@@ -93,7 +93,8 @@ class _TokenStep:
         if state is not self.state:
             _copy_into(self.state, state)
         if self.graph is not None:
-            self.graph.replay()
+            with torch.cuda.device(self.ids.device):
+                self.graph.replay()
             logits, stats = self.outputs
         else:
             logits, stats, new_state = self.forward(self.ids, self.state)
@@ -104,18 +105,20 @@ class _TokenStep:
     def _captured(self) -> bool:
         """Capture the forward and its write-back in a graph; False where the state the forward
         returns is not laid out as the one it reads (it grows), which no graph can hold."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                new_state = self.forward(self.ids, self.state)[2]
-                if not _same_layout(new_state, self.state):
-                    return False
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            logits, stats, new_state = self.forward(self.ids, self.state)
-            _copy_into(self.state, new_state)
+        # On the model's GPU, whichever is the current one (a model on cuda:1).
+        with torch.cuda.device(self.ids.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    new_state = self.forward(self.ids, self.state)[2]
+                    if not _same_layout(new_state, self.state):
+                        return False
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                logits, stats, new_state = self.forward(self.ids, self.state)
+                _copy_into(self.state, new_state)
         self.outputs = (logits, stats)
         return True
 
