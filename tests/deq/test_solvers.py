@@ -17,7 +17,8 @@ from implicitlm.data.words import generate_words
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, solve_sequence
 from implicitlm.deq.options import SOLVERS
 from implicitlm.core.schema import OptionError
-from implicitlm.deq.solver import solver_function
+from implicitlm.deq import solvers
+from implicitlm.deq.solvers import get_solver
 from implicitlm.eval.convergence import convergence_record, convergence_summary, token_iterations
 from implicitlm.models import build_model, config_from_options
 
@@ -62,9 +63,26 @@ def evaluations_per_sample(problem: ToyProblem, samples: int) -> list[int]:
 
 
 def test_every_solver_name_resolves():
-    assert all(callable(solver_function(name, mixing_for(name))) for name in SOLVERS)
+    assert all(callable(get_solver(name, mixing_for(name))) for name in SOLVERS)
     with pytest.raises(ValueError, match="unknown solver 'newton'"):
-        solver_function("newton")
+        get_solver("newton")
+
+
+def test_the_options_and_every_solve_read_the_one_solver_table(monkeypatch):
+    """Before: the options' names, our own solvers and torchdeq's lookup were three lists, and
+    "learned_anderson" a branch of its own; now a solve runs what the table holds for its name."""
+    assert SOLVERS == tuple(solvers._solvers) and "learned_anderson" in SOLVERS
+    ran = []
+
+    def spied(f, x0, max_iter, **options):
+        ran.append(options["learned_mixing"])
+        return plain(f, x0, max_iter, **options)
+
+    plain = solvers._solvers["fixed_point_iter"]
+    monkeypatch.setitem(solvers._solvers, "fixed_point_iter", spied)
+    problem = ToyProblem([0.5, 0.9])
+    z, stats = problem.solve("fixed_point_iter", [0, 1], restricted=True)
+    assert ran == [None] and bool(stats.converged.all())
 
 
 @pytest.mark.parametrize("solver", SOLVERS)

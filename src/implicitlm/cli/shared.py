@@ -56,19 +56,23 @@ def add_solver_flags(p) -> None:
     p.add_argument("--chunk-length", type=non_negative_int, default=None,
                    help="simultaneous mode solves in chunks of this many tokens, carrying the state "
                         "(0: the whole sequence; default: the model's chunk_length, its training length)")
+    from ..core.option_names import INITIAL_GUESSES  # deq.options' own, without torch
+
     p.add_argument("--solver", default=None,
-                   help="fixed-point solver of every solve in this run, one of solver's (implicitlm options), "
-                        "each solve from z = 0 unless --initial-guess learned (default: the model's, per mode)")
-    p.add_argument("--initial-guess", choices=("zero", "learned"), default=None,
+                   help="fixed-point solver of every solve in this run, one of solver's (implicitlm options); it "
+                        "starts every solve from z = 0, as if with --initial-guess zero, unless --initial-guess "
+                        "learned is given too (default: the model's, per mode)")
+    p.add_argument("--initial-guess", choices=INITIAL_GUESSES, default=None,
                    help="where each solve starts: z = 0, or the checkpoint's learned guess (implicitlm solver train; "
-                        "default: learned where the checkpoint has one)")
+                        "default: learned where the checkpoint has one, zero with --solver)")
 
 
 def fixed_point_settings(args) -> dict[str, Any]:
     """The fixed-point flags given (``add_budget_options``, ``add_solver_flags``), as the
     ``FixedPointOptions`` fields they set on the model: the flag ``--max-iter`` is the field
     ``max_iter``. A budget or solver given holds in both modes, so it clears the per-mode one;
-    a ``--max-iter`` or ``--tol`` asks for a solve to the tolerance, unless ``--passes`` is given."""
+    a ``--max-iter`` or ``--tol`` asks for a solve to the tolerance, unless ``--passes`` is given;
+    a ``--solver`` starts from z = 0, unless ``--initial-guess`` says otherwise."""
     settings: dict[str, Any] = {}
     if getattr(args, "max_iter", None) is not None:
         settings.update(max_iter=args.max_iter, simultaneous_max_iter=0, passes=0)
@@ -79,10 +83,13 @@ def fixed_point_settings(args) -> dict[str, Any]:
     if getattr(args, "chunk_length", None) is not None:
         settings["chunk_length"] = args.chunk_length
     if getattr(args, "solver", None) is not None:
-        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="", initial_guess="zero",
-                        simultaneous_initial_guess="", sequential_initial_guess="")
-    if getattr(args, "initial_guess", None) is not None:
-        settings.update(initial_guess=args.initial_guess, simultaneous_initial_guess="", sequential_initial_guess="")
+        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="")
+    # A solver named on its own is measured on its own: from z = 0, whatever start the
+    # checkpoint chose per mode, so that its passes compare with another solver's and its
+    # records name it alone (not "+learned_guess"); --initial-guess learned adds the guess.
+    initial_guess = getattr(args, "initial_guess", None) or ("zero" if getattr(args, "solver", None) else None)
+    if initial_guess is not None:
+        settings.update(initial_guess=initial_guess, simultaneous_initial_guess="", sequential_initial_guess="")
     if getattr(args, "fail_on_nonconvergence", False):
         settings["nonconvergence"] = "error"
     return settings

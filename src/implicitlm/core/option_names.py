@@ -15,6 +15,11 @@ from __future__ import annotations
 # rather than run without end. Here, so that the parser holds a budget to it without torch.
 MAX_EVALUATIONS = 10_000
 
+# Where an inference solve starts (``deq.options``): z = 0, or a small network's guess saved
+# with the checkpoint (deq/initial_guess.py; implicitlm solver train). Here, so that the
+# parser offers them as ``--initial-guess``'s choices without torch.
+INITIAL_GUESSES = ("zero", "learned")
+
 # ``TrainConfig``'s fields, in its order.
 TRAINING_SETTINGS = (
     "task", "sequence_length", "batch_size", "batch_tokens", "total_steps", "lr", "min_lr", "betas",

@@ -19,18 +19,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..core.option_names import MAX_EVALUATIONS
+from ..core.option_names import INITIAL_GUESSES, MAX_EVALUATIONS
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
+from .solvers import solver_names
 
-# Plain iteration (solver.plain_iteration), torchdeq's Anderson and Broyden, our
-# safeguarded Anderson (deq/anderson.py), and the same with the checkpoint's learned mixing
-# (deq/learned_mixing.py; implicitlm solver train).
-SOLVERS = ("fixed_point_iter", "anderson", "broyden", "safeguarded_anderson", "learned_anderson")
+# The solver table's names (deq/solvers.py): plain iteration, torchdeq's Anderson and
+# Broyden, our safeguarded Anderson, and the same with the checkpoint's learned mixing.
+SOLVERS = solver_names()
 STOP_MODES = ("rel", "abs")
-# Where an inference solve starts: z = 0, or a small network's guess saved with the
-# checkpoint (deq/initial_guess.py; implicitlm solver train).
-INITIAL_GUESSES = ("zero", "learned")
 
 
 def evaluations(minimum: int) -> Rule:

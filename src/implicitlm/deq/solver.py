@@ -34,18 +34,16 @@ and the frozen rows' outputs are dropped.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Callable
 
 import torch
 from torchdeq.grad import backward_factory
 from torchdeq.loss import jac_reg
-from torchdeq.solver import get_solver
 
 from ..core.errors import NumericalFault, OptionError
-from .anderson import safeguarded_anderson
 from .learned_mixing import LearnedMixing
-from .options import SOLVERS, FixedPointOptions
+from .options import FixedPointOptions
+from .solvers import get_solver
 from .stats import LOGGER, FixedPointStats
 
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
@@ -55,38 +53,6 @@ RestrictFn = Callable[[torch.Tensor], FixedPointFn]
 ImprovedFn = Callable[[torch.Tensor, "torch.Tensor | None"], None]
 # What a solve is for; each may run its own solver (FixedPointOptions.solver_for).
 PHASES = ("training", "simultaneous", "sequential")
-
-
-
-def plain_iteration(f: FixedPointFn, x0: torch.Tensor, max_iter: int, **unused) -> torch.Tensor:
-    """z <- f(z), ``max_iter`` times or until ``f`` (the tracker) ends the loop.
-
-    The same iterates as torchdeq's ``fixed_point_iter``, without its own residual norms
-    and lowest-iterate copies at every step: the tracker already keeps both, per sample.
-    """
-    z = x0
-    for _ in range(max_iter):
-        z = f(z)
-    return z
-
-
-_OWN_SOLVERS = {"fixed_point_iter": plain_iteration, "safeguarded_anderson": safeguarded_anderson}
-
-
-def solver_function(name: str, mixing: LearnedMixing | None = None) -> Callable:
-    """The iterate generator behind a solver name of ``SOLVERS``: torchdeq's, or our own;
-    "learned_anderson" is safeguarded Anderson with ``mixing``, which a model without one
-    refuses when it first solves with it (a model is built before its mixing is loaded)."""
-    if name not in SOLVERS:
-        raise OptionError(f"unknown solver {name!r}; known: {', '.join(SOLVERS)}")
-    if name == "learned_anderson":
-        return _without_mixing if mixing is None else functools.partial(safeguarded_anderson, mixing=mixing)
-    return _OWN_SOLVERS.get(name) or get_solver(name)
-
-
-def _without_mixing(*unused, **also_unused):
-    raise OptionError("solver 'learned_anderson', but this model has no learned mixing (implicitlm solver train "
-                      "makes one)", arguments=("solver",))
 
 
 class FixedPointSolver:
@@ -99,7 +65,7 @@ class FixedPointSolver:
     def __init__(self, options: FixedPointOptions, mixing: LearnedMixing | None = None) -> None:
         """``mixing``: the learned mixing the solver "learned_anderson" uses."""
         self.options = options
-        self._solvers = {phase: solver_function(options.solver_for(phase), mixing) for phase in PHASES}
+        self._solvers = {phase: get_solver(options.solver_for(phase), mixing) for phase in PHASES}
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.
         self._phantom = backward_factory(grad_type=options.phantom_steps, tau=options.tau)
 
