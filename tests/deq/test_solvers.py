@@ -85,6 +85,13 @@ def test_the_options_and_every_solve_read_the_one_solver_table(monkeypatch):
     assert ran == [None] and bool(stats.converged.all())
 
 
+def test_a_registered_solver_is_got_by_its_name_with_the_mixing(monkeypatch):
+    monkeypatch.setattr(solvers, "_solvers", dict(solvers._solvers))
+    solvers.register_solver("newton", lambda f, x0, max_iter, **options: options["learned_mixing"])
+    mixing = mixing_for("learned_anderson")
+    assert "newton" in solvers.solver_names() and get_solver("newton", mixing)(None, None, 1) is mixing
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_converged_samples_are_frozen_and_not_evaluated_again(solver):
     problem = ToyProblem([0.3, 0.9, 0.6, 0.8])
