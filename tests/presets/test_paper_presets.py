@@ -78,6 +78,21 @@ def test_variants_carry_the_authors_budgets():
         free = config_from_options(model_preset(name)).fixed_point_options
         assert (free.train_max_iter, free.phantom_steps, free.train_tol, free.stop_mode) == (iterations, 4, 0.05, "rel")
         assert free.max_iter == 4 * iterations
+    words = config_from_options(model_preset("mamba2-words-a5-free")).fixed_point_options
+    assert (words.train_max_iter, words.max_iter) == (32, 2048)
+
+
+def test_a_size_file_of_any_family_gives_its_free_variant_its_own_iterations(monkeypatch):
+    """Before: the free budget came from a table keyed by mamba2 and llama only, so a size file of
+    another family (Mamba1 here) failed with a KeyError."""
+    from implicitlm.presets import model_presets
+
+    mamba = {"model": {"architecture": "mamba", "vocab_size": 64, "num_hidden_layers": 1, "hidden_size": 16},
+             "free_iterations": 20, "parameters": {"explicit": 1, "implicit": 2}}
+    monkeypatch.setattr(model_presets, "_size_files", lambda: {"mamba-tiny": mamba})
+    free = config_from_options(model_preset("mamba-tiny-free")).fixed_point_options
+    assert (free.train_max_iter, free.phantom_steps, free.max_iter, free.train_tol) == (20, 4, 80, 0.05)
+    assert model_presets.preset_summary("mamba-tiny-free")["variant"] == "free (20+4)"
 
 
 def test_the_state_tracking_model():

@@ -49,7 +49,7 @@ def add_options(commands) -> None:
 
 
 def add_models_import(commands) -> None:
-    p = commands.add_parser("import", help="convert a transformers Mamba2 / Llama / Mamba (Mamba1) checkpoint (safetensors)")
+    p = commands.add_parser("import", help="convert a transformers checkpoint of a family's source model (safetensors)")
     p.add_argument("source", type=Path, help="checkpoint directory (config.json + safetensors weights)")
     p.add_argument("--out", type=Path, required=True, help="folder for the converted model")
     add_overwrite_option(p, "a model already in --out (its files; others stay)")

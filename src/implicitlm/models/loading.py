@@ -29,7 +29,7 @@ from ..core.schema import OptionError, check_known_keys, dataclass_defaults, opt
 from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_digest, weights_sha256
 from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
-from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES
+from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, DEFAULT_ARCHITECTURE, FAMILIES, architecture_choices
 from .implicit_lm import MODES, ImplicitCausalLM
 from .locations import hub_model_class, local_model_path
 from .weight_header import check_floating_weights, shape_mismatch
@@ -63,7 +63,7 @@ def model_options_help() -> str:
     """What --help lists for ``--model KEY=VALUE``: every family's options, their defaults
     and meanings, and the fixed-point options that go in ``fixed_point``."""
     return "\n".join([
-        "model options (--model KEY=VALUE; architecture=mamba2 (default), llama or mamba picks the family):",
+        f"model options (--model KEY=VALUE; architecture={architecture_choices()} picks the family):",
         *(option_help(*table) for table in model_option_tables()),
     ])
 
@@ -89,7 +89,7 @@ def _own_defaults(cls: type[ImplicitLMConfig]) -> dict[str, Any]:
     return {p.name: p.default for p in parameters if p.name not in ("self", "kwargs")}
 
 
-def model_option_names(architecture: str = "mamba2") -> list[str]:
+def model_option_names(architecture: str = DEFAULT_ARCHITECTURE) -> list[str]:
     """Every option ``config_from_options`` accepts for that architecture, ``architecture`` included."""
     return ["architecture", *_field_names(_config_class(architecture))]
 
@@ -104,10 +104,10 @@ def _field_names(config_class: type[ImplicitLMConfig]) -> list[str]:
 
 
 def config_from_options(options: dict[str, Any]) -> ImplicitLMConfig:
-    """A config from user options; ``architecture`` ("mamba2", the default, "llama" or
-    "mamba", i.e. Mamba1) picks the family. Unknown names are errors (PretrainedConfig
-    would keep them silently)."""
-    architecture = options.get("architecture", "mamba2")
+    """A config from user options; ``architecture`` (one of ``families.FAMILIES``, the first by
+    default) picks the family. Unknown names are errors (PretrainedConfig would keep them
+    silently)."""
+    architecture = options.get("architecture", DEFAULT_ARCHITECTURE)
     check_known_keys(options, model_option_names(architecture), "model option")
     config = _config_class(architecture)(**{k: v for k, v in options.items() if k != "architecture"})
     config.check_consistency()

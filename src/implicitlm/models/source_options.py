@@ -1,5 +1,6 @@
 """What the families' importers share: the refusal of a transformers setting not implemented
-here, the options Mamba1 and Mamba2 configs name alike, and transformers' weight prefixes."""
+here, and what Mamba1 and Mamba2 checkpoints have alike (the options their configs name the
+same, their weights' prefixes)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,12 @@ from transformers import Mamba2Config, MambaConfig
 
 from .errors import ModelLoadError
 
-# transformers' parameter prefixes -> ours; the layers' own names are the same in both.
-# Mamba1 and Mamba2 checkpoints share theirs.
+# transformers' parameter prefixes of a Mamba1 or Mamba2 checkpoint -> ours; the layers' own
+# names are the same in both.
 MAMBA_PREFIXES = {
     "backbone.embeddings.": "embeddings.",
     "backbone.layers.": "stack.layers.",
     "backbone.norm_f.": "stack.norm_f.",
-}
-LLAMA_PREFIXES = {
-    "model.embed_tokens.": "embeddings.",
-    "model.layers.": "stack.layers.",
-    "model.norm.": "stack.norm_f.",
 }
 
 

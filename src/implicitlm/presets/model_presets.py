@@ -1,12 +1,14 @@
 """The paper's models as presets: one JSON file per model size, three training variants each.
 
 A size file (``implicitlm/presets/models/<stem>.json``) holds, under "model", the options
-of ``config_from_options`` that fix the architecture. A variant adds the fixed-point budget:
+of ``config_from_options`` that fix the architecture, and under "free_iterations" the training
+iterations of its free variant (the paper's: 24 for Mamba2, 32 for Llama; a size file says its
+own, so that a family needs no entry here). A variant adds the fixed-point budget:
 
 - ``explicit``: one pass through the stack, no fixed point;
 - ``bounded``, "(4+1)": 4 iterations without gradient, then 1 phantom step;
-- ``free``, "(24+4)" for Mamba2 and "(32+4)" for Llama: up to 24 / 32 iterations, stopped
-  once the relative residual is under 0.05, then 4 phantom steps.
+- ``free``, "(24+4)" for Mamba2 and "(32+4)" for Llama: up to "free_iterations" iterations,
+  stopped once the relative residual is under 0.05, then 4 phantom steps.
 
 Both implicit variants use tau = 0.8 and evaluate with 4 times their training iterations
 (the authors' eval_factor). A size file may list its own "variants", each with the
@@ -29,7 +31,6 @@ from typing import Any
 from ..core.errors import OptionError
 
 VARIANTS = ("explicit", "bounded", "free")
-FREE_ITERATIONS = {"mamba2": 24, "llama": 32}
 FREE_TOL = 0.05
 TAU = 0.8
 EVAL_FACTOR = 4
@@ -43,19 +44,20 @@ def model_preset(name: str) -> dict[str, Any]:
     """The options of a preset, ready for ``config_from_options``."""
     stem, variant = _split(name)
     size = _size_files()[stem]
-    fixed_point = variant_fixed_point(variant, size["model"]["architecture"]) | _variants(size)[variant]
+    fixed_point = variant_fixed_point(variant, size["free_iterations"]) | _variants(size)[variant]
     return {**size["model"], "implicit": variant != "explicit", "fixed_point": fixed_point}
 
 
-def variant_fixed_point(variant: str, architecture: str) -> dict[str, Any]:
-    """The fixed-point options of a variant before a size file's own changes."""
+def variant_fixed_point(variant: str, free_iterations: int) -> dict[str, Any]:
+    """The fixed-point options of a variant before a size file's own changes; ``free_iterations``:
+    the size file's training iterations of the free variant."""
     if variant == "explicit":
         return {}
     if variant == "bounded":
         # The paper names no stopping tolerance for the bounded phase: the package default
         # (1e-3) stays, and stopping there changes z* by about that much.
         return _budget(iterations=4, phantom_steps=1)
-    free = _budget(iterations=FREE_ITERATIONS[architecture], phantom_steps=4)
+    free = _budget(iterations=free_iterations, phantom_steps=4)
     return free | {"train_tol": FREE_TOL, "tol": FREE_TOL}
 
 

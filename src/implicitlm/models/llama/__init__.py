@@ -4,6 +4,6 @@ transformers checkpoint of it maps onto (``source_llama.py``); its row is in ``m
 
 from .configuration_llama import ImplicitLlamaConfig
 from .modeling_llama import ImplicitLlamaForCausalLM
-from .source_llama import llama_options
+from .source_llama import LLAMA_PREFIXES, llama_options
 
-__all__ = ["ImplicitLlamaConfig", "ImplicitLlamaForCausalLM", "llama_options"]
+__all__ = ["LLAMA_PREFIXES", "ImplicitLlamaConfig", "ImplicitLlamaForCausalLM", "llama_options"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...layers import AttentionDims, CausalSelfAttention, KVCache, RMSNorm, SwiGLUMLP
+from ...layers import RMSNorm, SwiGLUMLP
+from ...layers.attention import AttentionDims, CausalSelfAttention, KVCache
 from ..implicit_lm import ImplicitCausalLM
 from .configuration_llama import ImplicitLlamaConfig
 

@@ -1,4 +1,4 @@
-"""What a transformers ``LlamaForCausalLM`` checkpoint's config becomes in this family's options."""
+"""What a transformers ``LlamaForCausalLM`` checkpoint's config and weight names become in this family."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ from typing import Any
 from transformers import LlamaConfig
 
 from ..source_options import refuse
+
+# transformers' parameter prefixes -> ours; the layers' own names are the same in both.
+LLAMA_PREFIXES = {
+    "model.embed_tokens.": "embeddings.",
+    "model.layers.": "stack.layers.",
+    "model.norm.": "stack.norm_f.",
+}
 
 
 def llama_options(config: LlamaConfig) -> dict[str, Any]:

@@ -3,7 +3,7 @@ implicit / explicit Mamba (Mamba1) causal language model ``ImplicitMambaForCausa
 
 from __future__ import annotations
 
-from ...layers import Mamba1Dims, Mamba1Mixer
+from ...layers.mamba1 import Mamba1Dims, Mamba1Mixer
 from ..implicit_lm import ImplicitCausalLM
 from ..mixer_block import MixerBlock
 from .configuration_mamba import ImplicitMambaConfig

@@ -3,7 +3,7 @@ implicit / explicit Mamba2 causal language model ``ImplicitMamba2ForCausalLM``."
 
 from __future__ import annotations
 
-from ...layers import Mamba2Dims, Mamba2Mixer
+from ...layers.mamba2 import Mamba2Dims, Mamba2Mixer
 from ..implicit_lm import ImplicitCausalLM
 from ..mixer_block import MixerBlock
 from .configuration_mamba2 import ImplicitMamba2Config
