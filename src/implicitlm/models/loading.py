@@ -31,7 +31,7 @@ from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES
 from .implicit_lm import MODES, ImplicitCausalLM
-from .locations import hub_model_class, local_model_path
+from .locations import hub_model_folder, local_model_path
 from .weight_header import check_floating_weights, shape_mismatch
 
 LOGGER = logging.getLogger("implicitlm")
@@ -177,8 +177,9 @@ def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: t
     from safetensors only (``locations``: a name that is neither a folder here nor a Hub
     id is refused). ``cls``: ImplicitCausalLM (the family the config names) or a
     family's class (a model of another family is refused). ``options``: transformers'
-    (``dtype``, ``device_map``, ``config``, ...), and fields of the config to change. A Hub id
-    (``owner/name``) that names nothing here goes to transformers, whose files hold no digest.
+    (``dtype``, ``device_map``, ``config``, ``revision``, ...), and fields of the config to
+    change. A Hub id (``owner/name``) that names nothing here is fetched into the hub's cache
+    and loaded from there as a folder here is, with every check.
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
@@ -187,14 +188,11 @@ def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: t
     written the next: a read that fails as the run moves on is made again from the newest.
     """
     wants_report = options.pop("output_loading_info", False)
-    local = local_model_path(path, options.get("subfolder"))
-    if local is not None:
-        options.pop("subfolder", None)
-        model, report = _load_local(cls, local, model_args, options)
-    else:
-        model, report = _load_weights(hub_model_class(cls, path, options), path, model_args, options)
-        check_load_report(Path(path), report)
-        check_finite(Path(path), model)
+    subfolder = options.pop("subfolder", None)
+    local = local_model_path(path, subfolder)
+    if local is None:
+        local = hub_model_folder(path, subfolder, options)
+    model, report = _load_local(cls, local, model_args, options)
     return (model, report) if wants_report else model
 
 
