@@ -135,6 +135,33 @@ def test_import_refuses_a_nan_naming_the_tensor(hf_checkpoint, tmp_path, capsys)
     assert not (tmp_path / "ours").exists()
 
 
+def integer_tensor(folder: Path) -> None:
+    tensors = load_file(folder / "model.safetensors")
+    tensors["backbone.layers.0.mixer.D"] = tensors["backbone.layers.0.mixer.D"].long()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def weights_changed_after_their_digest(folder: Path) -> None:
+    write_weights_digest(folder)
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (folder / "model.safetensors").write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (integer_tensor, "model.safetensors: tensor backbone.layers.0.mixer.D is I64; a model's weights are floating point"),
+    (weights_changed_after_their_digest, "model.safetensors: SHA-256 differs from model.safetensors.sha256"),
+])
+def test_import_checks_a_source_as_the_loader_checks_a_model(hf_checkpoint, tmp_path, capsys, damage, message):
+    """``convert`` reads its source through the one loader. Before: exit 0, the integers cast
+    to floats, the damaged weights imported and given a fresh digest."""
+    damage(hf_checkpoint)
+    code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
+    assert one_error_line(code, err) == f"{hf_checkpoint}/{message}" + (
+        ": the weights are damaged" if "SHA" in message else " (F16, BF16, F32, F64)")
+    assert not (tmp_path / "ours").exists()
+
+
 # ---------------------------------------------------------------- an import killed while it writes
 
 # Runs ``implicitlm models import`` with its save held after config.json is written, before the

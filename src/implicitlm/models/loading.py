@@ -214,6 +214,20 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     _require_weights(config, path / CONFIG)
     if not (path / WEIGHTS).is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
+    model, report, unchecked = load_checked_folder(BY_MODEL_TYPE[config.model_type].model_class, path, config,
+                                                   model_args, options)
+    _attach_learned_solver(path, model)
+    if unchecked:
+        LOGGER.warning(unchecked)
+    return model, report
+
+
+def load_checked_folder(model_class: type, path: Path, config: PretrainedConfig, model_args: tuple = (),
+                        options: dict[str, Any] | None = None):
+    """(model, transformers' report, what went unchecked to say or None): ``model_class``'s model
+    of ``config`` from the safetensors in folder ``path`` (ours, or a transformers checkpoint
+    ``convert`` reads), its generation_config.json, trainer.json, digests and weights' dtypes
+    checked before the weights load, the weights' names and values after."""
     with silenced_load_report():
         check_generation_config(path)
         if (path / TRAINER_META).is_file():  # a checkpoint's: an edited one is refused, as its other files are
@@ -222,20 +236,19 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
         unchecked = _check_digests(path)
         check_floating_weights(path / WEIGHTS)
         try:
-            model, report = _load_weights(BY_MODEL_TYPE[config.model_type].model_class, path, model_args,
-                                          {**options, "config": config})
+            model, report = _load_weights(model_class, path, model_args, {**(options or {}), "config": config})
         # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
         except Exception as error:
             # transformers' message about shapes points at a report it printed (or, quietened, did not).
-            message = (shape_mismatch(path / WEIGHTS, _meta_model(config))
+            ours = issubclass(model_class, ImplicitCausalLM)
+            message = ((ours and shape_mismatch(path / WEIGHTS, _meta_model(config)))
                        or f"{path}: cannot load weights ({first_line(error)})")
             raise ModelLoadError(message) from None
-    check_load_report(path / WEIGHTS, report)
-    check_finite(path / WEIGHTS, model)
-    _attach_learned_solver(path, model)
-    if unchecked:
-        LOGGER.warning(unchecked)
-    return model, report
+    # A transformers checkpoint may be sharded: its weights are named by their folder.
+    weights = path / WEIGHTS if issubclass(model_class, ImplicitCausalLM) else path
+    check_load_report(weights, report)
+    check_finite(weights, model)
+    return model, report, unchecked
 
 
 def _attach_learned_solver(path: Path, model) -> None:
@@ -258,8 +271,9 @@ def _attach_learned_solver(path: Path, model) -> None:
 
 def _load_weights(cls, path, model_args: tuple, options: dict[str, Any]):
     """transformers' own ``from_pretrained`` of ``cls``, from safetensors only, with its report."""
-    return super(ImplicitCausalLM, cls).from_pretrained(
-        path, *model_args, **options, use_safetensors=True, output_loading_info=True)
+    # Ours overrides from_pretrained with the checks that lead here.
+    own = super(ImplicitCausalLM, cls) if issubclass(cls, ImplicitCausalLM) else cls
+    return own.from_pretrained(path, *model_args, **options, use_safetensors=True, output_loading_info=True)
 
 
 def _config_to_load(cls, path: Path, options: dict[str, Any]) -> ImplicitLMConfig:
