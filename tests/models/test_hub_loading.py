@@ -18,6 +18,7 @@ from implicitlm.deq import InitialGuess
 from implicitlm.models import ImplicitCausalLM, ImplicitLlamaForCausalLM, ModelLoadError, load_model
 
 from tests.models.test_import_and_load import tiny_model
+from tests.models.test_untrusted import flip_low_bytes
 from tests.support.learned_solver import contractive, run
 
 pytestmark = pytest.mark.usefixtures("offline_hub")
@@ -67,19 +68,13 @@ def test_a_hub_checkpoint_with_a_learned_guess_has_it_attached(hub_repo):
     torch.testing.assert_close(run(loaded, "sequential")[0], run(model, "sequential")[0], atol=0, rtol=0)
 
 
-def flip_weights_byte(folder: Path) -> None:
-    data = bytearray((folder / "model.safetensors").read_bytes())
-    data[-1] ^= 1
-    (folder / "model.safetensors").write_bytes(bytes(data))
-
-
 def add_config_key(folder: Path, key: str, value) -> None:
     values = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**values, key: value}))
 
 
 DAMAGES = {
-    "weights byte": (flip_weights_byte, "SHA-256 differs"),
+    "weights byte": (lambda folder: flip_low_bytes(folder / "model.safetensors", 1), "SHA-256 differs"),
     "unknown config key": (lambda folder: add_config_key(folder, "hiden_size", 8), "hiden_size"),
     "misspelt generation setting": (
         lambda folder: (folder / "generation_config.json").write_text('{"max_new_tokns": 3}'), "max_new_tokns"),

@@ -35,6 +35,7 @@ from implicitlm.models.convert import from_hf
 from implicitlm.presets.run_presets import load_preset
 from implicitlm.train.checkpoint import prune_checkpoints, save_checkpoint
 from tests.models.test_convert import llama_reference, mamba2_reference, mamba_reference
+from tests.models.test_untrusted import flip_low_bytes
 
 OPTIONS = dict(vocab_size=12, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
 
@@ -143,9 +144,7 @@ def integer_tensor(folder: Path) -> None:
 
 def weights_changed_after_their_digest(folder: Path) -> None:
     write_weights_digest(folder)
-    data = bytearray((folder / "model.safetensors").read_bytes())
-    data[-1] ^= 1
-    (folder / "model.safetensors").write_bytes(bytes(data))
+    flip_low_bytes(folder / "model.safetensors", 1)
 
 
 @pytest.mark.parametrize("damage, message", [
