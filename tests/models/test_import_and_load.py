@@ -161,6 +161,16 @@ def test_import_checks_a_source_as_the_loader_checks_a_model(hf_checkpoint, tmp_
     assert not (tmp_path / "ours").exists()
 
 
+def test_import_refuses_a_source_too_large_for_memory_before_building_it(hf_checkpoint, tmp_path, capsys):
+    """Before: transformers began building the billion blocks (a MemoryError under a memory limit)."""
+    config = json.loads((hf_checkpoint / "config.json").read_text())
+    (hf_checkpoint / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**9}))
+    code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
+    line = one_error_line(code, err)
+    assert line.startswith(f"{hf_checkpoint / 'config.json'}: a model of ") and "of memory" in line, line
+    assert not (tmp_path / "ours").exists()
+
+
 # ---------------------------------------------------------------- an import killed while it writes
 
 # Runs ``implicitlm models import`` with its save held after config.json is written, before the

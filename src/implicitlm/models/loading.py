@@ -120,32 +120,33 @@ def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
     return BY_MODEL_TYPE[config.model_type].model_class(config)
 
 
-def parameter_count(config: ImplicitLMConfig) -> int:
-    """The parameters of the model ``config`` describes, counted without allocating: on the
-    meta device, from models of one and two blocks (building every block of a config that
-    asks for millions would itself take the time and memory this is to check)."""
+def parameter_count(config: PretrainedConfig, model_class: type | None = None) -> int:
+    """The parameters of the model ``config`` describes (of ``model_class``; default: the
+    family the config names), counted without allocating: on the meta device, from models of
+    one and two blocks (building every block of a config that asks for millions would itself
+    take the time and memory this is to check)."""
     def count(layers: int) -> int:
-        return _meta_model(_with_layers(config, layers)).num_parameters()
+        return _meta_model(_with_layers(config, layers), model_class).num_parameters()
 
     one = count(1)
     return one if config.num_hidden_layers == 1 else one + (count(2) - one) * (config.num_hidden_layers - 1)
 
 
-def _meta_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
+def _meta_model(config: PretrainedConfig, model_class: type | None = None) -> torch.nn.Module:
     """The model ``config`` describes: its tensors' shapes, without their data."""
     with torch.device("meta"):
-        return BY_MODEL_TYPE[config.model_type].model_class(config)
+        return (model_class or BY_MODEL_TYPE[config.model_type].model_class)(config)
 
 
-def _with_layers(config: ImplicitLMConfig, layers: int) -> ImplicitLMConfig:
+def _with_layers(config: PretrainedConfig, layers: int) -> PretrainedConfig:
     return type(config).from_dict({**config.to_dict(), "num_hidden_layers": layers})
 
 
-def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> None:
+def _require_weights(config: PretrainedConfig, source: Path | None = None, model_class: type | None = None) -> None:
     """``source``: the config file the config came from; building from a file's config
     fails in whatever ways transformers' own fields allow, reported as that file's fault."""
     try:
-        parameters = parameter_count(config)
+        parameters = parameter_count(config, model_class)
     except Exception as error:
         if source is None:
             raise
@@ -211,9 +212,6 @@ def _load_local(cls, path: Path, model_args: tuple, options: dict[str, Any]):
 
 def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     config = _config_to_load(cls, path, options)
-    _require_weights(config, path / CONFIG)
-    if not (path / WEIGHTS).is_file():
-        raise ModelLoadError(f"{path}: no {WEIGHTS}")
     model, report, unchecked = load_checked_folder(BY_MODEL_TYPE[config.model_type].model_class, path, config,
                                                    model_args, options)
     _attach_learned_solver(path, model)
@@ -226,8 +224,14 @@ def load_checked_folder(model_class: type, path: Path, config: PretrainedConfig,
                         options: dict[str, Any] | None = None):
     """(model, transformers' report, what went unchecked to say or None): ``model_class``'s model
     of ``config`` from the safetensors in folder ``path`` (ours, or a transformers checkpoint
-    ``convert`` reads), its generation_config.json, trainer.json, digests and weights' dtypes
-    checked before the weights load, the weights' names and values after."""
+    ``convert`` reads), the memory it needs, its generation_config.json, trainer.json, digests
+    and weights' dtypes checked before the weights load, the weights' names and values after."""
+    ours = issubclass(model_class, ImplicitCausalLM)
+    _require_weights(config, path / CONFIG, model_class)
+    # A transformers checkpoint may be sharded: its weights are named by their folder.
+    weights = path / WEIGHTS if ours else path
+    if ours and not weights.is_file():
+        raise ModelLoadError(f"{path}: no {WEIGHTS}")
     with silenced_load_report():
         check_generation_config(path)
         if (path / TRAINER_META).is_file():  # a checkpoint's: an edited one is refused, as its other files are
@@ -240,12 +244,9 @@ def load_checked_folder(model_class: type, path: Path, config: PretrainedConfig,
         # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
         except Exception as error:
             # transformers' message about shapes points at a report it printed (or, quietened, did not).
-            ours = issubclass(model_class, ImplicitCausalLM)
             message = ((ours and shape_mismatch(path / WEIGHTS, _meta_model(config)))
                        or f"{path}: cannot load weights ({first_line(error)})")
             raise ModelLoadError(message) from None
-    # A transformers checkpoint may be sharded: its weights are named by their folder.
-    weights = path / WEIGHTS if issubclass(model_class, ImplicitCausalLM) else path
     check_load_report(weights, report)
     check_finite(weights, model)
     return model, report, unchecked
