@@ -21,7 +21,7 @@ from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.eval.downstream import paper_table, run_tasks
 from implicitlm.eval.harness import ImplicitLMHarness
 from implicitlm.eval.harness_sample import SAMPLE_TASKS, SAMPLE_TASKS_DIR
-from implicitlm.models import build_model, config_from_options
+from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
 
@@ -234,6 +234,21 @@ def test_mode_and_budget_reach_the_model(tokenizer):
     assert [kwargs["mode"] for kwargs, _ in seen] == ["sequential"] * 3  # a score, a prompt, one more token
     assert all(kwargs["max_iter"] == 2 and kwargs["tol"] == 1e-9 for kwargs, _ in seen)
     assert all(int(out.fixed_point.iterations.max()) == 2 for _, out in seen)  # tol 1e-9 is out of reach in 2
+
+
+def test_a_checkpoint_loads_in_the_dtype_asked_as_every_loader_loads_it(tokenizer, tmp_path):
+    """Before: loaded in float32, then cast: Mamba1's A_log, which the loader keeps in float32,
+    was cast too, and the config still said float32."""
+    torch.manual_seed(0)
+    build_model(config_from_options(dict(
+        architecture="mamba", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=4,
+    ))).save_pretrained(tmp_path)
+    adapted = ImplicitLMHarness(str(tmp_path), tokenizer=tokenizer, dtype="bfloat16", progress=False).model
+    loaded = load_model(tmp_path, "bfloat16")
+    assert adapted.config.dtype == loaded.config.dtype == torch.bfloat16
+    assert adapted.stack.layers[0].mixer.A_log.dtype == torch.float32
+    for name, tensor in loaded.state_dict().items():
+        assert adapted.state_dict()[name].dtype == tensor.dtype and torch.equal(adapted.state_dict()[name], tensor)
 
 
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])

@@ -35,6 +35,7 @@ from implicitlm.models.convert import from_hf
 from implicitlm.presets.run_presets import load_preset
 from implicitlm.train.checkpoint import prune_checkpoints, save_checkpoint
 from tests.models.test_convert import llama_reference, mamba2_reference, mamba_reference
+from tests.models.test_untrusted import flip_low_bytes
 
 OPTIONS = dict(vocab_size=12, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
 
@@ -132,6 +133,41 @@ def test_import_refuses_a_nan_naming_the_tensor(hf_checkpoint, tmp_path, capsys)
     # Before: exit 0, a model whose every output is NaN.
     assert one_error_line(code, err) == (
         f"{hf_checkpoint}: weight backbone.layers.0.mixer.in_proj.weight holds NaN or Inf")
+    assert not (tmp_path / "ours").exists()
+
+
+def integer_tensor(folder: Path) -> None:
+    tensors = load_file(folder / "model.safetensors")
+    tensors["backbone.layers.0.mixer.D"] = tensors["backbone.layers.0.mixer.D"].long()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def weights_changed_after_their_digest(folder: Path) -> None:
+    write_weights_digest(folder)
+    flip_low_bytes(folder / "model.safetensors", 1)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (integer_tensor, "model.safetensors: tensor backbone.layers.0.mixer.D is I64; a model's weights are floating point"),
+    (weights_changed_after_their_digest, "model.safetensors: SHA-256 differs from model.safetensors.sha256"),
+])
+def test_import_checks_a_source_as_the_loader_checks_a_model(hf_checkpoint, tmp_path, capsys, damage, message):
+    """``convert`` reads its source through the one loader. Before: exit 0, the integers cast
+    to floats, the damaged weights imported and given a fresh digest."""
+    damage(hf_checkpoint)
+    code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
+    assert one_error_line(code, err) == f"{hf_checkpoint}/{message}" + (
+        ": the weights are damaged" if "SHA" in message else " (F16, BF16, F32, F64)")
+    assert not (tmp_path / "ours").exists()
+
+
+def test_import_refuses_a_source_too_large_for_memory_before_building_it(hf_checkpoint, tmp_path, capsys):
+    """Before: transformers began building the billion blocks (a MemoryError under a memory limit)."""
+    config = json.loads((hf_checkpoint / "config.json").read_text())
+    (hf_checkpoint / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**9}))
+    code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
+    line = one_error_line(code, err)
+    assert line.startswith(f"{hf_checkpoint / 'config.json'}: a model of ") and "of memory" in line, line
     assert not (tmp_path / "ours").exists()
 
 

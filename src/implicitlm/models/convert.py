@@ -39,10 +39,7 @@ from ..core.file_digests import FILES_DIGEST
 from ..core.targets import FolderKind
 from .families import BY_ARCHITECTURE, BY_SOURCE_MODEL_TYPE, Family
 from .implicit_lm import ImplicitCausalLM
-from .loading import (
-    ModelLoadError, build_model, check_finite, check_generation_config, check_load_report, config_from_options,
-    config_values, silenced_load_report,
-)
+from .loading import ModelLoadError, build_model, config_from_options, config_values, load_checked_folder
 
 # The folder of a saved model (``models import``, ``solver train``): its config and weights with
 # their digests, the tokenizer beside them, and what a checkpoint copied from a run keeps
@@ -227,20 +224,14 @@ def _hf_model(source: HFSource, family: Family) -> tuple[PreTrainedModel, dict[s
         raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {family.source_model_type!r}")
     config = _loaded(path, lambda: cls.config_class.from_pretrained(path))
     options = family.source_options(config)
-    with silenced_load_report():
-        check_generation_config(path)
-        hf, report = _loaded(path, lambda: cls.from_pretrained(
-            path, config=config, use_safetensors=True, output_loading_info=True))
-    # transformers initialises a weight the file lacks at random, and loads NaN as it is.
-    check_load_report(path, report)
-    check_finite(path, hf)
+    hf, _, _ = load_checked_folder(cls, path, config)  # transformers checkpoints carry no digests to miss
     return hf, options
 
 
 def _loaded(path: Path, load: Callable[[], Any]) -> Any:
     """What ``load`` reads from the checkpoint ``path``. A foreign checkpoint fails in many
-    ways (missing or damaged weights, config fields of the wrong type checked by
-    transformers or huggingface_hub), with types that differ between library versions."""
+    ways (config fields of the wrong type checked by transformers or huggingface_hub), with
+    types that differ between library versions."""
     try:
         return load()
     except Exception as error:

@@ -31,7 +31,7 @@ from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, DEFAULT_ARCHITECTURE, FAMILIES, architecture_choices
 from .implicit_lm import MODES, ImplicitCausalLM
-from .locations import hub_model_class, local_model_path
+from .locations import hub_model_folder, local_model_path
 from .weight_header import check_floating_weights, shape_mismatch
 
 LOGGER = logging.getLogger("implicitlm")
@@ -120,32 +120,33 @@ def build_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
     return BY_MODEL_TYPE[config.model_type].model_class(config)
 
 
-def parameter_count(config: ImplicitLMConfig) -> int:
-    """The parameters of the model ``config`` describes, counted without allocating: on the
-    meta device, from models of one and two blocks (building every block of a config that
-    asks for millions would itself take the time and memory this is to check)."""
+def parameter_count(config: PretrainedConfig, model_class: type | None = None) -> int:
+    """The parameters of the model ``config`` describes (of ``model_class``; default: the
+    family the config names), counted without allocating: on the meta device, from models of
+    one and two blocks (building every block of a config that asks for millions would itself
+    take the time and memory this is to check)."""
     def count(layers: int) -> int:
-        return _meta_model(_with_layers(config, layers)).num_parameters()
+        return _meta_model(_with_layers(config, layers), model_class).num_parameters()
 
     one = count(1)
     return one if config.num_hidden_layers == 1 else one + (count(2) - one) * (config.num_hidden_layers - 1)
 
 
-def _meta_model(config: ImplicitLMConfig) -> ImplicitCausalLM:
+def _meta_model(config: PretrainedConfig, model_class: type | None = None) -> torch.nn.Module:
     """The model ``config`` describes: its tensors' shapes, without their data."""
     with torch.device("meta"):
-        return BY_MODEL_TYPE[config.model_type].model_class(config)
+        return (model_class or BY_MODEL_TYPE[config.model_type].model_class)(config)
 
 
-def _with_layers(config: ImplicitLMConfig, layers: int) -> ImplicitLMConfig:
+def _with_layers(config: PretrainedConfig, layers: int) -> PretrainedConfig:
     return type(config).from_dict({**config.to_dict(), "num_hidden_layers": layers})
 
 
-def _require_weights(config: ImplicitLMConfig, source: Path | None = None) -> None:
+def _require_weights(config: PretrainedConfig, source: Path | None = None, model_class: type | None = None) -> None:
     """``source``: the config file the config came from; building from a file's config
     fails in whatever ways transformers' own fields allow, reported as that file's fault."""
     try:
-        parameters = parameter_count(config)
+        parameters = parameter_count(config, model_class)
     except Exception as error:
         if source is None:
             raise
@@ -177,8 +178,9 @@ def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: t
     from safetensors only (``locations``: a name that is neither a folder here nor a Hub
     id is refused). ``cls``: ImplicitCausalLM (the family the config names) or a
     family's class (a model of another family is refused). ``options``: transformers'
-    (``dtype``, ``device_map``, ``config``, ...), and fields of the config to change. A Hub id
-    (``owner/name``) that names nothing here goes to transformers, whose files hold no digest.
+    (``dtype``, ``device_map``, ``config``, ``revision``, ...), and fields of the config to
+    change. A Hub id (``owner/name``) that names nothing here is fetched into the hub's cache
+    and loaded from there as a folder here is, with every check.
 
     Nothing in the directory is executed or unpickled: the model class is ours, chosen by
     ``model_type`` (an ``auto_map`` naming code in the directory is never followed).
@@ -187,14 +189,11 @@ def load_pretrained(cls: type[ImplicitCausalLM], path: str | Path, model_args: t
     written the next: a read that fails as the run moves on is made again from the newest.
     """
     wants_report = options.pop("output_loading_info", False)
-    local = local_model_path(path, options.get("subfolder"))
-    if local is not None:
-        options.pop("subfolder", None)
-        model, report = _load_local(cls, local, model_args, options)
-    else:
-        model, report = _load_weights(hub_model_class(cls, path, options), path, model_args, options)
-        check_load_report(Path(path), report)
-        check_finite(Path(path), model)
+    subfolder = options.pop("subfolder", None)
+    local = local_model_path(path, subfolder)
+    if local is None:
+        local = hub_model_folder(path, subfolder, options)
+    model, report = _load_local(cls, local, model_args, options)
     return (model, report) if wants_report else model
 
 
@@ -213,8 +212,25 @@ def _load_local(cls, path: Path, model_args: tuple, options: dict[str, Any]):
 
 def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     config = _config_to_load(cls, path, options)
-    _require_weights(config, path / CONFIG)
-    if not (path / WEIGHTS).is_file():
+    model, report, unchecked = load_checked_folder(BY_MODEL_TYPE[config.model_type].model_class, path, config,
+                                                   model_args, options)
+    _attach_learned_solver(path, model)
+    if unchecked:
+        LOGGER.warning(unchecked)
+    return model, report
+
+
+def load_checked_folder(model_class: type, path: Path, config: PretrainedConfig, model_args: tuple = (),
+                        options: dict[str, Any] | None = None):
+    """(model, transformers' report, what went unchecked to say or None): ``model_class``'s model
+    of ``config`` from the safetensors in folder ``path`` (ours, or a transformers checkpoint
+    ``convert`` reads), the memory it needs, its generation_config.json, trainer.json, digests
+    and weights' dtypes checked before the weights load, the weights' names and values after."""
+    ours = issubclass(model_class, ImplicitCausalLM)
+    _require_weights(config, path / CONFIG, model_class)
+    # A transformers checkpoint may be sharded: its weights are named by their folder.
+    weights = path / WEIGHTS if ours else path
+    if ours and not weights.is_file():
         raise ModelLoadError(f"{path}: no {WEIGHTS}")
     with silenced_load_report():
         check_generation_config(path)
@@ -224,20 +240,16 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
         unchecked = _check_digests(path)
         check_floating_weights(path / WEIGHTS)
         try:
-            model, report = _load_weights(BY_MODEL_TYPE[config.model_type].model_class, path, model_args,
-                                          {**options, "config": config})
+            model, report = _load_weights(model_class, path, model_args, {**(options or {}), "config": config})
         # A file from anywhere fails in many ways: shapes, dtypes, transformers' own config fields.
         except Exception as error:
             # transformers' message about shapes points at a report it printed (or, quietened, did not).
-            message = (shape_mismatch(path / WEIGHTS, _meta_model(config))
+            message = ((ours and shape_mismatch(path / WEIGHTS, _meta_model(config)))
                        or f"{path}: cannot load weights ({first_line(error)})")
             raise ModelLoadError(message) from None
-    check_load_report(path / WEIGHTS, report)
-    check_finite(path / WEIGHTS, model)
-    _attach_learned_solver(path, model)
-    if unchecked:
-        LOGGER.warning(unchecked)
-    return model, report
+    check_load_report(weights, report)
+    check_finite(weights, model)
+    return model, report, unchecked
 
 
 def _attach_learned_solver(path: Path, model) -> None:
@@ -260,8 +272,9 @@ def _attach_learned_solver(path: Path, model) -> None:
 
 def _load_weights(cls, path, model_args: tuple, options: dict[str, Any]):
     """transformers' own ``from_pretrained`` of ``cls``, from safetensors only, with its report."""
-    return super(ImplicitCausalLM, cls).from_pretrained(
-        path, *model_args, **options, use_safetensors=True, output_loading_info=True)
+    # Ours overrides from_pretrained with the checks that lead here.
+    own = super(ImplicitCausalLM, cls) if issubclass(cls, ImplicitCausalLM) else cls
+    return own.from_pretrained(path, *model_args, **options, use_safetensors=True, output_loading_info=True)
 
 
 def _config_to_load(cls, path: Path, options: dict[str, Any]) -> ImplicitLMConfig:

@@ -1,6 +1,7 @@
 """Where a model's name points: a folder here, else a repository on the Hugging Face Hub
-(``owner/name``). A name that is neither is refused at once, naming it, rather than handed to
-transformers, whose message about it names a missing ``config_class`` instead."""
+(``owner/name``), fetched as a folder here. A name that is neither is refused at once, naming
+it, rather than handed to transformers, whose message about it names a missing ``config_class``
+instead."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from transformers import PretrainedConfig
-
 from ..core.atomic_io import recover_replaced
-from ..core.errors import OptionError, first_line, quoted
+from ..core.errors import DataError, OptionError, quoted
+from ..core.hub import hub_snapshot
 from .errors import ModelLoadError
-from .families import BY_MODEL_TYPE
 
 # A Hub repository as the Hub names one: owner/name, of letters, digits, "-", "_" and ".",
 # neither part beginning or ending with "-" or ".".
@@ -41,18 +40,12 @@ def local_model_path(path: Any, subfolder: str | None) -> Path | None:
                          "(not a model folder here, nor a Hub id owner/name)")
 
 
-def hub_model_class(cls: type, name: str, options: dict[str, Any]) -> type:
-    """The class that loads Hub repository ``name``, from the model_type of its config.json: the
-    family it names (the base class names no config class for transformers to read), which a
-    family's ``cls`` must be. ``options``: those of ``from_pretrained`` (revision, token, ...)."""
+def hub_model_folder(name: str, subfolder: str | None, options: dict[str, Any]) -> Path:
+    """Hub repository ``name`` (its ``subfolder``) fetched into the hub's cache, a folder to load
+    as any other: every check of a local one applies. ``options``: those of ``from_pretrained``,
+    of which those that say what to fetch are taken out."""
     try:
-        values, _ = PretrainedConfig.get_config_dict(name, **options)
-    except Exception as error:  # the Hub client and transformers fail in many types
-        raise ModelLoadError(f"{name}: not a folder here, and no model config from the Hub ({first_line(error)})") from None
-    model_type = values.get("model_type")
-    if model_type not in BY_MODEL_TYPE:
-        raise ModelLoadError(f"{name}: config.json's model_type {quoted(model_type)} is not one of {sorted(BY_MODEL_TYPE)}")
-    family_class = BY_MODEL_TYPE[model_type].model_class
-    if getattr(cls, "config_class", None) not in (None, family_class.config_class):
-        raise ModelLoadError(f"{name}: a model of type {model_type}, not {cls.config_class.model_type}")
-    return family_class
+        snapshot = hub_snapshot(name, "model", options)
+    except DataError as error:
+        raise ModelLoadError(str(error)) from None
+    return Path(snapshot, subfolder or "")
