@@ -176,3 +176,26 @@ def test_more_sequences_than_the_time_limit_allows_are_refused_before_the_first(
     assert code == 2 and out == "" and len(err) == 1, err
     assert err[0].startswith("implicitlm: error: 1,000,000,000 sequences would take at least")
     assert "past the limit of 1.0 days" in err[0] and "--num-return-sequences" in err[0]
+
+
+def test_decoding_from_graphs_is_asked_for_by_default_and_eager_turns_it_off(run, capsys, monkeypatch):
+    """On a CPU the graphs' buffers run eagerly when asked for (``cuda_graphs=True``) and give
+    the text of plain decoding; the command asks for the device's default (graphs on CUDA) unless
+    ``--eager``."""
+    from implicitlm.models import ImplicitCausalLM
+    from implicitlm.tasks import generation
+
+    entered, asked = [], []
+    original_block, original_text = ImplicitCausalLM.decoding_graphs, generation.generate_text
+    monkeypatch.setattr(ImplicitCausalLM, "decoding_graphs",
+                        lambda self, capture=None: entered.append(capture) or original_block(self, capture))
+    monkeypatch.setattr(generation, "generate_text",
+                        lambda *args, **kwargs: asked.append(kwargs["cuda_graphs"]) or original_text(*args, **kwargs))
+    decoding, budget = Decoding(max_new_tokens=6, greedy=True), {"passes": 2}
+    graphed = generate_text(run, PROMPT, decoding, fixed_point=budget, cuda_graphs=True)
+    assert entered == [False]  # the block, its buffers run eagerly on a CPU
+    assert generate_text(run, PROMPT, decoding, fixed_point=budget) == graphed and entered == [False]
+    for flags, expected in (((), None), (("--eager",), False)):
+        code, out, _ = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "6", "--greedy",
+                                "--passes", "2", *flags)
+        assert code == 0 and out == PROMPT + graphed[0] + "\n" and asked[-1] is expected

@@ -139,7 +139,7 @@ def test_the_console_command_runs_offline_as_lm_eval_does(run, tmp_path):
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), str(Path(__file__).parents[2])]),
            "HF_DATASETS_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(
-        [sys.executable, "-m", "implicitlm.eval.harness", "--model", "implicitlm", "--model_args",
+        [sys.executable, "-m", "implicitlm.eval.lm_eval_command", "--model", "implicitlm", "--model_args",
          f"pretrained={run},{MODEL_ARGS}", "--tasks", ",".join(f"{task}_local" for task in TASKS), "--limit", "1",
          "--device", "cpu"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,

@@ -2,10 +2,10 @@
 
 Importing this module registers the model with lm-eval (``import implicitlm`` alone does
 not import lm-eval, which is heavy). ``implicitlm-lm-eval ARGS`` (or ``python -m
-implicitlm.eval.harness ARGS``) is lm-eval's own command line with the model registered and
-the shipped local tasks included (``eval.lm_eval_command``)::
+implicitlm.eval.lm_eval_command ARGS``) is lm-eval's own command line with the model registered
+and the shipped local tasks included (``eval.lm_eval_command``)::
 
-    python -m implicitlm.eval.harness --model implicitlm \
+    implicitlm-lm-eval --model implicitlm \
         --model_args pretrained=CHECKPOINT,max_iter=96,mode=simultaneous --tasks hellaswag
 
 Model arguments: ``pretrained`` (checkpoint folder, or a loaded model), ``tokenizer``
@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -413,25 +412,13 @@ def _device(name: str | None) -> torch.device:
     return device
 
 
-def main() -> int:
-    """``implicitlm-lm-eval``: lm-eval's command line (``sys.argv``), with "implicitlm"
-    registered and the shipped local tasks included (``eval.lm_eval_command``)."""
-    from .lm_eval_command import run_command
-
-    return run_command()
-
-
 def _register() -> None:
     # lm-eval imports its built-in models only into an empty registry: imported after ours,
     # they would be missing.
     importlib.import_module("lm_eval.models")
-    # By import path rather than by class: run as ``python -m``, this file is loaded twice
-    # (as __main__ and under its own name), and two classes under one name would collide.
+    # By import path, as lm-eval registers its own models: resolved when a run asks for it.
     if MODEL_NAME not in model_registry:
         model_registry.register(MODEL_NAME, target=f"implicitlm.eval.harness:{ImplicitLMHarness.__name__}")
 
 
 _register()
-
-if __name__ == "__main__":
-    sys.exit(main())

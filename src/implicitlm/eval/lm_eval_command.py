@@ -22,6 +22,11 @@ from .downstream import quiet_lm_eval_notes
 PROG = "implicitlm-lm-eval"
 
 
+def main() -> int:
+    """``implicitlm-lm-eval``: lm-eval's command line on ``sys.argv``."""
+    return run_command()
+
+
 def run_command(argv: Sequence[str] | None = None) -> int:
     """lm-eval's command line on ``argv`` (default: ``sys.argv[1:]``); the exit code."""
     from lm_eval._cli.harness import HarnessCLI
@@ -64,3 +69,7 @@ def _with_local_tasks(args) -> list[str]:
 
         given = EvaluatorConfig.load_yaml_config(args.config).get("include_path")
     return [str(LOCAL_TASKS_DIR), *([] if given is None else [given] if isinstance(given, str) else given)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
