@@ -9,6 +9,7 @@ import pytest
 import implicitlm.core.memory
 import implicitlm.train.runs
 from implicitlm.cli import main
+from tests.support.refusals import printed_error_line
 
 MACHINE = 22 * 2**30  # the machine the refusal was first seen on
 
@@ -23,15 +24,9 @@ def twenty_two_gib(monkeypatch):
     monkeypatch.setattr(implicitlm.train.runs, "build_model", never)
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("implicitlm: error: ") and "Traceback" not in err[0], err
-    return err[0]
-
-
 def test_the_default_lm_run_is_refused_up_front_with_a_preset_that_fits(shards, tmp_path, capsys, twenty_two_gib):
     assert main(["train", "--data", str(shards), "--out", str(tmp_path / "run")]) == 2
-    line = one_error_line(capsys)
+    line = printed_error_line(capsys)
     # 24 blocks of 768 at 8 x 2048 tokens, 4 phantom passes: hundreds of GiB, not the 22 the kernel allowed.
     assert "8 x 2048 tokens per batch (4 pass(es) kept for the gradient) needs about" in line
     assert "GiB of memory; 22.0 GiB is available; a smaller model: --config lm_wikitext2 (about" in line
@@ -40,7 +35,7 @@ def test_the_default_lm_run_is_refused_up_front_with_a_preset_that_fits(shards, 
 
 def test_the_default_words_run_is_refused_up_front_with_a_preset_that_fits(tmp_path, capsys, twenty_two_gib):
     assert main(["words", "train", "--out", str(tmp_path / "run")]) == 2
-    line = one_error_line(capsys)
+    line = printed_error_line(capsys)
     assert "128 x 16 tokens per batch" in line and "22.0 GiB is available" in line
     assert "a smaller model: --preset words_s5 (about" in line
 
@@ -72,4 +67,4 @@ def test_a_run_without_bars_prints_steps_held_out_perplexity_and_a_summary(shard
 
 def test_missing_shards_name_the_command_that_builds_them(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "run")]) == 2
-    assert "build the shards with `implicitlm corpus build`" in one_error_line(capsys)
+    assert "build the shards with `implicitlm corpus build`" in printed_error_line(capsys)

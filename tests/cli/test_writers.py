@@ -29,9 +29,9 @@ from implicitlm.data.corpus import read_documents
 from implicitlm.data.shard_writer import write_shards
 from implicitlm.data.shards import TokenShards
 from implicitlm.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-from implicitlm.models import build_model, config_from_options
 from implicitlm.tasks.words import WordsTask
 from implicitlm.train.run_log import run_folder_lock
+from tests.support.models import tiny_model
 
 pytestmark = pytest.mark.usefixtures("offline_hub")  # lm downstream reads its sets from local files
 
@@ -57,10 +57,9 @@ GOOD_RECORD = {
 TEXT = "\n".join(f"line {i}: the cat sat on the mat, and the dog ran to the door {i % 7}." for i in range(60))
 
 
-def tiny_model(vocab_size: int):
-    torch.manual_seed(0)
-    options = {**TINY_MAMBA2, "vocab_size": vocab_size, "implicit": True, "fixed_point": {"max_iter": 4}}
-    return build_model(config_from_options({"architecture": "mamba2", **options})).eval()
+def checkpoint_model(vocab_size: int):
+    return tiny_model(architecture="mamba2", **TINY_MAMBA2, vocab_size=vocab_size, implicit=True,
+                      fixed_point={"max_iter": 4}).eval()
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +69,10 @@ def inputs(tmp_path_factory) -> SimpleNamespace:
     (root / "corpus.txt").write_text(TEXT)
     tokenizer = train_tokenizer([TEXT], 280, root / "tokenizer")
     write_shards(read_documents([root / "corpus.txt"]), tokenizer, root / "shards", test_fraction=0.2, progress=False)
-    tiny_model(len(tokenizer)).save_pretrained(root / "lm")
+    checkpoint_model(len(tokenizer)).save_pretrained(root / "lm")
     save_tokenizer(tokenizer, root / "lm")
     build_catbabi(write_babi_sample(root / "babi"), root / "catbabi", tasks=SAMPLE_TASKS, seed=0)
-    tiny_model(TokenShards(root / "catbabi", "train").vocab_size).save_pretrained(root / "catbabi_lm")
+    checkpoint_model(TokenShards(root / "catbabi", "train").vocab_size).save_pretrained(root / "catbabi_lm")
     save_tokenizer(load_tokenizer(root / "catbabi" / "tokenizer"), root / "catbabi_lm")
     assert main(["words", "train", "--out", str(root / "words_run"), *WORDS_RUN]) == 0
     torch.manual_seed(0)

@@ -6,12 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory
 from implicitlm.deq import InitialGuess, LearnedMixing
 from implicitlm.deq.anderson import MEMORY
-from implicitlm.models import build_model, config_from_options
+from tests.support.models import tiny_model
 
 
 @pytest.fixture(params=[0o022, 0o077], ids=["umask 022", "umask 077"])
@@ -28,10 +27,9 @@ def mode(path: Path) -> int:
 def test_a_saved_checkpoint_follows_the_umask(umask, tmp_path):
     """before: model.safetensors, initial_guess.safetensors and learned_mixing.safetensors
     were -rw------- under umask 022, every other file -rw-r--r--."""
-    torch.manual_seed(0)
-    model = build_model(config_from_options({
+    model = tiny_model(**{
         "architecture": "mamba2", "hidden_size": 16, "num_hidden_layers": 1, "state_size": 8, "head_dim": 8,
-        "chunk_size": 8, "vocab_size": 40, "implicit": True}))
+        "chunk_size": 8, "vocab_size": 40, "implicit": True})
     model.attach_learned_guess(InitialGuess(16))
     model.attach_learned_mixing(LearnedMixing(MEMORY))
     with staged_directory(tmp_path / "checkpoint") as staging:  # as checkpoints and imports are written

@@ -11,6 +11,7 @@ from implicitlm.core.memory import activation_bytes, readable
 from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.models import build_model, config_from_options
 from implicitlm.models.loading import parameter_count
+from tests.support.refusals import printed_error_line
 
 @pytest.fixture(autouse=True)
 def sixteen_gib(monkeypatch):
@@ -21,12 +22,6 @@ def sixteen_gib(monkeypatch):
 
 
 SMALL = ["--model", "hidden_size=16", "--model", "state_size=8", "--model", "head_dim=8"]
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("implicitlm: error: ") and "Traceback" not in err[0], err
-    return err[0]
 
 
 @pytest.mark.parametrize(
@@ -58,7 +53,7 @@ def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, 
     config_file.write_text(json.dumps({**config, "num_hidden_layers": 1_000_000_000}))
     capsys.readouterr()
     assert main(["words", "eval", str(run), "--lengths", "4", "--no-progress"]) == 2
-    line = one_error_line(capsys)
+    line = printed_error_line(capsys)
     assert "config.json: a model of" in line and "of memory" in line
 
 
@@ -73,7 +68,7 @@ def test_a_tiny_config_asking_for_a_million_layers_is_refused_at_load(tmp_path, 
 )
 def test_training_sizes_beyond_the_memory_are_refused_in_one_line(tmp_path, capsys, argv, fragment):
     code = main(["words", "train", "--out", str(tmp_path / "run"), "--no-progress", *SMALL, *argv])
-    assert code == 2 and fragment in one_error_line(capsys)
+    assert code == 2 and fragment in printed_error_line(capsys)
     assert latest_checkpoint(tmp_path / "run") is None
 
 
@@ -85,7 +80,7 @@ def test_test_words_beyond_the_memory_are_refused(tmp_path, capsys):
     capsys.readouterr()
     # In chunks the words are read a window at a time; solved whole, a word's forward holds all of it.
     assert main(["words", "eval", str(run), "--lengths", "1000000000", "--chunk-length", "0", "--no-progress"]) == 2
-    assert "test words of length 1,000,000,000 needs at least" in one_error_line(capsys)
+    assert "test words of length 1,000,000,000 needs at least" in printed_error_line(capsys)
 
 
 def test_a_vocabulary_beyond_the_memory_or_32_bits_is_refused(tmp_path, capsys):
@@ -93,9 +88,9 @@ def test_a_vocabulary_beyond_the_memory_or_32_bits_is_refused(tmp_path, capsys):
     corpus.write_text("some text\n")
     base = ["tokenizer", "train", str(corpus), "--out", str(tmp_path / "tok")]
     assert main([*base, "--vocab-size", "10000000000"]) == 2
-    assert "at most 4,294,967,295" in one_error_line(capsys)
+    assert "at most 4,294,967,295" in printed_error_line(capsys)
     assert main([*base, "--vocab-size", "4000000000"]) == 2
-    assert "a vocabulary of 4,000,000,000 tokens needs at least" in one_error_line(capsys)
+    assert "a vocabulary of 4,000,000,000 tokens needs at least" in printed_error_line(capsys)
 
 
 def test_available_memory_is_read_from_the_machine(monkeypatch):
@@ -115,7 +110,7 @@ def test_a_jacobian_run_beyond_the_memory_is_refused(tmp_path, capsys):
     spec.write_text(json.dumps({"model": dict(vocab_size=50000, hidden_size=16, num_hidden_layers=1, state_size=8,
                                               head_dim=8, implicit=False)}))
     code = main(["jacobian", str(spec), "--length", "100000", "--out", str(tmp_path / "out"), "--no-progress"])
-    assert code == 2 and "4 sequence(s) of length 100,000 needs at least" in one_error_line(capsys)
+    assert code == 2 and "4 sequence(s) of length 100,000 needs at least" in printed_error_line(capsys)
 
 
 # A fresh process evaluates, and reports how far the command raised its peak resident size

@@ -25,6 +25,7 @@ from implicitlm.data.shard_writer import write_shards
 from implicitlm.data.shards import TokenShards, token_dtype
 from implicitlm.data.token_windows import TokenSampler, evaluation_windows
 from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, train_tokenizer
+from tests.support.refusals import one_error_line
 
 SHARD_TOKENS = 1000
 QUIET = {"progress": False, "shard_tokens": SHARD_TOKENS}
@@ -339,7 +340,7 @@ def test_a_test_source_that_the_training_sources_read_is_refused(tokenizer, tmp_
         ([corpus], [corpus / "valid.md"], corpus / "valid.md", corpus / "valid.md"),  # lies in
         ([corpus / "train.txt"], [tmp_path / "link.txt"], tmp_path / "link.txt", corpus / "train.txt"),  # a link to
     ):
-        line = error_line(*build(sources, test_sources)[::2])
+        line = one_error_line(*build(sources, test_sources)[::2])
         assert line == (f"implicitlm: error: {source}: in --test-sources, but the training source {sources[0]} reads "
                         f"{reads.resolve()} too: its text would be trained on and scored as held out")
         assert not out.exists()
@@ -361,7 +362,7 @@ def test_a_test_source_holding_a_copy_of_a_training_file_is_refused(tokenizer, t
         return cli(capsys, "corpus", "build", str(tmp_path / "corpus"), "--test-sources", *map(str, test_sources),
                    "--tokenizer", tokenizer.name_or_path, "--out", str(tmp_path / "out"), "--no-progress")
 
-    line = error_line(*build(tmp_path / "held")[::2])
+    line = one_error_line(*build(tmp_path / "held")[::2])
     assert line == (f"implicitlm: error: {tmp_path / 'held'}: in --test-sources, but {(tmp_path / 'held' / 'copy.txt').resolve()} "
                     f"holds the same bytes as {(tmp_path / 'corpus' / 'train.txt').resolve()}, which the training source "
                     f"{tmp_path / 'corpus'} reads: its text would be trained on and scored as held out")
@@ -509,13 +510,6 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def error_line(code: int, err: str) -> str:
-    """The one error line a refused command prints; it must exit with 2."""
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("implicitlm: error: "), err
-    return lines[0]
-
-
 def split_stream(shards: Path, split: str) -> list[int]:
     tokens = TokenShards(shards, split)
     return tokens.read(0, len(tokens)).tolist()
@@ -534,7 +528,7 @@ def test_bytes_that_are_not_utf8_are_one_line_naming_file_and_line_unless_replac
     train_tok = ["tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", str(tok)]
     build = ["corpus", "build", str(corpus), "--out", str(shards), "--no-progress", "--workers", "2"]
     for command in (train_tok, [*build, "--tokenizer", tokenizer.name_or_path]):
-        message = error_line(*cli(capsys, *command)[::2])
+        message = one_error_line(*cli(capsys, *command)[::2])
         assert f"{corpus}:2: got byte 0xff at offset 3, which is not UTF-8" in message
         assert "--errors replace" in message
     assert not tok.exists() and not shards.exists()
@@ -554,7 +548,7 @@ def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(tokeni
     corpus.write_text("some text\n" * 10)
     code, out, err = cli(capsys, "corpus", "build", str(corpus), "--tokenizer", tokenizer.name_or_path, "--out",
                          str(tmp_path / "s"), "--no-progress", "--workers", "100000")
-    message = error_line(code, err)
+    message = one_error_line(code, err)
     assert "tokenizing in 100,000 processes needs at least " in message and "is available" in message
     assert "--workers" in message and not (tmp_path / "s").exists() and not multiprocessing.active_children()
 
@@ -578,7 +572,7 @@ def test_a_source_without_text_is_refused_where_it_is_read(tokenizer, tmp_path, 
              "--out", str(out), "--no-progress"],
         ]
         for command in commands:
-            assert f"error: {source}: no text in it" in error_line(*cli(capsys, *command)[::2])
+            assert f"error: {source}: no text in it" in one_error_line(*cli(capsys, *command)[::2])
             assert not out.exists()
     # A source with text beside an empty file of it is read.
     (folder / "b.txt").write_text("text")

@@ -28,8 +28,9 @@ from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.tasks.lm import TokenBatches
 from implicitlm.train.trainer import train
 
-from tests.data.test_corpus import QUIET, cli, encoded, error_line, split_stream, synthetic_texts, tree_bytes
-from tests.train.test_lm_train import SEQUENCE, cli_command, subprocess_env, tiny_model, train_config
+from tests.data.test_corpus import QUIET, cli, encoded, split_stream, synthetic_texts, tree_bytes
+from tests.train.test_lm_train import SEQUENCE, cli_command, lm_model, subprocess_env, train_config
+from tests.support.refusals import one_error_line
 
 VOCAB = 300
 
@@ -83,7 +84,7 @@ def test_a_corpus_build_into_a_folder_another_process_writes_is_refused(tokenize
     )
     try:
         assert holder.stdout.readline() == "held\n"
-        line = error_line(*build(capsys, source, tokenizer, out)[::2])
+        line = one_error_line(*build(capsys, source, tokenizer, out)[::2])
         assert f"{out}: another process is writing it (process {holder.pid})" in line
         assert not out.exists()
     finally:
@@ -101,7 +102,7 @@ def checkpoint(tokenizer, tmp_path_factory) -> Path:
     """A model of the tokenizer's vocabulary with the tokenizer saved beside it, as training
     saves a checkpoint."""
     folder = tmp_path_factory.mktemp("checkpoint")
-    tiny_model(vocab=VOCAB).save_pretrained(folder)
+    lm_model(vocab=VOCAB).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -133,13 +134,13 @@ def test_lm_eval_refuses_shards_of_another_tokenizer_in_one_line(
     assert code == 0 and "perplexity" in printed
 
     larger = shards_of(larger_tokenizer, texts, tmp_path / "larger")
-    line = error_line(*lm_eval(capsys, checkpoint, larger)[::2])
+    line = one_error_line(*lm_eval(capsys, checkpoint, larger)[::2])
     assert f"{larger}: the shards' tokenizer ({larger_tokenizer.name_or_path}) has 400 tokens, " \
            f"more than the model's vocab_size {VOCAB}" in line
 
     other = shards_of(other_tokenizer, texts, tmp_path / "other")
     assert TokenShards(other).vocab_size == VOCAB
-    line = error_line(*lm_eval(capsys, checkpoint, other)[::2])
+    line = one_error_line(*lm_eval(capsys, checkpoint, other)[::2])
     assert f"{other}: tokens of the tokenizer {other_tokenizer.name_or_path} (sha256 " in line
     assert f"but {checkpoint} was trained with another" in line
 
@@ -165,7 +166,7 @@ def test_training_refuses_a_training_shard_with_a_flipped_byte(tokenizer, texts,
     write_shards(texts, tokenizer, ours, test_fraction=0.2, seed=3, progress=False)  # one training shard
     shard = flip_a_byte(ours, "train", tmp_path / "damaged")
     assert main(lm_train(ours, tmp_path / "run")) == 0
-    line = error_line(*cli(capsys, *lm_train(tmp_path / "damaged", tmp_path / "other"))[::2])
+    line = one_error_line(*cli(capsys, *lm_train(tmp_path / "damaged", tmp_path / "other"))[::2])
     assert f"{shard}: sha256 checksum differs from {tmp_path / 'damaged' / 'index.json'}" in line
 
 
@@ -174,7 +175,7 @@ def test_a_warm_start_refuses_shards_of_another_tokenizer(tokenizer, other_token
     """Before: ``train --init-from CK --data SHARDS_OF_ANOTHER_TOKENIZER`` (of as many tokens)
     trained, with a warning about the batch order."""
     other = shards_of(other_tokenizer, texts, tmp_path / "other")
-    line = error_line(*cli(capsys, *lm_train(other, tmp_path / "run", "--init-from", str(checkpoint)))[::2])
+    line = one_error_line(*cli(capsys, *lm_train(other, tmp_path / "run", "--init-from", str(checkpoint)))[::2])
     assert f"{other}: tokens of the tokenizer {other_tokenizer.name_or_path} (sha256 " in line
     assert f"but {checkpoint} was trained with another" in line
 
@@ -192,18 +193,18 @@ def test_a_tokenizer_the_model_was_not_trained_with_is_refused(
     smaller = train_tokenizer(texts, 280, tmp_path / "smaller")
     assert generate(capsys, checkpoint)[0] == 0
     for given in (other_tokenizer, smaller):
-        line = error_line(*generate(capsys, checkpoint, "--tokenizer", given.name_or_path)[::2])
+        line = one_error_line(*generate(capsys, checkpoint, "--tokenizer", given.name_or_path)[::2])
         assert f"{given.name_or_path}: another tokenizer (sha256 " in line
         assert f"than the one {checkpoint} was trained with" in line
-    line = error_line(*generate(capsys, checkpoint, "--tokenizer", larger_tokenizer.name_or_path)[::2])
+    line = one_error_line(*generate(capsys, checkpoint, "--tokenizer", larger_tokenizer.name_or_path)[::2])
     assert f"{larger_tokenizer.name_or_path}: a tokenizer of 400 tokens, more than the model's vocab_size {VOCAB}" in line
     # A trained checkpoint records its shards' tokenizer: its own copy swapped is refused too.
-    train(tiny_model(vocab=VOCAB), train_config(total_steps=1, sequence_length=8, batch_size=2, batch_tokens=0),
+    train(lm_model(vocab=VOCAB), train_config(total_steps=1, sequence_length=8, batch_size=2, batch_tokens=0),
           tmp_path / "run", data=shards_of(tokenizer, texts, tmp_path / "ours"), progress=False)
     trained = latest_checkpoint(tmp_path / "run")
     assert generate(capsys, trained)[0] == 0
     smaller.save_pretrained(trained)
-    line = error_line(*generate(capsys, trained)[::2])
+    line = one_error_line(*generate(capsys, trained)[::2])
     assert "tokenizer" in line and str(trained) in line
 
 
@@ -217,21 +218,21 @@ def test_shards_written_before_the_digest_still_read_and_a_larger_vocabulary_is_
         as_former_index(shards)
         assert TokenShards(shards, "test").tokenizer_sha256 is None
     assert lm_eval(capsys, checkpoint, ours)[0] == 0
-    line = error_line(*lm_eval(capsys, checkpoint, larger)[::2])
+    line = one_error_line(*lm_eval(capsys, checkpoint, larger)[::2])
     assert "has 400 tokens, more than the model's vocab_size 300" in line
     # Format 2 records the digest: an index of it without one is damaged, not old.
     index = json.loads((ours / "index.json").read_text())
     (ours / "index.json").write_text(json.dumps({**index, "format_version": 2}))
-    assert "expected keys ['tokenizer_sha256']" in error_line(*lm_eval(capsys, checkpoint, ours)[::2])
+    assert "expected keys ['tokenizer_sha256']" in one_error_line(*lm_eval(capsys, checkpoint, ours)[::2])
 
 
 def test_a_resumed_run_refuses_shards_of_another_tokenizer(tokenizer, other_tokenizer, texts, tmp_path, capsys):
     """Before: resuming on shards of another tokenizer of the same size trained on in silence."""
     ours, other = shards_of(tokenizer, texts, tmp_path / "ours"), shards_of(other_tokenizer, texts, tmp_path / "other")
     run = tmp_path / "run"
-    train(tiny_model(vocab=VOCAB), train_config(total_steps=1, checkpoint_every=1), run, data=ours, progress=False)
+    train(lm_model(vocab=VOCAB), train_config(total_steps=1, checkpoint_every=1), run, data=ours, progress=False)
     resume = ["train", "--out", str(run), "--resume", "--no-progress", "--train", "total_steps=2", "--data"]
-    line = error_line(*cli(capsys, *resume, str(other))[::2])
+    line = one_error_line(*cli(capsys, *resume, str(other))[::2])
     assert f"{other}: tokens of the tokenizer {other_tokenizer.name_or_path}" in line
     assert f"but {run / 'checkpoints' / 'step_0000001'} was trained with another" in line
     assert cli(capsys, *resume, str(ours))[0] == 0
@@ -295,7 +296,7 @@ def test_a_line_longer_than_the_limit_is_refused_before_it_is_held(tokenizer, tm
         ["corpus", "build", str(source), "--tokenizer", tokenizer.name_or_path, "--out", str(out), "--no-progress"],
         ["tokenizer", "train", str(source), "--vocab-size", "300", "--out", str(out)],
     ):
-        line = error_line(*cli(capsys, *command)[::2])
+        line = one_error_line(*cli(capsys, *command)[::2])
         assert f"{source}:2: a line of more than 1,000 bytes, which is not read" in line
         assert not out.exists()
 
@@ -418,7 +419,7 @@ def test_a_source_without_text_in_any_form_is_refused_by_both_readers(name, toke
         ["corpus", "build", str(source), "--tokenizer", tokenizer.name_or_path, "--out", str(out), "--no-progress"],
         ["tokenizer", "train", str(source), "--vocab-size", "300", "--out", str(out)],
     ):
-        assert f"error: {source}: no text in it" in error_line(*cli(capsys, *command)[::2])
+        assert f"error: {source}: no text in it" in one_error_line(*cli(capsys, *command)[::2])
         assert not out.exists()
 
 

@@ -18,7 +18,7 @@ from implicitlm.data.downstream_sets import READERS, MissingLocalSet, read_local
 from implicitlm.core.errors import DataError
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.eval.downstream import task_manager, local_task_specs, read_local_sets, run_tasks
-from implicitlm.models import build_model, config_from_options
+from tests.support.models import tiny_model
 
 SLICES = Path(__file__).parents[1] / "support" / "downstream"
 SLICE_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande")
@@ -151,11 +151,10 @@ def test_scores_equal_lm_evals_hf_model_on_the_same_weights(tmp_path, tokenizer)
 
 
 def small_implicit_checkpoint(folder: Path, tokenizer) -> None:
-    torch.manual_seed(0)
-    model = build_model(config_from_options(dict(
+    model = tiny_model(
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
         head_dim=8, chunk_size=16, implicit=True, fixed_point=dict(max_iter=6),
-    )))
+    )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

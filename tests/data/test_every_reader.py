@@ -24,7 +24,8 @@ from implicitlm.core.run_folder import training_settings
 from implicitlm.data.corpus import read_documents
 from implicitlm.models.loading import load_model
 from tests.data.test_parsers_property import TARGETS, Target
-from tests.train.test_words_train import tiny_model
+from tests.train.test_words_train import WORDS_MODEL
+from tests.support.models import tiny_model
 
 # Files whose format is transformers' own (a tokenizer's): their readers take keys of
 # versions this project has not seen, as transformers does.
@@ -33,7 +34,7 @@ TEXT_SUFFIXES = (".json", ".jsonl", ".txt", ".csv")
 
 
 def _build_checkpoint(folder: Path) -> None:
-    tiny_model().save_pretrained(folder / "model")
+    tiny_model(**WORDS_MODEL).save_pretrained(folder / "model")
     (folder / "model" / "trainer.json").write_text(json.dumps({"train": {"batch_size": 2}}))
 
 

@@ -31,14 +31,7 @@ from implicitlm.presets.run_presets import SECTION_NAMES
 from implicitlm.data import catbabi, shard_writer, tokenizer as tokenizer_module, word_csv, word_storage, words
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
 from implicitlm.data.catbabi import (
-    SPLITS,
-    Fact,
-    Question,
-    build_catbabi,
-    read_answers,
-    read_babi,
-    read_task_file,
-    word_tokenizer,
+    SPLITS, Fact, Question, build_catbabi, read_answers, read_babi, read_task_file, word_tokenizer,
 )
 from implicitlm.data.corpus import read_documents
 from implicitlm.core.errors import DataError

@@ -14,9 +14,9 @@ from implicitlm.core.errors import DataError
 from implicitlm.data.word_dataset import WordDataset
 from implicitlm.data.word_storage import load_words, save_words, sidecar_path, write_generated_words
 from implicitlm.data.words import DerivedTargets, generate_words, verify_targets
-from implicitlm.models import build_model, config_from_options
 from implicitlm.tasks.word_scoring import word_accuracy
 from implicitlm.tasks.words import WordBatches
+from tests.support.models import tiny_model
 
 
 def write_pair(tmp_path, group="S5", length=12, count=30, seed=3, hard_prob=None):
@@ -105,11 +105,10 @@ def test_trainer_batches_and_dataset_items_match(tmp_path):
 
 def test_evaluation_on_derived_words_equals_stored(tmp_path):
     stored, derived = write_pair(tmp_path, group="S3", length=8, count=10)
-    torch.manual_seed(0)
-    model = build_model(config_from_options(dict(
+    model = tiny_model(
         architecture="mamba2", vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=4, head_dim=8,
         expand=2, implicit=False, label_alignment="aligned",
-    )))
+    )
     assert word_accuracy(model, derived.inputs, derived.targets, batch_size=4) == word_accuracy(
         model, stored.inputs, stored.targets, batch_size=4
     )

@@ -9,7 +9,8 @@ import torch
 from implicitlm.core.errors import OptionError
 from implicitlm.deq import InitialGuess
 
-from tests.support.learned_solver import SMALL, TOKENS, contractive, run
+from tests.support.learned_solver import TOKENS, contractive, run
+from tests.support.models import SMALL
 
 
 def fitted_guess(model, reads_state: bool = False) -> InitialGuess:

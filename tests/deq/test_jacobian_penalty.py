@@ -10,17 +10,14 @@ from implicitlm.deq import FixedPointOptions, OptionError, penalised
 from implicitlm.deq.solver import jacobian_frobenius
 from implicitlm.layers.causal_conv import causal_conv
 from implicitlm.layers.ssd import ssd_chunked
-from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
+from implicitlm.models import ImplicitMamba2ForCausalLM
+from tests.support.models import tiny_model
 
 
-def tiny_model(penalty: float, seed: int = 0, dtype=torch.float64) -> ImplicitMamba2ForCausalLM:
-    torch.manual_seed(seed)
-    config = ImplicitMamba2Config(
-        vocab_size=6, hidden_size=8, num_hidden_layers=2, state_size=4, head_dim=4, expand=2, chunk_size=4,
-        implicit=True, label_alignment="aligned",
-        fixed_point={"train_max_iter": 6, "phantom_steps": 2, "train_tol": 1e-4, "jacobian_penalty": penalty},
-    )
-    return ImplicitMamba2ForCausalLM(config).to(dtype)
+def penalty_model(penalty: float, dtype=torch.float64) -> ImplicitMamba2ForCausalLM:
+    fixed_point = {"train_max_iter": 6, "phantom_steps": 2, "train_tol": 1e-4, "jacobian_penalty": penalty}
+    return tiny_model(vocab_size=6, hidden_size=8, num_hidden_layers=2, state_size=4, head_dim=4, expand=2, chunk_size=4,
+                      implicit=True, label_alignment="aligned", fixed_point=fixed_point).to(dtype)
 
 
 def stack_map(model, input_ids):
@@ -31,7 +28,7 @@ def stack_map(model, input_ids):
 
 @pytest.mark.slow
 def test_estimate_is_unbiased_for_the_exact_frobenius_norm():
-    model = tiny_model(0.0)
+    model = penalty_model(0.0)
     ids = torch.randint(0, 6, (2, 10), generator=torch.Generator().manual_seed(1))
     f = stack_map(model, ids)
     z = 0.5 * torch.randn(2, 10, 8, dtype=torch.float64)
@@ -68,7 +65,7 @@ def test_scan_and_conv_backward_passes_are_differentiable():
 def test_penalty_gradient_matches_finite_differences():
     """d(penalty)/d(weights) by autograd (a backward of a backward) against a central
     difference, with the same probe vector on every evaluation."""
-    model = tiny_model(1.0)
+    model = penalty_model(1.0)
     ids = torch.randint(0, 6, (2, 10), generator=torch.Generator().manual_seed(1))
     f = stack_map(model, ids)
     z = 0.5 * torch.randn(2, 10, 8, dtype=torch.float64)
@@ -92,7 +89,7 @@ def test_penalty_gradient_matches_finite_differences():
 
 def test_training_forward_carries_the_weighted_penalty():
     ids = torch.randint(0, 6, (2, 8), generator=torch.Generator().manual_seed(3))
-    plain, penalised_model = tiny_model(0.0).train(), tiny_model(0.5).train()
+    plain, penalised_model = penalty_model(0.0).train(), penalty_model(0.5).train()
     out_plain, out = plain(ids, labels=ids), penalised_model(ids, labels=ids)
     assert out_plain.fixed_point.jacobian_penalty is None
     assert penalised(out_plain.loss, out_plain.fixed_point) is out_plain.loss
@@ -113,7 +110,7 @@ def test_penalty_makes_the_map_contract():
     ids = torch.randint(0, 6, (8, 12), generator=torch.Generator().manual_seed(4))
     jacobians, iterations = {}, {}
     for penalty in (0.0, 2.0):
-        model = tiny_model(penalty, dtype=torch.float32).train()
+        model = penalty_model(penalty, dtype=torch.float32).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         for _ in range(40):
             out = model(ids, labels=ids)

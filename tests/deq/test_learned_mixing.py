@@ -11,7 +11,8 @@ from implicitlm.core.errors import OptionError
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, LearnedMixing
 from implicitlm.deq.anderson import MEMORY, safeguarded_anderson
 
-from tests.support.learned_solver import SMALL, TOKENS, active_mixing, contractive, run
+from tests.support.learned_solver import TOKENS, active_mixing, contractive, run
+from tests.support.models import SMALL
 
 
 def slow_map(dim: int = 16, factor: float = 0.97, seed: int = 0):

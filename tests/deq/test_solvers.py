@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tests.support.contractive import make_contractive
+from tests.support.models import contractive_model, token_ids
 from tests.support.learned_solver import mixing_for
 from implicitlm.cli import main
 from implicitlm.data.words import generate_words
@@ -20,7 +20,6 @@ from implicitlm.core.schema import OptionError
 from implicitlm.deq import solvers
 from implicitlm.deq.solvers import get_solver
 from implicitlm.eval.convergence import convergence_record, convergence_summary, token_iterations
-from implicitlm.models import build_model, config_from_options
 
 MODES = ("simultaneous", "sequential")
 
@@ -219,20 +218,15 @@ def test_the_kept_state_is_the_answers_own_pass():
 # ---------------------------------------------------------------- implicit Mamba2 and Llama
 
 
-def contractive_model(architecture: str = "mamba2", tol: float = 1e-6, max_iter: int = 300):
-    torch.manual_seed(0)
-    sizes = (
-        dict(state_size=8, head_dim=8, chunk_size=8)
-        if architecture == "mamba2"
-        else dict(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
-    )
-    options = dict(architecture=architecture, vocab_size=6, hidden_size=16, num_hidden_layers=1, implicit=True,
-                   fixed_point=dict(max_iter=max_iter, tol=tol), **sizes)
-    return make_contractive(build_model(config_from_options(options)).double().eval())
+SIZES = {
+    "mamba2": dict(state_size=8, head_dim=8, chunk_size=8),
+    "llama": dict(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32),
+}
 
 
-def token_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 6, (batch, length), generator=torch.Generator().manual_seed(seed))
+def solved_model(architecture: str = "mamba2", tol: float = 1e-6, max_iter: int = 300):
+    return contractive_model(architecture=architecture, vocab_size=6, hidden_size=16, num_hidden_layers=1, implicit=True,
+                             fixed_point=dict(max_iter=max_iter, tol=tol), **SIZES[architecture])
 
 
 @pytest.mark.slow
@@ -240,8 +234,8 @@ def token_ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
 def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
     # torchdeq's anderson needs the large budget: its absolute regularisation (1e-4) swamps
     # residuals this small, and it ends up slower than plain iteration (~340 against ~140).
-    model = contractive_model(architecture, tol=1e-6, max_iter=1500)
-    ids = token_ids(2, 6)
+    model = solved_model(architecture, tol=1e-6, max_iter=1500)
+    ids = token_ids(2, 6, seed=1, vocab=6)
     reference = None
     with torch.no_grad():
         for solver in SOLVERS:
@@ -259,10 +253,10 @@ def test_every_solver_reaches_the_same_fixed_point_in_both_modes(architecture):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_a_sequences_answer_does_not_depend_on_its_batch(solver, mode):
-    model = contractive_model(tol=1e-4)
+    model = solved_model(tol=1e-4)
     model.attach_learned_mixing(mixing_for(solver))
     model.set_fixed_point_options(solver=solver)
-    ids = token_ids(4, 5, seed=2)
+    ids = token_ids(4, 5, seed=2, vocab=6)
     with torch.no_grad():
         batch = model(ids, mode=mode)
         for i in range(4):
@@ -274,8 +268,8 @@ def test_a_sequences_answer_does_not_depend_on_its_batch(solver, mode):
 
 
 def test_sequential_model_steps_only_the_rows_still_running():
-    model = contractive_model(tol=1e-6)
-    ids = token_ids(4, 5, seed=2)
+    model = solved_model(tol=1e-6)
+    ids = token_ids(4, 5, seed=2, vocab=6)
     step, rows_per_call = model.stack.step, []
 
     def counting_step(z, injection, states):
@@ -292,9 +286,9 @@ def test_sequential_model_steps_only_the_rows_still_running():
 
 @pytest.mark.slow
 def test_simultaneous_model_passes_only_the_samples_still_running():
-    model = contractive_model(tol=1e-6)
+    model = solved_model(tol=1e-6)
     # Different lengths of left padding make the samples converge at different iterations.
-    ids = token_ids(4, 6, seed=3)
+    ids = token_ids(4, 6, seed=3, vocab=6)
     mask = torch.ones(4, 6, dtype=torch.long)
     mask[1, :2] = mask[2, :4] = 0
     forward, rows_per_call = model.stack.forward, []
@@ -320,7 +314,7 @@ def test_simultaneous_model_passes_only_the_samples_still_running():
 
 @pytest.mark.slow
 def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path):
-    model = contractive_model(tol=1e-4)
+    model = solved_model(tol=1e-4)
     inputs, _ = generate_words("S3", 6, 3, seed=1)
     model.set_fixed_point_options(solver="safeguarded_anderson")
     iterations, residuals, max_iter, tol = token_iterations(model, inputs)
@@ -334,7 +328,7 @@ def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path)
 
 @pytest.mark.slow
 def test_convergence_command_takes_a_solver(tmp_path, capsys):
-    contractive_model(tol=1e-4).save_pretrained(tmp_path / "model")
+    solved_model(tol=1e-4).save_pretrained(tmp_path / "model")
     common = ["words", "convergence", str(tmp_path / "model"), "--group", "S3", "--lengths", "6", "--count", "4",
               "--no-progress"]
     assert main(common + ["--solver", "anderson", "--out", str(tmp_path / "out")]) == 0
@@ -348,8 +342,8 @@ def test_convergence_command_takes_a_solver(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_each_mode_runs_its_own_solver_and_training_keeps_f_solver():
-    model = contractive_model(tol=1e-6)
-    ids = token_ids(2, 6)
+    model = solved_model(tol=1e-6)
+    ids = token_ids(2, 6, seed=1, vocab=6)
 
     def solves(**options):
         model.set_fixed_point_options(solver="fixed_point_iter", simultaneous_solver="", sequential_solver="")
@@ -379,7 +373,7 @@ def test_an_unknown_mode_solver_is_refused_by_name():
 
 
 def test_words_eval_takes_a_solver_for_every_solve(tmp_path):
-    model = contractive_model(tol=1e-4)
+    model = solved_model(tol=1e-4)
     model.set_fixed_point_options(sequential_solver="broyden")
     model.save_pretrained(tmp_path / "model")
     assert main(["words", "eval", str(tmp_path / "model"), "--group", "S3", "--lengths", "6", "--count", "4",

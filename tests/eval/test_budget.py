@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from implicitlm.cli import main
 from implicitlm.data.shards import TokenShards
 from implicitlm.eval.budget import time_curves
-from implicitlm.models import build_model, config_from_options
 
 from tests.support.contractive import make_contractive
+from tests.support.models import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +21,9 @@ def pair(shards, tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
     vocab = TokenShards(shards, "train").vocab_size
     for implicit in (True, False):
-        torch.manual_seed(0)
-        model = build_model(config_from_options(dict(
+        model = tiny_model(
             architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8,
-            chunk_size=8, implicit=implicit, fixed_point={"max_iter": 100, "tol": 1e-4})))
+            chunk_size=8, implicit=implicit, fixed_point={"max_iter": 100, "tol": 1e-4})
         (make_contractive(model) if implicit else model).save_pretrained(root / ("implicit" if implicit else "explicit"))
     return root / "implicit", root / "explicit"
 

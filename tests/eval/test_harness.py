@@ -25,7 +25,8 @@ from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
 
-from tests.support.contractive import make_contractive
+from tests.support.models import family_model
+from tests.support.models import tiny_model
 
 SENTENCES = [
     "The sun rises in the east and sets in the west.",
@@ -50,11 +51,10 @@ def checkpoint(tmp_path_factory, tokenizer) -> Path:
     """A one-step LM training run's checkpoint, on shards made with a local tokenizer folder."""
     root = tmp_path_factory.mktemp("run")
     write_shards(SENTENCES, tokenizer, root / "shards", test_fraction=0.2, progress=False)
-    torch.manual_seed(0)
-    model = build_model(config_from_options(dict(
+    model = tiny_model(
         architecture="mamba2", vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=8,
         head_dim=8, chunk_size=16, fixed_point=dict(max_iter=8),
-    )))
+    )
     config = TrainConfig.for_task(
         "lm", sequence_length=16, batch_size=2, batch_tokens=32, total_steps=1, warmup_steps=1, eval_every=0,
     )
@@ -66,17 +66,8 @@ def make_model(architecture: str, implicit: bool, vocab: int):
     """Float64, contractive. Llama converges (to 1e-9 in some 30 iterations); Mamba2, which
     converges slowly, runs a fixed budget of 10 iterations (the tolerance is out of reach),
     the same whatever else is in the batch."""
-    torch.manual_seed(0)
-    if architecture == "mamba2":
-        family = dict(state_size=8, head_dim=8, chunk_size=4, fixed_point=dict(max_iter=10, tol=1e-30))
-    else:
-        family = dict(num_attention_heads=2, fixed_point=dict(max_iter=200, tol=1e-9))
-    config = config_from_options(dict(
-        architecture=architecture, vocab_size=vocab, hidden_size=16, num_hidden_layers=2, implicit=implicit,
-        initializer_range=0.1, **family,
-    ))
-    model = build_model(config).double().eval()
-    return make_contractive(model) if implicit else model
+    budget = dict(max_iter=10, tol=1e-30) if architecture == "mamba2" else dict(max_iter=200, tol=1e-9)
+    return family_model(architecture, implicit, vocab, fixed_point=budget)
 
 
 def requests(kind: str, *args_list) -> list[Instance]:

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from implicitlm.cli import main
 from implicitlm.eval.jacobian import jacobian_analysis, off_diagonal_share, select_coordinates, state_jacobian
-from implicitlm.models import build_model, config_from_options
 
 from tests.support.contractive import make_contractive
+from tests.support.models import tiny_model, token_ids
 
 VOCAB = 12
 MAMBA2 = dict(architecture="mamba2", state_size=8, head_dim=8, chunk_size=4)
@@ -25,15 +25,8 @@ TIGHT = dict(max_iter=2000, tol=1e-12)
 
 
 def make_model(family: dict, implicit: bool, layers: int = 1, **options):
-    torch.manual_seed(0)
-    config = config_from_options(
-        dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=layers, implicit=implicit, **family, **options)
-    )
-    return build_model(config).double().eval()
-
-
-def tokens(count: int, length: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (count, length), generator=torch.Generator().manual_seed(seed))
+    return tiny_model(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=layers, implicit=implicit, **family,
+                      **options).double().eval()
 
 
 def test_off_diagonal_share_of_known_matrices():
@@ -57,7 +50,7 @@ def test_coordinates_are_a_seeded_sorted_subset_of_the_state():
 def test_explicit_jacobian_is_diagonal_in_every_layer(family):
     model = make_model(family, implicit=False, layers=2)
     for layer in (0, 1):
-        analysis = jacobian_analysis(model, tokens(2, 8), [0, 4, 7], layer=layer, coordinates=48)
+        analysis = jacobian_analysis(model, token_ids(2, 8, seed=0, vocab=VOCAB), [0, 4, 7], layer=layer, coordinates=48)
         metrics = analysis["metrics"]
         assert metrics["off_diagonal_share_max"] < 1e-6
         # Decays exp(dt A) with dt > 0 and A < 0.
@@ -68,7 +61,7 @@ def test_explicit_jacobian_is_diagonal_in_every_layer(family):
 @pytest.mark.parametrize("layer", [0, 1])
 def test_explicit_mamba2_diagonal_is_the_decay_of_the_token(layer):
     model = make_model(MAMBA2, implicit=False, layers=2)
-    ids, position = tokens(1, 7, seed=1), 5
+    ids, position = token_ids(1, 7, seed=1, vocab=VOCAB), 5
     jacobian, chosen = state_jacobian(model, ids[0], position, layer=layer, coordinates=256)
     # The decay exp(dt A) of each head, from the layer's own parameters at this token: dt
     # reads the layer's input, which is the embedding run through the layers below.
@@ -90,7 +83,7 @@ def test_explicit_mamba2_diagonal_is_the_decay_of_the_token(layer):
 @pytest.mark.slow
 def test_implicit_mamba2_jacobian_is_not_diagonal():
     model = make_model(MAMBA2, implicit=True, fixed_point=TIGHT, **FAST)
-    analysis = jacobian_analysis(model, tokens(1, 8), [3, 7], coordinates=64)
+    analysis = jacobian_analysis(model, token_ids(1, 8, seed=0, vocab=VOCAB), [3, 7], coordinates=64)
     metrics = analysis["metrics"]
     assert metrics["fp_rel_residual_max"] < 1e-10, "the Jacobian is taken at converged fixed points"
     assert metrics["off_diagonal_share_min"] > 1e-2
@@ -99,7 +92,7 @@ def test_implicit_mamba2_jacobian_is_not_diagonal():
 @pytest.mark.slow
 def test_ift_equals_unroll_and_finite_differences_on_a_contractive_model():
     model = make_contractive(make_model(MAMBA2, implicit=True, layers=2, fixed_point=TIGHT, **FAST))
-    ids, position, layer = tokens(1, 4, seed=2), 2, 1
+    ids, position, layer = token_ids(1, 4, seed=2, vocab=VOCAB), 2, 1
     ift, chosen = state_jacobian(model, ids[0], position, layer=layer, coordinates=12, method="ift")
     unroll, same = state_jacobian(model, ids[0], position, layer=layer, coordinates=12, method="unroll")
     assert torch.equal(chosen, same)
@@ -127,7 +120,7 @@ def test_ift_equals_unroll_and_finite_differences_on_a_contractive_model():
 def test_attention_models_are_refused():
     model = make_model(dict(architecture="llama", num_attention_heads=2), implicit=True)
     with pytest.raises(ValueError, match="not a fixed-size state"):
-        state_jacobian(model, tokens(1, 4)[0], 2)
+        state_jacobian(model, token_ids(1, 4, seed=0, vocab=VOCAB)[0], 2)
 
 
 @pytest.mark.slow

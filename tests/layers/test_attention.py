@@ -9,20 +9,12 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from implicitlm.layers import AttentionDims, CausalSelfAttention, KVCache, apply_rotary, rotary_cos_sin
+from tests.support.mixers import randn, run_steps
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
 THETA = 5e5
-VOCAB = 10  # padded to 16
 F64 = dict(rtol=1e-10, atol=1e-10)  # float64: the forms compared differ by rounding only
-
-
-def randn(*shape, seed: int, dtype=torch.float64) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def token_ids(batch: int, length: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 # ---------------------------------------------------------------- RoPE
@@ -71,14 +63,6 @@ HIDDEN, HEADS, BATCH, LENGTH = 16, 4, 2, 7
 def make_attention(kv_heads: int, seed: int) -> CausalSelfAttention:
     torch.manual_seed(seed)
     return CausalSelfAttention(AttentionDims(HIDDEN, HEADS, kv_heads, rope_theta=THETA)).double()
-
-
-def run_steps(attention: CausalSelfAttention, hidden, injection, state: KVCache):
-    outputs = []
-    for t in range(hidden.shape[1]):
-        out, state = attention.step(hidden[:, t], None if injection is None else injection[:, t], state)
-        outputs.append(out)
-    return torch.stack(outputs, dim=1), state
 
 
 def assert_caches_close(a: KVCache, b: KVCache) -> None:

@@ -8,13 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from implicitlm.layers import Mamba1Dims, Mamba1Mixer, selective_scan_chunked, selective_scan_reference
-from tests.layers.test_mamba2 import assert_states_close, run_steps  # any mixer's: step and a (conv, ssm) state
+from tests.layers.test_mamba2 import assert_states_close  # any mixer's (conv, ssm) state
+from tests.support.mixers import (
+    assert_step_leaves_its_state, assert_token_t_changes_no_earlier_output, mixer_inputs, randn, run_steps,
+)
 
 F64 = dict(rtol=1e-10, atol=1e-10)  # float64: the forms compared differ by rounding only
-
-
-def randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 # ---------------------------------------------------------------- selective scan
@@ -83,16 +82,11 @@ def make_mixer(seed: int) -> Mamba1Mixer:
     return Mamba1Mixer(DIMS).double()
 
 
-def mixer_inputs(with_injection: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=seed + 1) if with_injection else None
-    return randn(BATCH, LENGTH, DIMS.d_model, seed=seed), injection
-
-
 @pytest.mark.device
 @pytest.mark.parametrize("with_injection", [False, True], ids=["plain", "injected"])
 def test_mixer_steps_match_parallel(with_injection, device):
     mixer = make_mixer(seed=0).to(device)
-    hidden, injection = (None if t is None else t.to(device) for t in mixer_inputs(with_injection, seed=1))
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection, seed=1, device=device)
 
     out, state = mixer(hidden, injection)
     empty = mixer.initial_state(BATCH, device=device, dtype=torch.float64)
@@ -106,7 +100,7 @@ def test_mixer_steps_match_parallel(with_injection, device):
 @pytest.mark.parametrize("split", [3, 4, 7])
 def test_mixer_continues_from_a_state(split):
     mixer = make_mixer(seed=3)
-    hidden, injection = mixer_inputs(with_injection=True, seed=4)
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection=True, seed=4)
     out_full, state_full = mixer(hidden, injection)
     out_head, mid = mixer(hidden[:, :split], injection[:, :split])
 
@@ -120,16 +114,13 @@ def test_mixer_continues_from_a_state(split):
 
 
 def test_step_does_not_modify_its_state():
-    mixer = make_mixer(seed=6)
-    _, state = mixer(randn(BATCH, 5, DIMS.d_model, seed=7))
-    conv, ssm = state.conv.clone(), state.ssm.clone()
-    mixer.step(randn(BATCH, DIMS.d_model, seed=8), None, state)
-    assert torch.equal(state.conv, conv) and torch.equal(state.ssm, ssm)
+    prompt, token = randn(BATCH, 5, DIMS.d_model, seed=7), randn(BATCH, DIMS.d_model, seed=8)
+    assert_step_leaves_its_state(make_mixer(seed=6), prompt, token)
 
 
 def test_left_padding_leaves_outputs_and_state_unchanged():
     mixer = make_mixer(seed=9)
-    hidden, injection = mixer_inputs(with_injection=True, seed=10)
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection=True, seed=10)
     pad = 5  # more than the conv's window
     padding = torch.ones(BATCH, LENGTH, dtype=torch.bool)
     padding[0, :pad] = False
@@ -146,17 +137,8 @@ def test_left_padding_leaves_outputs_and_state_unchanged():
 
 @pytest.mark.parametrize("t", [3, 4, LENGTH - 1])  # both sides of a chunk boundary, and the end
 def test_changing_token_t_leaves_earlier_outputs_unchanged(t):
-    mixer = make_mixer(seed=11)
-    hidden, injection = mixer_inputs(with_injection=True, seed=12)
-    changed_hidden, changed_injection = hidden.clone(), injection.clone()
-    changed_hidden[:, t] += 1.0
-    changed_injection[:, t] -= 1.0
-
-    out, _ = mixer(hidden, injection)
-    out_changed, _ = mixer(changed_hidden, changed_injection)
-
-    assert torch.equal(out_changed[:, :t], out[:, :t])
-    assert (out_changed[:, t] - out[:, t]).abs().max() > 1e-3
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection=True, seed=12)
+    assert_token_t_changes_no_earlier_output(make_mixer(seed=11), hidden, injection, t)
 
 
 def test_initialisation_follows_mamba_ssm():

@@ -8,6 +8,9 @@ import torch.nn.functional as F
 from torch.nn.utils.parametrizations import weight_norm
 
 from implicitlm.layers import Mamba2Dims, Mamba2Mixer, Mamba2State
+from tests.support.mixers import (
+    assert_step_leaves_its_state, assert_token_t_changes_no_earlier_output, mixer_inputs, randn, run_steps,
+)
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -22,18 +25,6 @@ def make_mixer(seed: int, device: str = "cpu") -> Mamba2Mixer:
     return Mamba2Mixer(DIMS).double().to(device)
 
 
-def randn(*shape, seed: int, device: str = "cpu") -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(device)
-
-
-def run_steps(mixer: Mamba2Mixer, hidden, injection, state: Mamba2State):
-    outputs = []
-    for t in range(hidden.shape[1]):
-        out, state = mixer.step(hidden[:, t], None if injection is None else injection[:, t], state)
-        outputs.append(out)
-    return torch.stack(outputs, dim=1), state
-
-
 def assert_states_close(a: Mamba2State, b: Mamba2State) -> None:
     torch.testing.assert_close(a.conv, b.conv, **TOL)
     torch.testing.assert_close(a.ssm, b.ssm, **TOL)
@@ -43,8 +34,7 @@ def assert_states_close(a: Mamba2State, b: Mamba2State) -> None:
 @pytest.mark.parametrize("with_injection", [False, True], ids=["plain", "injected"])
 def test_steps_match_parallel_from_zero_state(with_injection, device):
     mixer = make_mixer(seed=0, device=device)
-    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=1, device=device)
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=2, device=device) if with_injection else None
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection, seed=1, device=device)
 
     out, state = mixer(hidden, injection)
     out_steps, state_steps = run_steps(
@@ -60,8 +50,7 @@ def test_steps_match_parallel_from_zero_state(with_injection, device):
 @pytest.mark.parametrize("with_injection", [False, True], ids=["plain", "injected"])
 def test_steps_continue_a_parallel_prefix(with_injection, device):
     mixer = make_mixer(seed=3, device=device)
-    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=4, device=device)
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=5, device=device) if with_injection else None
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection, seed=4, device=device)
     half = LENGTH // 2
 
     out_full, state_full = mixer(hidden, injection)
@@ -84,27 +73,14 @@ def test_parallel_continues_a_parallel_prefix():
 
 
 def test_step_does_not_modify_its_state():
-    mixer = make_mixer(seed=8)
-    _, state = mixer(randn(BATCH, 5, DIMS.d_model, seed=9))
-    conv, ssm = state.conv.clone(), state.ssm.clone()
-    mixer.step(randn(BATCH, DIMS.d_model, seed=10), None, state)
-    assert torch.equal(state.conv, conv) and torch.equal(state.ssm, ssm)
+    prompt, token = randn(BATCH, 5, DIMS.d_model, seed=9), randn(BATCH, DIMS.d_model, seed=10)
+    assert_step_leaves_its_state(make_mixer(seed=8), prompt, token)
 
 
 @pytest.mark.parametrize("t", [3, 4, LENGTH - 1])  # both sides of a chunk boundary, and the end
 def test_changing_token_t_leaves_earlier_outputs_unchanged(t):
-    mixer = make_mixer(seed=11)
-    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=12)
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=13)
-    changed_hidden, changed_injection = hidden.clone(), injection.clone()
-    changed_hidden[:, t] += 1.0
-    changed_injection[:, t] -= 1.0
-
-    out, _ = mixer(hidden, injection)
-    out_changed, _ = mixer(changed_hidden, changed_injection)
-
-    assert torch.equal(out_changed[:, :t], out[:, :t])
-    assert (out_changed[:, t] - out[:, t]).abs().max() > 1e-3
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection=True, seed=12)
+    assert_token_t_changes_no_earlier_output(make_mixer(seed=11), hidden, injection, t)
 
 
 def test_weight_normed_mixer_steps_match_parallel():
@@ -113,8 +89,7 @@ def test_weight_normed_mixer_steps_match_parallel():
         weight_norm(module, name="weight", dim=0)
         with torch.no_grad():
             module.parametrizations.weight.original0.mul_(0.5)
-    hidden = randn(BATCH, LENGTH, DIMS.d_model, seed=17)
-    injection = randn(BATCH, LENGTH, DIMS.d_in_proj, seed=18)
+    hidden, injection = mixer_inputs(DIMS, BATCH, LENGTH, with_injection=True, seed=17)
 
     out, state = mixer(hidden, injection)
     out_steps, state_steps = run_steps(mixer, hidden, injection, mixer.initial_state(BATCH, dtype=torch.float64))

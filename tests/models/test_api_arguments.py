@@ -19,13 +19,14 @@ from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.deq import FixedPointOptions, FixedPointSolver
 from implicitlm.deq.options import MAX_EVALUATIONS
 from implicitlm.eval.harness import ImplicitLMHarness
-from implicitlm.models import build_model, config_from_options
+from implicitlm.models import config_from_options
 from implicitlm.models.inputs import MIN_TEMPERATURE
 from implicitlm.train.config import TrainConfig
 
 from tests.models.test_generation import VOCAB, make_model, tokens
 from tests.eval.test_harness import SENTENCES
 from tests.eval.test_harness import make_model as scoring_model
+from tests.support.models import tiny_model
 
 HUGE = 10**30  # a budget no solve could spend
 
@@ -185,9 +186,8 @@ def test_embeddings_of_another_dtype_and_a_state_of_another_model_are_refused(mo
     state from a model of another width, a RuntimeError (another family's, an AttributeError)."""
     single = make_model("mamba2", True).float()
     refused(lambda: single(inputs_embeds=torch.zeros(1, 3, 16, dtype=torch.float64)), "inputs_embeds", "float32")
-    torch.manual_seed(0)
-    wider = build_model(config_from_options(dict(architecture="mamba2", vocab_size=VOCAB, hidden_size=32,
-                                                 num_hidden_layers=2, state_size=8, head_dim=8))).double()
+    wider = tiny_model(0, architecture="mamba2", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8,
+                       head_dim=8).double()
     with torch.no_grad():
         for other in (wider, make_model("llama", True)):
             state = other(tokens(1, 3, seed=7), use_cache=True).state

@@ -16,6 +16,7 @@ from implicitlm.cli import main
 from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import ModelLoadError, load_model
 from implicitlm.models.convert import from_hf, from_hf_llama, from_hf_mamba, from_hf_mamba2
+from tests.support.models import token_ids
 
 # transformers warns once per kernel that it runs its pure-PyTorch Mamba paths on CPU.
 transformers_logging.set_verbosity_error()
@@ -66,10 +67,6 @@ FAMILIES = pytest.mark.parametrize(
 )
 
 
-def token_ids(vocab: int = VOCAB) -> torch.Tensor:
-    return torch.randint(0, vocab, (2, LENGTH), generator=torch.Generator().manual_seed(1))
-
-
 def logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
     with torch.no_grad():
         return model(ids, **kwargs).logits
@@ -91,7 +88,7 @@ def test_explicit_mamba2_matches_transformers(vocab, groups):
     # are refused (below).
     reference = mamba2_reference(vocab_size=vocab, n_groups=groups)
     model = from_hf_mamba2(reference)
-    ids = token_ids(vocab)
+    ids = token_ids(2, LENGTH, seed=1, vocab=vocab)
     expected = logits(reference, ids)
     assert expected.std() > 0.1 and model.embeddings.weight.shape[0] == 64
     torch.testing.assert_close(logits(model, ids), expected, rtol=1e-5, atol=1e-5)
@@ -106,7 +103,7 @@ def test_explicit_mamba2_matches_transformers(vocab, groups):
 def test_explicit_mamba_matches_transformers(vocab, changes):
     reference = mamba_reference(vocab_size=vocab, **changes)
     model = from_hf_mamba(reference)
-    ids = token_ids(vocab)
+    ids = token_ids(2, LENGTH, seed=1, vocab=vocab)
     expected = logits(reference, ids)
     assert expected.std() > 0.1 and model.embeddings.weight.shape[0] == 64
     assert model.config.time_step_rank == reference.config.time_step_rank
@@ -122,7 +119,7 @@ def test_round_trip_through_a_saved_directory(tmp_path, reference):
     hf.save_pretrained(tmp_path / "hf")  # safetensors
     model = from_hf(tmp_path / "hf")
     assert not model.config.implicit and not model.training
-    ids = token_ids()
+    ids = token_ids(2, LENGTH, seed=1, vocab=VOCAB)
     torch.testing.assert_close(logits(model, ids), logits(hf, ids), rtol=1e-5, atol=1e-5)
 
 
@@ -135,7 +132,7 @@ def test_import_command_writes_a_loadable_model(tmp_path, capsys):
     assert code == 0 and "saved the implicit model" in capsys.readouterr().out
     reloaded, direct = load_model(tmp_path / "ours"), from_hf_mamba2(hf, implicit=True, fixed_point={"train_max_iter": 3})
     assert reloaded.config.implicit and reloaded.config.fixed_point_options.train_max_iter == 3
-    ids = token_ids()
+    ids = token_ids(2, LENGTH, seed=1, vocab=VOCAB)
     torch.testing.assert_close(logits(reloaded, ids, max_iter=2), logits(direct, ids, max_iter=2), rtol=0, atol=0)
 
 
@@ -146,7 +143,7 @@ def test_untied_head_is_imported_and_saved_as_its_own_weight(tmp_path, reference
         hf.get_output_embeddings().weight.normal_(generator=torch.Generator().manual_seed(2))
     model = convert(hf)
     assert not model.config.tie_word_embeddings and model.lm_head.weight.shape[0] == 64
-    ids = token_ids(61)
+    ids = token_ids(2, LENGTH, seed=1, vocab=61)
     torch.testing.assert_close(logits(model, ids), logits(hf, ids), rtol=1e-5, atol=1e-5)
     model.save_pretrained(tmp_path)
     reloaded = load_model(tmp_path)
@@ -168,7 +165,7 @@ FIRST_ITERATION_ERROR = {"mamba2": (0.2, 0.9), "llama": (0.2, 0.9), "mamba": (1.
 def test_implicit_model_starts_from_the_explicit_weights(reference, convert):
     hf = reference()
     explicit, implicit = convert(hf), convert(hf, implicit=True)
-    ids = token_ids()
+    ids = token_ids(2, LENGTH, seed=1, vocab=VOCAB)
     embedded = explicit.embeddings(ids)
 
     with torch.no_grad():
@@ -201,42 +198,23 @@ def first_mixer(model) -> tuple[nn.Module, nn.Module]:
 
 
 @pytest.mark.parametrize(
-    "changes, message",
+    "convert, reference, changes, message",
     [
-        (dict(use_bias=True), "use_bias"),
-        (dict(use_conv_bias=False), "use_conv_bias"),
-        (dict(time_step_limit=(0.0, 1.0)), "time_step_limit"),
+        (from_hf_mamba2, mamba2_reference, dict(use_bias=True), "use_bias"),
+        (from_hf_mamba2, mamba2_reference, dict(use_conv_bias=False), "use_conv_bias"),
+        (from_hf_mamba2, mamba2_reference, dict(time_step_limit=(0.0, 1.0)), "time_step_limit"),
+        (from_hf_llama, llama_reference, dict(attention_bias=True), "bias"),
+        (from_hf_llama, llama_reference, dict(rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0}),
+         "rope_type='linear'"),
+        (from_hf_llama, llama_reference, dict(head_dim=4), "head_dim=4"),
+        (from_hf_mamba, mamba_reference, dict(use_bias=True), "use_bias"),
+        (from_hf_mamba, mamba_reference, dict(use_conv_bias=False), "use_conv_bias"),
+        (from_hf_mamba, mamba_reference, dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ],
 )
-def test_unsupported_mamba2_settings_are_refused(changes, message):
+def test_unsupported_settings_of_each_family_are_refused(convert, reference, changes, message):
     with pytest.raises(ModelLoadError, match=message):
-        from_hf_mamba2(mamba2_reference(**changes))
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        (dict(attention_bias=True), "bias"),
-        (dict(rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0}), "rope_type='linear'"),
-        (dict(head_dim=4), "head_dim=4"),
-    ],
-)
-def test_unsupported_llama_settings_are_refused(changes, message):
-    with pytest.raises(ModelLoadError, match=message):
-        from_hf_llama(llama_reference(**changes))
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        (dict(use_bias=True), "use_bias"),
-        (dict(use_conv_bias=False), "use_conv_bias"),
-        (dict(hidden_act="gelu"), "hidden_act='gelu'"),
-    ],
-)
-def test_unsupported_mamba_settings_are_refused(changes, message):
-    with pytest.raises(ModelLoadError, match=message):
-        from_hf_mamba(mamba_reference(**changes))
+        convert(reference(**changes))
 
 
 @pytest.mark.parametrize(

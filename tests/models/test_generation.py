@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -11,30 +12,19 @@ from transformers import AutoModelForCausalLM
 import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.deq import OptionError
 from implicitlm.core.errors import NumericalFault
-from implicitlm.models import build_model, config_from_options
 
-from tests.support.contractive import make_contractive
+from tests.support.models import family_model, token_ids
 
 VOCAB = 24
 VARIANTS = [("mamba2", False), ("mamba2", True), ("llama", False), ("llama", True)]
 IDS = [f"{arch}-{'implicit' if implicit else 'explicit'}" for arch, implicit in VARIANTS]
 
 
+tokens = partial(token_ids, vocab=VOCAB)
+
+
 def make_model(architecture: str, implicit: bool):
-    torch.manual_seed(0)
-    family = dict(state_size=8, head_dim=8, chunk_size=4) if architecture == "mamba2" else dict(num_attention_heads=2)
-    config = config_from_options(
-        dict(
-            architecture=architecture, vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, implicit=implicit,
-            initializer_range=0.1, fixed_point=dict(max_iter=400, tol=1e-7), **family,
-        )
-    )
-    model = build_model(config).double().eval()
-    return make_contractive(model) if implicit else model
-
-
-def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return family_model(architecture, implicit, VOCAB, fixed_point=dict(max_iter=400, tol=1e-7))
 
 
 @pytest.mark.slow

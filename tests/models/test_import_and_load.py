@@ -36,13 +36,10 @@ from implicitlm.presets.run_presets import load_preset
 from implicitlm.train.checkpoint import prune_checkpoints, save_checkpoint
 from tests.models.test_convert import llama_reference, mamba2_reference, mamba_reference
 from tests.models.test_untrusted import flip_low_bytes
+from tests.support.refusals import one_error_line
+from tests.support.models import tiny_model
 
 OPTIONS = dict(vocab_size=12, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
-
-
-def tiny_model(seed: int):
-    torch.manual_seed(seed)
-    return build_model(config_from_options(OPTIONS))
 
 
 @pytest.fixture
@@ -58,11 +55,6 @@ def run_cli(capsys, *argv) -> tuple[int, list[str], list[str]]:
     code = main([str(arg) for arg in argv])
     captured = capsys.readouterr()
     return code, captured.out.strip().splitlines(), captured.err.strip().splitlines()
-
-
-def one_error_line(code: int, err: list[str]) -> str:
-    assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm: error: "), (code, err)
-    return err[0].removeprefix("implicitlm: error: ")
 
 
 @pytest.fixture
@@ -84,15 +76,15 @@ def transformers_records(caplog) -> list[str]:
 
 def test_import_refuses_finished_work_unless_overwrite(hf_checkpoint, tmp_path, capsys):
     finished = tmp_path / "checkpoint"
-    tiny_model(0).save_pretrained(finished)
+    tiny_model(0, **OPTIONS).save_pretrained(finished)
     before = {path.name: path.read_bytes() for path in finished.iterdir()}
     code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", finished)
     # Before: exit 0, the trained weights and config replaced by the import.
-    assert one_error_line(code, err) == f"{finished}: exists; replace it with --overwrite"
+    assert one_error_line(code, err) == f"implicitlm: error: {finished}: exists; replace it with --overwrite"
     assert {path.name: path.read_bytes() for path in finished.iterdir()} == before
     # Refused before any conversion: a source that is no checkpoint is not even read.
     code, _, err = run_cli(capsys, "models", "import", tmp_path / "no_such_source", "--out", finished)
-    assert one_error_line(code, err) == f"{finished}: exists; replace it with --overwrite"
+    assert one_error_line(code, err) == f"implicitlm: error: {finished}: exists; replace it with --overwrite"
     code, out, _ = run_cli(capsys, "models", "import", hf_checkpoint, "--out", finished, "--overwrite")
     assert code == 0 and out == [f"saved the explicit model (0.0M parameters) to {finished}"]
     imported = load_file(finished / "model.safetensors")
@@ -106,7 +98,7 @@ def test_import_refuses_an_out_another_process_is_writing(hf_checkpoint, tmp_pat
     with writer_lock(out):
         code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", out)
     # Before: both wrote into one folder.
-    assert one_error_line(code, err) == f"{out}: another process is writing it (process {os.getpid()})"
+    assert one_error_line(code, err) == f"implicitlm: error: {out}: another process is writing it (process {os.getpid()})"
     assert not out.exists()
 
 
@@ -121,7 +113,7 @@ def test_import_refuses_a_missing_tensor_naming_it(hf_checkpoint, tmp_path, caps
         code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
     # Before: exit 0, the tensor initialised at random and a fresh digest written over it.
     assert one_error_line(code, err) == (
-        f"{hf_checkpoint}: lacks weights the config needs: ['backbone.layers.1.mixer.D']")
+        f"implicitlm: error: {hf_checkpoint}: lacks weights the config needs: ['backbone.layers.1.mixer.D']")
     assert transformers_records(caplog) == [] and not (tmp_path / "ours").exists()
 
 
@@ -132,7 +124,7 @@ def test_import_refuses_a_nan_naming_the_tensor(hf_checkpoint, tmp_path, capsys)
     code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
     # Before: exit 0, a model whose every output is NaN.
     assert one_error_line(code, err) == (
-        f"{hf_checkpoint}: weight backbone.layers.0.mixer.in_proj.weight holds NaN or Inf")
+        f"implicitlm: error: {hf_checkpoint}: weight backbone.layers.0.mixer.in_proj.weight holds NaN or Inf")
     assert not (tmp_path / "ours").exists()
 
 
@@ -156,7 +148,7 @@ def test_import_checks_a_source_as_the_loader_checks_a_model(hf_checkpoint, tmp_
     to floats, the damaged weights imported and given a fresh digest."""
     damage(hf_checkpoint)
     code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
-    assert one_error_line(code, err) == f"{hf_checkpoint}/{message}" + (
+    assert one_error_line(code, err) == f"implicitlm: error: {hf_checkpoint}/{message}" + (
         ": the weights are damaged" if "SHA" in message else " (F16, BF16, F32, F64)")
     assert not (tmp_path / "ours").exists()
 
@@ -167,7 +159,7 @@ def test_import_refuses_a_source_too_large_for_memory_before_building_it(hf_chec
     (hf_checkpoint / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**9}))
     code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
     line = one_error_line(code, err)
-    assert line.startswith(f"{hf_checkpoint / 'config.json'}: a model of ") and "of memory" in line, line
+    assert line.startswith(f"implicitlm: error: {hf_checkpoint / 'config.json'}: a model of ") and "of memory" in line, line
     assert not (tmp_path / "ours").exists()
 
 
@@ -216,7 +208,7 @@ def test_an_import_killed_while_writing_leaves_nothing_and_the_rerun_clears_it(h
 
 def make_run(run: Path, step: int, seed: int) -> None:
     """The run writes its checkpoint of ``step`` and keeps it alone, as keep_checkpoints=1 does."""
-    save_checkpoint(run / "checkpoints" / f"step_{step:07d}", tiny_model(seed), meta={"step": step})
+    save_checkpoint(run / "checkpoints" / f"step_{step:07d}", tiny_model(seed, **OPTIONS), meta={"step": step})
     prune_checkpoints(run / "checkpoints", keep=1)
 
 
@@ -274,7 +266,7 @@ def test_import_of_a_refused_llama_setting_is_one_line(tmp_path, capsys, caplog,
     (hf / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
     with caplog.at_level("WARNING"):
         code, _, err = run_cli(capsys, "models", "import", hf, "--out", tmp_path / "ours")
-    assert one_error_line(code, err) == "unsupported setting of the source model: attention_bias / mlp_bias (biases)"
+    assert one_error_line(code, err) == "implicitlm: error: unsupported setting of the source model: attention_bias / mlp_bias (biases)"
     # Before: 13 lines of transformers' load report (the biases MISSING) above the error.
     assert transformers_records(caplog) == []
 
@@ -285,7 +277,7 @@ def test_import_of_a_refused_llama_setting_is_one_line(tmp_path, capsys, caplog,
 @pytest.fixture
 def saved(tmp_path) -> Path:
     path = tmp_path / "model"
-    tiny_model(0).save_pretrained(path)
+    tiny_model(0, **OPTIONS).save_pretrained(path)
     return path
 
 
@@ -349,7 +341,7 @@ def test_a_valid_generation_config_loads(saved):
 def test_import_refuses_an_invalid_generation_config_of_the_source(hf_checkpoint, tmp_path, capsys):
     (hf_checkpoint / "generation_config.json").write_text("{not json")
     code, _, err = run_cli(capsys, "models", "import", hf_checkpoint, "--out", tmp_path / "ours")
-    assert one_error_line(code, err).startswith(f"{hf_checkpoint}/generation_config.json:1: expected JSON")
+    assert one_error_line(code, err).startswith(f"implicitlm: error: {hf_checkpoint}/generation_config.json:1: expected JSON")
     assert not (tmp_path / "ours").exists()
 
 
@@ -444,7 +436,7 @@ def test_from_pretrained_of_a_run_folder_loads_its_newest_checkpoint(tmp_path):
     # Before: "no file named model.safetensors" (the run folder itself was read).
     model = ImplicitCausalLM.from_pretrained(run, dtype=torch.bfloat16)
     assert type(model) is ImplicitMamba2ForCausalLM and model.dtype == torch.bfloat16
-    expected = tiny_model(2).state_dict()["embeddings.weight"].to(torch.bfloat16)
+    expected = tiny_model(2, **OPTIONS).state_dict()["embeddings.weight"].to(torch.bfloat16)
     assert torch.equal(model.state_dict()["embeddings.weight"], expected)
 
 

@@ -15,8 +15,8 @@ from implicitlm.models import (
     load_model,
 )
 from implicitlm.models.convert import from_hf_llama
-from tests.layers.test_attention import THETA, VOCAB, assert_caches_close, token_ids
-from tests.support.contractive import make_contractive
+from tests.layers.test_attention import THETA, assert_caches_close
+from tests.support.models import assert_logits_close, assert_modes_agree, contractive_model, tiny_model, token_ids
 
 
 # ---------------------------------------------------------------- transformers parity
@@ -45,47 +45,32 @@ def test_explicit_llama_matches_transformers():
 # ---------------------------------------------------------------- the two modes
 
 
+VOCAB = 10  # padded to 16
+SIZES = dict(architecture="llama", vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2)
+
+
 def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitLlamaForCausalLM:
-    values = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, implicit=implicit)
-    values.update(overrides)
-    torch.manual_seed(seed)
-    return ImplicitLlamaForCausalLM(ImplicitLlamaConfig(**values))
+    return tiny_model(seed, **{**SIZES, "implicit": implicit, **overrides})
 
 
-def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: float) -> None:
-    """Close up to ``relative`` times the largest logit, with the same argmax."""
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=relative * scale)
-    assert torch.equal(actual.argmax(-1), expected.argmax(-1))
-
-
-def contractive_model(tol: float) -> ImplicitLlamaForCausalLM:
+def converging_model(tol: float) -> ImplicitLlamaForCausalLM:
     """A float64 implicit model whose iteration converges fast."""
-    model = make_model(initializer_range=0.1, fixed_point=dict(tol=tol, max_iter=300)).double().eval()
-    return make_contractive(model)
+    return contractive_model(**SIZES, implicit=True, initializer_range=0.1, fixed_point=dict(tol=tol, max_iter=300))
 
 
 @pytest.mark.device
 def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
-    tol = 1e-10
-    model = contractive_model(tol).to(device)
-    ids = token_ids(2, 7, seed=7).to(device)
-    with torch.no_grad():
-        parallel = model(ids, mode="simultaneous")
-        sequential = model(ids, mode="sequential")
-
-    assert parallel.fixed_point.converged.all() and sequential.fixed_point.converged.all()
-    assert sequential.fixed_point.iterations.shape == (2, 7)
-    assert parallel.fixed_point.evaluations > 10  # a genuine iteration, not a one-step map
-    assert_logits_close(sequential.logits, parallel.logits, relative=1e-6)
+    model = converging_model(tol=1e-10).to(device)
+    ids = token_ids(2, 7, seed=7, vocab=VOCAB).to(device)
+    _, sequential = assert_modes_agree(model, ids, relative=1e-6, evaluations=10)
     assert all(cache.length == 7 for cache in sequential.state)
 
 
 @pytest.mark.device
 def test_explicit_sequential_equals_simultaneous(device):
     model = make_model(implicit=False, initializer_range=0.3).double().eval().to(device)
-    ids = token_ids(2, 9, seed=8).to(device)
+    ids = token_ids(2, 9, seed=8, vocab=VOCAB).to(device)
     with torch.no_grad():
         parallel = model(ids)
         sequential = model(ids, mode="sequential")
@@ -107,7 +92,7 @@ def test_explicit_sequential_equals_simultaneous(device):
 @pytest.mark.device
 def test_gradient_reaches_every_parameter(implicit, options, device):
     model = make_model(implicit, seed=9, fixed_point=options).train().to(device)
-    ids = token_ids(2, 5, seed=10).to(device)
+    ids = token_ids(2, 5, seed=10, vocab=VOCAB).to(device)
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name
@@ -126,7 +111,7 @@ def test_weight_norm_only_on_implicit_backbones():
 
 def test_save_and_load_round_trip(tmp_path):
     model = make_model(seed=11).eval()
-    ids = token_ids(2, 6, seed=12)
+    ids = token_ids(2, 6, seed=12, vocab=VOCAB)
     model.save_pretrained(tmp_path / "llama")
     reloaded = load_model(tmp_path / "llama")
 

@@ -13,7 +13,9 @@ from implicitlm.core.errors import OptionError
 from implicitlm.eval.lm_eval_command import run_command
 from implicitlm.models import ImplicitCausalLM, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
 
-from tests.models.test_import_and_load import tiny_model
+from tests.models.test_import_and_load import OPTIONS
+from tests.support.models import tiny_model
+from tests.support.refusals import one_error_line
 
 pytestmark = pytest.mark.usefixtures("offline_hub")
 
@@ -50,10 +52,12 @@ def test_a_hub_id_found_nowhere_is_one_line_naming_it():
         assert message.startswith("someone/no-such-model: ") and "Hub" in message
 
 
-def test_a_folder_of_a_hub_like_name_here_is_loaded(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    tiny_model(0).save_pretrained(tmp_path / "owner" / "name")
-    assert isinstance(load_model("owner/name"), ImplicitMamba2ForCausalLM)
+@pytest.mark.parametrize("folder, cwd, name", [("owner/name", ".", "owner/name"), ("model", "model", ".")],
+                         ids=["a-hub-like-name", "dot"])
+def test_a_model_folder_here_loads_by_its_relative_name(folder, cwd, name, tmp_path, monkeypatch):
+    tiny_model(0, **OPTIONS).save_pretrained(tmp_path / folder)
+    monkeypatch.chdir(tmp_path / cwd)
+    assert isinstance(load_model(name), ImplicitMamba2ForCausalLM)
 
 
 @pytest.mark.parametrize("argv", [
@@ -70,11 +74,9 @@ def test_commands_name_a_missing_checkpoint(argv, tmp_path, monkeypatch, capsys)
 def refusal_writing_nothing(argv: list[str], folder: Path, monkeypatch, capsys) -> str:
     """The one error line of the command ``argv`` run in ``folder``, which it must leave empty."""
     monkeypatch.chdir(folder)
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
+    line = one_error_line(main(argv), capsys.readouterr().err)
     assert sorted(path.name for path in Path(folder).iterdir()) == []
-    return err[0]
+    return line
 
 
 def test_the_lm_eval_command_names_a_missing_checkpoint(tmp_path, monkeypatch, capsys):
@@ -91,12 +93,6 @@ def test_the_current_folder_or_the_root_without_a_model_is_named(name, tmp_path,
     (tmp_path / "cwd" / "empty").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "cwd")
     assert one_line(lambda: load_model(name)).startswith(f"{name}: not a model directory")
-
-
-def test_a_model_in_the_current_folder_loads_as_dot(tmp_path, monkeypatch):
-    tiny_model(0).save_pretrained(tmp_path / "model")
-    monkeypatch.chdir(tmp_path / "model")
-    assert isinstance(load_model("."), ImplicitMamba2ForCausalLM)
 
 
 @pytest.mark.parametrize("argv", [

@@ -10,15 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from implicitlm.models import (
-    ImplicitMambaConfig,
     ImplicitMambaForCausalLM,
     build_model,
     config_from_options,
     load_model,
 )
 from tests.layers.test_mamba1 import F64
-from tests.models.test_mamba2 import assert_logits_close
-from tests.support.contractive import make_contractive
+from tests.support.models import assert_logits_close, assert_modes_agree, contractive_model, tiny_model, token_ids
 
 
 # ---------------------------------------------------------------- models
@@ -26,26 +24,22 @@ from tests.support.contractive import make_contractive
 VOCAB = 10  # padded to 16
 
 
+SIZES = dict(architecture="mamba", vocab_size=VOCAB, hidden_size=8, num_hidden_layers=2, state_size=4)
+
+
 def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitMambaForCausalLM:
-    values = dict(vocab_size=VOCAB, hidden_size=8, num_hidden_layers=2, state_size=4, implicit=implicit)
-    values.update(overrides)
-    torch.manual_seed(seed)
-    return ImplicitMambaForCausalLM(ImplicitMambaConfig(**values))
+    return tiny_model(seed, **{**SIZES, "implicit": implicit, **overrides})
 
 
-def contractive_model(tol: float) -> ImplicitMambaForCausalLM:
+def converging_model(tol: float) -> ImplicitMambaForCausalLM:
     """A float64 implicit model whose iteration converges within the budget."""
-    return make_contractive(make_model(fixed_point=dict(tol=tol, max_iter=400)).double().eval())
-
-
-def token_ids(batch: int, length: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return contractive_model(**SIZES, implicit=True, fixed_point=dict(tol=tol, max_iter=400))
 
 
 @pytest.mark.device
 def test_explicit_sequential_equals_simultaneous(device):
     model = make_model(implicit=False).double().eval().to(device)
-    ids = token_ids(2, 9, seed=1).to(device)
+    ids = token_ids(2, 9, seed=1, vocab=VOCAB).to(device)
     with torch.no_grad():
         parallel = model(ids, use_cache=True)
         sequential = model(ids, mode="sequential")
@@ -58,22 +52,15 @@ def test_explicit_sequential_equals_simultaneous(device):
 
 @pytest.mark.device
 def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
-    model = contractive_model(tol=1e-8).to(device)
-    ids = token_ids(2, 7, seed=2).to(device)
-    with torch.no_grad():
-        parallel = model(ids, mode="simultaneous")
-        sequential = model(ids, mode="sequential")
-
-    assert parallel.fixed_point.converged.all() and sequential.fixed_point.converged.all()
-    assert sequential.fixed_point.iterations.shape == (2, 7)
-    assert parallel.fixed_point.evaluations > 10  # a genuine iteration, not a one-step map
+    model = converging_model(tol=1e-8).to(device)
+    ids = token_ids(2, 7, seed=2, vocab=VOCAB).to(device)
     # Two solves of one fixed point to a relative residual of 1e-8: measured 4e-8 apart.
-    assert_logits_close(sequential.logits, parallel.logits, relative=1e-6)
+    assert_modes_agree(model, ids, relative=1e-6, evaluations=10)
 
 
 def test_parallel_prefill_then_recurrent_decoding_equals_a_sequential_run():
-    model = contractive_model(tol=1e-9)
-    ids = token_ids(2, 9, seed=3)
+    model = converging_model(tol=1e-9)
+    ids = token_ids(2, 9, seed=3, vocab=VOCAB)
     with torch.no_grad():
         reference = model(ids, mode="sequential")
         prefill = model(ids[:, :5], use_cache=True)
@@ -86,7 +73,7 @@ def test_parallel_prefill_then_recurrent_decoding_equals_a_sequential_run():
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
 def test_gradient_reaches_every_parameter(implicit, device):
     model = make_model(implicit, seed=4, fixed_point=dict(train_max_iter=2, phantom_steps=1)).train().to(device)
-    ids = token_ids(2, 6, seed=5).to(device)
+    ids = token_ids(2, 6, seed=5, vocab=VOCAB).to(device)
     model(ids, labels=ids).loss.backward()
     for name, param in model.named_parameters():
         assert param.grad is not None, name
@@ -96,7 +83,7 @@ def test_gradient_reaches_every_parameter(implicit, device):
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
 def test_save_and_load_round_trip(tmp_path, implicit):
     model = make_model(implicit, seed=6, time_step_rank=3).eval()
-    ids = token_ids(2, 6, seed=7)
+    ids = token_ids(2, 6, seed=7, vocab=VOCAB)
     model.save_pretrained(tmp_path)
 
     for reloaded in (load_model(tmp_path), AutoModelForCausalLM.from_pretrained(tmp_path).eval()):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.support.contractive import make_contractive
+from tests.support.models import assert_logits_close, assert_modes_agree, contractive_model, tiny_model, token_ids
 from implicitlm.data.words import prefix_products
 from implicitlm.deq import OptionError
 from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
@@ -18,40 +18,20 @@ from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
 VOCAB = 6  # padded to 16
 
 
+SIZES = dict(vocab_size=VOCAB, hidden_size=8, num_hidden_layers=2, state_size=4, head_dim=4, expand=2, chunk_size=4)
+
+
 def make_config(implicit: bool = True, **overrides) -> ImplicitMamba2Config:
-    values = dict(
-        vocab_size=VOCAB,
-        hidden_size=8,
-        num_hidden_layers=2,
-        state_size=4,
-        head_dim=4,
-        expand=2,
-        chunk_size=4,
-        implicit=implicit,
-    )
-    values.update(overrides)
-    return ImplicitMamba2Config(**values)
+    return ImplicitMamba2Config(**{**SIZES, "implicit": implicit, **overrides})
 
 
 def make_model(implicit: bool = True, seed: int = 0, **overrides) -> ImplicitMamba2ForCausalLM:
-    torch.manual_seed(seed)
-    return ImplicitMamba2ForCausalLM(make_config(implicit, **overrides))
+    return tiny_model(seed, architecture="mamba2", **{**SIZES, "implicit": implicit, **overrides})
 
 
-def contractive_model(tol: float) -> ImplicitMamba2ForCausalLM:
+def converging_model(tol: float) -> ImplicitMamba2ForCausalLM:
     """A float64 implicit model whose iteration converges within the budget."""
-    return make_contractive(make_model(fixed_point=dict(tol=tol, max_iter=400)).double().eval())
-
-
-def token_ids(batch: int, length: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: float) -> None:
-    """Close up to ``relative`` times the largest logit (the logits are small, ~0.1, at init)."""
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual, expected, rtol=0, atol=relative * scale)
-    assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+    return contractive_model(architecture="mamba2", **SIZES, implicit=True, fixed_point=dict(tol=tol, max_iter=400))
 
 
 # ---------------------------------------------------------------- the two modes
@@ -62,24 +42,18 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: 
 def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     # 1e-6: reached within the budget by the contractive model, tight enough for 1e-3 agreement.
     tol = 1e-6
-    model = contractive_model(tol).to(device)
-    ids = token_ids(2, 7, seed=1).to(device)
-    with torch.no_grad():
-        parallel = model(ids, mode="simultaneous")
-        sequential = model(ids, mode="sequential")
-
-    assert parallel.fixed_point.converged.all() and parallel.fixed_point.iterations.shape == (2,)
-    assert sequential.fixed_point.converged.all() and sequential.fixed_point.iterations.shape == (2, 7)
-    assert parallel.fixed_point.evaluations > 20  # a genuine iteration, not a one-step map
+    model = converging_model(tol).to(device)
+    ids = token_ids(2, 7, seed=1, vocab=VOCAB).to(device)
     # Each solution is within |f(z) - z| / (1 - c) of z*, and this pre-norm residual map
     # contracts slowly (c ~ 0.95): 1e-3 of the logit scale leaves a margin over 20 * tol.
-    assert_logits_close(sequential.logits, parallel.logits, relative=1e-3)
+    parallel, _ = assert_modes_agree(model, ids, relative=1e-3, evaluations=20)
+    assert parallel.fixed_point.iterations.shape == (2,)
 
 
 @pytest.mark.device
 def test_explicit_sequential_equals_simultaneous(device):
     model = make_model(implicit=False).double().eval().to(device)
-    ids = token_ids(2, 9, seed=2).to(device)
+    ids = token_ids(2, 9, seed=2, vocab=VOCAB).to(device)
     with torch.no_grad():
         parallel = model(ids)
         sequential = model(ids, mode="sequential")
@@ -94,8 +68,8 @@ def test_explicit_sequential_equals_simultaneous(device):
 @pytest.mark.slow
 def test_sequential_stop_is_per_sample():
     tol = 1e-5
-    model = contractive_model(tol)
-    ids = token_ids(3, 6, seed=3)
+    model = converging_model(tol)
+    ids = token_ids(3, 6, seed=3, vocab=VOCAB)
     with torch.no_grad():
         alone = model(ids[:1], mode="sequential")
         batch = model(ids, mode="sequential")
@@ -111,7 +85,7 @@ def test_sequential_stop_is_per_sample():
 
 def test_budget_of_one_step_is_one_application_of_the_stack_from_zero():
     model = make_model(fixed_point=dict(max_iter=50, tol=1e-9)).double().eval()
-    ids = token_ids(2, 5, seed=4)
+    ids = token_ids(2, 5, seed=4, vocab=VOCAB)
     with torch.no_grad():
         embedded = model.embeddings(ids)
         injection = model.injection(model.injection_norm(embedded))
@@ -133,7 +107,7 @@ def test_budget_of_one_step_is_one_application_of_the_stack_from_zero():
 
 def test_logits_are_sliced_to_the_vocabulary():
     model = make_model().eval()
-    ids = token_ids(2, 5, seed=5)
+    ids = token_ids(2, 5, seed=5, vocab=VOCAB)
     with torch.no_grad():
         out = model(ids, labels=ids)
     assert model.config.padded_vocab_size == 16 and model.embeddings.num_embeddings == 16
@@ -164,7 +138,7 @@ def oracle_model(labels: torch.Tensor, alignment: str) -> ImplicitMamba2ForCausa
 
 
 def test_aligned_loss_is_zero_for_the_true_prefix_products():
-    inputs = token_ids(4, 12, seed=6)  # S3 has 6 elements: the vocabulary
+    inputs = token_ids(4, 12, seed=6, vocab=VOCAB)  # S3 has 6 elements: the vocabulary
     labels = torch.from_numpy(prefix_products("S3", inputs.numpy()).astype("int64"))
 
     aligned = oracle_model(labels, "aligned")(inputs, labels=labels)
@@ -178,7 +152,7 @@ def test_aligned_loss_is_zero_for_the_true_prefix_products():
 
 def test_shifted_loss_is_next_token_cross_entropy():
     model = make_model(implicit=False, seed=7).eval()
-    ids = token_ids(3, 8, seed=8)
+    ids = token_ids(3, 8, seed=8, vocab=VOCAB)
     labels = ids.clone()
     labels[0, 3] = -100  # ignored position
     with torch.no_grad():
@@ -195,7 +169,7 @@ def test_shifted_loss_is_next_token_cross_entropy():
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
 def test_training_reduces_loss_on_a_fixed_batch(implicit):
     model = make_model(implicit, seed=9, fixed_point=dict(train_max_iter=4, train_tol=1e-12, phantom_steps=1)).train()
-    ids = token_ids(4, 8, seed=10)
+    ids = token_ids(4, 8, seed=10, vocab=VOCAB)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(30):
@@ -226,7 +200,7 @@ def test_training_reduces_loss_on_a_fixed_batch(implicit):
 @pytest.mark.device
 def test_gradient_reaches_every_parameter(implicit, options, device):
     model = make_model(implicit, seed=13, fixed_point=options).train().to(device)
-    ids = token_ids(2, 5, seed=14).to(device)
+    ids = token_ids(2, 5, seed=14, vocab=VOCAB).to(device)
     model(ids, labels=ids).loss.backward()
     missing = [name for name, param in model.named_parameters() if param.grad is None]
     assert missing == []
@@ -248,13 +222,13 @@ def test_weight_norm_only_on_implicit_backbones():
 def test_invalid_mode_is_rejected():
     model = make_model().eval()
     with pytest.raises(ValueError, match="mode must be one of"):
-        model(token_ids(1, 3, seed=11), mode="parallel")
+        model(token_ids(1, 3, seed=11, vocab=VOCAB), mode="parallel")
 
 
 def test_sequential_training_with_grad_is_rejected():
     model = make_model().train()
     with pytest.raises(ValueError, match="sequential"):
-        model(token_ids(1, 3, seed=12), mode="sequential")
+        model(token_ids(1, 3, seed=12, vocab=VOCAB), mode="sequential")
 
 
 def test_unknown_fixed_point_key_in_config_is_rejected():

@@ -9,10 +9,9 @@ import torch
 
 from implicitlm.core.errors import OptionError
 from implicitlm.deq import InitialGuess
-from implicitlm.models import build_model, config_from_options
 from implicitlm.models.token_graphs import _tensors
 
-from tests.support.contractive import make_contractive
+from tests.support.models import family_model, token_ids
 
 VOCAB = 24
 PASSES = 3
@@ -23,20 +22,10 @@ IDS = [f"{family}-{'implicit' if implicit else 'explicit'}" for family, implicit
 
 
 def make_model(family: str, implicit: bool, device: str, dtype=torch.float64, guess: bool = False):
-    torch.manual_seed(0)
-    sizes = dict(state_size=8, head_dim=8, chunk_size=4) if family == "mamba2" else dict(num_attention_heads=2)
-    config = config_from_options(dict(architecture=family, vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
-                                      implicit=implicit, initializer_range=0.1,
-                                      fixed_point=dict(max_iter=50, tol=1e-6, passes=PASSES), **sizes))
-    model = build_model(config).eval()
-    model = make_contractive(model) if implicit else model
+    model = family_model(family, implicit, VOCAB, torch.float32, fixed_point=dict(max_iter=50, tol=1e-6, passes=PASSES))
     if guess:
         model.attach_learned_guess(InitialGuess(16, readouts=model.stack.readout_sizes()).eval().requires_grad_(False))
     return model.to(device=device, dtype=dtype)
-
-
-def tokens(batch: int, length: int, seed: int, device: str) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 def decode(model, prompt: torch.Tensor, following: torch.Tensor):
@@ -67,7 +56,7 @@ def test_tokens_decoded_in_the_block_have_the_logits_and_states_of_plain_decodin
     if guess and not implicit:
         pytest.skip("an explicit model makes no solve to guess for")
     model = make_model(family, implicit, device, guess=guess)
-    prompt, following = tokens(2, 5, seed=1, device=device), tokens(2, 6, seed=2, device=device)
+    prompt, following = token_ids(2, 5, seed=1, vocab=VOCAB).to(device), token_ids(2, 6, seed=2, vocab=VOCAB).to(device)
     with torch.no_grad():
         plain = decode(model, prompt, following)
         with model.decoding_graphs():
@@ -82,7 +71,7 @@ def test_tokens_decoded_in_the_block_have_the_logits_and_states_of_plain_decodin
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
 def test_graphed_generation_gives_the_tokens_of_plain_generation(implicit, dtype, device):
     model = make_model("mamba2", implicit, device, dtype=dtype)
-    prompt = tokens(3, 4, seed=3, device=device)
+    prompt = token_ids(3, 4, seed=3, vocab=VOCAB).to(device)
     # The prompt read token by token: a parallel prefill would tune the fused kernel (on a GPU,
     # a minute per dtype) for what this test does not look at.
     options = dict(max_new_tokens=8, do_sample=False, mode="sequential")
@@ -98,7 +87,7 @@ def test_a_state_from_outside_the_block_is_read_never_written(device):
     """Two continuations of one prefill, and two sequences decoded in turn: each token starts
     from the state it is given, which the step copies in and leaves as it was."""
     model = make_model("mamba2", True, device)
-    prompt, other, following = (tokens(1, 4, seed=seed, device=device) for seed in (4, 5, 6))
+    prompt, other, following = (token_ids(1, 4, seed=seed, vocab=VOCAB).to(device) for seed in (4, 5, 6))
     with torch.no_grad():
         plain = [decode(model, start, following) for start in (prompt, other)]
         with model.decoding_graphs():
@@ -123,7 +112,7 @@ def test_a_state_from_outside_the_block_is_read_never_written(device):
 
 def test_a_solve_to_the_tolerance_decodes_as_without_the_block():
     model = make_model("mamba2", True, "cpu")
-    prompt, following = tokens(2, 4, seed=7, device="cpu"), tokens(2, 3, seed=8, device="cpu")
+    prompt, following = token_ids(2, 4, seed=7, vocab=VOCAB).to("cpu"), token_ids(2, 3, seed=8, vocab=VOCAB).to("cpu")
     model.set_fixed_point_options(passes=0)
     with torch.no_grad():
         plain = decode(model, prompt, following)

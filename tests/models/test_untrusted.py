@@ -27,6 +27,7 @@ from implicitlm.data.tokenizer import load_tokenizer, train_tokenizer
 from implicitlm.models import ImplicitMamba2ForCausalLM, build_model, config_from_options, load_model
 from implicitlm.models.loading import ModelLoadError
 from implicitlm.train.checkpoint import TRAINING_STATE, CheckpointError, load_training_state, save_checkpoint
+from tests.support.refusals import one_error_line
 
 OPTIONS = dict(vocab_size=8, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8)
 
@@ -336,11 +337,6 @@ def words_eval(capsys, checkpoint: Path) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-def one_error_line(code: int, err: list[str]) -> str:
-    assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm: error: "), err
-    return err[0].removeprefix("implicitlm: error: ")
-
-
 def flip_low_bytes(weights: Path, count: int) -> None:
     """Flip the lowest bit of ``count`` float32 weights: still a loadable file of finite weights."""
     data = bytearray(weights.read_bytes())
@@ -360,7 +356,7 @@ def test_words_eval_names_the_shapes_of_weights_from_another_config(words_checkp
         shutil.copy(explicit / name, checkpoint / name)
     line = one_error_line(*words_eval(capsys, checkpoint))
     # Before: "cannot load weights (RuntimeError: ... look at the above report!)", with no report above.
-    assert line.startswith(f"{checkpoint}/model.safetensors: ") and "above report" not in line
+    assert line.startswith(f"implicitlm: error: {checkpoint}/model.safetensors: ") and "above report" not in line
     assert "first embeddings.weight [16, 8] (config.json: [16, 16]), stack.layers.0.norm.weight [8] (config.json: [16])" in line
     assert line.endswith("the weights look like implicit=false, num_hidden_layers=1, hidden_size=8, vocab_size<=16")
 
@@ -372,7 +368,7 @@ def test_save_pretrained_writes_the_digest_that_words_eval_checks(words_checkpoi
     assert (checkpoint / "model.safetensors.sha256").is_file()
     flip_low_bytes(checkpoint / "model.safetensors", 1000)
     line = one_error_line(*words_eval(capsys, checkpoint))
-    assert line == f"{checkpoint}/model.safetensors: SHA-256 differs from model.safetensors.sha256: the weights are damaged"
+    assert line == f"implicitlm: error: {checkpoint}/model.safetensors: SHA-256 differs from model.safetensors.sha256: the weights are damaged"
 
 
 def test_weights_without_their_digest_load_with_one_warning(words_checkpoint, tmp_path, capsys, caplog):
@@ -394,4 +390,4 @@ def test_weights_without_their_digest_load_with_one_warning(words_checkpoint, tm
 def test_words_eval_refuses_an_unknown_key_in_config_json(words_checkpoint, tmp_path, capsys, key, value, hint):
     checkpoint = copy_of(words_checkpoint, tmp_path, {**saved_config(words_checkpoint), key: value})
     line = one_error_line(*words_eval(capsys, checkpoint))
-    assert line == f"{checkpoint}/config.json: unknown model option '{key}' ({hint})"
+    assert line == f"implicitlm: error: {checkpoint}/config.json: unknown model option '{key}' ({hint})"

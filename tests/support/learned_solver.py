@@ -7,26 +7,17 @@ import torch
 
 from implicitlm.deq import LearnedMixing
 from implicitlm.deq.anderson import MEMORY
-from implicitlm.models import build_model, config_from_options
 
-from tests.support.contractive import make_contractive
+from tests.support.models import SMALL, contractive_model, token_ids
 
-SMALL = {
-    "mamba2": dict(architecture="mamba2", hidden_size=16, num_hidden_layers=2, state_size=8, head_dim=8, chunk_size=8),
-    "llama": dict(architecture="llama", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, intermediate_size=24),
-    "mamba": dict(architecture="mamba", hidden_size=16, num_hidden_layers=2, state_size=4, chunk_size=8),
-}
 TOL = 1e-5
-TOKENS = torch.randint(0, 64, (3, 12), generator=torch.Generator().manual_seed(1))
+TOKENS = token_ids(3, 12, seed=1, vocab=64)
 
 
 def contractive(architecture: str):
     """A 2-block model of ``architecture`` whose map contracts, solved by safeguarded Anderson to ``TOL``."""
-    torch.manual_seed(0)
-    options = {**SMALL[architecture], "vocab_size": 64, "fixed_point": {"max_iter": 300, "tol": TOL,
-                                                                        "solver": "safeguarded_anderson"}}
-    return make_contractive(build_model(config_from_options(options))).eval()
+    fixed_point = {"max_iter": 300, "tol": TOL, "solver": "safeguarded_anderson"}
+    return contractive_model(dtype=torch.float32, **SMALL[architecture], vocab_size=64, fixed_point=fixed_point)
 
 
 def run(model, mode: str):

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from implicitlm.cli import main
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
@@ -25,13 +24,12 @@ from implicitlm.tasks.catbabi import answer_accuracy
 from implicitlm.tasks.lm import perplexity_by_length
 from implicitlm.tasks.word_scoring import word_accuracy
 from implicitlm.tasks.words import held_out_words
+from tests.support.models import tiny_model
 
 
-def tiny_model(vocab: int, alignment: str, implicit: bool = True):
-    torch.manual_seed(0)
-    options = dict(architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8,
-                   head_dim=8, chunk_size=8, implicit=implicit, label_alignment=alignment)
-    return build_model(config_from_options(options)).eval()
+def scoring_model(vocab: int, alignment: str):
+    return tiny_model(architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8,
+                      head_dim=8, chunk_size=8, implicit=True, label_alignment=alignment).eval()
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +44,7 @@ def catbabi_folder(tmp_path_factory) -> Path:
 def lm_checkpoint(tmp_path_factory, catbabi_folder) -> Path:
     """A random language model over the catbAbI folder's vocabulary."""
     folder = tmp_path_factory.mktemp("lm") / "model"
-    tiny_model(TokenShards(catbabi_folder, "train").vocab_size, "shifted").save_pretrained(folder)
+    scoring_model(TokenShards(catbabi_folder, "train").vocab_size, "shifted").save_pretrained(folder)
     return folder
 
 
@@ -111,7 +109,7 @@ def test_catbabi_eval_prints_and_writes_what_eval_length_task_catbabi_does(capsy
 
 
 def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
-    model = tiny_model(6, "aligned")
+    model = scoring_model(6, "aligned")
     model.save_pretrained(tmp_path / "model")
     task = make_task("words", tmp_path / "model", group="S3", lengths=[6, 12], count=8, seed=2, batch_size=4)
     result = evaluate_by_length(task.solve_with(max_iter=3), mode="sequential")
@@ -174,7 +172,7 @@ class SquaresTask(Task):
 
 @pytest.mark.parametrize("kind", FIGURE_KINDS)
 def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kind, tmp_path):
-    tiny_model(6, "aligned").save_pretrained(tmp_path / "model")
+    scoring_model(6, "aligned").save_pretrained(tmp_path / "model")
     result = evaluate_by_length(
         SquaresTask(tmp_path / "model", kind).solve_with(max_iter=3), mode="sequential", out=tmp_path / "out"
     )

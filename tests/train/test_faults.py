@@ -21,7 +21,7 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.core.errors import NumericalFault
-from implicitlm.models import build_model, config_from_options, load_model
+from implicitlm.models import load_model
 from implicitlm.train import checkpoint as checkpoint_module
 from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.core.run_folder import read_trainer_meta
@@ -31,16 +31,12 @@ from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
 
 from tests.support.signals import signal_this_thread
+from tests.support.models import tiny_model
 
+WORDS_MODEL = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
 MODEL = ["hidden_size=16", "num_hidden_layers=1", "state_size=8", "head_dim=8", "chunk_size=16"]
 SETTINGS = ["group=S3", "sequence_length=6", "batch_size=8", "lr=0.01", "warmup_steps=2", "log_every=1",
             "total_steps=8", "bounded_fraction=0.5", "free_max_iter=6", "free_phantom_steps=2"]
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    options = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8, label_alignment="aligned")
-    return build_model(config_from_options(options))
 
 
 def train_command(out: Path, *settings: str) -> list[str]:
@@ -77,11 +73,15 @@ def start_training(out: Path, *settings: str) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
+def signal_after_a_checkpoint(out: Path, signum: int) -> subprocess.Popen:
+    """A run checkpointing every 2 steps into ``out``, sent ``signum`` once its first checkpoint is written."""
+    process = start_training(out, "checkpoint_every=2")
     deadline = time.monotonic() + 120
     while not any(out.glob("checkpoints/step_*/trainer.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert process.poll() is None, "the run ended before the fault could be injected"
+    process.send_signal(signum)
+    return process
 
 
 # ---------------------------------------------------------------- process faults
@@ -90,9 +90,7 @@ def wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
 @pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    process = start_training(out, "checkpoint_every=2")
-    wait_for_checkpoint(process, out)
-    process.send_signal(signal.SIGTERM)
+    process = signal_after_a_checkpoint(out, signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM
     assert err.strip().splitlines()[-1].startswith("implicitlm: stopped by SIGTERM after step")
@@ -108,9 +106,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_is_exact(tmp_
 @pytest.mark.slow
 def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    process = start_training(out, "checkpoint_every=2")
-    wait_for_checkpoint(process, out)
-    process.send_signal(signal.SIGKILL)
+    process = signal_after_a_checkpoint(out, signal.SIGKILL)
     process.wait(timeout=60)
     saved = read_trainer_meta(latest_checkpoint(out))["step"]
     assert saved % 2 == 0 and saved < 8
@@ -121,7 +117,7 @@ def test_sigkill_loses_only_the_steps_since_the_last_checkpoint(tmp_path, uninte
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_step_finishes_it_and_checkpoints(tmp_path, signal_number):
-    model = tiny_model()
+    model = tiny_model(**WORDS_MODEL)
     calls = []
 
     def signal_on_third_forward(module, inputs, output):
@@ -195,7 +191,7 @@ def nan_at_fifth_forward(model, where: str) -> None:
 
 @pytest.mark.parametrize(("where", "message"), [("loss", "loss is nan"), ("iterates", "NaN or infinite")])
 def test_nan_stops_training_before_the_update_and_keeps_the_last_good_checkpoint(tmp_path, where, message):
-    model = tiny_model()
+    model = tiny_model(**WORDS_MODEL)
     nan_at_fifth_forward(model, where)
     config = TrainConfig.for_task(
         "words", group="S3", sequence_length=6, batch_size=8, total_steps=8, log_every=1, checkpoint_every=2,
@@ -354,7 +350,7 @@ def test_nan_in_one_samples_iterates_stops_training(tmp_path, from_evaluation, m
     all) or 3 (the solve returns the sample's best finite image, and the loss stays
     finite) to the last of step 2's four-evaluation solve; the phantom step after it is
     left finite."""
-    model = tiny_model()
+    model = tiny_model(**WORDS_MODEL)
     steps, evaluations = [], []
 
     def count_steps(module, inputs, output):

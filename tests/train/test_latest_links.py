@@ -23,6 +23,7 @@ from implicitlm.models.errors import ModelLoadError
 from implicitlm.train.checkpoint import save_checkpoint
 
 from tests.support.lm_run import train_tiny_lm
+from tests.support.refusals import printed_error_line
 
 PROBE = torch.arange(3, 40).remainder(300)[None]
 
@@ -107,12 +108,6 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("implicitlm: error: "), err
-    return err[0]
-
-
 @pytest.mark.slow
 def test_nothing_saved_into_a_run_folder_changes_its_checkpoint_unnoticed(shards, tmp_path, capsys):
     """Before: another model's ``save_pretrained(RUN)`` replaced the checkpoint's config.json through
@@ -136,7 +131,7 @@ def test_nothing_saved_into_a_run_folder_changes_its_checkpoint_unnoticed(shards
         with pytest.raises((ModelLoadError, DataError), match=f"^{changed}"):
             load(run)
     assert main(["generate", str(run), "--prompt", "def", "--max-new-tokens", "2"]) == 2
-    assert changed in error_line(capsys)
+    assert changed in printed_error_line(capsys)
 
 
 def test_save_pretrained_does_not_write_through_a_link_of_a_folder(tmp_path):
@@ -173,7 +168,7 @@ def test_resume_refuses_to_remove_an_entry_of_the_users_where_the_run_links(name
     before = folder_bytes(run)
     command = ["train", "--data", str(shards), "--out", str(run), "--resume", "--train", "total_steps=2", *TINY_TRAINING]
     assert main(command) == 2
-    assert f"{run / name}: where a run links its latest checkpoint, and not a copy of" in error_line(capsys)
+    assert f"{run / name}: where a run links its latest checkpoint, and not a copy of" in printed_error_line(capsys)
     assert folder_bytes(run) == before and not (run / name).is_symlink()
 
 

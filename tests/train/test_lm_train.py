@@ -30,6 +30,7 @@ from implicitlm.train.trainer import parameter_groups, train
 
 from tests.support.contractive import make_contractive
 from tests.support.signals import signal_this_thread
+from tests.support.models import tiny_model
 
 SEQUENCE = 32
 
@@ -44,13 +45,9 @@ def shards(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def tiny_model(implicit: bool = True, vocab: int = 320):
-    torch.manual_seed(0)
-    options = dict(
-        architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8, head_dim=8,
-        chunk_size=16, implicit=implicit,
-    )
-    return build_model(config_from_options(options))
+def lm_model(implicit: bool = True, vocab: int = 320):
+    return tiny_model(architecture="mamba2", vocab_size=vocab, hidden_size=16, num_hidden_layers=1, state_size=8,
+                      head_dim=8, chunk_size=16, implicit=implicit)
 
 
 def train_config(**changes) -> TrainConfig:
@@ -67,7 +64,7 @@ def logged(run_dir: Path, key: str) -> list:
 
 
 def test_curriculum_switches_phase_and_budget_at_the_configured_step(shards, tmp_path):
-    train(tiny_model(), train_config(), tmp_path, data=shards, progress=False)
+    train(lm_model(), train_config(), tmp_path, data=shards, progress=False)
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
     assert logged(tmp_path, "train_max_iter") == [4, 4, 6, 6]
     assert all(n <= 4 for n in logged(tmp_path, "fp_iterations_max")[:2])
@@ -79,8 +76,8 @@ def test_gradient_accumulation_equals_one_large_batch(shards, tmp_path):
     whole = train_config(batch_size=4, total_steps=3, checkpoint_every=10)
     split = train_config(batch_size=2, total_steps=3, checkpoint_every=10)
     assert split.accumulation_steps(1) == 2
-    train(tiny_model(False), whole, tmp_path / "whole", data=shards, progress=False)
-    train(tiny_model(False), split, tmp_path / "split", data=shards, progress=False)
+    train(lm_model(False), whole, tmp_path / "whole", data=shards, progress=False)
+    train(lm_model(False), split, tmp_path / "split", data=shards, progress=False)
     torch.testing.assert_close(logged(tmp_path / "split", "loss"), logged(tmp_path / "whole", "loss"), atol=1e-6, rtol=0)
 
 
@@ -90,12 +87,12 @@ def test_batch_that_does_not_divide_is_refused():
 
 
 def test_keeps_the_last_checkpoints_only(shards, tmp_path):
-    train(tiny_model(), train_config(total_steps=6, checkpoint_every=1), tmp_path, data=shards, progress=False)
+    train(lm_model(), train_config(total_steps=6, checkpoint_every=1), tmp_path, data=shards, progress=False)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000005", "step_0000006"]
 
 
 def test_weight_decay_spares_norms_biases_ssm_parameters_and_weight_norm_magnitudes():
-    model = tiny_model()
+    model = lm_model()
     decay, no_decay = parameter_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = sorted(names[id(p)] for p in decay["params"])
@@ -112,7 +109,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     ids = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
     gradients = []
     for checkpointing in (False, True):
-        model = make_contractive(tiny_model()).train()
+        model = make_contractive(lm_model()).train()
         if checkpointing:
             model.activation_checkpointing_enable()
             assert model.stack.gradient_checkpointing
@@ -315,8 +312,8 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
     from implicitlm.train.guard import TrainingInterrupted
 
     config = train_config(total_steps=6, checkpoint_every=4, keep_checkpoints=4)
-    train(tiny_model(), config, tmp_path / "whole", data=shards, progress=False)
-    model, calls = tiny_model(), []
+    train(lm_model(), config, tmp_path / "whole", data=shards, progress=False)
+    model, calls = lm_model(), []
 
     def sigterm_on_third_forward(module, inputs, output):
         calls.append(1)
@@ -327,7 +324,7 @@ def test_sigterm_checkpoints_after_the_step_and_resume_continues_exactly(shards,
     with pytest.raises(TrainingInterrupted, match="SIGTERM after step 3") as stopped:
         train(model, config, tmp_path / "stopped", data=shards, progress=False)
     assert stopped.value.checkpoint.name == "step_0000003" and stopped.value.checkpoint.is_dir()
-    train(tiny_model(), config, tmp_path / "stopped", data=shards, resume=True, progress=False)
+    train(lm_model(), config, tmp_path / "stopped", data=shards, resume=True, progress=False)
     assert logged(tmp_path / "stopped", "step") == list(range(6))
     assert logged(tmp_path / "stopped", "loss") == logged(tmp_path / "whole", "loss")
 
@@ -374,13 +371,13 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_one_checkpoin
 
 
 def test_a_fresh_run_never_lands_on_an_earlier_one(shards, tmp_path):
-    train(tiny_model(), train_config(total_steps=6, keep_checkpoints=3), tmp_path, data=shards, progress=False)
+    train(lm_model(), train_config(total_steps=6, keep_checkpoints=3), tmp_path, data=shards, progress=False)
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file() and "tensorboard" not in path.parts}
     with pytest.raises(FileExistsError, match="holds a training run .*resume=True.*overwrite=True"):
-        train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
+        train(lm_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
     assert {path: path.read_bytes() for path in before} == before  # nothing appended, nothing pruned
     (tmp_path / "notes.txt").write_text("mine")
-    train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False, overwrite=True)
+    train(lm_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False, overwrite=True)
     assert logged(tmp_path, "step") == [0, 1]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
@@ -401,7 +398,7 @@ def test_train_command_refuses_an_earlier_run_in_one_line(shards, tmp_path, caps
 
 
 def test_the_cost_of_a_step_is_said_before_the_first_and_its_pace_after(shards, tmp_path, capsys):
-    train(tiny_model(), train_config(total_steps=3, batch_size=2, batch_tokens=4 * SEQUENCE), tmp_path, data=shards)
+    train(lm_model(), train_config(total_steps=3, batch_size=2, batch_tokens=4 * SEQUENCE), tmp_path, data=shards)
     err = capsys.readouterr().err
     tokens = 4 * SEQUENCE
     expected = f"one step: {tokens} tokens = 2 micro-batch(es) of 2 x {SEQUENCE} tokens on each of 1 process(es); 3 steps = {3 * tokens} tokens"
@@ -420,7 +417,7 @@ def test_paper_scale_defaults_are_warned_about_on_a_cpu_only():
 
 
 def test_a_trained_checkpoint_carries_the_end_of_text_id_that_generate_stops_at(shards, tmp_path):
-    train(tiny_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
+    train(lm_model(), train_config(total_steps=2), tmp_path, data=shards, progress=False)
     model = load_model(latest_checkpoint(tmp_path))
     eos = TokenShards(shards, "train").eos_token_id
     assert model.config.eos_token_id == model.generation_config.eos_token_id == eos
@@ -437,7 +434,7 @@ def test_both_tasks_run_the_one_loop(shards, tmp_path, capsys):
     config = TrainConfig.for_task("words", group="S3", sequence_length=6, batch_size=8, total_steps=2, log_every=1)
     train(words, config, tmp_path / "words")
     words_err = capsys.readouterr().err
-    train(tiny_model(), train_config(total_steps=2, bounded_fraction=1.0), tmp_path / "lm", data=shards)
+    train(lm_model(), train_config(total_steps=2, bounded_fraction=1.0), tmp_path / "lm", data=shards)
     lm_err = capsys.readouterr().err
     loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "train_max_iter", "fp_iterations_mean"}
     for run, own in (("words", "accuracy"), ("lm", "ppl")):
@@ -451,7 +448,7 @@ def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_p
 
     config = train_config(lr=1e30, warmup_steps=2, total_steps=6, checkpoint_every=1, keep_checkpoints=10)
     with pytest.raises(NumericalFault, match="not checkpointed|before its update"):
-        train(tiny_model(), config, tmp_path, data=shards, progress=False)
+        train(lm_model(), config, tmp_path, data=shards, progress=False)
     saved = latest_checkpoint(tmp_path)
     if saved is not None:
         from safetensors.torch import load_file
@@ -463,7 +460,7 @@ def test_an_update_that_blows_the_weights_up_is_never_checkpointed(shards, tmp_p
 def test_lm_eval_refuses_a_shard_with_a_flipped_byte(shards, tmp_path, capsys):
     import shutil
 
-    train(tiny_model(), train_config(total_steps=1), tmp_path / "run", data=shards, progress=False)
+    train(lm_model(), train_config(total_steps=1), tmp_path / "run", data=shards, progress=False)
     checkpoint = latest_checkpoint(tmp_path / "run")
     damaged = tmp_path / "damaged"
     shutil.copytree(shards, damaged)
@@ -494,10 +491,8 @@ def test_bf16_autocast_trains_and_evaluates_as_float32_does(shards, tmp_path, ar
              else dict(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32))
 
     def model():
-        torch.manual_seed(0)
-        options = dict(architecture=architecture, vocab_size=320, hidden_size=16, num_hidden_layers=1,
-                       implicit=True, **sizes)
-        return build_model(config_from_options(options))
+        return tiny_model(architecture=architecture, vocab_size=320, hidden_size=16, num_hidden_layers=1, implicit=True,
+                          **sizes)
 
     losses = {}
     for precision in ("no", "bf16"):

@@ -8,13 +8,13 @@ import torch
 
 from implicitlm.models import build_model, config_from_options, load_model
 from implicitlm.train.checkpoint import save_checkpoint
+from tests.support.models import tiny_model
 
 
 @pytest.mark.slow
 def test_a_checkpoint_has_a_model_card_and_still_loads(tmp_path):
-    torch.manual_seed(0)
-    model = build_model(config_from_options(dict(vocab_size=300, hidden_size=16, num_hidden_layers=2, state_size=8,
-                                                 head_dim=8, fixed_point={"max_iter": 40, "tol": 0.02})))
+    model = tiny_model(0, vocab_size=300, hidden_size=16, num_hidden_layers=2, state_size=8, head_dim=8,
+                       fixed_point={"max_iter": 40, "tol": 0.02})
     meta = {"step": 30, "processes": 1, "train": {"task": "lm", "sequence_length": 64, "batch_size": 4, "batch_tokens": 512}}
     path = save_checkpoint(tmp_path / "step_0000030", model, meta=meta)
     card = (path / "README.md").read_text()

@@ -9,7 +9,8 @@ from implicitlm.deq import OptionError
 from implicitlm.train.speed import compile_stack, resolve_precision
 from implicitlm.train.config import TrainConfig
 
-from tests.train.test_words_train import tiny_model
+from tests.train.test_words_train import WORDS_MODEL
+from tests.support.models import tiny_model
 
 
 # Inductor's own code calls the deprecated torch.jit.script_method: torch's warning, not ours.
@@ -22,7 +23,7 @@ def test_compiled_stack_keeps_names_outputs_and_gradients(backend):
     # "eager" runs dynamo's tracing of the stack (custom autograd function, weight-norm
     # parametrisation, per-layer states); "inductor", what the trainers' compile option uses,
     # also generates and compiles the fused kernels (C++ on a CPU).
-    eager, compiled = tiny_model(), tiny_model()
+    eager, compiled = tiny_model(**WORDS_MODEL), tiny_model(**WORDS_MODEL)
     compile_stack(compiled, backend=backend)
     assert list(compiled.state_dict()) == list(eager.state_dict())
     input_ids = torch.randint(0, 6, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -49,7 +50,7 @@ def test_the_trainer_rejects_an_unknown_precision():
 
 
 def test_bf16_autocast_forward_stays_close_to_float32():
-    model = tiny_model().eval()
+    model = tiny_model(**WORDS_MODEL).eval()
     input_ids = torch.randint(0, 6, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         reference = model(input_ids, max_iter=4).logits

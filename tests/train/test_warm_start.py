@@ -16,30 +16,20 @@ from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.data.corpus import read_documents
 from implicitlm.data.shard_writer import write_shards
 from implicitlm.data.tokenizer import train_tokenizer
-from implicitlm.models import ModelLoadError, build_model, config_from_options, load_model
+from implicitlm.models import ModelLoadError, build_model, load_model
 from implicitlm.models.convert import from_hf_mamba2, initialise_from
+from tests.support.models import SMALL, tiny_model, token_ids
 
 SEQUENCE, BATCH = 32, 4
-SMALL = {
-    "mamba2": dict(architecture="mamba2", hidden_size=16, num_hidden_layers=2, state_size=8, head_dim=8, chunk_size=8),
-    "llama": dict(architecture="llama", hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, intermediate_size=24),
-    "mamba": dict(architecture="mamba", hidden_size=16, num_hidden_layers=2, state_size=4, chunk_size=8),
-}
 
 
 def small_model(architecture: str, implicit: bool, seed: int, **changes):
-    torch.manual_seed(seed)
-    return build_model(config_from_options({**SMALL[architecture], "vocab_size": 64, "implicit": implicit, **changes}))
-
-
-def token_ids() -> torch.Tensor:
-    return torch.randint(0, 64, (2, 19), generator=torch.Generator().manual_seed(1))
+    return tiny_model(seed, **{**SMALL[architecture], "vocab_size": 64, "implicit": implicit, **changes})
 
 
 def logits(model, **kwargs) -> torch.Tensor:
     with torch.no_grad():
-        return model.eval()(token_ids(), **kwargs).logits
+        return model.eval()(token_ids(2, 19, seed=1, vocab=64), **kwargs).logits
 
 
 def effective_weights(model) -> dict[str, torch.Tensor]:

@@ -11,21 +11,15 @@ import torch
 
 from implicitlm.cli import main
 from implicitlm.deq import OptionError
-from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM, ModelLoadError, load_model
+from implicitlm.models import ModelLoadError, load_model
 from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
 from implicitlm.train.curriculum import Curriculum, Phase
 from implicitlm.train.schedule import planned
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import train
+from tests.support.models import tiny_model
 
-
-def tiny_model(implicit: bool = True) -> ImplicitMamba2ForCausalLM:
-    torch.manual_seed(0)
-    config = ImplicitMamba2Config(
-        vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=4, head_dim=8, implicit=implicit,
-        label_alignment="aligned",
-    )
-    return ImplicitMamba2ForCausalLM(config)
+WORDS_MODEL = dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=4, head_dim=8, label_alignment="aligned")
 
 
 def test_curriculum_phases_switch_at_their_boundaries():
@@ -50,7 +44,7 @@ def test_phase_options_are_validated():
 
 
 def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
-    model = tiny_model()
+    model = tiny_model(**WORDS_MODEL)
     config = TrainConfig.for_task(
         "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, bounded_max_iter=3,
         free_max_iter=7, free_tol=1e-12, log_every=1,
@@ -65,13 +59,13 @@ def test_generated_batches_are_reproducible(tmp_path):
     config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
     losses = []
     for run in ("a", "b"):
-        train(tiny_model(), config, tmp_path / run, progress=False)
+        train(tiny_model(**WORDS_MODEL), config, tmp_path / run, progress=False)
         losses.append([json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()])
     assert losses[0] == losses[1]
 
 
 def test_checkpoint_round_trip_and_replacement(tmp_path):
-    model = tiny_model()
+    model = tiny_model(**WORDS_MODEL)
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 3, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long)).loss.backward()
     optimizer.step()
@@ -88,7 +82,7 @@ def test_checkpoint_round_trip_and_replacement(tmp_path):
 
 
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    model = tiny_model()
+    model = tiny_model(**WORDS_MODEL)
     save_checkpoint(tmp_path / "ckpt", model, meta={"step": 1})
 
     def failing_save(*args, **kwargs):
@@ -102,8 +96,8 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_corrupt_training_state_is_a_clear_error(tmp_path):
-    state = {"optimizer": torch.optim.AdamW(tiny_model().parameters()).state_dict()}
-    save_checkpoint(tmp_path / "ckpt", tiny_model(), training_state=state)
+    state = {"optimizer": torch.optim.AdamW(tiny_model(**WORDS_MODEL).parameters()).state_dict()}
+    save_checkpoint(tmp_path / "ckpt", tiny_model(**WORDS_MODEL), training_state=state)
     (tmp_path / "ckpt" / "training_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="training_state.pt"):
         load_training_state(tmp_path / "ckpt")
@@ -111,7 +105,7 @@ def test_corrupt_training_state_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("damage", ["no_config", "bad_json", "foreign_type", "no_weights", "truncated_weights"])
 def test_damaged_model_directory_is_a_clear_error(tmp_path, damage):
-    save_checkpoint(tmp_path / "ckpt", tiny_model())
+    save_checkpoint(tmp_path / "ckpt", tiny_model(**WORDS_MODEL))
     config, weights = tmp_path / "ckpt" / "config.json", tmp_path / "ckpt" / "model.safetensors"
     if damage == "no_config":
         config.unlink()
@@ -156,7 +150,7 @@ def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
         "words", group="S3", sequence_length=5, batch_size=4, lr=0.01, min_lr=0.001, warmup_steps=0,
         decay_fraction=0.5, total_steps=4, bounded_fraction=0.5, free_max_iter=5, log_every=1,
     )
-    train(tiny_model(), config, tmp_path, progress=False)
+    train(tiny_model(**WORDS_MODEL), config, tmp_path, progress=False)
     logged = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # Each row logs the rate of the next step; the decay spans the free phase's two steps.
     expected = [0.01 * rate for rate in learning_rates(0, 4, 2, 0.1)[1:]] + [0.001]
@@ -166,13 +160,13 @@ def test_word_trainer_decays_over_the_last_share_of_all_phases(tmp_path):
 @pytest.mark.slow
 def test_a_fresh_word_run_refuses_or_replaces_an_earlier_one(tmp_path, capsys):
     config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
-    train(tiny_model(), config, tmp_path, progress=False)
+    train(tiny_model(**WORDS_MODEL), config, tmp_path, progress=False)
     log = (tmp_path / "metrics.jsonl").read_bytes()
     with pytest.raises(FileExistsError, match="holds a training run"):
-        train(tiny_model(), config, tmp_path, progress=False)
+        train(tiny_model(**WORDS_MODEL), config, tmp_path, progress=False)
     assert (tmp_path / "metrics.jsonl").read_bytes() == log
     shorter = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=2, log_every=1)
-    train(tiny_model(), shorter, tmp_path, progress=False, overwrite=True)
+    train(tiny_model(**WORDS_MODEL), shorter, tmp_path, progress=False, overwrite=True)
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     command = ["words", "train", "--out", str(tmp_path), "--no-progress", "--model", "hidden_size=16", "--model", "head_dim=8",
                "--train", "total_steps=1", "--train", "sequence_length=4", "--train", "batch_size=2"]
@@ -199,12 +193,12 @@ def test_a_run_resumed_with_more_steps_after_its_decay_began_decays_on_from_its_
                                   warmup_steps=0, decay_fraction=0.5, total_steps=4, log_every=1, checkpoint_every=1,
                                   keep_checkpoints=10)
     longer = dataclasses.replace(config, total_steps=8)
-    train(tiny_model(), config, tmp_path / "finished", progress=False)
+    train(tiny_model(**WORDS_MODEL), config, tmp_path / "finished", progress=False)
     shutil.copytree(tmp_path / "finished", tmp_path / "stopped", symlinks=True)
     shutil.rmtree(tmp_path / "stopped" / "checkpoints" / "step_0000004")  # stopped after step 3, in the decay
-    train(tiny_model(), longer, tmp_path / "finished", progress=False, resume=True)
+    train(tiny_model(**WORDS_MODEL), longer, tmp_path / "finished", progress=False, resume=True)
     assert [logged_rates(tmp_path / "finished")[step] for step in range(3, 8)] == pytest.approx([0.001] * 5)
-    train(tiny_model(), longer, tmp_path / "stopped", progress=False, resume=True)
+    train(tiny_model(**WORDS_MODEL), longer, tmp_path / "stopped", progress=False, resume=True)
     reached = planned(0, 4, 2, 0.1)(3)  # the share of the peak step 3 trained at
     shares = [0.1 + (reached - 0.1) * (1 - (p / 5) ** 0.5) for p in range(1, 5)]
     rates = logged_rates(tmp_path / "stopped")
@@ -212,7 +206,7 @@ def test_a_run_resumed_with_more_steps_after_its_decay_began_decays_on_from_its_
     # Stopped again after step 6: the resume goes on with the re-planned decay.
     for step in (7, 8):
         shutil.rmtree(tmp_path / "stopped" / "checkpoints" / f"step_{step:07d}")
-    train(tiny_model(), longer, tmp_path / "stopped", progress=False, resume=True)
+    train(tiny_model(**WORDS_MODEL), longer, tmp_path / "stopped", progress=False, resume=True)
     assert logged_rates(tmp_path / "stopped") == pytest.approx(rates)
 
 
@@ -220,9 +214,9 @@ def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = TrainConfig.for_task("words", group="S3", sequence_length=6, batch_size=8, total_steps=3, log_every=1)
-    train(tiny_model(), config, tmp_path, progress=False)
+    train(tiny_model(**WORDS_MODEL), config, tmp_path, progress=False)
     more = dataclasses.replace(config, total_steps=5)
-    train(tiny_model(), more, tmp_path, progress=False, resume=True)
+    train(tiny_model(**WORDS_MODEL), more, tmp_path, progress=False, resume=True)
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
@@ -266,11 +260,11 @@ def as_former_word_checkpoint(run) -> None:
 
 def test_a_checkpoint_of_the_former_word_trainer_loads_and_resumes_exactly(tmp_path):
     config = TrainConfig.for_task("words", **WORD_SETTINGS, checkpoint_every=2, keep_checkpoints=2)
-    train(tiny_model(), config, tmp_path / "whole", progress=False)
-    train(tiny_model(), config, tmp_path / "run", progress=False)
+    train(tiny_model(**WORDS_MODEL), config, tmp_path / "whole", progress=False)
+    train(tiny_model(**WORDS_MODEL), config, tmp_path / "run", progress=False)
     shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_0000004")  # as if stopped after step 2
     as_former_word_checkpoint(tmp_path / "run")
-    assert load_model(tmp_path / "run").num_parameters() == tiny_model().num_parameters()  # the run folder loads it
+    assert load_model(tmp_path / "run").num_parameters() == tiny_model(**WORDS_MODEL).num_parameters()  # the run folder loads it
     assert main(["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress",
                  "--train", "total_steps=4", "--train", "bounded_fraction=0.5"]) == 0
     losses = [[json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
