@@ -93,7 +93,7 @@ def destination(command: list[str], option: str) -> str:
 
 @pytest.mark.parametrize("command", [["generate", "ckpt", "--prompt", "a"], ["solver", "train", "ckpt", "--out", "o"],
                                      ["words", "eval", "ckpt"], ["corpus", "build", "src", "--tokenizer", "t", "--out", "o"]])
-@pytest.mark.parametrize("seed", [str(2**63), str(2**70), "-1"])
+@pytest.mark.parametrize("seed", [str(2**63), str(2**70), "-1", "9" * 400])
 def test_a_seed_beyond_what_torch_takes_is_refused_naming_the_option(command, seed):
     """Before: generate ran to torch.manual_seed's "Overflow when unpacking long long", naming no
     option; solver train took any integer, negative ones too."""

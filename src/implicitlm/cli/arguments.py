@@ -151,13 +151,14 @@ def _known_key(option: tuple[str, Any], known: Sequence[str], what: str) -> tupl
     return option
 
 
-def _number(text: str, convert, minimum, strict: bool, expected: str):
-    """``convert(text)``, at least ``minimum`` (above it when ``strict``), finite."""
+def _number(text: str, convert, minimum, strict: bool, expected: str, maximum=math.inf):
+    """``convert(text)``, at least ``minimum`` (above it when ``strict``), at most ``maximum``, finite."""
     try:
         value = convert(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= minimum and not (strict and value == minimum)):
+        finite = math.isfinite(value)  # an integer of 309 digits or more overflows a float here
+    except (ValueError, OverflowError):
+        value, finite = math.nan, False
+    if not (finite and minimum <= value <= maximum and not (strict and value == minimum)):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
@@ -181,11 +182,8 @@ def pass_budget(text: str) -> int:
     """A budget of passes per solve: 0 (solve to the tolerance) to the solver's limit."""
     from ..core.option_names import MAX_EVALUATIONS
 
-    expected = f"a number of passes from 0 (solve to the tolerance) to {MAX_EVALUATIONS}"
-    value = _number(text, int, 0, False, expected)
-    if value > MAX_EVALUATIONS:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
+    return _number(text, int, 0, False, f"a number of passes from 0 (solve to the tolerance) to {MAX_EVALUATIONS}",
+                   MAX_EVALUATIONS)
 
 
 def non_negative_int(text: str) -> int:
@@ -194,10 +192,7 @@ def non_negative_int(text: str) -> int:
 
 def seed(text: str) -> int:
     """A seed torch.manual_seed takes: one beyond 2**63 - 1 overflows its integer."""
-    value = _number(text, int, 0, False, "a seed, an integer from 0 to 2**63 - 1")
-    if value > 2**63 - 1:
-        raise argparse.ArgumentTypeError(f"expected a seed, an integer from 0 to 2**63 - 1, got {text!r}")
-    return value
+    return _number(text, int, 0, False, "a seed, an integer from 0 to 2**63 - 1", 2**63 - 1)
 
 
 def positive_float(text: str) -> float:
@@ -205,10 +200,7 @@ def positive_float(text: str) -> float:
 
 
 def fraction(text: str) -> float:
-    value = _number(text, float, 0.0, False, "a number in [0, 1]")
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+    return _number(text, float, 0.0, False, "a number in [0, 1]", 1.0)
 
 
 def _checked(check: Callable[[str], object], text: str) -> str:

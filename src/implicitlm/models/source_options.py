@@ -1,6 +1,6 @@
 """What the families' importers share: the refusal of a transformers setting not implemented
-here, and what Mamba1 and Mamba2 checkpoints have alike (the options their configs name the
-same, their weights' prefixes)."""
+here, the options every source config names alike, and what Mamba1 and Mamba2 checkpoints
+have alike (the options their configs name the same, their weights' prefixes)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ def refuse(condition: bool, setting: str) -> None:
         raise ModelLoadError(f"unsupported setting of the source model: {setting}")
 
 
+def shared_options(config) -> dict[str, Any]:
+    """The settings every family's transformers config names as ours does."""
+    return dict(
+        vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        initializer_range=config.initializer_range,
+    )
+
+
 def shared_mamba_options(config: MambaConfig | Mamba2Config) -> dict[str, Any]:
     """The settings Mamba1 and Mamba2 configs name alike, after the refusals they share."""
     refuse(config.use_bias, "use_bias=True (biases in in_proj / out_proj)")
@@ -31,15 +42,11 @@ def shared_mamba_options(config: MambaConfig | Mamba2Config) -> dict[str, Any]:
     # hidden_act is the conv's activation; the gate is silu whatever it says.
     refuse(config.hidden_act != "silu", f"hidden_act={config.hidden_act!r} (only silu)")
     return dict(
-        vocab_size=config.vocab_size,
-        tie_word_embeddings=config.tie_word_embeddings,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
+        shared_options(config),
         state_size=config.state_size,
         conv_kernel=config.conv_kernel,
         expand=config.expand,
         time_step_min=config.time_step_min,
         time_step_max=config.time_step_max,
         layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import LlamaConfig
 
-from ..source_options import refuse
+from ..source_options import refuse, shared_options
 
 # transformers' parameter prefixes -> ours; the layers' own names are the same in both.
 LLAMA_PREFIXES = {
@@ -24,14 +24,10 @@ def llama_options(config: LlamaConfig) -> dict[str, Any]:
     refuse(head_dim * config.num_attention_heads != config.hidden_size, f"head_dim={head_dim} (not hidden / heads)")
     refuse(rope_type != "default", f"rope_type={rope_type!r} (only the default RoPE)")
     return dict(
-        vocab_size=config.vocab_size,
-        tie_word_embeddings=config.tie_word_embeddings,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
+        shared_options(config),
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
         intermediate_size=config.intermediate_size,
         rope_theta=rope["rope_theta"],
         layer_norm_epsilon=config.rms_norm_eps,
-        initializer_range=config.initializer_range,
     )
