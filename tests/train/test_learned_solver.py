@@ -18,9 +18,9 @@ from implicitlm.core.targets import TargetExistsError
 from implicitlm.deq.initial_guess import GUESS_FILE
 from implicitlm.models import load_model
 from implicitlm.deq.learned_mixing import MIXING_FILE
-from implicitlm.train.learned_solver import (
-    CONFIGURATIONS, RECORD, choose_per_mode, mixing_improved, train_learned_solver,
-)
+from implicitlm.train.learned_solver import RECORD, train_learned_solver
+from implicitlm.train.mixing_fit import mixing_improved
+from implicitlm.train.solver_comparison import CONFIGURATIONS, choose_per_mode
 
 from tests.support.contractive import make_contractive
 from tests.support.lm_run import train_tiny_lm
@@ -111,6 +111,7 @@ def test_an_explicit_checkpoint_is_refused(tmp_path):
 @pytest.mark.slow
 def test_a_word_problem_run_gets_a_solver_on_fresh_words_and_scores_the_same(trained_s3, tmp_path, monkeypatch):
     import implicitlm.train.learned_solver as fitting
+    import implicitlm.train.solver_comparison as comparison
     from implicitlm.tasks.word_scoring import word_accuracy
     from implicitlm.tasks.words import held_out_words
 
@@ -118,7 +119,7 @@ def test_a_word_problem_run_gets_a_solver_on_fresh_words_and_scores_the_same(tra
     # The long words' check on fewer of them, and one timed run per configuration: the choice's
     # inputs, not its timing, are tested here.
     monkeypatch.setattr(fitting, "LONGER_COUNT", 8)
-    monkeypatch.setattr(fitting, "TIMED_RUNS", 1)
+    monkeypatch.setattr(comparison, "TIMED_RUNS", 1)
     # Fitted for 4 steps, the guess leads some tokens to another of the map's fixed points than z = 0
     # does (the S3 map has several): it is saved, but not chosen.
     rough = train_learned_solver(run, tmp_path / "rough", steps=4, batch_size=16, progress=False)

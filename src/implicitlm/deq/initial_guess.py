@@ -8,7 +8,7 @@ token's fixed point z*_{t-1}, and proposes z0 near z*_t; the solve then runs as 
 there. The stop test is the same, so the tolerance keeps its meaning. But a map may have
 several fixed points, and a trained model's answers are those of the one z = 0 leads to: a
 poor guess may lead elsewhere, which is why ``implicitlm solver train`` checks a held-out
-batch before it lets a guess be used (``train.learned_solver.choose_per_mode``).
+batch before it lets a guess be used (``train.solver_comparison.choose_per_mode``).
 
 In simultaneous mode the previous tokens' fixed points are unknown when the solve starts
 (but for a chunk's first token, whose predecessor the chunk before settled): the network
