@@ -27,7 +27,7 @@ def simultaneous_by_hand(model, passes: int) -> torch.Tensor:
     with torch.no_grad():
         embedded = model.embeddings(TOKENS)
         stack_map = model._stack_map(model._injected(embedded), None, None)
-        z = model._first_iterate(embedded)
+        z = model.learned_start.first_iterate(model, embedded)
         for _ in range(passes):
             z = stack_map(z)[0]
     return z

@@ -30,17 +30,16 @@ from ..core.run_folder import refuse_model_target
 from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
 from .inputs import (
-    check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
+    MODES, check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
     transformers_options,
 )
+from .learned_start import LearnedStart
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
-from .stack import BlockStack, StackState
+from .stack import BlockStack
 from .stack_passes import StackPasses
 from .token_graphs import TokenGraphs
 from .weight_cache import weights_once
-
-MODES = ("simultaneous", "sequential")
 
 
 class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
@@ -66,9 +65,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
         self.solver = FixedPointSolver(config.fixed_point_options)
-        # Kept out of the module tree (and so out of model.safetensors): separate files,
-        # saved and loaded beside the weights (deq/initial_guess.py, deq/learned_mixing.py).
-        self.__dict__["learned_guess"] = None
+        # A plain object, not a module: the guess it holds stays out of the weights (learned_start.py).
+        self.learned_start = LearnedStart()
+        # Kept out of the module tree (and so out of model.safetensors): a separate file,
+        # saved and loaded beside the weights (deq/learned_mixing.py).
         self.__dict__["learned_mixing"] = None
         self._tallies: list[ConvergenceTally] = []
         # The token steps of the ``decoding_graphs`` block the model is in (None: none).
@@ -195,14 +195,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         """The injection u of an implicit model (None for an explicit one)."""
         return self.injection(self.injection_norm(embedded)) if self.config.implicit else None
 
-    def _with_last_fixed_point(self, state: list | None, z: torch.Tensor) -> list | None:
-        """``state``, and where a learned guess starts the solves, the last token's fixed point
-        with it (``StackState``): the next call's first token starts from a guess that reads it."""
-        options = self.solver.options
-        if state is None or not self.config.implicit or all(options.initial_guess_for(mode) != "learned"
-                                                           for mode in MODES):
-            return state
-        return StackState(state, last_fixed_point=z[:, -1].detach())
+    @property
+    def learned_guess(self) -> InitialGuess | None:
+        """The learned initial guess the model holds (``learned_start``; None: none)."""
+        return self.learned_start.guess
 
     def attach_learned_guess(self, guess: InitialGuess | None, use: bool | None = True) -> None:
         """Keep ``guess`` with the model (saved beside its weights; None: none) and, with
@@ -210,7 +206,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         "learned"; else "zero", where ``initial_guess="learned"`` can turn it on; the
         per-mode ``simultaneous_initial_guess`` / ``sequential_initial_guess`` are cleared).
         ``use=None`` leaves the options as they are (a loaded model: its config says)."""
-        self.__dict__["learned_guess"] = guess
+        self.learned_start.guess = guess
         if use is None:
             return
         self.set_fixed_point_options(initial_guess="learned" if guess is not None and use else "zero",
@@ -356,7 +352,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
                                                              tol, self._chunk_length(chunk_length), passes=passes)
                 hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
                 logits = self._logits(z[:, kept_positions(logits_to_keep, labels)])
-                new_state = self._with_last_fixed_point(new_state, z)
+                new_state = self.learned_start.with_last_fixed_point(self, new_state, z)
         if stats is not None:
             for tally in self._tallies:
                 tally.add(stats)

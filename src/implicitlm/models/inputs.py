@@ -14,6 +14,9 @@ from ..core.errors import ArgumentTypeError, OptionError
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, check_field
 from .loss import IGNORE_INDEX
 
+# The inference modes a forward's ``mode`` names.
+MODES = ("simultaneous", "sequential")
+
 # Sampling divides the float32 logits by the temperature: at this one, logits up to 3.4e8
 # stay within float32's range (3.4e38); below it they may overflow to inf, and the
 # probabilities drawn from become NaN.

@@ -7,7 +7,6 @@ that missed the tolerance) or token by token, as an RNN; or, in an evaluation wi
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from typing import Iterator
 
@@ -20,7 +19,7 @@ from ..deq.fixed_passes import sequence_in_passes, solve_in_passes
 
 class StackPasses:
     """Mixed into ``ImplicitCausalLM``: these methods use its ``config``, ``stack``,
-    ``solver`` and ``training``."""
+    ``solver``, ``learned_start`` and ``training``."""
 
     @contextlib.contextmanager
     def probing(self) -> Iterator[None]:
@@ -131,7 +130,7 @@ class StackPasses:
         With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
         the pass that gave each sample's answer, as sequential mode does per token; training
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
-        z0 = torch.zeros_like(embedded) if self.training else self._first_iterate(embedded, previous, state)
+        z0 = torch.zeros_like(embedded) if self.training else self.learned_start.first_iterate(self, embedded, previous, state)
         if passes:
             tol = self.solver.options.budget(max_iter, tol, "simultaneous")[1]
             z, stats, next_state = solve_in_passes(self._stack_map(injection, state, padding), z0, passes, tol,
@@ -190,7 +189,7 @@ class StackPasses:
         max_iter, tol = self.solver.options.budget(max_iter, tol)
         if passes:
             z, state, stats = sequence_in_passes(self.stack.step, injection, state, self.config.hidden_size, passes, tol,
-                                                 self.solver.options, self._token_guess(embedded, previous))
+                                                 self.solver.options, self.learned_start.token_guess(self, embedded, previous))
             return z, stats, state
         z, state, stats = solve_sequence(
             self.stack.step,
@@ -202,60 +201,6 @@ class StackPasses:
             tol=tol,
             select_rows=self.stack.select_state,
             replace_rows=self.stack.replace_state_rows,
-            initial_guess=self._token_guess(embedded, previous),
+            initial_guess=self.learned_start.token_guess(self, embedded, previous),
         )
         return z, stats, state
-
-    def _first_iterate(self, embedded: torch.Tensor, previous: torch.Tensor | None = None, state=None) -> torch.Tensor:
-        """Where an inference solve over these tokens starts: the learned guess from each
-        token's embedding and, for the first token, the fixed point before it (``previous``)
-        and the state the tokens before it left (``state``), where known (the others' are not
-        known until the solve ends), or z = 0."""
-        guess = self._learned_guess("simultaneous")
-        if guess is None:
-            return torch.zeros_like(embedded)
-        known = None
-        if previous is not None:
-            known = torch.zeros_like(embedded)
-            known[:, 0] = previous
-        reads = self._first_token_reads(state, embedded.shape[1]) if guess.reads_state and state is not None else None
-        return guess(embedded, known, reads)
-
-    def _first_token_reads(self, state, length: int):
-        """Per-block queries (b, length, width) -> readouts of ``state`` by the first token's,
-        zeros for the others (whose states are not known yet)."""
-        def read(queries: list[torch.Tensor]) -> list[torch.Tensor]:
-            first = self.stack.read_state(state, [query[:, 0] for query in queries])
-            return [torch.cat([read[:, None], read.new_zeros(read.shape[0], length - 1, read.shape[-1])], dim=1)
-                    for read in first]
-
-        return read
-
-    def _token_guess(self, embedded: torch.Tensor, first_previous: torch.Tensor | None):
-        """(t, the previous token's fixed point, the state before token t) -> token t's first
-        iterate; None: z = 0. ``first_previous``: the fixed point before the first token,
-        where it is known."""
-        guess = self._learned_guess("sequential")
-        if guess is None:
-            return None
-        reads_state = guess.reads_state
-
-        def start(t: int, previous: torch.Tensor | None, state) -> torch.Tensor:
-            # A guess that does not read the state gets no reader: nothing is bound per token for it.
-            read = functools.partial(self.stack.read_state, state) if reads_state else None
-            return guess(embedded[:, t], first_previous if previous is None else previous, read)
-
-        return start
-
-    def _learned_guess(self, mode: str):
-        """The learned initial guess, on the model's device, where the options ask for it in
-        ``mode``; None: the solves start from z = 0."""
-        if self.solver.options.initial_guess_for(mode) != "learned":
-            return None
-        guess = self.learned_guess
-        if guess is None:
-            raise OptionError("initial_guess='learned', but this model has no learned initial guess "
-                              "(implicitlm solver train makes one)", arguments=("initial_guess",))
-        # Moved only where it is elsewhere: a module's ``to`` walks its parameters, at every token.
-        device = self.injection.weight.device
-        return guess if guess.out.weight.device == device else guess.to(device)
