@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from common import Table, median_seconds, paired_median_seconds
+from common import Table, median_seconds, paired_median_seconds, ratio
 
 from implicitlm.core.weights_digest import weights_sha256
 from implicitlm.data.shards import TokenShards
@@ -152,7 +152,6 @@ def main() -> None:
     base_score = score(explicit, windows, repeats)
     # The checkpoint's own options and guess, for the row of the model run as shipped (no flags).
     shipped, shipped_guess = implicit.solver.options, implicit.learned_guess
-    own_tol = shipped.tol  # what a K-pass answer's last step is held to in "not converged"
     implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, passes=0, initial_guess="zero", simultaneous_initial_guess="")
     tight_loss = score(implicit, windows, 1)[1]
     table = Table(
@@ -173,19 +172,20 @@ def main() -> None:
                                                  simultaneous_initial_guess="", sequential_initial_guess="")
                 ms, passes = decode(implicit, prompt, tokens, repeats)
                 seconds, loss, missed = score(implicit, windows, repeats)
-                table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", f"{ms / base_decode[0]:.2f}x",
-                          f"{passes:.2f}", f"{seconds:.2f}", f"{seconds / base_score[0]:.2f}x", f"{math.exp(loss):.2f}",
-                          f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}")
+                table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", ratio(ms, base_decode[0]),
+                          f"{passes:.2f}", f"{seconds:.2f}", ratio(seconds, base_score[0]),
+                          *quality_cells(loss, missed, tight_loss))
     for passes in (int(k) for k in args.passes.split(",") if k):
         for start, guess in starts.items():
             implicit.attach_learned_guess(guess, use=None)
-            implicit.set_fixed_point_options(passes=passes, tol=own_tol, initial_guess="zero" if start == "zero" else "learned",
+            # A K-pass answer's last step is held to the checkpoint's own tolerance in "not converged".
+            implicit.set_fixed_point_options(passes=passes, tol=shipped.tol, initial_guess="zero" if start == "zero" else "learned",
                                              simultaneous_initial_guess="", sequential_initial_guess="")
             table.add("implicit", f"{passes} passes", start, "-",
                       *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
     implicit.attach_learned_guess(shipped_guess, use=None)
     implicit.set_fixed_point_options(**shipped.to_dict())
-    table.add("implicit, as shipped", shipped.described_solver("simultaneous", shipped.passes), "its own",
+    table.add("implicit, as shipped", shipped.described_solver("simultaneous"), "its own",
               "-" if shipped.passes else f"{shipped.tol:g}",
               *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
@@ -203,8 +203,13 @@ def paired_cells(explicit, implicit, prompt: torch.Tensor, windows: torch.Tensor
     results: dict = {}
     scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results), repeats)
     loss, missed = results["loss"], results["missed"]
-    return [f"{ms:.2f}", f"{ms / base_ms:.2f}x", f"{per_token:.2f}", f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x",
-            f"{math.exp(loss):.2f}", f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}"]
+    return [f"{ms:.2f}", ratio(ms, base_ms), f"{per_token:.2f}", f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x",
+            *quality_cells(loss, missed, tight_loss)]
+
+
+def quality_cells(loss: float, missed: float, tight_loss: float) -> list[str]:
+    """Perplexity, its distance to the tight fixed point's, and the share of windows not converged."""
+    return [f"{math.exp(loss):.2f}", f"{math.exp(loss - tight_loss) - 1:+.2%}", f"{missed:.1%}"]
 
 
 def other_guesses(implicit: Path, folders: str) -> dict:

@@ -141,8 +141,9 @@ def passes_by_task(
     (``<task.budget_experiment>_passes.json`` and its figure: the quality against the passes, a
     curve per test length, each explicit model's a line per length)."""
     experiment = f"{task.budget_experiment}_passes"
+    files = record_files(out, experiment)
     by_time = Path(out) / f"{experiment}_time.png"
-    with claimed_outputs([*record_files(out, experiment), by_time], overwrite):
+    with claimed_outputs([*files, by_time], overwrite):
         model, test_sets = task.prepare("budget")
         rows = []
         for count in tqdm(sorted(set(passes)), desc="passes", disable=not progress):
@@ -161,12 +162,11 @@ def passes_by_task(
         record = make_record(experiment, task.checkpoint, model, metrics, curves, axes, rows=rows, explicit=twins,
                              mode=mode, **task.details())
         write_record(out, record)
-        plot_curves(curves, Path(out) / f"{experiment}.png", f"{task.budget_title} in passes ({mode} mode)", axes,
+        plot_curves(curves, files[1], f"{task.budget_title} in passes ({mode} mode)", axes,
                     horizontal=lines)
         plot_curves(time_curves(rows, twins, quality), by_time, f"{task.budget_title} against time ({mode} mode)",
                     {"x": "seconds per evaluation", "y": quality, "xscale": "log", "yscale": task.quality_scale})
-    return {"rows": rows + twins, "table": format_passes_table(rows + twins, quality),
-            "files": record_files(out, experiment)}
+    return {"rows": rows + twins, "table": format_passes_table(rows + twins, quality), "files": files}
 
 
 def time_curves(rows: list[dict[str, Any]], twins: list[dict[str, Any]], quality: str) -> list[dict[str, Any]]:
