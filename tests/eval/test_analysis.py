@@ -223,3 +223,14 @@ def test_budget_of_an_explicit_model_is_a_clean_error(tmp_path, capsys):
     code = main(["eval", "budget", "--task", "words", str(tmp_path / "explicit"), "--group", "S3", "--lengths", "8",
                  "--out", str(tmp_path / "o")])
     assert code == 2 and "explicit" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_word_passes_sweep_draws_a_curve_per_test_length(tmp_path, trained_s3):
+    """Before: the word task's test sets are windows, not lengths, and every curve came out empty."""
+    _, run = trained_s3
+    assert main(["eval", "budget", "--task", "words", str(run), "--lengths", "12,24", "--count", "16", "--passes", "1,2",
+                 "--out", str(tmp_path / "passes"), "--no-progress"]) == 0
+    record = json.loads((tmp_path / "passes" / "word_budget_passes.json").read_text())
+    assert [(c["label"], c["x"]) for c in record["curves"]] == [("length 12", [1, 2]), ("length 24", [1, 2])]
+    assert all(len(c["y"]) == 2 for c in record["curves"])

@@ -9,7 +9,7 @@ import pytest
 
 from implicitlm.cli import main
 from implicitlm.data.shards import TokenShards
-from implicitlm.eval.budget import time_curves
+from implicitlm.eval.budget import format_passes_table, time_curves
 
 from tests.support.contractive import make_contractive
 from tests.support.models import tiny_model
@@ -83,3 +83,11 @@ def test_a_passes_sweep_mixed_with_a_tolerance_sweep_is_refused_in_one_line(pair
         code, err = parser_exit.code, capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_passes_table_keeps_its_header_over_its_columns():
+    """Before: with no explicit model the column was as wide as "1" and its header pushed the others right."""
+    rows = [{"length": 8, "passes": k, "seconds": 0.1, "perplexity": 10.0, "fp_not_converged_share": 0.0} for k in (1, 2)]
+    header, *lines = format_passes_table(rows, "perplexity").splitlines()
+    assert all(len(line) == len(header) for line in lines)
+    assert header.index("perplexity") + len("perplexity") == lines[0].index("10.0000") + len("10.0000")

@@ -153,8 +153,8 @@ def passes_by_task(
         twins = [{**row, "passes": twin.checkpoint.name} for twin in explicit
                  for row in _timed(twin, twin.load(), test_sets, mode)]
         quality = task.quality
-        curves = [{"label": f"length {length}", "x": [r["passes"] for r in rows if r["length"] == length],
-                   "y": [r[quality] for r in rows if r["length"] == length]} for length in dict.fromkeys(test_sets)]
+        curves = [{"label": f"length {length}", "x": [r["passes"] for r in points], "y": [r[quality] for r in points]}
+                  for length, points in by_length(rows).items()]
         lines = {f"{row['passes']} (one pass), length {row['length']}: {row[quality]:.4g}": row[quality] for row in twins}
         metrics = {f"{name} L{row['length']} {row['passes']}": row[key] for row in rows + twins
                    for name, key in ((quality, quality), ("seconds", "seconds"))}
@@ -173,14 +173,21 @@ def time_curves(rows: list[dict[str, Any]], twins: list[dict[str, Any]], quality
     """The price of quality: the implicit model's points (one per K) and each explicit model's
     one point, ``quality`` against the seconds each evaluation took, a curve per test length."""
     curves = []
-    for length in dict.fromkeys(row["length"] for row in rows):
-        points = [row for row in rows if row["length"] == length]
+    for length, points in by_length(rows).items():
         passes = ", ".join(str(row["passes"]) for row in points)
         curves.append({"label": f"implicit, {passes} passes, length {length}", "x": [r["seconds"] for r in points],
                        "y": [r[quality] for r in points]})
         curves += [{"label": f"{row['passes']}, length {length}", "x": [row["seconds"]], "y": [row[quality]]}
                    for row in twins if row["length"] == length]
     return curves
+
+
+def by_length(rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """The rows of each test length, in the order the lengths first come."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row["length"], []).append(row)
+    return groups
 
 
 def _timed(task: Task, model, test_sets: list[Any], mode: str) -> list[dict[str, Any]]:
@@ -197,7 +204,7 @@ def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
     """A line per (test length, passes or explicit model): ``quality``, seconds, the share of
     answers whose last pass was above the tolerance."""
     width = max(12, len(quality) + 2)
-    name_width = max(len(str(row["passes"])) for row in rows) + 2
+    name_width = max(len("passes"), *(len(str(row["passes"])) for row in rows)) + 2
     lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{'not converged':>15}"]
     for row in rows:
         lines.append(f"{row['length']:>8}{str(row['passes']):>{name_width}}{row[quality]:>{width}.4f}{row['seconds']:>10.2f}"
