@@ -107,6 +107,12 @@ REHEARSED_TESTS = "test_steps_match_parallel_from_zero_state or test_gradients_m
 # not callable" there).
 GPU_SECTIONS = "generation"
 REHEARSED_SECTIONS = "training_step"  # the one section that takes seconds on a CPU
+# Steps whose kernels keep their smallest configuration, untuned (layers/ssd_kernel.py): those
+# that check results, not speed, and the A5xM run and the small benchmarks, whose many shapes
+# and float32 each cost a minute of tuning that filled their limits on a fresh machine (the
+# GPU runs of 2026-11-27). Timed against their own explicit twins, on the same kernels.
+UNTUNED_STEPS = ("kernel", "tests", "words", "benchmarks")
+KERNEL_TUNING = "IMPLICITLM_KERNEL_TUNING"  # the library's switch, read without importing torch here
 
 
 @dataclass
@@ -147,10 +153,11 @@ def step_environment(name: str, rehearse: bool) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(path for path in (str(ROOT / "benchmarks"), env.get("PYTHONPATH")) if path)
     # Triton autotunes mamba_ssm's kernels at every new shape (80 s of a first call on an H200)
     # and forgets it with the process; kept in one cache folder, a shape one step tuned is not
-    # tuned again by the next. (Keeping one configuration per kernel instead failed there: the
-    # first needs 289 KiB of shared memory, the H200 has 227.) The library keeps the tuning too
-    # (layers/ssd_kernel.py); said here as well, since a step may import the kernels first.
+    # tuned again by the next. The library keeps the tuning too (layers/ssd_kernel.py); said
+    # here as well, since a step may import the kernels first.
     env["TRITON_CACHE_AUTOTUNING"] = "1"
+    if name in UNTUNED_STEPS:
+        env[KERNEL_TUNING] = "smallest"
     env.setdefault("TRITON_CACHE_DIR", str(TRITON_CACHE))
     if not rehearse:
         paths = [str(SITE), str(ROOT / "src"), env.get("PYTHONPATH", "")]
@@ -207,6 +214,8 @@ def run_step(step: Step, limit_s: float, out: Path, rehearse: bool) -> Result:
     with open(log) as handle:
         handle.seek(offset)
         result.figures = FIGURE_READERS.get(step.name, read_figures)(handle.read())
+    if step.name in UNTUNED_STEPS:
+        result.figures["kernels"] = "untuned (smallest configuration)"
     print(f"{step.name}: {result.status} in {result.seconds:.0f} s", flush=True)
     return result
 

@@ -158,3 +158,16 @@ def test_state_reads_through_the_fused_kernel_equal_the_pure_path(monkeypatch):
     assert len(fused_kernel.calls) == 2  # the prefix's pass and the reads' scan
     for got, want in zip(fused, pure):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("tuning", ["tuned", "smallest"])
+def test_the_kernels_are_held_to_their_smallest_configuration_only_when_asked(monkeypatch, tuning):
+    from implicitlm.layers import ssd_kernel
+
+    with interpreted_fused_kernel(monkeypatch):
+        held = []
+        monkeypatch.setattr(ssd_kernel, "keep_smallest_configurations", lambda: held.append(True))
+        monkeypatch.setenv(ssd_kernel.KERNEL_TUNING, tuning)
+        ssd_kernel.fused_ssd_kernel.cache_clear()
+        assert ssd_kernel.fused_ssd_kernel() is not None
+        assert held == ([True] if tuning == "smallest" else [])

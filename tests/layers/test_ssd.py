@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
+import types
 
 import pytest
 import torch
 
+from implicitlm.core.errors import OptionError
 from implicitlm.layers import ssd as ssd_module
 from implicitlm.layers import ssd_chunked, ssd_kernel, ssd_reference, ssd_scan, ssd_step
 from implicitlm.layers.ssd import chunk_size_for
-from implicitlm.layers.ssd_kernel import KEEP_AUTOTUNING, pad_to_chunks
+from implicitlm.layers.ssd_kernel import KEEP_AUTOTUNING, KERNEL_TUNING, pad_to_chunks
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -230,3 +233,38 @@ def test_the_kernel_is_imported_with_autotuning_kept_across_processes_unless_the
     finally:
         ssd_kernel.fused_ssd_kernel.cache_clear()
     assert os.environ[KEEP_AUTOTUNING] == (users or "1")
+
+
+def test_a_kernel_tuning_other_than_tuned_or_smallest_is_refused_before_any_import(monkeypatch):
+    monkeypatch.setenv(KERNEL_TUNING, "fastest")
+    ssd_kernel.fused_ssd_kernel.cache_clear()
+    try:
+        with pytest.raises(OptionError, match=r"IMPLICITLM_KERNEL_TUNING='fastest' is not one of tuned, smallest"):
+            ssd_kernel.fused_ssd_kernel()
+    finally:
+        ssd_kernel.fused_ssd_kernel.cache_clear()
+
+
+def test_smallest_tuning_keeps_each_mamba_kernel_its_configuration_of_least_shared_memory(monkeypatch):
+    triton = pytest.importorskip("triton")
+    configs = [triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256}, num_stages=3),  # 98,304 elements in flight
+               triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64}, num_stages=4),  # 16,384
+               triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128}, num_stages=5)]  # 20,480
+
+    def autotuned():
+        @triton.autotune(configs=list(configs), key=["n"])
+        @triton.jit
+        def copy(x, n, BLOCK_SIZE_M: triton.language.constexpr, BLOCK_SIZE_N: triton.language.constexpr):
+            pass
+
+        return copy
+
+    ours, elsewhere = autotuned(), autotuned()
+    for name, kernel in [("mamba_ssm.ops.triton.tuned_here", ours), ("other_package.kernels", elsewhere)]:
+        module = types.ModuleType(name)
+        module.kernel = kernel
+        monkeypatch.setitem(sys.modules, name, module)
+    assert [ssd_kernel.tile_cost(c) for c in configs] == [98_304, 16_384, 20_480]
+    ssd_kernel.keep_smallest_configurations()
+    assert ours.configs == [configs[1]]
+    assert elsewhere.configs == configs  # another package's kernels are not ours to change

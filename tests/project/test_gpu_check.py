@@ -46,6 +46,19 @@ def test_every_step_runs_and_ends_ok(rehearsal):
     assert all(f"| {step.name} | ok |" in report for step in gpu_check.STEPS)
 
 
+def test_only_the_steps_that_time_training_decoding_and_scoring_tune_the_kernels(monkeypatch, rehearsal):
+    from implicitlm.layers.ssd_kernel import KERNEL_TUNING
+
+    monkeypatch.delenv(KERNEL_TUNING, raising=False)
+    untuned = {"kernel", "tests", "words", "benchmarks"}
+    for step in gpu_check.STEPS:
+        tuning = gpu_check.step_environment(step.name, rehearse=False).get(KERNEL_TUNING)
+        assert tuning == ("smallest" if step.name in untuned else None), step.name
+    _, summary = rehearsal
+    said = {step["step"] for step in summary["steps"] if "untuned" in step["figures"].get("kernels", "")}
+    assert said == untuned  # the report says which figures came from untuned kernels
+
+
 def test_the_output_folder_is_flat_and_small_enough_to_come_back_whole(rehearsal):
     out, _ = rehearsal
     entries = list(out.iterdir())

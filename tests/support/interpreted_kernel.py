@@ -10,7 +10,8 @@ exercised where no GPU is. What a CPU lacks is shimmed here, never in the librar
 - the kernels enter ``torch.cuda.device(index)`` and size the backward's grid by
   ``torch.cuda.get_device_properties(...).multi_processor_count``;
 - the autotuner benchmarks its configurations on a GPU ("0 active drivers" on a CPU), so
-  each kernel keeps one: the first, which is a configuration a GPU may pick as well.
+  each kernel keeps one, as ``IMPLICITLM_KERNEL_TUNING=smallest`` makes it do on a GPU: the
+  library's ``keep_smallest_configurations`` (undone with the modules on exit).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def interpreted_fused_kernel(monkeypatch) -> Iterator[FusedKernel]:
     package.__path__ = list(importlib.util.find_spec("mamba_ssm").submodule_search_locations)
     monkeypatch.setitem(sys.modules, "mamba_ssm", package)
     combined = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
-    _keep_one_configuration(monkeypatch)
+    ssd_kernel.keep_smallest_configurations()
     monkeypatch.setattr(torch.cuda, "device", lambda index=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device=None: types.SimpleNamespace(multi_processor_count=MULTIPROCESSORS))
@@ -86,12 +87,3 @@ def interpreted_fused_kernel(monkeypatch) -> Iterator[FusedKernel]:
             if name.startswith("mamba_ssm"):
                 del sys.modules[name]
 
-
-def _keep_one_configuration(monkeypatch) -> None:
-    from triton.runtime.autotuner import Autotuner
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("mamba_ssm.ops.triton"):
-            for value in vars(module).values():
-                if isinstance(value, Autotuner) and len(value.configs) > 1:
-                    monkeypatch.setattr(value, "configs", value.configs[:1])
