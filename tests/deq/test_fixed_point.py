@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, OptionError
+from implicitlm.deq.kept_state import KeptState
+from tests.support.host_reads import HostReads
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -164,6 +166,28 @@ def test_every_sample_iterations_match_hand_count(mode):
         _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode)).solve(f, z0, 300, 1e-8)
         expected = first_step_under(f, z0, 1e-8, mode)
     assert stats.iterations.tolist() == expected
+
+
+@pytest.mark.parametrize("solver", ["fixed_point_iter", "safeguarded_anderson"])
+@pytest.mark.parametrize("keeps_state", [False, True])
+def test_a_solve_reads_its_device_once_per_evaluation_and_once_per_sample_it_retires(solver, keeps_state):
+    """A host read is a host sync on a GPU: whether a sample is done is the one thing the loop
+    must know on the host; the best image, the residuals and the flags are kept by masks."""
+    f_map, (gain, bias) = TanhMap(), problems([0.2, 0.6, 0.9])
+
+    def f(z, rows=slice(None)):
+        return f_map(z, gain[rows], bias[rows])
+
+    kept = KeptState(lambda rows: lambda z: (f(z, slice(None) if rows is None else rows), [z.sum(-1)]),
+                     lambda state, rows: [state[0].index_select(0, rows)],
+                     lambda state, rows, new: [state[0].index_copy(0, rows, new[0])])
+    with torch.no_grad(), HostReads() as reads:
+        _, stats = FixedPointSolver(FixedPointOptions(solver=solver)).solve(
+            kept.f if keeps_state else f, torch.zeros(3, DIM, dtype=torch.float64), 300, 1e-8,
+            restrict=kept.restrict if keeps_state else None, on_improved=kept.improved if keeps_state else None)
+    assert stats.converged.all() and stats.evaluations >= 10
+    # One read per evaluation, one per sample retired (at most the batch), one at the end.
+    assert reads.count <= stats.evaluations + 3 + 1
 
 
 def test_budget_caps_evaluations_and_reports_failure():

@@ -101,7 +101,9 @@ def _least_squares_weights(xs: torch.Tensor, fs: torch.Tensor, history: torch.Te
     eye = torch.eye(memory, dtype=gram.dtype, device=gram.device)
     # Entries outside the history get a unit diagonal and a zero right-hand side: weight 0.
     system = gram + regularisation * scale[:, None, None] * eye + (~valid)[:, :, None] * eye
-    weights = torch.linalg.solve(system, valid.double().unsqueeze(-1)).squeeze(-1)
+    # solve_ex: no check of the factorisation on the host (a sync per step on a GPU); the
+    # regularised system is never singular.
+    weights = torch.linalg.solve_ex(system, valid.double().unsqueeze(-1))[0].squeeze(-1)
     weights = (weights / weights.sum(dim=1, keepdim=True)).to(fs.dtype)
     return weights, gram, valid
 

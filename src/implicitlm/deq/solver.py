@@ -325,20 +325,31 @@ class _RowTracker:
         abs_res = row_norms(fz_rows - z_rows)
         rel_res = abs_res / (row_norms(fz_rows) + 1e-9)
         residual = rel_res if self.relative else abs_res
-        self._keep_best(rows, fz_rows, abs_res, rel_res, residual)
         finite = torch.isfinite(residual)
-        # Bookkeeping only where something happened: this runs at every evaluation.
-        if not bool(finite.all()):
-            self.non_finite[rows[~finite]] = True
-            fz_rows = self._best_for_non_finite(rows, fz_rows, finite)
         converged = residual < self.tol  # False for NaN: a non-finite residual never converges
         # At the budget's last evaluation, a sample still running has hit the budget, whatever its residual.
         budget_left = self.calls < self.max_iter
         diverged = ~converged & (~finite | self._ran_away(rows, abs_res)) & budget_left
         done = converged | diverged | (not budget_left)
-        if bool(done.any()):
-            self.diverged[rows[diverged]] = True
-            self.stopped_at[rows[converged | diverged]] = self.calls
+        better = residual < self._best_residual(rows)  # never NaN: the best stays finite
+        # The one read of the device per evaluation (a host sync on a GPU): whether a sample is
+        # done, which changes the rows to run, and, for a caller that keeps more of the pass,
+        # whether every image improved. All else is decided on the device, by masks.
+        if self.on_improved is None:
+            any_done, all_better = bool(done.any()), False
+        else:
+            any_done, all_better = torch.stack([done.any(), better.all()]).tolist()
+        self._keep_best(rows, fz_rows, abs_res, rel_res, better)
+        if self.on_improved is not None:
+            self.on_improved(rows, None if all_better else better)
+        # The solver never sees a NaN, whose batched solves would spread it to other samples:
+        # a non-finite image is replaced by that sample's best one.
+        self._mark(self.non_finite, rows, ~finite)
+        fz_rows = torch.where(finite.view(-1, *[1] * (fz_rows.dim() - 1)), fz_rows, self._rows_of(self.best, rows))
+        if any_done:
+            self._mark(self.diverged, rows, diverged)
+            stopped = converged | diverged
+            self.stopped_at.index_copy_(0, rows, torch.where(stopped, self.calls, self.stopped_at.index_select(0, rows)))
             self._retire(rows, done)
         if self.active.numel() == 0:
             raise _SolveDone
@@ -376,28 +387,30 @@ class _RowTracker:
         self.row_evaluations += z.shape[0]
         return z_rows, self.f(z).index_select(0, rows)
 
-    def _keep_best(self, rows, fz_rows, abs_res, rel_res, residual) -> None:
+    def _best_residual(self, rows: torch.Tensor) -> torch.Tensor:
+        return self._rows_of(self.best_rel if self.relative else self.best_abs, rows)
+
+    def _rows_of(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         # Every evaluation runs this: on the whole batch (the usual case until the first
-        # sample freezes) it stays free of masked indexing, which costs more than the rest.
-        whole = rows.numel() == self.best.shape[0]
-        best_residual = self.best_rel if self.relative else self.best_abs
-        better = residual < (best_residual if whole else best_residual[rows])  # never NaN: the best stays finite
-        if whole:
-            if bool(better.all()):
-                self.best.copy_(fz_rows)
-                self.best_abs.copy_(abs_res)
-                self.best_rel.copy_(rel_res)
-                better = None
+        # sample freezes) it is the tensor itself, without a gather.
+        return tensor if rows.numel() == tensor.shape[0] else tensor.index_select(0, rows)
+
+    def _keep_best(self, rows, fz_rows, abs_res, rel_res, better) -> None:
+        """Each row's best image and residuals, by ``better`` on the device: a select, not a
+        masked indexing, which would read the mask's count on the host."""
+        for kept, new in ((self.best, fz_rows), (self.best_abs, abs_res), (self.best_rel, rel_res)):
+            chosen = torch.where(better.view(-1, *[1] * (new.dim() - 1)), new, self._rows_of(kept, rows))
+            if rows.numel() == kept.shape[0]:
+                kept.copy_(chosen)
             else:
-                self.best.copy_(torch.where(better.view(-1, *[1] * (fz_rows.dim() - 1)), fz_rows, self.best))
-                self.best_abs.copy_(torch.where(better, abs_res, self.best_abs))
-                self.best_rel.copy_(torch.where(better, rel_res, self.best_rel))
+                kept.index_copy_(0, rows, chosen)
+
+    def _mark(self, flags: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> None:
+        """``flags`` set on the ``rows`` where ``mask`` holds, without reading it on the host."""
+        if rows.numel() == flags.shape[0]:
+            flags |= mask
         else:
-            self.best.index_copy_(0, rows[better], fz_rows[better])
-            self.best_abs[rows[better]] = abs_res[better]
-            self.best_rel[rows[better]] = rel_res[better]
-        if self.on_improved is not None:
-            self.on_improved(rows, better)
+            flags.index_copy_(0, rows, flags.index_select(0, rows) | mask)
 
     def _ran_away(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Whether each row's absolute residual (its step length) has now been above
@@ -415,12 +428,6 @@ class _RowTracker:
             run = torch.where(residual > self.growth * self.first_abs[rows], self.far_run[rows] + 1, 0)
             self.far_run[rows] = run
         return run >= self.patience
-
-    def _best_for_non_finite(self, rows: torch.Tensor, fz_rows: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
-        """``fz_rows`` with each non-finite image replaced by that sample's best one: the
-        solver never sees a NaN, whose batched solves would spread it to other samples."""
-        bad = (~finite).nonzero().squeeze(1)
-        return fz_rows.index_copy(0, bad, self.best.index_select(0, rows[bad]))
 
     def _retire(self, rows: torch.Tensor, done: torch.Tensor) -> None:
         self.active = rows[~done]
