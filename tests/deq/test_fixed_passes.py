@@ -26,8 +26,8 @@ def simultaneous_by_hand(model, passes: int) -> torch.Tensor:
     """z_K of K passes of the stack over the whole sequence, from the model's first iterate."""
     with torch.no_grad():
         embedded = model.embeddings(TOKENS)
-        stack_map = model._stack_map(model._injected(embedded), None, None)
-        z = model.learned_start.first_iterate(model, embedded)
+        stack_map = model.stack_passes.stack_map(model._injected(embedded), None, None)
+        z = model.learned_start.first_iterate(model.solver.options, model.stack, embedded)
         for _ in range(passes):
             z = stack_map(z)[0]
     return z

@@ -13,7 +13,7 @@ import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.deq import OptionError
 from implicitlm.core.errors import NumericalFault
 
-from tests.support.models import family_model, token_ids
+from tests.support.models import family_model, token_ids, with_stack
 
 VOCAB = 24
 VARIANTS = [("mamba2", False), ("mamba2", True), ("llama", False), ("llama", True)]
@@ -337,7 +337,7 @@ class LinearChainStack(torch.nn.Module):
 
 def test_chunk_rows_that_miss_the_tolerance_are_solved_again_in_smaller_chunks():
     model = make_model("llama", True)
-    model.stack = LinearChainStack(model.config.hidden_size, a=0.5, b=0.4)
+    with_stack(model, LinearChainStack(model.config.hidden_size, a=0.5, b=0.4))
     ids = tokens(3, 8, seed=24)
     with torch.no_grad():
         exact = model(ids, chunk_length=0, max_iter=4000, tol=1e-9)
@@ -353,7 +353,7 @@ def test_chunk_rows_that_miss_the_tolerance_are_solved_again_in_smaller_chunks()
 
 def test_a_chunked_solve_fails_on_nonconvergence_only_after_its_retries():
     model = make_model("llama", True)
-    model.stack = LinearChainStack(model.config.hidden_size, a=0.5, b=0.4)
+    with_stack(model, LinearChainStack(model.config.hidden_size, a=0.5, b=0.4))
     model.set_fixed_point_options(nonconvergence="error")
     ids = tokens(2, 8, seed=28)
     with torch.no_grad():

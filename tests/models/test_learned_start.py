@@ -42,14 +42,14 @@ def test_each_mode_starts_from_the_guess_only_where_its_options_ask_for_it():
     start, guess = model.learned_start, model.learned_guess
     with torch.no_grad():
         embedded = model.embeddings(token_ids(2, 5, seed=1, vocab=VOCAB))
-        assert torch.equal(start.first_iterate(model, embedded), guess(embedded))
-        assert start.token_guess(model, embedded, None) is None
+        assert torch.equal(start.first_iterate(model.solver.options, model.stack, embedded), guess(embedded))
+        assert start.token_guess(model.solver.options, model.stack, embedded, None) is None
         model.set_fixed_point_options(simultaneous_initial_guess="zero", sequential_initial_guess="learned")
-        assert torch.equal(start.first_iterate(model, embedded), torch.zeros_like(embedded))
+        assert torch.equal(start.first_iterate(model.solver.options, model.stack, embedded), torch.zeros_like(embedded))
         previous = torch.randn(2, 16)
         state = model.stack.initial_state(2, embedded.device, embedded.dtype)
         read = functools.partial(model.stack.read_state, state)
-        assert torch.equal(start.token_guess(model, embedded, previous)(3, None, state),
+        assert torch.equal(start.token_guess(model.solver.options, model.stack, embedded, previous)(3, None, state),
                            guess(embedded[:, 3], previous, read))
 
 
@@ -60,8 +60,8 @@ def test_a_returned_state_carries_the_last_fixed_point_only_where_a_guess_starts
     with torch.no_grad():
         state = model(tokens, use_cache=True).state
         assert not isinstance(state, StackState)
-        assert model.learned_start.with_last_fixed_point(model, state, z) is state
+        assert model.learned_start.with_last_fixed_point(model.solver.options, state, z) is state
         model.set_fixed_point_options(sequential_initial_guess="learned")
-        carried = model.learned_start.with_last_fixed_point(model, state, z)
+        carried = model.learned_start.with_last_fixed_point(model.solver.options, state, z)
         assert list(carried) == list(state) and torch.equal(carried.last_fixed_point, z[:, -1])
         assert isinstance(model(tokens, use_cache=True).state, StackState)

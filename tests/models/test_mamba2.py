@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.support.models import assert_logits_close, assert_modes_agree, contractive_model, tiny_model, token_ids
+from tests.support.models import (
+    assert_logits_close, assert_modes_agree, contractive_model, tiny_model, token_ids, with_stack,
+)
 from implicitlm.data.words import prefix_products
 from implicitlm.deq import OptionError
 from implicitlm.models import ImplicitMamba2Config, ImplicitMamba2ForCausalLM
@@ -133,8 +135,7 @@ def oracle_model(labels: torch.Tensor, alignment: str) -> ImplicitMamba2ForCausa
     model = make_model(implicit=False, hidden_size=16, label_alignment=alignment)
     with torch.no_grad():
         model.embeddings.weight.copy_(torch.eye(16))
-    model.stack = FixedOutputStack(1e4 * F.one_hot(labels, 16).float())
-    return model
+    return with_stack(model, FixedOutputStack(1e4 * F.one_hot(labels, 16).float()))
 
 
 def test_aligned_loss_is_zero_for_the_true_prefix_products():

@@ -45,6 +45,14 @@ def family_model(architecture: str, implicit: bool, vocab: int, dtype: torch.dty
     return contractive_model(dtype=dtype, **options) if implicit else tiny_model(**options).to(dtype).eval()
 
 
+def with_stack(model, stack):
+    """``model`` running ``stack`` in place of its own: the module its weights are named by and
+    the one its passes (``model.stack_passes``) run, in the model's mode (training or not), which
+    the passes read off the stack."""
+    model.stack = model.stack_passes.stack = stack.train(model.training)
+    return model
+
+
 def token_ids(batch: int, length: int, seed: int, vocab: int) -> torch.Tensor:
     """``batch`` rows of ``length`` token ids below ``vocab``, drawn from their own generator."""
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))

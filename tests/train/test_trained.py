@@ -89,7 +89,7 @@ def test_sequential_fixed_points_solve_the_simultaneous_equation_at_eight_times_
         output = model(x, mode="sequential", max_iter=400, tol=tol, output_hidden_states=True)
         assert bool(output.fixed_point.converged.all())
         z = output.hidden_states[-1]
-        f = model._stack_map(model.injection(model.injection_norm(model.embeddings(x))), None, None)
+        f = model.stack_passes.stack_map(model.injection(model.injection_norm(model.embeddings(x))), None, None)
         fz, f_elsewhere = f(z)[0], f(z + 0.1 * torch.randn_like(z))[0]
     # Each token hands on the state of the pass that gave its solution, so the parallel pass sees
     # states within the tolerance of those: its per-token residual is about the one the solve stopped at.
@@ -108,7 +108,7 @@ def test_a_converging_sample_whose_step_grows_first_is_kept_to_the_fixed_point(t
     x = torch.from_numpy(inputs.astype(np.int64))
     with torch.no_grad():
         embedded = model.embeddings(x)
-        f = model._stack_map(model.injection(model.injection_norm(embedded)), None, None)
+        f = model.stack_passes.stack_map(model.injection(model.injection_norm(embedded)), None, None)
         z, steps = torch.zeros_like(embedded), []
         for _ in range(40):
             fz = f(z)[0]

@@ -42,7 +42,7 @@ from .token_graphs import TokenGraphs
 from .weight_cache import weights_once
 
 
-class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
+class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     # A recurrent state cannot be rolled back to an earlier token, so transformers refuses
     # the generation modes that would need it (assisted decoding).
@@ -64,9 +64,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
             self.injection = nn.Linear(config.hidden_size, self.stack.layers[0].injection_size, bias=False)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
-        self.solver = FixedPointSolver(config.fixed_point_options)
         # A plain object, not a module: the guess it holds stays out of the weights (learned_start.py).
         self.learned_start = LearnedStart()
+        # The stack's passes in each mode, a plain object too: it adds no weights (stack_passes.py).
+        self.stack_passes = StackPasses(stack, config, self.learned_start, FixedPointSolver(config.fixed_point_options))
         # Kept out of the module tree (and so out of model.safetensors): a separate file,
         # saved and loaded beside the weights (deq/learned_mixing.py).
         self.__dict__["learned_mixing"] = None
@@ -123,11 +124,20 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         # there is no separate module for transformers to tie.
         return None if self.config.tie_word_embeddings else self.lm_head
 
+    @property
+    def solver(self) -> FixedPointSolver:
+        """The solver of every solve: the passes' (one home, replaced whole by the methods below)."""
+        return self.stack_passes.solver
+
+    def probing(self) -> contextlib.AbstractContextManager[None]:
+        """Inside the block every forward probes the memory its batch takes (``StackPasses.probing``)."""
+        return self.stack_passes.probing()
+
     def set_fixed_point_options(self, **changes) -> None:
         """Change solver options in place (curriculum phases, evaluation budgets)."""
         options = self.solver.options.replace(**changes)
         self.config.fixed_point = options.to_dict()
-        self.solver = FixedPointSolver(options, self.learned_mixing)
+        self.stack_passes.solver = FixedPointSolver(options, self.learned_mixing)
 
     @torch.no_grad()
     def solve_fixed_point(self, input_ids: torch.Tensor, max_iter: int | None = None, tol: float | None = None):
@@ -135,11 +145,12 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         stats for ``input_ids``, by an inference solve in simultaneous mode with this budget, to
         the tolerance whatever ``passes`` says: what a learned solver is fitted to."""
         self._require_fixed_point(input_ids)
-        max_iter, tol, _ = self._call_budget(max_iter, tol, passes=0)
+        stack_passes = self.stack_passes
+        max_iter, tol, _ = stack_passes.call_budget(max_iter, tol, passes=0)
         with weights_once(self):
             embedded = self.embeddings(input_ids)
-            z, stats, _ = self._simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
-                                             self._chunk_length(None))
+            z, stats, _ = stack_passes.simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
+                                                    stack_passes.chunk_length(None))
         return embedded, z, stats
 
     @contextlib.contextmanager
@@ -152,7 +163,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         with weights_once(self):
             with torch.no_grad():
                 embedded = self.embeddings(input_ids)
-                stack_map = self._stack_map(self._injected(embedded), None, None)
+                stack_map = self.stack_passes.stack_map(self._injected(embedded), None, None)
             yield embedded, lambda z: stack_map(z)[0]
 
     @contextlib.contextmanager
@@ -216,7 +227,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         """Keep ``mixing`` with the model (saved beside its weights; None: none), the mixing
         of every solve by "learned_anderson" (``use_solver`` or the per-mode solvers pick it)."""
         self.__dict__["learned_mixing"] = mixing
-        self.solver = FixedPointSolver(self.solver.options, mixing)
+        self.stack_passes.solver = FixedPointSolver(self.solver.options, mixing)
 
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both
@@ -322,7 +333,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = transformers_options(kwargs)
         check_forward_inputs(self, input_ids, inputs_embeds, attention_mask, state, labels)
-        max_iter, tol, passes = self._call_budget(max_iter, tol, passes)
+        stack_passes = self.stack_passes
+        max_iter, tol, passes = stack_passes.call_budget(max_iter, tol, passes)
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
@@ -346,13 +358,13 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
                 embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
                 injection = self._injected(embedded)
                 if mode == "sequential":
-                    z, stats, new_state = self._sequential(embedded, injection, state, max_iter, tol, passes)
+                    z, stats, new_state = stack_passes.sequential(embedded, injection, state, max_iter, tol, passes)
                 else:
-                    z, stats, new_state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter,
-                                                             tol, self._chunk_length(chunk_length), passes=passes)
-                hidden_states = self._hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
+                    z, stats, new_state = stack_passes.simultaneous(
+                        embedded, injection, state, padding, use_cache, max_iter, tol,
+                        stack_passes.chunk_length(chunk_length), passes)
+                hidden_states = stack_passes.hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
                 logits = self._logits(z[:, kept_positions(logits_to_keep, labels)])
-                new_state = self.learned_start.with_last_fixed_point(self, new_state, z)
         if stats is not None:
             for tally in self._tallies:
                 tally.add(stats)
@@ -368,20 +380,6 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
     def _logits(self, z: torch.Tensor) -> torch.Tensor:
         head = self.embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
         return F.linear(z, head)[..., : self.config.vocab_size]
-
-    def _hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
-        """Every block's input and the stack's output, from one more pass of the stack: at
-        the fixed point z* for an implicit model (its output f(z*) is replaced by z*
-        itself, what the head reads); over the embeddings for an explicit one. A pass over
-        the whole sequence from the state the call began with equals the token-by-token
-        steps, so sequential mode gets the same from it."""
-        collected: list[torch.Tensor] = []
-        if self.config.implicit:
-            self.stack(z, injection, state, padding, hidden_states=collected)
-            collected[-1] = z
-        else:
-            self.stack(embedded, None, state, padding, hidden_states=collected)
-        return tuple(collected)
 
     def prepare_inputs_for_generation(
         self,

@@ -13,37 +13,52 @@ from typing import Iterator
 import torch
 
 from ..core.errors import OptionError
-from ..deq import FixedPointOptions, KeptState, chain_chunks, solve_sequence, with_retried_rows
+from ..deq import FixedPointOptions, FixedPointSolver, KeptState, chain_chunks, solve_sequence, with_retried_rows
 from ..deq.fixed_passes import sequence_in_passes, solve_in_passes
+from .learned_start import LearnedStart
 
 
 class StackPasses:
-    """Mixed into ``ImplicitCausalLM``: these methods use its ``config``, ``stack``,
-    ``solver``, ``learned_start`` and ``training``."""
+    """A model's passes (``ImplicitCausalLM.stack_passes``): held by the model, not a module of
+    it, so its weights and their names are the model's alone.
+
+    It holds what it reads and nothing else: the ``stack`` it runs, the model's ``config``, the
+    ``learned_start`` its inference solves start from and the ``solver``, which the model hands
+    it anew whenever it replaces its own (``ImplicitCausalLM.solver`` is this one). The training
+    flag is the stack's: ``train()`` / ``eval()`` of the model set it on every submodule. No
+    reference back to the model: none keeps a dropped model alive, and a deep copy of a model
+    copies its passes onto the copy's stack. A caller that swaps a model's stack swaps it here too."""
+
+    def __init__(self, stack, config, learned_start: LearnedStart, solver: FixedPointSolver) -> None:
+        self.stack, self.config, self.learned_start, self.solver = stack, config, learned_start, solver
+        self._probe_budget: tuple | None = None
+
+    @property
+    def training(self) -> bool:
+        return self.stack.training
 
     @contextlib.contextmanager
     def probing(self) -> Iterator[None]:
         """Inside the block every forward probes the memory its batch takes: each solve stops at
         its first evaluation (a solve without gradients holds as much whatever its iterations),
         to an infinite tolerance, so that it counts as converged and no convergence check
-        fails a probe. A caller's own budget cannot ask for that (``_call_budget``)."""
+        fails a probe. A caller's own budget cannot ask for that (``call_budget``)."""
         self._probe_budget = (1, math.inf)
         try:
             yield
         finally:
             self._probe_budget = None
 
-    def _call_budget(self, max_iter, tol, passes=None) -> tuple:
+    def call_budget(self, max_iter, tol, passes=None) -> tuple:
         """A call's ``(max_iter, tol, passes)``, each held to the rule ``set_fixed_point_options``
         holds the option it stands in for to; ``passes`` None: the options' own. Training and
         ``probing`` (one evaluation) solve to a tolerance: their ``passes`` is 0."""
         FixedPointOptions.check_call_budget(max_iter, tol, training=self.training, passes=passes)
-        probe = getattr(self, "_probe_budget", None)
-        if probe or self.training:
-            return (*(probe or (max_iter, tol)), 0)
+        if self._probe_budget or self.training:
+            return (*(self._probe_budget or (max_iter, tol)), 0)
         return max_iter, tol, self.solver.options.passes if passes is None else passes
 
-    def _chunk_length(self, chunk_length: int | None) -> int:
+    def chunk_length(self, chunk_length: int | None) -> int:
         """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
         implicit model's evaluation chunks: training differentiates through one solve."""
         if chunk_length is None:
@@ -52,16 +67,30 @@ class StackPasses:
             raise OptionError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
         return chunk_length if self.config.implicit and not self.training else 0
 
+    def simultaneous(
+        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
+        passes: int = 0,
+    ):
+        """(z, the solve's stats, the state after the tokens) of the tokens ``embedded`` (an
+        implicit model's injection ``injection``) from ``state``, all at once: the stack's one pass
+        (explicit) or its fixed point to ``tol`` within ``max_iter``, in chunks of ``chunk_length``
+        (0: the whole sequence); ``passes``: that many passes per solve (each chunk's), never checked
+        nor retried (0: to ``tol``). The state (with ``use_cache``, else None) carries the last
+        fixed point where a learned guess starts the next call (``LearnedStart``)."""
+        if not self.config.implicit:
+            z, state = self.stack(embedded, None, state, padding)
+            return z, None, state
+        z, stats, state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol, chunk_length,
+                                             passes=passes)
+        return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
+
     def _simultaneous(
         self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
         retrying: bool = False, passes: int = 0,
     ):
-        """``retrying``: a retry inside a chunked solve, whose convergence the outer solve
-        checks once all its retries are done (``nonconvergence="error"``). ``passes``: that
-        many passes per solve (each chunk's), never checked nor retried (0: to ``tol``)."""
-        if not self.config.implicit:
-            z, state = self.stack(embedded, None, state, padding)
-            return z, None, state
+        """An implicit model's ``simultaneous``. ``retrying``: a retry inside a chunked solve,
+        whose convergence the outer solve checks once all its retries are done
+        (``nonconvergence="error"``)."""
         # A learned guess reads the fixed point before each chunk's first token, where it is known:
         # the previous chunk's last one, or the one a state this model returned carries.
         previous = getattr(state, "last_fixed_point", None)
@@ -130,10 +159,11 @@ class StackPasses:
         With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
         the pass that gave each sample's answer, as sequential mode does per token; training
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
-        z0 = torch.zeros_like(embedded) if self.training else self.learned_start.first_iterate(self, embedded, previous, state)
+        z0 = torch.zeros_like(embedded) if self.training else self.learned_start.first_iterate(
+            self.solver.options, self.stack, embedded, previous, state)
         if passes:
             tol = self.solver.options.budget(max_iter, tol, "simultaneous")[1]
-            z, stats, next_state = solve_in_passes(self._stack_map(injection, state, padding), z0, passes, tol,
+            z, stats, next_state = solve_in_passes(self.stack_map(injection, state, padding), z0, passes, tol,
                                                    self.solver.options)
             return z, stats, next_state if use_cache else None
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
@@ -151,8 +181,8 @@ class StackPasses:
         """rows (None: all) -> z -> (f(z, u), the state after the pass), on those rows."""
         def on_rows(rows: torch.Tensor | None):
             if rows is None:
-                return self._stack_map(injection, state, padding)
-            return self._stack_map(
+                return self.stack_map(injection, state, padding)
+            return self.stack_map(
                 injection.index_select(0, rows),
                 None if state is None else self.stack.select_state(state, rows),
                 None if padding is None else padding.index_select(0, rows),
@@ -160,7 +190,7 @@ class StackPasses:
 
         return on_rows
 
-    def _stack_map(self, injection: torch.Tensor, state, padding):
+    def stack_map(self, injection: torch.Tensor, state, padding):
         """z -> (f(z, u), the state after the pass): one pass of the stack over the sequence."""
         keep = None if padding is None else padding.unsqueeze(-1).to(injection.dtype)
 
@@ -172,8 +202,10 @@ class StackPasses:
 
         return f
 
-    def _sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None,
-                    passes: int = 0):
+    def sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None,
+                   passes: int = 0):
+        """``simultaneous``'s (z, stats, state after the tokens), token by token, as an RNN: each
+        token's own fixed point (or ``passes`` steps) from the state the previous one left."""
         batch, length, _ = embedded.shape
         # A state this model returned carries its last token's fixed point, which a learned
         # guess reads for the first token here (a decoding step's one token).
@@ -187,20 +219,28 @@ class StackPasses:
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
         max_iter, tol = self.solver.options.budget(max_iter, tol)
+        token_guess = self.learned_start.token_guess(self.solver.options, self.stack, embedded, previous)
         if passes:
             z, state, stats = sequence_in_passes(self.stack.step, injection, state, self.config.hidden_size, passes, tol,
-                                                 self.solver.options, self.learned_start.token_guess(self, embedded, previous))
-            return z, stats, state
-        z, state, stats = solve_sequence(
-            self.stack.step,
-            injection,
-            state,
-            self.solver,
-            self.config.hidden_size,
-            max_iter=max_iter,
-            tol=tol,
-            select_rows=self.stack.select_state,
-            replace_rows=self.stack.replace_state_rows,
-            initial_guess=self.learned_start.token_guess(self, embedded, previous),
-        )
-        return z, stats, state
+                                                 self.solver.options, token_guess)
+        else:
+            z, state, stats = solve_sequence(
+                self.stack.step, injection, state, self.solver, self.config.hidden_size, max_iter=max_iter, tol=tol,
+                select_rows=self.stack.select_state, replace_rows=self.stack.replace_state_rows,
+                initial_guess=token_guess,
+            )
+        return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
+
+    def hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
+        """Every block's input and the stack's output, from one more pass of the stack: at
+        the fixed point z* for an implicit model (its output f(z*) is replaced by z*
+        itself, what the head reads); over the embeddings for an explicit one. A pass over
+        the whole sequence from the state the call began with equals the token-by-token
+        steps, so sequential mode gets the same from it."""
+        collected: list[torch.Tensor] = []
+        if self.config.implicit:
+            self.stack(z, injection, state, padding, hidden_states=collected)
+            collected[-1] = z
+        else:
+            self.stack(embedded, None, state, padding, hidden_states=collected)
+        return tuple(collected)

@@ -52,8 +52,8 @@ class TokenGraphs:
 
         def token_forward(ids: torch.Tensor, before: Any):
             embedded = model.embeddings(ids)
-            z, stats, after = model._sequential(embedded, model._injected(embedded), before, *budget)
-            return model._logits(z), stats, model.learned_start.with_last_fixed_point(model, after, z)
+            z, stats, after = model.stack_passes.sequential(embedded, model._injected(embedded), before, *budget)
+            return model._logits(z), stats, after
 
         key = (input_ids.shape[0], input_ids.device, model.dtype, budget, isinstance(state, StackState))
         return self(key, token_forward, input_ids, state)
