@@ -51,6 +51,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
 
     # Each family's block: built from the config, with an ``injection_size`` (the width of u).
     block_class: type[nn.Module]
+    # ``loading.load_pretrained``, handed over by models/__init__.py: the loader reads the
+    # families' table, whose classes are built on this one, so this module cannot import it.
+    pretrained_loader: Callable[..., PreTrainedModel]
 
     def __init__(self, config) -> None:
         # The stack draws its random initialisation first, the embeddings after: the order
@@ -89,10 +92,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin, StackPasses):
         directory's config, weights' digest, weight names, shapes and values and its
         generation config; a run folder loads its latest checkpoint. Called on this class,
         the family the config names is loaded."""
-        # loading reads the families' table, whose classes are built on this module.
-        from .loading import load_pretrained
-
-        return load_pretrained(cls, pretrained_model_name_or_path, model_args, kwargs)
+        return cls.pretrained_loader(cls, pretrained_model_name_or_path, model_args, kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
         """transformers' ``save_pretrained``, and the SHA-256 of the weights, the config and a
