@@ -1,6 +1,6 @@
 """The layout's rules that hold today: one exception base (and no built-in exception raised
-as it is), the bottom layers importing
-only downward (``core`` nothing of implicitlm; ``deq`` and ``layers`` only ``core``), and the
+as it is), the bottom layers importing only downward (``core`` nothing of implicitlm; ``deq``
+and ``layers`` only ``core``), no package's modules importing each other in a circle, the
 command line importing the library only inside the command that runs; and the tests' folders
 mirroring the source's packages."""
 
