@@ -1,16 +1,21 @@
-"""``LearnedStart``: the one home of a model's learned initial guess, kept out of its weights,
-giving each mode's first iterate as the options say and the last fixed point a state carries."""
+"""``LearnedStart``: the one home of a model's learned initial guess and learned mixing, kept out
+of its weights and on its device, giving each mode's first iterate as the options say and the
+last fixed point a state carries, and loading both from beside the weights."""
 
 from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 
 from implicitlm.deq import InitialGuess
+from implicitlm.deq.learned_mixing import MIXING_FILE
+from implicitlm.models.errors import ModelLoadError
 from implicitlm.models.learned_start import LearnedStart
 from implicitlm.models.stack import StackState
 
+from tests.support.learned_solver import active_mixing
 from tests.support.models import family_model, token_ids
 
 VOCAB = 24
@@ -65,3 +70,59 @@ def test_a_returned_state_carries_the_last_fixed_point_only_where_a_guess_starts
         carried = model.learned_start.with_last_fixed_point(model.solver.options, state, z)
         assert list(carried) == list(state) and torch.equal(carried.last_fixed_point, z[:, -1])
         assert isinstance(model(tokens, use_cache=True).state, StackState)
+
+
+def test_the_mixing_is_held_by_the_model_s_start_out_of_its_module_tree_and_solves_with_it():
+    """Beside the guess, in the same home (before: a ``model.__dict__`` entry of its own)."""
+    model = guessing_model()
+    weights = set(model.state_dict())
+    tokens = token_ids(2, 5, seed=1, vocab=VOCAB)
+    with torch.no_grad():
+        model.use_solver("safeguarded_anderson")
+        plain = model(tokens).fixed_point.iterations
+        mixing = active_mixing()
+        model.attach_learned_mixing(mixing)
+        model.use_solver("learned_anderson")
+        mixed = model(tokens).fixed_point.iterations
+    assert model.learned_mixing is mixing and model.learned_start.mixing is mixing
+    assert "learned_mixing" not in vars(model) and set(model.state_dict()) == weights
+    assert not torch.equal(mixed, plain)  # the mixing moves every step: the solver uses it
+    model.attach_learned_mixing(None)
+    assert model.learned_mixing is None and model.learned_guess is not None
+
+
+def test_the_guess_and_mixing_move_with_the_model_and_to_it_when_attached():
+    """Every move of the model takes them along; one attached elsewhere joins it (before: the
+    mixing stayed where it was made, the guess moved at its first use)."""
+    model = guessing_model()
+    mixing = active_mixing()
+    model.attach_learned_mixing(mixing)
+    model.to("meta")
+    assert {parameter.device.type for network in (model.learned_guess, mixing)
+            for parameter in network.parameters()} == {"meta"}
+    model.attach_learned_guess(InitialGuess(16), use=None)
+    assert model.learned_guess.out.weight.device.type == "meta"
+
+
+def test_the_start_loads_what_lies_beside_the_weights_and_refuses_what_the_options_need_and_lack(tmp_path):
+    """What the loader calls: both networks as saved, attached without changing the options; a
+    file the options name but the folder lacks is a one-line ModelLoadError; an explicit model
+    reads none."""
+    model = guessing_model(fixed_point=dict(simultaneous_solver="learned_anderson"))
+    model.attach_learned_mixing(active_mixing())
+    model.save_pretrained(tmp_path / "m")
+    fresh = family_model("mamba2", True, VOCAB, torch.float32, fixed_point=dict(simultaneous_solver="learned_anderson"))
+    options = fresh.solver.options
+    fresh.learned_start.load(fresh, tmp_path / "m")
+    assert fresh.solver.options == options
+    for network, loaded in ((model.learned_guess, fresh.learned_guess), (model.learned_mixing, fresh.learned_mixing)):
+        assert network.state_dict().keys() == loaded.state_dict().keys()
+        assert all(torch.equal(tensor, loaded.state_dict()[name]) for name, tensor in network.state_dict().items())
+    (tmp_path / "m" / MIXING_FILE).unlink()
+    with pytest.raises(ModelLoadError, match="missing, but the config's fixed_point names solver 'learned_anderson'") \
+            as refused:
+        fresh.learned_start.load(fresh, tmp_path / "m")
+    assert "\n" not in str(refused.value)
+    explicit = family_model("mamba2", False, VOCAB, torch.float32)
+    explicit.learned_start.load(explicit, tmp_path / "m")
+    assert explicit.learned_guess is None and explicit.learned_mixing is None

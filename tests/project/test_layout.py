@@ -1,6 +1,6 @@
 """The layout's rules that hold today: one exception base (and no built-in exception raised
-as it is), the bottom layers importing
-only downward (``core`` nothing of implicitlm; ``deq`` and ``layers`` only ``core``), and the
+as it is), the bottom layers importing only downward (``core`` nothing of implicitlm; ``deq``
+and ``layers`` only ``core``), no package's modules importing each other in a circle, the
 command line importing the library only inside the command that runs; and the tests' folders
 mirroring the source's packages."""
 
@@ -81,6 +81,105 @@ def test_the_layout_table_is_read_and_the_import_check_can_fail():
     # The models import deq and layers, which neither of those may import back.
     assert implicitlm_imports(SOURCE / "models" / "implicit_lm.py") >= {"deq", "layers"}
     assert "models" not in MAY_IMPORT["deq"] | MAY_IMPORT["layers"]
+
+
+def module_names(source: Path) -> dict[tuple[str, ...], Path]:
+    """Each module and package under ``source`` by its name's parts (a package: its folder's)."""
+    names = {}
+    for path in source.rglob("*.py"):
+        parts = path.relative_to(source).with_suffix("").parts
+        names[parts[:-1] if parts[-1] == "__init__" else parts] = path
+    return names
+
+
+def package_import_graph(source: Path, package: str) -> dict[str, set[str]]:
+    """Module of folder ``package`` under ``source`` (its subpackages included) -> the modules of
+    that folder it imports, wherever the import stands (inside a function as at the top: a
+    lazy import only moves where the circle closes). An import runs the packages on the way
+    to its module, besides those the importer is already inside."""
+    names = module_names(source)
+    graph = {}
+    for parts, path in names.items():
+        if parts[:1] != (package,):
+            continue
+        own = parts if path.name == "__init__.py" else parts[:-1]
+        graph[".".join(parts)] = {
+            ".".join(prefix) for target in imported_modules(path, own, names)
+            for prefix in (target[:i] for i in range(1, len(target) + 1))
+            if prefix[0] == package and prefix in names and prefix != parts
+            and (prefix == target or prefix != own[: len(prefix)])
+        }
+    return graph
+
+
+def imported_modules(path: Path, own: tuple[str, ...], names: dict) -> list[tuple[str, ...]]:
+    """The modules (or packages) of implicitlm a module's imports name, by their parts under
+    ``src/implicitlm``; ``own``: the package the module is in, for relative imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [tuple(alias.name.split(".")[1:]) for alias in node.names if alias.name.startswith("implicitlm.")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = (*own[: len(own) - node.level + 1], *(node.module.split(".") if node.module else ()))
+            elif node.module and node.module.startswith("implicitlm."):
+                base = tuple(node.module.split(".")[1:])
+            else:
+                continue
+            # from package import name: the module of that name where it is one, else the package.
+            found += [(*base, alias.name) if (*base, alias.name) in names else base for alias in node.names]
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of imports a depth-first walk of ``graph`` meets, as its modules in order
+    with the first repeated at the end."""
+    cycles, done, path = [], set(), []
+
+    def visit(module: str) -> None:
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if imported in path:
+                cycles.append([*path[path.index(imported):], imported])
+            elif imported not in done:
+                visit(imported)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module)
+    return cycles
+
+
+def test_no_package_imports_itself_in_a_circle():
+    """Within each package the imports point one way (before: models/ went families -> the
+    family packages -> implicit_lm -> loading -> families, closed by an import inside
+    ``from_pretrained``)."""
+    packages = sorted(path.parent.name for path in SOURCE.glob("*/__init__.py"))
+    assert {"models", "eval", "deq", "cli"} <= set(packages)
+    cycles = [" -> ".join(cycle) for package in packages for cycle in import_cycles(package_import_graph(SOURCE, package))]
+    assert not cycles, "imports in a circle: " + "; ".join(cycles)
+
+
+def test_the_circle_check_can_fail(tmp_path):
+    files = {
+        "__init__.py": "from .shelf import Shelf\n",
+        "shelf.py": "from .table import ROWS\nimport os\n",
+        "table.py": "from .rows import ROWS\nfrom implicitlm.core import errors\n",
+        "rows.py": "def load():\n    from implicitlm.pkg.shelf import Shelf\n",
+        "leaf.py": "from . import rows\n",
+        "inner/__init__.py": "from .deep import X\n",
+        "inner/deep.py": "from .. import leaf\nfrom ...core import errors\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = package_import_graph(tmp_path, "pkg")
+    assert graph["pkg.inner.deep"] == {"pkg.leaf"} and graph["pkg.leaf"] == {"pkg.rows"}
+    assert import_cycles(graph) == [["pkg.shelf", "pkg.table", "pkg.rows", "pkg.shelf"]]
+    (tmp_path / "pkg" / "rows.py").write_text("ROWS = 3\n")
+    assert import_cycles(package_import_graph(tmp_path, "pkg")) == []
 
 
 def module_level_imports(path: Path) -> list[str]:

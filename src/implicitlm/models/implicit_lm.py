@@ -51,6 +51,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
 
     # Each family's block: built from the config, with an ``injection_size`` (the width of u).
     block_class: type[nn.Module]
+    # loading.load_pretrained, given by models/__init__.py: it reads the families' table, built on this class.
+    pretrained_loader: Callable[..., PreTrainedModel]
 
     def __init__(self, config) -> None:
         # The stack draws its random initialisation first, the embeddings after: the order
@@ -64,13 +66,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             self.injection = nn.Linear(config.hidden_size, self.stack.layers[0].injection_size, bias=False)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
-        # A plain object, not a module: the guess it holds stays out of the weights (learned_start.py).
+        # A plain object, not a module: the guess and mixing it holds stay out of the weights (learned_start.py).
         self.learned_start = LearnedStart()
         # The stack's passes in each mode, a plain object too: it adds no weights (stack_passes.py).
-        self.stack_passes = StackPasses(stack, config, self.learned_start, FixedPointSolver(config.fixed_point_options))
-        # Kept out of the module tree (and so out of model.safetensors): a separate file,
-        # saved and loaded beside the weights (deq/learned_mixing.py).
-        self.__dict__["learned_mixing"] = None
+        self.stack_passes = StackPasses(stack, config, self.learned_start, self.learned_start.solver(config.fixed_point_options))
         self._tallies: list[ConvergenceTally] = []
         # The token steps of the ``decoding_graphs`` block the model is in (None: none).
         self._token_graphs: TokenGraphs | None = None
@@ -90,10 +89,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         directory's config, weights' digest, weight names, shapes and values and its
         generation config; a run folder loads its latest checkpoint. Called on this class,
         the family the config names is loaded."""
-        # loading reads the families' table, whose classes are built on this module.
-        from .loading import load_pretrained
-
-        return load_pretrained(cls, pretrained_model_name_or_path, model_args, kwargs)
+        return cls.pretrained_loader(cls, pretrained_model_name_or_path, model_args, kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True, **kwargs) -> None:
         """transformers' ``save_pretrained``, and the SHA-256 of the weights, the config and a
@@ -105,9 +101,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         if is_main_process:
             write_model_digests(save_directory)
-        for network in (self.learned_guess, self.learned_mixing):
-            if is_main_process and network is not None:
-                network.save(save_directory)
+            self.learned_start.save(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
@@ -137,7 +131,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         """Change solver options in place (curriculum phases, evaluation budgets)."""
         options = self.solver.options.replace(**changes)
         self.config.fixed_point = options.to_dict()
-        self.stack_passes.solver = FixedPointSolver(options, self.learned_mixing)
+        self.stack_passes.solver = self.learned_start.solver(options)
 
     @torch.no_grad()
     def solve_fixed_point(self, input_ids: torch.Tensor, max_iter: int | None = None, tol: float | None = None):
@@ -206,28 +200,31 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         """The injection u of an implicit model (None for an explicit one)."""
         return self.injection(self.injection_norm(embedded)) if self.config.implicit else None
 
+    def _apply(self, fn, *args, **kwargs):
+        # Every move of the model (``to``, ``cuda``, ...) takes its learned guess and mixing along.
+        super()._apply(fn, *args, **kwargs)
+        self.learned_start.to(self.device)
+        return self
+
     @property
     def learned_guess(self) -> InitialGuess | None:
         """The learned initial guess the model holds (``learned_start``; None: none)."""
         return self.learned_start.guess
 
+    @property
+    def learned_mixing(self) -> LearnedMixing | None:
+        """The learned mixing the model holds (``learned_start``; None: none)."""
+        return self.learned_start.mixing
+
     def attach_learned_guess(self, guess: InitialGuess | None, use: bool | None = True) -> None:
-        """Keep ``guess`` with the model (saved beside its weights; None: none) and, with
-        ``use``, start every inference solve from it (``fixed_point.initial_guess``
-        "learned"; else "zero", where ``initial_guess="learned"`` can turn it on; the
-        per-mode ``simultaneous_initial_guess`` / ``sequential_initial_guess`` are cleared).
-        ``use=None`` leaves the options as they are (a loaded model: its config says)."""
-        self.learned_start.guess = guess
-        if use is None:
-            return
-        self.set_fixed_point_options(initial_guess="learned" if guess is not None and use else "zero",
-                                     simultaneous_initial_guess="", sequential_initial_guess="")
+        """Keep ``guess`` with the model (saved beside its weights; None: none) and, with ``use``,
+        start every inference solve from it; None: as the options say (``LearnedStart.attach_guess``)."""
+        self.learned_start.attach_guess(self, guess, use)
 
     def attach_learned_mixing(self, mixing: LearnedMixing | None) -> None:
         """Keep ``mixing`` with the model (saved beside its weights; None: none), the mixing
         of every solve by "learned_anderson" (``use_solver`` or the per-mode solvers pick it)."""
-        self.__dict__["learned_mixing"] = mixing
-        self.stack_passes.solver = FixedPointSolver(self.solver.options, mixing)
+        self.learned_start.attach_mixing(self, mixing)
 
     def use_solver(self, name: str) -> None:
         """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both

@@ -18,10 +18,6 @@ from ..core.devices import DTYPES
 from ..core.errors import DataError, first_line, quoted
 from ..core.file_digests import FILES_DIGEST, check_files_digest
 from ..core.json_file import read_json_object
-from ..deq import InitialGuess, LearnedMixing
-from ..deq.anderson import MEMORY
-from ..deq.initial_guess import GUESS_FILE
-from ..deq.learned_mixing import MIXING_FILE
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
@@ -30,7 +26,7 @@ from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_dige
 from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, DEFAULT_ARCHITECTURE, FAMILIES, architecture_choices
-from .implicit_lm import MODES, ImplicitCausalLM
+from .implicit_lm import ImplicitCausalLM
 from .locations import hub_model_folder, local_model_path
 from .weight_header import check_floating_weights, shape_mismatch
 
@@ -214,7 +210,7 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     config = _config_to_load(cls, path, options)
     model, report, unchecked = load_checked_folder(BY_MODEL_TYPE[config.model_type].model_class, path, config,
                                                    model_args, options)
-    _attach_learned_solver(path, model)
+    model.learned_start.load(model, path)
     if unchecked:
         LOGGER.warning(unchecked)
     return model, report
@@ -250,24 +246,6 @@ def load_checked_folder(model_class: type, path: Path, config: PretrainedConfig,
     check_load_report(weights, report)
     check_finite(weights, model)
     return model, report, unchecked
-
-
-def _attach_learned_solver(path: Path, model) -> None:
-    """The learned guess and mixing saved beside the weights, loaded and checked even where
-    the config does not use them (``initial_guess="learned"`` or ``solver="learned_anderson"``
-    may turn them on); one the config uses must be there."""
-    if not model.config.implicit:
-        return
-    options = model.solver.options
-    try:
-        if any(options.initial_guess_for(mode) == "learned" for mode in MODES) or (path / GUESS_FILE).is_file():
-            guess = InitialGuess.load(path, model.config.hidden_size, model.stack.readout_sizes())
-            model.attach_learned_guess(guess, use=None)
-        if any(options.solver_for(mode) == "learned_anderson" for mode in (*MODES, "training")) \
-                or (path / MIXING_FILE).is_file():
-            model.attach_learned_mixing(LearnedMixing.load(path, MEMORY))
-    except DataError as error:
-        raise ModelLoadError(str(error)) from None
 
 
 def _load_weights(cls, path, model_args: tuple, options: dict[str, Any]):
