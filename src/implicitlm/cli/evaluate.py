@@ -28,7 +28,7 @@ RECORDS = {
 }
 HELP = {
     "length": "quality by test length (length extrapolation): word accuracy, perplexity by context, catbAbI answers",
-    "budget": "test-time compute: quality by iteration budget, a curve per test length",
+    "budget": "test-time compute: quality by budget of passes, a curve per test length",
     "convergence": "passes each token needs in sequential mode; hard vs easy tokens (words, lm)",
 }
 
