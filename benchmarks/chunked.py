@@ -47,7 +47,7 @@ def run(quick: bool, device: str = "cpu") -> Table:
     inputs, targets = held_out_words(config.group, length, 16 if quick else 64, seed=1)
     table = Table(
         f"S3 words of {length} tokens ({MULTIPLE}x the training length), demo-size implicit Mamba2, {device}",
-        ["solve", "budget", "s", "time / sequential", "iterations", "last-10 accuracy", "agreement with sequential",
+        ["solve", "budget", "s", "time / sequential", "passes", "last-10 accuracy", "agreement with sequential",
          "not converged"],
     )
     plain, anderson = "fixed_point_iter", "safeguarded_anderson"
@@ -70,11 +70,11 @@ def run(quick: bool, device: str = "cpu") -> Table:
     for name, (budget, seconds, row, predicted) in results.items():
         agreement = (predicted == baseline[3]).float().mean().item()
         table.add(
-            name, budget, f"{seconds:.2f}", f"{seconds / baseline[1]:.2f}x", f"{row['fp_iterations_mean']:.1f}",
+            name, budget, f"{seconds:.2f}", f"{seconds / baseline[1]:.2f}x", f"{row['fp_passes_mean']:.1f}",
             f"{row['accuracy_last10']:.2%}",
             f"{agreement:.2%}", f"{row['fp_not_converged_share']:.1%} of {row['fp_fixed_points']}",
         )
-    table.notes.append("iterations: per word in simultaneous mode (all its chunks), per token in sequential mode")
+    table.notes.append("passes: per word in simultaneous mode (all its chunks), per token in sequential mode")
     table.notes.append(
         "not converged: samples (simultaneous; chunked: a sample any of whose chunks missed) or tokens (sequential) "
         f"above the tolerance {model.solver.options.tol:g}"

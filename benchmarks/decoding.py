@@ -2,7 +2,7 @@
 
 A prompt of P tokens is prefilled in parallel (its state is all that matters here, so
 the prefill runs a short solve), then tokens are decoded one by one in sequential mode,
-each with a fixed number of solver iterations (tolerance out of reach), so every token
+each with a fixed number of passes (tolerance out of reach), so every token
 does the same work wherever it sits. A Mamba2 state has a fixed size, so its latency
 should not grow with the position; a Llama KV cache grows, shown for comparison.
 """
@@ -49,7 +49,7 @@ def decode_latency(model, position: int, tokens: int, repeats: int, device: str)
 def run(quick: bool, device: str = "cpu") -> Table:
     tokens, repeats = (16, 5) if quick else (32, 9)
     table = Table(
-        f"Sequential decoding, {ITERATIONS} solver iterations per token, d_model 256, 4 layers, {device}",
+        f"Sequential decoding, {ITERATIONS} passes per token, d_model 256, 4 layers, {device}",
         ["model", f"ms/token at {NEAR}", f"ms/token at {FAR}", f"{FAR} / {NEAR}"],
     )
     ratios = {}

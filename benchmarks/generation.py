@@ -6,7 +6,7 @@ grows with the prompt (a generation becomes quadratic in its length). Per-token 
 time of generating N + 1 tokens less that of generating 1 (the prefill and the first token),
 over N. Baseline in the same run: the same tokens decoded by a hand-written loop of
 sequential forwards from the prefilled state, which is what ``generate`` should reduce to.
-Every solve runs a fixed number of iterations (tolerance out of reach), so each token does
+Every solve runs a fixed number of passes (tolerance out of reach), so each token does
 the same work wherever it sits.
 """
 
@@ -52,7 +52,7 @@ def loop_ms_per_token(model, prompt: torch.Tensor, tokens: int, repeats: int, de
 def run(quick: bool, device: str = "cpu") -> Table:
     tokens, repeats = (8, 3) if quick else (24, 5)
     table = Table(
-        f"generate(), greedy, batch 1, {ITERATIONS} solver iterations per token, d_model 256, 4 layers, {device}",
+        f"generate(), greedy, batch 1, {ITERATIONS} passes per token, d_model 256, 4 layers, {device}",
         ["model", f"ms/token after {SHORT}", f"ms/token after {LONG}", f"{LONG} / {SHORT}",
          f"generate / hand loop at {SHORT}", f"generate / hand loop at {LONG}"],
     )

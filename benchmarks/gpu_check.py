@@ -742,7 +742,7 @@ WORDS_TRAIN_SHARE = 0.6  # of the step's limit; evaluation gets the rest
 
 def words_step(rehearse: bool, limit_s: float) -> None:
     """Train (stopped by SIGTERM when its share of the time is up: the trainer checkpoints on
-    it), then accuracy by length and the iterations of hard and easy tokens, through the
+    it), then accuracy by length and the passes of hard and easy tokens, through the
     command line."""
     from implicitlm.cli import main
 
@@ -761,7 +761,7 @@ def words_step(rehearse: bool, limit_s: float) -> None:
                  "--count", str(size["convergence_count"]), "--out", f"{folder}/convergence"]) != 0:
             raise SystemExit("eval convergence failed")
         figures |= record_metrics(Path(folder) / "convergence" / "convergence.json",
-                                  r"(hard|easy) iterations_mean|all share_unconverged|hard token share")
+                                  r"(hard|easy) passes_mean|all share_unconverged|hard token share")
         report_figures(figures)
 
 
@@ -783,7 +783,7 @@ def train_words(run: Path, size: dict[str, Any], limit_s: float) -> dict[str, An
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     return {"train steps (last logged)": last["step"] + 1, "stopped by the time limit": code != 0,
             "train tokens/s": round(last["tokens_per_s"]), "train loss": last["loss"], "train accuracy": last["accuracy"],
-            "train solver iterations": last.get("fp_iterations_mean")}
+            "train solver passes": last.get("fp_passes_mean")}
 
 
 def record_metrics(path: Path, pattern: str) -> dict[str, Any]:

@@ -6,11 +6,11 @@
         [--windows 32] [--quick] [--out FILE]
 
 A study of a trained pair (the README's WikiText-2 runs), not a section of ``run.py``: the
-number of solver iterations, which sets the cost, is a property of trained weights. On the
+number of passes per solve, which sets the cost, is a property of trained weights. On the
 held-out split of ``--data``:
 
 - decoding: ``generate()`` after a 64-token prompt, greedy, per-token time
-  ((N + 1 tokens) - (1 token)) / N, and the stack evaluations per token;
+  ((N + 1 tokens) - (1 token)) / N, and the passes of the stack per token;
 - scoring: one batch of ``--windows`` x 256-token windows in simultaneous mode (one solve per
   window, as ``lm eval`` and lm-eval's loglikelihood run them): time, held-out perplexity, and
   its difference to a solve to 1e-4 (the fixed point itself, to the scores' digits).
@@ -189,7 +189,7 @@ def main() -> None:
               "-" if shipped.passes else f"{shipped.tol:g}",
               *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
     table.notes.append(f"medians of {repeats} runs; decoding over {tokens} tokens; a token's stack passes are its "
-                       "solver's evaluations (its state comes from the last of them)")
+                       "solver's calls of the stack (its state comes from the last of them)")
     table.publish(args.out)
 
 

@@ -4,7 +4,7 @@ The first HellaSwag items of ``../shared/data`` (4 endings each), as lm-eval bui
 loglikelihood requests, scored by ``ImplicitLMHarness`` with ``share_contexts`` on (the
 context solved once, each ending going on from its state) and off (every context + ending
 solved whole); the explicit model of the same shape in the same run is the baseline. Every
-solve runs a fixed number of iterations (tolerance out of reach), the LM evaluation's 12, so
+solve runs a fixed number of passes (tolerance out of reach), the LM evaluation's 12, so
 both ways do the work a converging solve would; that the scores agree where solves converge
 is the tests' job (tests/eval/test_harness.py). The tokenizer is a byte-level BPE trained on the first
 lines of WikiText-2, the model random, d_model 272, 4 layers (the README's WikiText-2 shape).
@@ -72,7 +72,7 @@ def run(quick: bool, device: str = "cpu") -> Table:
         ["model", "contexts", "s", "/ explicit, each context per choice", "share / whole"],
     )
     for implicit in (False, True):
-        name = f"implicit ({ITERATIONS} iterations)" if implicit else "explicit"
+        name = f"implicit ({ITERATIONS} passes)" if implicit else "explicit"
         for share in (False, True):
             table.add(name, "once" if share else "per choice", f"{seconds[implicit, share]:.2f}",
                       f"{seconds[implicit, share] / baseline:.2f}x",

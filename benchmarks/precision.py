@@ -7,7 +7,7 @@ The shipped WikiText-2 pair (``checkpoints/wikitext2/warm_start``: 1-layer Mamba
 
 - scoring: one simultaneous forward over 8 x 256 tokens with the model's own evaluation
   settings (chunks of 256, safeguarded Anderson, tolerance 0.01 raised to the dtype's floor):
-  time, the largest logit difference from float32, perplexity, iterations per solve;
+  time, the largest logit difference from float32, perplexity, passes per solve;
 - decoding: greedy ``generate()`` of 32 tokens after a 64-token prompt: time per token
   ((1 + 32 tokens) - (1 token), which leaves the prompt's prefill out), the tokens float32
   also chose, and the largest logit difference of a sequential forward over float32's
@@ -99,7 +99,7 @@ def score(model, windows: torch.Tensor) -> dict:
     result = {"logits": logits, "ppl": loss.exp().item()}
     stats = output.fixed_point
     if stats is not None:
-        result.update(iterations=stats.iterations.float().mean().item(), evaluations=stats.evaluations,
+        result.update(passes=stats.iterations.float().mean().item(), batch_passes=stats.evaluations,
                       tol=stats.tol, missed=(~stats.converged).float().mean().item())
     return result
 
@@ -111,14 +111,14 @@ def generate(model, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
 
 @torch.no_grad()
 def decode(model, prompt: torch.Tensor) -> dict:
-    """Greedy tokens after ``prompt``, with iterations per decoded token and the share of the
+    """Greedy tokens after ``prompt``, with passes per decoded token and the share of the
     generation's fixed points (the prefill's and each token's) that stopped above the tolerance."""
     with solves(model) as seen:
         sequence = generate(model, prompt, NEW_TOKENS)
     result = {"sequence": sequence}
     if model.config.implicit:
         steps = seen[1:]  # the first forward is the prompt's prefill
-        result.update(iterations=sum(s.iterations.float().mean().item() for s in steps) / len(steps),
+        result.update(passes=sum(s.iterations.float().mean().item() for s in steps) / len(steps),
                       missed=model.generation_convergence["fp_not_converged_share"])
     return result
 
@@ -156,15 +156,15 @@ def row(kind: str, dtype: str, measured: dict, base: dict, times: tuple, sequent
     scored, decoded = measured["score"], measured["decode"]
     generated = decoded["sequence"][0, PROMPT:]
     equal = int((generated == base["decode"]["sequence"][0, PROMPT:]).sum())
-    implicit = "iterations" in scored
+    implicit = "passes" in scored
     return [
         kind, dtype, f"{times[0] * 1e3:.0f}", f"{times[1]:.2f}x",
         largest_difference(scored["logits"], base["score"]["logits"]), f"{scored['ppl']:.2f}",
-        f"{scored['iterations']:.2f} ({scored['evaluations']})" if implicit else "-",
+        f"{scored['passes']:.2f} ({scored['batch_passes']})" if implicit else "-",
         f"{scored['tol']:.3g}" if implicit else "-", f"{scored['missed']:.1%}" if implicit else "-",
         f"{times[2] * 1e3:.2f}", f"{times[3]:.2f}x", f"{equal} of {NEW_TOKENS}",
         largest_difference(sequential, base_sequential),
-        f"{decoded['iterations']:.2f}" if implicit else "-", f"{decoded['missed']:.1%}" if implicit else "-",
+        f"{decoded['passes']:.2f}" if implicit else "-", f"{decoded['missed']:.1%}" if implicit else "-",
     ]
 
 
@@ -179,8 +179,8 @@ def run(quick: bool, device: str = "cpu") -> Table:
         f"Half precision against float32: the WikiText-2 pair, scoring {WINDOWS} x {WINDOW} and decoding "
         f"{NEW_TOKENS} tokens after {PROMPT}, {device}, {torch.get_num_threads()} torch threads",
         ["model", "dtype", "score ms", "score / fp32", "score max abs dlogit (rel)", "ppl",
-         "iterations per solve (evals)", "tol", "solves not converged", "decode ms/token", "decode / fp32",
-         "tokens = fp32", "sequential max abs dlogit (rel)", "iterations per token", "fixed points not converged"],
+         "passes per solve (of the batch)", "tol", "solves not converged", "decode ms/token", "decode / fp32",
+         "tokens = fp32", "sequential max abs dlogit (rel)", "passes per token", "fixed points not converged"],
     )
     reason = missing()
     if reason:
@@ -202,9 +202,9 @@ def run(quick: bool, device: str = "cpu") -> Table:
         "differences; float32's own row is float32 against itself, a gauge of the noise",
         "dlogit: the largest |logit - float32's logit| over every position, and that over the largest "
         "|float32 logit|; decoding's is a sequential forward over float32's prompt + generated tokens",
-        "iterations per solve: the mean over the 8 windows (the solve's evaluations, run until its "
+        "passes per solve: the mean over the 8 windows (the batch's passes, run until its "
         "slowest window converged); tol: the tolerance held, the model's 0.01 or the dtype's floor if higher",
-        "iterations per token: the mean over the decoded tokens' solves; fixed points not converged: "
+        "passes per token: the mean over the decoded tokens' solves; fixed points not converged: "
         "generate()'s tally (the prefill's and every token's)",
     ]
     return table
@@ -230,7 +230,7 @@ def floors(quick: bool, device: str = "cpu") -> Table:
         f"Residual floors: the implicit WikiText-2 model solved to 1e-12 with a budget of {FLOOR_BUDGET}, "
         f"no floor under the tolerance, {device}",
         ["dtype", "eps", "solver", "mode", "fixed points", "exactly fixed", "median rel residual / eps",
-         "max rel residual / eps", "mean iterations"],
+         "max rel residual / eps", "mean passes"],
     )
     reason = missing()
     if reason:

@@ -47,7 +47,7 @@ def run(quick: bool, device: str = "cpu") -> Table:
             # The same log-probabilities either way, before anything is timed.
             torch.testing.assert_close(score(model, ids, SCORED), score(model, ids, 0))
             timed = paired_median_seconds(lambda: score(model, ids, 0), lambda: score(model, ids, SCORED), repeats)
-            kind = "implicit (4 iterations)" if implicit else "explicit"
+            kind = "implicit (4 passes)" if implicit else "explicit"
             table.add(kind, f"{vocab_size:,}", f"{timed.baseline * 1e3:.1f}", f"{timed.candidate * 1e3:.1f}",
                       f"{1 / timed.ratio:.2f}x")
     table.notes.append(f"medians of {repeats} paired runs; speed-up = all logits / last {SCORED}, per pair")

@@ -1,4 +1,4 @@
-"""Fixed-point solvers: evaluations and wall time to reach a tolerance, in both modes.
+"""Fixed-point solvers: passes and wall time to reach a tolerance, in both modes.
 
 Each solver solves the same batch to a relative residual of 1e-4, in simultaneous mode
 (one fixed point per sequence) and in sequential mode (one per token); plain iteration
@@ -22,7 +22,7 @@ from implicitlm.models import build_model, config_from_options, load_model
 BASELINE = "fixed_point_iter"
 TOL = 1e-4
 BUDGET = 500  # far beyond what any solver needs here: every solve ends at the tolerance
-TARGET = 2.0  # times fewer row evaluations than plain iteration
+TARGET = 2.0  # times fewer row passes than plain iteration
 CONTRACTION_SCALE = 0.3  # weight-norm scale of in_proj / out_proj in the random model
 
 
@@ -70,8 +70,8 @@ def run(quick: bool, device: str = "cpu") -> Table:
     ids = ids.to(device)
     table = Table(
         f"Fixed-point solvers to rel. residual {TOL:g}, batch {batch} x {length} tokens, {device}",
-        ["mode", "solver", "calls of f", "row evaluations", "converged", "time (s)",
-         "evaluations / plain", "time / plain", f">= {TARGET:g}x fewer evaluations"],
+        ["mode", "solver", "batch passes", "row passes", "converged", "time (s)",
+         "row passes / plain", "time / plain", f">= {TARGET:g}x fewer row passes"],
     )
     for mode in ("simultaneous", "sequential"):
         plain, plain_seconds = measure(model, ids, BASELINE, mode, repeats, device)
@@ -83,12 +83,12 @@ def run(quick: bool, device: str = "cpu") -> Table:
     every_row = batch * plain.evaluations
     table.notes += [
         f"model: {source}",
-        "row evaluations: samples (simultaneous) or token steps (sequential) actually computed; a "
+        "row passes: passes of a sample (simultaneous) or token step (sequential) actually computed; a "
         "sample is frozen once under the tolerance, and in sequential mode left out of its token's "
-        "further steps, which also count each token's one commit step. Calls of f: batch calls, "
-        "each on the samples still running",
+        "further steps, which also count each token's one commit step. Batch passes: calls of f, "
+        "each a pass over the samples still running",
         f"sequential plain iteration computing every sample at every call instead: {every_row} row "
-        f"evaluations, {ratio(every_row, plain.row_evaluations)} the {plain.row_evaluations} of leaving frozen samples out",
+        f"passes, {ratio(every_row, plain.row_evaluations)} the {plain.row_evaluations} of leaving frozen samples out",
         "anderson and broyden are torchdeq's; safeguarded_anderson is implicitlm.deq.anderson "
         "(history 5, regularisation relative to each sample's residuals, restart when the residual "
         "rises). torchdeq's anderson regularises with an absolute 1e-4, which swamps residuals at "

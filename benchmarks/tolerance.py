@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=50, help="documents per task")
     parser.add_argument("--tols", default="0.05,0.01,1e-3,1e-4")
     parser.add_argument("--reference-tol", type=float, default=1e-5)
-    parser.add_argument("--budget", type=int, default=256, help="most iterations per solve, at every tolerance")
+    parser.add_argument("--budget", type=int, default=256, help="most passes per solve, at every tolerance")
     parser.add_argument("--solver", default=None, help="solver of every solve (default: the model's, per mode)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--starts", default="zero", help="zero, and learned where the checkpoint has a guess")

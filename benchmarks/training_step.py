@@ -1,9 +1,9 @@
 """Implicit (4+1) training step against an explicit one, compared with the FLOP ratio.
 
-The bounded phase runs 4 solver iterations without autograd and 1 phantom-gradient step
+The bounded phase runs 4 passes without autograd and 1 phantom-gradient step
 with it: 4 forward passes plus 1 forward + backward, about 4 + 3 = 7 forward-pass units
 against the explicit model's 3, a FLOP ratio of 7/3. The solver's tolerance is set out of
-reach so all 4 iterations run. A step here is forward + loss + backward (the optimiser
+reach so all 4 passes run. A step here is forward + loss + backward (the optimiser
 update is the same for both and left out so it does not dilute the ratio); the
 vocabulary is small so the backbone dominates, as it does in the paper's models.
 """

@@ -69,7 +69,7 @@ def test_the_fixed_point_flags_reach_the_model(run, capsys, caplog):
     caplog.clear()
     code, _, _ = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "4", "--max-iter", "1",
                           "--tol", "1e-6", "--solver", "anderson", "--chunk-length", "0")
-    assert code == 0 and "generate: 4 of 4 fixed points (100.00%) stopped above the tolerance: 4 at the iteration budget" \
+    assert code == 0 and "generate: 4 of 4 fixed points (100.00%) stopped above the tolerance: 4 at the budget of passes" \
         in caplog.text
 
 

@@ -108,7 +108,7 @@ def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_
         rows[name] = json.loads((out / "word_length.json").read_text())["rows"][0]
     assert [rows[name]["chunk_length"] for name in ("default", "whole", "six")] == [12, 48, 6]
     # Each chunk converges in about as many iterations as it has tokens, the whole word in about 48.
-    assert rows["whole"]["fp_iterations_mean"] < rows["default"]["fp_iterations_mean"]
+    assert rows["whole"]["fp_passes_mean"] < rows["default"]["fp_passes_mean"]
 
 
 @pytest.mark.slow

@@ -292,6 +292,6 @@ def test_sample_build_train_and_eval_commands_chain(tmp_path, capsys):
     assert record["model"]["solvers"] == {"simultaneous": "safeguarded_anderson", "sequential": "safeguarded_anderson"}
     assert record["experiment"] == "catbabi" and record["split"] == "test" and record["answers"] == 6
     assert set(record["metrics"]) == {"accuracy", "task_01", "task_06", "task_08", "task_15", "task_19",
-                                      "fp_iterations_mean", "fp_not_converged_share"}
+                                      "fp_passes_mean", "fp_not_converged_share"}
     assert 0.0 <= record["metrics"]["accuracy"] <= 1.0 and record["stride"] == 8
     assert (out / "catbabi.png").stat().st_size > 1000

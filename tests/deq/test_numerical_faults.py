@@ -202,7 +202,7 @@ def test_fatal_nonconvergence_raises_in_evaluation_only():
         solve(f, 4, nonconvergence="error", max_iter=12, divergence_patience=4, divergence_growth=2.0)
     message = str(fault.value)
     assert "\n" not in message
-    assert "2 of 4 samples" in message and "1 hit the budget of 12 evaluations" in message
+    assert "2 of 4 samples" in message and "1 hit the budget of 12 passes" in message
     assert "1 diverged" in message and "vs tolerance 1e-06" in message
     # Evaluation with every sample converged, and training with a tiny budget: no error.
     solve(affine(torch.tensor([0.1, 0.2])), 2, nonconvergence="error")
@@ -272,7 +272,7 @@ def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such()
         "fp_stopped_at_budget": int(missed.sum()), "fp_diverged": 0, "fp_non_finite": 0,
     }
     model.set_fixed_point_options(nonconvergence="error")
-    expected = rf"{int(missed.sum())} of 15 tokens: {int(missed.sum())} hit the budget of 60 evaluations, 0 diverged"
+    expected = rf"{int(missed.sum())} of 15 tokens: {int(missed.sum())} hit the budget of 60 passes, 0 diverged"
     with pytest.raises(NumericalFault, match=expected):
         model(TOKENS, mode="sequential")
 
@@ -281,7 +281,7 @@ def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such()
 def test_fatal_nonconvergence_in_a_model_is_for_evaluation_not_training():
     model = mamba2_model(contractive=True)
     model.set_fixed_point_options(nonconvergence="error")
-    with pytest.raises(NumericalFault, match="3 of 3 samples: 3 hit the budget of 1 evaluations"):
+    with pytest.raises(NumericalFault, match="3 of 3 samples: 3 hit the budget of 1 passes"):
         model(TOKENS, max_iter=1)
     with pytest.raises(NumericalFault, match="15 of 15 tokens"):
         model(TOKENS, mode="sequential", max_iter=1)
@@ -323,7 +323,7 @@ def test_the_convergence_command_fails_on_nonconvergence_only_when_asked(tmp_pat
     assert record["metrics"]["all unconverged"] == 24.0
     assert main(common + ["--fail-on-nonconvergence", "--out", str(tmp_path / "fatal")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "24 of 24 tokens" in err[0] and "budget of 1 evaluations" in err[0], err
+    assert len(err) == 1 and "24 of 24 tokens" in err[0] and "budget of 1 passes" in err[0], err
     assert "Traceback" not in err[0]
 
 
@@ -344,7 +344,7 @@ def test_the_tally_counts_each_fixed_point_under_one_reason():
     assert tally.as_dict() == {"fp_fixed_points": 8, "fp_not_converged": 6, "fp_not_converged_share": 0.75,
                                "fp_stopped_at_budget": 2, "fp_diverged": 2, "fp_non_finite": 2}
     assert tally.warning("words") == ("words: 6 of 8 fixed points (75.00%) stopped above the tolerance: "
-                                      "2 at the iteration budget, 2 diverged, 2 non-finite")
+                                      "2 at the budget of passes, 2 diverged, 2 non-finite")
 
 
 def test_generate_records_its_convergence_and_warns_in_one_line(caplog):

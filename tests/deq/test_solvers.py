@@ -19,7 +19,7 @@ from implicitlm.deq.options import SOLVERS
 from implicitlm.core.schema import OptionError
 from implicitlm.deq import solvers
 from implicitlm.deq.solvers import get_solver
-from implicitlm.eval.convergence import convergence_record, convergence_summary, token_iterations
+from implicitlm.eval.convergence import convergence_record, convergence_summary, token_passes
 
 MODES = ("simultaneous", "sequential")
 
@@ -317,10 +317,10 @@ def test_the_solver_is_named_in_the_summary_and_the_convergence_record(tmp_path)
     model = solved_model(tol=1e-4)
     inputs, _ = generate_words("S3", 6, 3, seed=1)
     model.set_fixed_point_options(solver="safeguarded_anderson")
-    iterations, residuals, max_iter, tol = token_iterations(model, inputs)
+    iterations, residuals, max_iter, tol = token_passes(model, inputs)
     assert model.solver.options.solver == "safeguarded_anderson" and (residuals < tol).all()
     summary = model(torch.as_tensor(inputs.astype("int64")), mode="sequential").fixed_point.summary()
-    assert summary["fp_solver"] == "safeguarded_anderson" and summary["fp_row_evaluations"] > 0
+    assert summary["fp_solver"] == "safeguarded_anderson" and summary["fp_row_passes"] > 0
     record = convergence_record(model, "random", convergence_summary(iterations, residuals, max_iter, tol), tmp_path, "t")
     assert record["solver"] == "safeguarded_anderson"
     assert json.loads((tmp_path / "convergence.json").read_text())["solver"] == "safeguarded_anderson"

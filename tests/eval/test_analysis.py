@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from implicitlm.cli import main
 from implicitlm.data.words import generate_words
 from implicitlm.eval.budget import budget_curves, budget_metrics, budget_sweep
-from implicitlm.eval.convergence import convergence_summary, token_iterations
+from implicitlm.eval.convergence import convergence_summary, token_passes
 from implicitlm.tasks.lm import perplexity, perplexity_by_length
 from implicitlm.eval.records import make_record, write_record
 from implicitlm.eval.report import find_records, markdown_tables, write_report
@@ -52,7 +52,7 @@ def test_budget_one_is_one_pass_of_the_stack():
     truth = torch.from_numpy(targets.astype(np.int64))
     right = (expected.argmax(-1) == truth)[:, 1:]
     assert row["accuracy"] == right.sum().item() / right.numel()  # counted exactly, not a float32 mean
-    assert row["fp_iterations_mean"] == 1.0
+    assert row["fp_passes_mean"] == 1.0
 
 
 @pytest.mark.slow
@@ -67,11 +67,11 @@ def test_more_budget_never_reports_fewer_iterations(mode):
     rows = budget_sweep(evaluate, [8, 1, 2, 4, 16], tols=[0.03, 1e-4])
     for length in (6, 12):
         for tol in (0.03, 1e-4):
-            used = [r["fp_iterations_mean"] for r in rows if r["length"] == length and r["tol"] == tol]
+            used = [r["fp_passes_mean"] for r in rows if r["length"] == length and r["tol"] == tol]
             assert len(used) == 5 and used == sorted(used), used
             assert used[0] == 1.0
     # The tolerance is reached before the largest budget: the budget is not spent for nothing.
-    final = [r["fp_iterations_mean"] for r in rows if r["max_iter"] == 16 and r["tol"] == 0.03]
+    final = [r["fp_passes_mean"] for r in rows if r["max_iter"] == 16 and r["tol"] == 0.03]
     assert all(1 < used < 16 for used in final)
     curves = budget_curves(rows, "accuracy")
     assert len(curves) == 4 and all(c["x"] == [1, 2, 4, 8, 16] for c in curves)
@@ -92,27 +92,27 @@ def test_convergence_summary_counts_and_splits():
     assert summary["all"]["share_full_budget"] == 2 / 8
     assert summary["all"]["share_unconverged"] == 1 / 8
     assert summary["hard"]["share_full_budget"] == 1.0 and summary["hard"]["tokens"] == 2
-    assert summary["easy"]["share_full_budget"] == 0.0 and summary["easy"]["iterations_mean"] == 1.5
+    assert summary["easy"]["share_full_budget"] == 0.0 and summary["easy"]["passes_mean"] == 1.5
     assert summary["hard_share"] == 0.25
     with pytest.raises(ValueError, match="shape"):
         convergence_summary(iterations, residuals, 8, 0.05, hard[:1])
 
 
 @torch.no_grad()
-def test_token_iterations_are_each_tokens_own():
+def test_token_passes_are_each_tokens_own():
     model = tiny_word_model(contractive=True)
     inputs, _ = generate_words("S3", 7, 5, seed=2)
-    iterations, residuals, max_iter, tol = token_iterations(model, inputs, max_iter=40, tol=0.01, batch_size=2)
+    iterations, residuals, max_iter, tol = token_passes(model, inputs, max_iter=40, tol=0.01, batch_size=2)
     assert iterations.shape == (5, 7) and max_iter == 40 and tol == 0.01
     assert (iterations < 40).all() and (residuals < 0.01).all() and len(np.unique(iterations)) > 1
     # A token's count does not depend on its batch companions: one word alone gives the same.
-    alone, _, _, _ = token_iterations(model, inputs[3:4], max_iter=40, tol=0.01)
+    alone, _, _, _ = token_passes(model, inputs[3:4], max_iter=40, tol=0.01)
     np.testing.assert_array_equal(alone[0], iterations[3])
     # No float32 residual falls below 1e-12 in 4 evaluations: every token spends the budget.
-    everything, _, _, _ = token_iterations(model, inputs, max_iter=4, tol=1e-12)
+    everything, _, _, _ = token_passes(model, inputs, max_iter=4, tol=1e-12)
     assert (everything == 4).all()
     with pytest.raises(ValueError, match="implicit"):
-        token_iterations(tiny_word_model(implicit=False), inputs)
+        token_passes(tiny_word_model(implicit=False), inputs)
 
 
 class FixedCorpus:
@@ -136,7 +136,7 @@ def test_perplexity_by_length_scores_the_same_tokens_at_every_length():
     assert [r["tokens"] for r in rows] == [96, 96, 96]
     windows = torch.from_numpy(corpus.tokens[: 3 * 33].astype(np.int64)).reshape(3, 33)
     assert rows[2]["loss"] == pytest.approx(perplexity(model, [windows])["loss"], rel=1e-6)
-    assert all(r["fp_iterations_mean"] >= 1 for r in rows)
+    assert all(r["fp_passes_mean"] >= 1 for r in rows)
 
 
 def write_fake_run(folder, experiment, model, metrics, curves=None):
@@ -168,15 +168,28 @@ def test_report_tables_and_figures(tmp_path):
     assert all(f.stat().st_size > 0 for f in figures)
 
 
+def test_a_record_written_before_passes_had_one_name_reads_under_it(tmp_path):
+    """An old record's "iterations" metrics (catbabi's fp_iterations_mean, a budget sweep's
+    "iterations L8 it4") fall in the same report column as a new record's "passes" ones
+    (before: a column for each name, each run's cell empty in the other's)."""
+    model = tiny_word_model()
+    write_fake_run(tmp_path / "old", "lm_budget", model, {"fp_iterations_mean": 7.0, "iterations L8 it4": 4.0})
+    write_fake_run(tmp_path / "new", "lm_budget", model, {"fp_passes_mean": 5.0, "passes L8 it4": 3.0})
+    entries = find_records([tmp_path / "old", tmp_path / "new"])
+    assert [entry.record["metrics"] for entry in entries] == [{"fp_passes_mean": 7.0, "passes L8 it4": 4.0},
+                                                              {"fp_passes_mean": 5.0, "passes L8 it4": 3.0}]
+    tables = markdown_tables(entries)
+    assert "| run | model | params (M) | fp_passes_mean | passes L8 it4 |" in tables and "iterations" not in tables
+
 def test_report_bars_give_each_metric_its_own_scale_and_no_bar_where_a_run_lacks_it(tmp_path, monkeypatch):
     from implicitlm.eval import plots
 
     saved = []
     monkeypatch.setattr(plots, "save_figure", lambda figure, path: saved.append(figure) or path)
-    runs = {"explicit": {"accuracy": 0.76}, "implicit": {"accuracy": 0.91, "fp_iterations_mean": 257.0}}
+    runs = {"explicit": {"accuracy": 0.76}, "implicit": {"accuracy": 0.91, "fp_passes_mean": 257.0}}
     plots.plot_metric_panels(runs, tmp_path / "catbabi.png", "catbabi")
     axes = saved[0].axes
-    assert [axis.get_title(loc="left") for axis in axes] == ["accuracy", "fp_iterations_mean"]
+    assert [axis.get_title(loc="left") for axis in axes] == ["accuracy", "fp_passes_mean"]
     assert [[bar.get_width() for bar in axis.patches] for axis in axes] == [[0.76, 0.91], [257.0]]
     assert [tick.get_text() for tick in axes[1].get_yticklabels()] == ["implicit"]
     assert axes[0].get_xlim()[1] < 1.0 < 257.0 < axes[1].get_xlim()[1]  # accuracies not squashed by iterations

@@ -42,10 +42,10 @@ def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards
     assert (tmp_path / "out" / "lm_budget_passes.png").stat().st_size > 0
     rows = record["rows"]
     assert [row["passes"] for row in rows] == [1, 2, 3] and all(row["seconds"] > 0 for row in rows)
-    assert [row["fp_iterations_mean"] for row in rows] == [1.0, 2.0, 3.0]
+    assert [row["fp_passes_mean"] for row in rows] == [1.0, 2.0, 3.0]
     assert len({row["perplexity"] for row in rows}) == 3  # each K its own answers
     [twin] = record["explicit"]
-    assert twin["passes"] == "explicit" and twin["perplexity"] > 1 and "fp_iterations_mean" not in twin
+    assert twin["passes"] == "explicit" and twin["perplexity"] > 1 and "fp_passes_mean" not in twin
     assert record["curves"] == [{"label": "length 8", "x": [1, 2, 3], "y": [row["perplexity"] for row in rows]}]
     assert record["metrics"]["seconds L8 explicit"] == twin["seconds"]
     assert (tmp_path / "out" / "lm_budget_passes_time.png").stat().st_size > 0
@@ -72,7 +72,7 @@ def test_a_passes_sweep_refuses_a_time_figure_already_there(pair, shards, tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--explicit", "x"], "--explicit is drawn beside a sweep of --passes: give --passes"),
-    (["--passes", "1,2", "--max-iter", "4"], "--passes sweeps solves of exactly K evaluations, --max-iter and --tol solves to a tolerance: give one"),
+    (["--passes", "1,2", "--max-iter", "4"], "--passes sweeps solves of a fixed K, --max-iter and --tol solves to a tolerance: give one"),
     (["--passes", "0,2"], "argument --passes: expected comma-separated numbers of passes of 1 to 10000"),
 ])
 def test_a_passes_sweep_mixed_with_a_tolerance_sweep_is_refused_in_one_line(pair, shards, tmp_path, capsys, flags,

@@ -267,7 +267,7 @@ def test_fixed_points_short_of_the_tolerance_are_reported_and_warned_about(token
     # One line per request type, none from the generate() calls inside the adapter.
     lines = [record.getMessage() for record in caplog.records if record.name == "implicitlm"]
     assert len(lines) == 2 and lines[0].startswith("lm-eval loglikelihood requests (sequential mode): ")
-    assert lines[1].startswith("lm-eval generate_until requests") and "at the iteration budget" in lines[1]
+    assert lines[1].startswith("lm-eval generate_until requests") and "at the budget of passes" in lines[1]
     info = lm.get_model_info()
     assert info["fp_not_converged_share"] == 1.0 and info["fp_fixed_points"] == info["fp_stopped_at_budget"] > 0
 

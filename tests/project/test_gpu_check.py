@@ -89,7 +89,7 @@ def test_key_figures_are_present_and_finite(rehearsal):
     assert scoring["implicit / explicit time"] > 0
     words = figures["words"]
     assert 0 <= words["accuracy_last10@8"] <= 1 and words["hard token share"] > 0
-    assert {"hard iterations_mean", "easy iterations_mean", "all share_unconverged"} <= set(words)
+    assert {"hard passes_mean", "easy passes_mean", "all share_unconverged"} <= set(words)
 
 
 def test_a_step_past_its_limit_is_stopped_and_reported_without_losing_the_others(tmp_path, monkeypatch):

@@ -116,7 +116,7 @@ def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
     expected = [word_accuracy(model, *held_out_words("S3", n, 8, seed=2), mode="sequential", max_iter=3, batch_size=4)
                 for n in (6, 12)]
     assert result["rows"] == expected and result["files"] is None
-    assert result["table"].splitlines()[0].split() == ["length", "last10", "all", "fp", "iters", "not", "converged"]
+    assert result["table"].splitlines()[0].split() == ["length", "last10", "all", "passes", "not", "converged"]
 
 
 def test_the_lm_task_rows_are_perplexity_by_length_rows(catbabi_folder, lm_checkpoint):

@@ -93,7 +93,7 @@ def test_the_stage_logs_its_terms_after_the_curriculum(shards, base, tmp_path):
     assert [row["phase"] for row in rows] == ["bounded", "free", "few_pass", "few_pass"]
     for row in rows[2:]:
         assert row["fixed_point_loss"] > 0 and row["distance"] > 0 and row["fp_solver"] == "unroll"
-        assert row["fp_evaluations"] == 2  # the K passes of the step's loss
+        assert row["fp_batch_passes"] == 2  # the K passes of the step's loss
     assert not {"fixed_point_loss", "distance"} & set(rows[0])
 
 
@@ -101,7 +101,7 @@ def test_the_stage_without_a_teacher_runs_the_passes_alone(shards, base, tmp_pat
     assert main(few_pass_command(shards, base, tmp_path, "total_steps=1", "few_pass_steps=1", "few_pass_passes=3",
                                  "few_pass_distance=0", "few_pass_fixed_point=0")) == 0
     (row,) = logged(tmp_path)
-    assert row["fp_evaluations"] == 3 and "distance" not in row and "fixed_point_loss" not in row
+    assert row["fp_batch_passes"] == 3 and "distance" not in row and "fixed_point_loss" not in row
 
 
 def test_a_run_resumes_into_and_through_the_stage_exactly(shards, base, tmp_path):

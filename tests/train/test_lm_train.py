@@ -29,6 +29,7 @@ from implicitlm.train.config import TrainConfig
 from implicitlm.train.trainer import parameter_groups, train
 
 from tests.support.contractive import make_contractive
+from tests.support.cost_names import former_cost_names
 from tests.support.signals import signal_this_thread
 from tests.support.models import tiny_model
 
@@ -67,7 +68,7 @@ def test_curriculum_switches_phase_and_budget_at_the_configured_step(shards, tmp
     train(lm_model(), train_config(), tmp_path, data=shards, progress=False)
     assert logged(tmp_path, "phase") == ["bounded", "bounded", "free", "free"]
     assert logged(tmp_path, "train_max_iter") == [4, 4, 6, 6]
-    assert all(n <= 4 for n in logged(tmp_path, "fp_iterations_max")[:2])
+    assert all(n <= 4 for n in logged(tmp_path, "fp_passes_max")[:2])
     for key in ("loss", "ppl", "lr", "tokens_per_s", "fp_rel_residual_max"):
         assert all(isinstance(v, float) for v in logged(tmp_path, key)), key
 
@@ -436,10 +437,11 @@ def test_both_tasks_run_the_one_loop(shards, tmp_path, capsys):
     words_err = capsys.readouterr().err
     train(lm_model(), train_config(total_steps=2, bounded_fraction=1.0), tmp_path / "lm", data=shards)
     lm_err = capsys.readouterr().err
-    loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "train_max_iter", "fp_iterations_mean"}
+    loop_keys = {"step", "loss", "grad_norm", "lr", "phase", "tokens_per_s", "train_max_iter", "fp_passes_mean"}
     for run, own in (("words", "accuracy"), ("lm", "ppl")):
         records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == [0, 1] and all(loop_keys | {own} <= set(r) for r in records), run
+        assert former_cost_names(records) == [], run  # a solve's cost is in passes: fp_passes_mean, fp_row_passes
     assert "the first step took" in words_err and "the first step took" in lm_err
 
 

@@ -51,7 +51,7 @@ def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
     )
     train(model, config, tmp_path, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["phase"], r["fp_evaluations"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
+    assert [(r["phase"], r["fp_batch_passes"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
     assert model.solver.options.train_max_iter == 7
 
 
@@ -220,7 +220,7 @@ def test_tensorboard_holds_the_scalars_of_the_jsonl_log_across_a_resume(tmp_path
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    for name in ("loss", "grad_norm", "fp_iterations_mean"):
+    for name in ("loss", "grad_norm", "fp_passes_mean"):
         scalars = {event.step: event.value for event in events.Scalars(name)}
         assert scalars == pytest.approx({record["step"]: record[name] for record in logged}, rel=1e-6), name
     assert sorted(scalars) == list(range(5))

@@ -168,10 +168,10 @@ def positive_int(text: str) -> int:
 
 
 def iteration_budget(text: str) -> int:
-    """A fixed-point budget: a number of evaluations of the map, within the solver's limit."""
+    """A fixed-point budget: a number of passes (evaluations of the map), within the solver's limit."""
     from ..deq.options import MAX_EVALUATIONS, evaluations
 
-    expected = f"a budget of 1 to {MAX_EVALUATIONS} evaluations"
+    expected = f"a budget of 1 to {MAX_EVALUATIONS} passes"
     value = _number(text, int, 0, True, expected)
     if not evaluations(1).holds(value):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
@@ -268,7 +268,7 @@ def int_list(text: str) -> list[int]:
 def budget_list(text: str) -> list[int]:
     from ..deq.options import MAX_EVALUATIONS
 
-    return _list_of(text, iteration_budget, f"budgets of 1 to {MAX_EVALUATIONS} evaluations")
+    return _list_of(text, iteration_budget, f"budgets of 1 to {MAX_EVALUATIONS} passes")
 
 
 def passes_list(text: str) -> list[int]:

@@ -28,8 +28,8 @@ RECORDS = {
 }
 HELP = {
     "length": "quality by test length (length extrapolation): word accuracy, perplexity by context, catbAbI answers",
-    "budget": "test-time compute: quality by iteration budget, a curve per test length",
-    "convergence": "iterations each token needs in sequential mode; hard vs easy tokens (words, lm)",
+    "budget": "test-time compute: quality by budget of passes, a curve per test length",
+    "convergence": "passes each token needs in sequential mode; hard vs easy tokens (words, lm)",
 }
 
 
@@ -38,7 +38,7 @@ HELP = {
 ALIASES = {
     "words": (
         ("eval", "length", "per-token accuracy of a checkpoint by test length (length extrapolation)"),
-        ("convergence", "convergence", "iterations each token needs in sequential mode; hard vs easy tokens"),
+        ("convergence", "convergence", "passes each token needs in sequential mode; hard vs easy tokens"),
     ),
     "lm": (("eval", "length", "held-out perplexity of a checkpoint by context length (length extrapolation)"),),
     "catbabi": (("eval", "length", "answer accuracy of a checkpoint, overall and per task"),),
@@ -117,7 +117,7 @@ def _run_budget(args) -> None:
     if args.swept_passes is None and args.explicit:
         raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
     if args.swept_passes is not None and (args.swept_max_iter or args.swept_tol):
-        raise OptionError("passes sweeps solves of exactly K evaluations, max_iter and tol solves to a tolerance: give "
+        raise OptionError("passes sweeps solves of a fixed K, max_iter and tol solves to a tolerance: give "
                           "one", arguments=("passes", "max_iter", "tol"))
     task = _task(args)
     if args.swept_passes is None:

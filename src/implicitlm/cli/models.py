@@ -21,12 +21,12 @@ def add_models_list(commands) -> None:
 def _run_models_list(args) -> None:
     from ..presets import model_preset_names, preset_summary
 
-    print(f"{'name':<26}{'arch':<8}{'layers':>7}{'d_model':>8}  {'variant':<14}{'eval iters':>10}{'params (M)':>12}")
+    print(f"{'name':<26}{'arch':<8}{'layers':>7}{'d_model':>8}  {'variant':<14}{'eval max_iter':>14}{'params (M)':>12}")
     for row in map(preset_summary, model_preset_names()):
-        eval_iterations = "-" if row["eval_iterations"] is None else row["eval_iterations"]
+        eval_max_iter = "-" if row["eval_max_iter"] is None else row["eval_max_iter"]
         print(
             f"{row['name']:<26}{row['architecture']:<8}{row['layers']:>7}{row['d_model']:>8}  {row['variant']:<14}"
-            f"{eval_iterations:>10}{row['parameters'] / 1e6:>12.1f}"
+            f"{eval_max_iter:>14}{row['parameters'] / 1e6:>12.1f}"
         )
 
 

@@ -117,27 +117,27 @@ class FixedPointOptions(Options):
         "solver": "every solve's, unless a mode names its own: " + ", ".join(SOLVERS),
         "simultaneous_solver": "inference in simultaneous mode: solver (empty: solver)",
         "sequential_solver": "inference in sequential (RNN) mode: solver (empty: solver)",
-        "train_max_iter": "training: solver iterations before the phantom-gradient steps",
+        "train_max_iter": "training: passes of the solve before the phantom-gradient steps",
         "train_tol": "training: residual at which the solve stops",
         "stop_mode": "residual measured relative to |f(z)| (rel) or absolute (abs)",
         "phantom_steps": "training: damped steps with autograd after the solve",
         "tau": "damping of the phantom steps, z <- tau f(z) + (1 - tau) z",
         "unroll_steps": "training: a differentiable unroll of this many steps instead (0: phantom gradient)",
-        "max_iter": "inference: most solver iterations (the test-time-compute knob)",
-        "simultaneous_max_iter": "inference in simultaneous mode: most solver iterations of a sequence or chunk "
+        "max_iter": "inference: most passes of a solve (the test-time-compute knob)",
+        "simultaneous_max_iter": "inference in simultaneous mode: most passes of a sequence's or chunk's solve "
                                  "(0: max_iter)",
         "tol": "inference: residual at which the solve stops",
-        "divergence_patience": "evaluations in a row above divergence_growth x the first residual before a sample "
+        "divergence_patience": "passes in a row above divergence_growth x the first residual before a sample "
                                "is given up as diverged (0: never)",
         "divergence_growth": "see divergence_patience",
         "nonconvergence": "inference: report (count unconverged samples) or error (raise)",
         "jacobian_penalty": "training: weight of the Jacobian penalty |df/dz|_F^2 / numel at the solution, for a map "
-                            "that contracts faster (fewer solver iterations at inference; 0: off)",
+                            "that contracts faster (fewer passes at inference; 0: off)",
         "initial_guess": "inference: where each solve starts, zero or learned (the checkpoint's initial_guess.safetensors, "
                          "from implicitlm solver train), unless a mode names its own",
         "simultaneous_initial_guess": "inference in simultaneous mode: initial_guess (empty: initial_guess)",
         "sequential_initial_guess": "inference in sequential (RNN) mode: initial_guess (empty: initial_guess)",
-        "passes": "inference: exactly this many evaluations of the map per solve, plain iteration from the start "
+        "passes": "inference: exactly this many passes (evaluations of the map) per solve, plain iteration from the start "
                   "initial_guess says, no tolerance and no retries (0: solve to tol within max_iter)",
         "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",

@@ -170,7 +170,7 @@ class FixedPointSolver:
             return
         raise NumericalFault(
             f"fixed point not reached for {int(missed.sum())} of {missed.numel()} {unit}: "
-            f"{int(stats.unconverged.sum())} hit the budget of {max_iter} evaluations, "
+            f"{int(stats.unconverged.sum())} hit the budget of {max_iter} passes, "
             f"{int(stats.diverged.sum())} diverged; worst {stats.stop_mode} residual "
             f"{stats.residual[missed].max().item():.3g} vs tolerance {stats.tol:g}"
         )

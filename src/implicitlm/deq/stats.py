@@ -15,19 +15,21 @@ LOGGER = logging.getLogger("implicitlm")
 class FixedPointStats:
     """Per-sample outcome of one fixed-point solve.
 
-    ``iterations``: evaluations each sample had until it got under the tolerance or was
-    given up as diverged (the budget where neither happened); a sample is frozen from
-    then on. ``abs_residual`` / ``rel_residual``: ``||f(z) - z||`` and
+    What a solve spends is counted in passes, a pass being one evaluation of ``f`` (one pass
+    of the stack over the tokens). ``iterations``: the passes each sample had until it got
+    under the tolerance or was given up as diverged (the budget where neither happened); a
+    sample is frozen from then on. ``abs_residual`` / ``rel_residual``: ``||f(z) - z||`` and
     ``||f(z) - z|| / ||f(z)||`` at the iterate z whose image f(z) is returned.
     ``diverged``: given up before the budget was spent (residual growing at every
     evaluation for a while, or not finite); such a sample returns its lowest-residual
     finite image; ``non_finite``: those of them whose image f(z) was NaN or infinite at some
     evaluation. Every sample is exactly one of ``converged``, ``diverged`` and
     ``unconverged`` (the budget spent, the tolerance not reached). ``evaluations``: calls
-    of ``f``, each on the samples still running (the batch runs until its slowest sample
-    is done); ``row_evaluations``: samples computed over all those calls: the honest cost
-    where frozen samples are left out of the calls (as both modes of the models do), the
-    batch size times ``evaluations`` where they are computed and dropped. ``solver``: the
+    of ``f`` (passes of the batch), each on the samples still running (the batch runs until
+    its slowest sample is done); ``row_evaluations``: samples computed over all those calls
+    (one sample's pass each): the honest cost where frozen samples are left out of the calls
+    (as both modes of the models do), the batch size times ``evaluations`` where they are
+    computed and dropped. ``solver``: the
     name of the solver that produced them. ``jacobian_penalty``: in training with the
     option of that name, the term to add to the loss (with its graph; see ``penalised``).
     ``passes``: K for a solve of exactly K passes (``deq/fixed_passes.py``), whose residual is
@@ -64,13 +66,16 @@ class FixedPointStats:
         return ~self.converged & ~self.diverged
 
     def summary(self) -> dict[str, float | str]:
-        """Batch means, extremes and failure counts, and the solver's name, for logs."""
+        """Batch means, extremes and failure counts, and the solver's name, for logs; what the
+        solve spent in passes: each sample's (``fp_passes_mean``/``_max``, from ``iterations``),
+        the calls of ``f`` (``fp_batch_passes``, from ``evaluations``) and the samples they
+        computed (``fp_row_passes``, from ``row_evaluations``)."""
         penalty = {} if self.jacobian_penalty is None else {"fp_jacobian_penalty": self.jacobian_penalty.item()}
         return {
             **penalty,
             "fp_solver": self.solver,
-            "fp_iterations_mean": self.iterations.float().mean().item(),
-            "fp_iterations_max": self.iterations.max().item(),
+            "fp_passes_mean": self.iterations.float().mean().item(),
+            "fp_passes_max": self.iterations.max().item(),
             "fp_rel_residual_mean": self.rel_residual.mean().item(),
             "fp_rel_residual_max": self.rel_residual.max().item(),
             "fp_abs_residual_mean": self.abs_residual.mean().item(),
@@ -78,8 +83,8 @@ class FixedPointStats:
             "fp_unconverged": float(self.unconverged.sum().item()),
             "fp_diverged": float(self.diverged.sum().item()),
             "fp_non_finite": float(self.non_finite.sum().item()),
-            "fp_evaluations": float(self.evaluations),
-            "fp_row_evaluations": float(self.row_evaluations),
+            "fp_batch_passes": float(self.evaluations),
+            "fp_row_passes": float(self.row_evaluations),
         }
 
 
@@ -188,7 +193,7 @@ class ConvergenceTally:
             return None
         return (
             f"{what}: {self.not_converged} of {self.fixed_points} fixed points ({self.not_converged_share:.2%}) "
-            f"stopped above the tolerance: {self.budget} at the iteration budget, {self.diverged} diverged, "
+            f"stopped above the tolerance: {self.budget} at the budget of passes, {self.diverged} diverged, "
             f"{self.non_finite} non-finite"
         )
 

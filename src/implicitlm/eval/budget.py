@@ -1,8 +1,8 @@
-"""Test-time compute: quality as a function of the evaluation iteration budget and tolerance.
+"""Test-time compute: quality as a function of the evaluation's budget of passes and tolerance.
 
-An implicit model's depth is its number of fixed-point iterations, chosen at evaluation
+An implicit model's depth is its number of passes per solve, chosen at evaluation
 time. A sweep re-evaluates the same data at each budget (``max_iter``) and tolerance and
-keeps, beside the quality, the iterations the model actually used: with a tolerance, a
+keeps, beside the quality, the passes the model actually used: with a tolerance, a
 larger budget is only spent where tokens have not yet converged. A sweep over ``passes`` instead
 runs exactly K passes per solve at each point, and sets the quality and the seconds it took
 beside those of explicit models on the same data (its explicit twin, a deeper one): what a
@@ -35,7 +35,7 @@ def budget_sweep(
     """Rows of ``evaluate`` at every (tolerance, budget), each tagged with both."""
     budgets = sorted(set(budgets))
     if not budgets or budgets[0] < 1:
-        raise OptionError(f"budgets must be positive iteration counts, got {budgets}")
+        raise OptionError(f"budgets must be positive counts of passes, got {budgets}")
     grid = [(tol, budget) for tol in tols for budget in budgets]
     rows = []
     for tol, budget in tqdm(grid, desc="budgets", disable=not progress):
@@ -57,14 +57,14 @@ def budget_curves(rows: list[dict[str, Any]], quality: str) -> list[dict[str, An
 
 
 def budget_metrics(rows: list[dict[str, Any]], quality: str) -> dict[str, float]:
-    """Flat metrics for a comparison table: quality and iterations used at each point."""
+    """Flat metrics for a comparison table: quality and passes used at each point."""
     several_tols = len({row["tol"] for row in rows}) > 1
     metrics = {}
     for row in rows:
         point = f"L{row['length']} it{row['max_iter']}" + (f" tol{row['tol']:g}" if several_tols else "")
         metrics[f"{quality} {point}"] = row[quality]
-        if "fp_iterations_mean" in row:
-            metrics[f"iterations {point}"] = row["fp_iterations_mean"]
+        if "fp_passes_mean" in row:
+            metrics[f"passes {point}"] = row["fp_passes_mean"]
     return metrics
 
 
@@ -81,7 +81,7 @@ def budget_record(
 ) -> dict[str, Any]:
     """Write a sweep's ``<experiment>.json`` and its figure: ``quality`` (on a ``quality_scale``
     axis) against budget, a curve per test length."""
-    axes = {"x": "iteration budget (max_iter)", "y": quality, "xscale": "log2", "yscale": quality_scale}
+    axes = {"x": "budget of passes (max_iter)", "y": quality, "xscale": "log2", "yscale": quality_scale}
     curves = budget_curves(rows, quality)
     record = make_record(experiment, checkpoint, model, budget_metrics(rows, quality), curves, axes, rows=rows, **details)
     write_record(out_dir, record)
@@ -213,11 +213,11 @@ def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
 
 
 def format_budget_table(rows: list[dict[str, Any]], quality: str) -> str:
-    """A line per (test length, tolerance, budget): ``quality``, the iterations used, the misses."""
+    """A line per (test length, tolerance, budget): ``quality``, the passes used, the misses."""
     width = max(12, len(quality) + 2)
-    lines = [f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>{width}}{'iters used':>12}{'not converged':>15}"]
+    lines = [f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>{width}}{'passes used':>12}{'not converged':>15}"]
     for row in rows:
         tol = "model" if row["tol"] is None else f"{row['tol']:g}"
-        used = f"{row['fp_iterations_mean']:>12.2f}" if "fp_iterations_mean" in row else f"{'-':>12}"
+        used = f"{row['fp_passes_mean']:>12.2f}" if "fp_passes_mean" in row else f"{'-':>12}"
         lines.append(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}{missed_cell(row)}")
     return "\n".join(lines)

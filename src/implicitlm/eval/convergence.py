@@ -1,12 +1,12 @@
-"""Per-token convergence in sequential (RNN) mode: how many iterations each token needs.
+"""Per-token convergence in sequential (RNN) mode: how many passes each token needs.
 
 The paper's claim: only a small subset of tokens needs the full budget. In sequential mode
-every token has its own fixed point, so its iteration count is its own, and tokens can be
+every token has its own fixed point, so its count of passes is its own, and tokens can be
 split by a mask (for A5 x M words: tokens whose group part is not the identity are hard).
 
 A token short of the tolerance either spent the whole budget (unconverged) or was given
 up earlier by the solve (diverged: its residual kept growing, or was not finite); its
-iteration count tells which.
+count of passes tells which.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ EXPERIMENT = "convergence"
 
 
 @torch.no_grad()
-def token_iterations(
+def token_passes(
     model,
     inputs: np.ndarray,
     max_iter: int | None = None,
@@ -35,7 +35,7 @@ def token_iterations(
     batch_size: int = 64,
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """Iterations and residual (the stop mode's, which the tolerance applies to) of every
+    """Passes and residual (the stop mode's, which the tolerance applies to) of every
     token of ``inputs`` (N, L), solved in sequential mode with the model's solver to its
     tolerance (whatever ``passes`` the model declares: these are the solve's own figures); also
     the budget and tolerance that applied."""
@@ -43,47 +43,47 @@ def token_iterations(
         raise OptionError("convergence statistics need an implicit model; this one is explicit")
     model.eval()
     max_iter, tol = model.solver.options.budget(max_iter, tol)
-    iterations, residuals = [], []
+    passes, residuals = [], []
     for start in tqdm(range(0, len(inputs), batch_size), desc="sequential", disable=not progress):
         batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)
         stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol, passes=0).fixed_point
-        iterations.append(stats.iterations.cpu().numpy())
+        passes.append(stats.iterations.cpu().numpy())
         # float64 holds every dtype's residual exactly: no rounding across the tolerance.
         residuals.append(stats.residual.double().cpu().numpy())
-    return np.concatenate(iterations), np.concatenate(residuals), max_iter, tol
+    return np.concatenate(passes), np.concatenate(residuals), max_iter, tol
 
 
 def convergence_summary(
-    iterations: np.ndarray, residuals: np.ndarray, max_iter: int, tol: float, hard: np.ndarray | None = None
+    passes: np.ndarray, residuals: np.ndarray, max_iter: int, tol: float, hard: np.ndarray | None = None
 ) -> dict[str, Any]:
     """Histogram and shares over all tokens, and over the ``hard`` / easy tokens if a mask is given."""
-    summary = {"max_iter": max_iter, "tol": tol, "all": _describe(iterations, residuals, max_iter, tol)}
+    summary = {"max_iter": max_iter, "tol": tol, "all": _describe(passes, residuals, max_iter, tol)}
     if hard is not None:
-        if hard.shape != iterations.shape:
-            raise OptionError(f"hard-token mask of shape {hard.shape} for tokens of shape {iterations.shape}")
+        if hard.shape != passes.shape:
+            raise OptionError(f"hard-token mask of shape {hard.shape} for tokens of shape {passes.shape}")
         summary["hard_share"] = float(hard.mean())
-        summary["hard"] = _describe(iterations[hard], residuals[hard], max_iter, tol)
-        summary["easy"] = _describe(iterations[~hard], residuals[~hard], max_iter, tol)
+        summary["hard"] = _describe(passes[hard], residuals[hard], max_iter, tol)
+        summary["easy"] = _describe(passes[~hard], residuals[~hard], max_iter, tol)
     return summary
 
 
-def _describe(iterations: np.ndarray, residuals: np.ndarray, max_iter: int, tol: float) -> dict[str, Any]:
-    if iterations.size == 0:
+def _describe(passes: np.ndarray, residuals: np.ndarray, max_iter: int, tol: float) -> dict[str, Any]:
+    if passes.size == 0:
         return {"tokens": 0}
-    counts = np.bincount(iterations.ravel(), minlength=max_iter + 1)[1:]
+    counts = np.bincount(passes.ravel(), minlength=max_iter + 1)[1:]
     missed = ~(residuals < tol)  # NaN included
     return {
-        "tokens": int(iterations.size),
-        "iterations_mean": float(iterations.mean()),
-        "iterations_median": float(np.median(iterations)),
-        "iterations_p90": float(np.percentile(iterations, 90)),
+        "tokens": int(passes.size),
+        "passes_mean": float(passes.mean()),
+        "passes_median": float(np.median(passes)),
+        "passes_p90": float(np.percentile(passes, 90)),
         # Tokens that used every iteration allowed: they stopped at the budget, not the tolerance.
-        "share_full_budget": float((iterations >= max_iter).mean()),
+        "share_full_budget": float((passes >= max_iter).mean()),
         # Tokens short of the tolerance: after the whole budget, or given up before it.
         "share_unconverged": float(missed.mean()),
-        "unconverged": int((missed & (iterations >= max_iter)).sum()),
-        "diverged": int((missed & (iterations < max_iter)).sum()),
-        "histogram": {"iterations": list(range(1, max_iter + 1)), "tokens": counts.tolist()},
+        "unconverged": int((missed & (passes >= max_iter)).sum()),
+        "diverged": int((missed & (passes < max_iter)).sum()),
+        "histogram": {"passes": list(range(1, max_iter + 1)), "tokens": counts.tolist()},
     }
 
 
@@ -91,7 +91,7 @@ def convergence_metrics(summary: dict[str, Any]) -> dict[str, float]:
     metrics = {}
     for group in ("all", "hard", "easy"):
         if group in summary and summary[group]["tokens"]:
-            for name in ("iterations_mean", "iterations_median", "share_full_budget", "share_unconverged"):
+            for name in ("passes_mean", "passes_median", "share_full_budget", "share_unconverged"):
                 metrics[f"{group} {name}"] = summary[group][name]
             for name in ("unconverged", "diverged"):
                 metrics[f"{group} {name}"] = float(summary[group][name])
@@ -101,22 +101,22 @@ def convergence_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def convergence_curves(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The iteration histograms as shares of each group's tokens."""
+    """The histograms of passes as shares of each group's tokens."""
     curves = []
     for group in ("all", "hard", "easy"):
         if group in summary and summary[group]["tokens"]:
             histogram = summary[group]["histogram"]
             total = summary[group]["tokens"]
-            curves.append({"label": f"{group} tokens", "x": histogram["iterations"], "y": [c / total for c in histogram["tokens"]]})
+            curves.append({"label": f"{group} tokens", "x": histogram["passes"], "y": [c / total for c in histogram["tokens"]]})
     return curves
 
 
 def convergence_record(
     model, checkpoint: str | Path, summary: dict[str, Any], out_dir: str | Path, title: str, **details: Any
 ) -> dict[str, Any]:
-    """Write ``convergence.json`` and the iteration histogram ``convergence.png``; the
+    """Write ``convergence.json`` and the histogram of passes ``convergence.png``; the
     record names the solver that produced the counts."""
-    axes = {"x": "iterations to reach the tolerance", "y": "share of tokens", "yscale": "log"}
+    axes = {"x": "passes to reach the tolerance", "y": "share of tokens", "yscale": "log"}
     curves = convergence_curves(summary)
     record = make_record(
         EXPERIMENT, checkpoint, model, convergence_metrics(summary), curves, axes,
@@ -133,7 +133,7 @@ def convergence_by_task(
     progress: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Per-token iterations of an implicit checkpoint on ``task``'s convergence inputs, in
+    """Per-token passes of an implicit checkpoint on ``task``'s convergence inputs, in
     sequential mode, solved as the task's ``fixed_point`` settings say (by default the
     model's budget), split into hard and easy tokens where the task marks them. Returns
     the ``summary``, the printed ``table`` and the ``files`` written in ``out``
@@ -141,15 +141,15 @@ def convergence_by_task(
     solves, unless ``overwrite``)."""
     with claimed_records(out, [EXPERIMENT], overwrite):
         model, inputs = task.prepare("convergence")
-        iterations, residuals, hard = [], [], []
+        passes, residuals, hard = [], [], []
         for tokens, mask in inputs:
-            counts, residual, used_max_iter, used_tol = token_iterations(
+            counts, residual, used_max_iter, used_tol = token_passes(
                 model, tokens, batch_size=task.batch_size, progress=progress
             )
-            iterations.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
+            passes.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
         masks = None if any(mask is None for mask in hard) else np.concatenate([mask.ravel() for mask in hard])
         summary = convergence_summary(
-            np.concatenate(iterations), np.concatenate(residuals), used_max_iter, used_tol, masks
+            np.concatenate(passes), np.concatenate(residuals), used_max_iter, used_tol, masks
         )
         convergence_record(model, task.checkpoint, summary, out, task.convergence_title, **task.details())
     return {"summary": summary, "table": format_convergence(summary), "files": record_files(out, EXPERIMENT)}
@@ -165,8 +165,8 @@ def format_convergence(summary: dict[str, Any]) -> str:
         stats = summary.get(group)
         if stats and stats["tokens"]:
             lines.append(
-                f"{group:<8}{stats['tokens']:>9,}{stats['iterations_mean']:>8.2f}{stats['iterations_median']:>8.1f}"
-                f"{stats['iterations_p90']:>7.1f}{stats['share_full_budget']:>13.1%}{stats['unconverged']:>13,}"
+                f"{group:<8}{stats['tokens']:>9,}{stats['passes_mean']:>8.2f}{stats['passes_median']:>8.1f}"
+                f"{stats['passes_p90']:>7.1f}{stats['share_full_budget']:>13.1%}{stats['unconverged']:>13,}"
                 f"{stats['diverged']:>10,}"
             )
     return "\n".join(lines)

@@ -160,7 +160,7 @@ def plot_histograms(curves: list[dict[str, Any]], path: str | Path, title: str, 
     figure, axis = plt.subplots(figsize=(7, 4))
     for i, curve in enumerate(curves):
         # Empty bins are left out: a log axis cannot show them, and they would stretch the x
-        # axis to the budget however few iterations the tokens took.
+        # axis to the budget however few passes the tokens took.
         shown = [(x, y) for x, y in zip(curve["x"], curve["y"]) if y > 0]
         positions = [x + (i - (len(curves) - 1) / 2) * width for x, _ in shown]
         axis.bar(positions, [y for _, y in shown], width=width, label=curve["label"])

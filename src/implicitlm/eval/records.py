@@ -130,7 +130,16 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
     if not isinstance(value, dict) or not all(key in value for key in RECORD_KEYS):
         return None
     _check_record(_Fields(path), value)
+    value["metrics"] = {current_metric_name(name): number for name, number in value["metrics"].items()}
     return value
+
+
+def current_metric_name(name: str) -> str:
+    """``name`` as records write it now. Records written before a solve's cost had one name
+    said "iterations" where they now say "passes" (``fp_iterations_mean``, ``iterations L16
+    it128``, ``all iterations_mean``): read under the new name, an old run's figures fall in
+    the same column of a report as a new run's."""
+    return name.replace("iterations", "passes")
 
 
 class _Fields:

@@ -72,7 +72,7 @@ def preset_summary(name: str) -> dict[str, Any]:
         "layers": options["num_hidden_layers"],
         "d_model": options["hidden_size"],
         "variant": f"{variant} ({fixed_point['train_max_iter']}+{fixed_point['phantom_steps']})" if implicit else variant,
-        "eval_iterations": fixed_point["max_iter"] if implicit else None,
+        "eval_max_iter": fixed_point["max_iter"] if implicit else None,
         "parameters": _size_files()[_split(name)[0]]["parameters"][kind_of(implicit)],
     }
 

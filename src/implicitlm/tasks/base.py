@@ -1,5 +1,5 @@
 """What an evaluation needs of a task: a ``Task`` names its checkpoint and its own options and
-gives the evaluations in ``eval/`` (by length, by iteration budget, per-token convergence)
+gives the evaluations in ``eval/`` (by length, by budget of passes, per-token convergence)
 its evaluation sets, its metrics, its tables, the names of its records and what its length
 record holds (``TaskRecord``), with its figure described (``Figure``) for ``eval/`` to draw.
 
@@ -24,7 +24,7 @@ from ..deq.options import FixedPointOptions
 from ..models import load_model
 
 EVALUATIONS = ("length", "budget", "convergence")
-# What needs an implicit model, in an error's words: a sweep of its budget, its per-token iterations.
+# What needs an implicit model, in an error's words: a sweep of its budget, its passes per token.
 NEEDS_IMPLICIT = {"budget": "a budget sweep", "convergence": "convergence statistics"}
 # The kinds of figure ``eval/`` draws: lines over a shared x axis; a bar per x value (a category).
 FIGURE_KINDS = ("curves", "bars")
@@ -145,7 +145,7 @@ class Task(ABC):
     def evaluate(self, model, test_set: Any, mode: str = "simultaneous", warn: bool = True, progress: bool = False
                  ) -> dict[str, Any]:
         """One row of metrics on ``test_set``, with its ``length`` and, for implicit models,
-        the fixed-point iterations (with the model's budget) and the misses of the tolerance. ``warn``: log a line when
+        the mean passes of its solves (``fp_passes_mean``, with the model's budget) and the misses of the tolerance. ``warn``: log a line when
         fixed points missed it (a budget sweep, whose table shows them, turns it off);
         ``progress``: a bar inside the set's evaluation, where the task has one."""
 
@@ -159,7 +159,7 @@ class Task(ABC):
         in ``mode``, and its figure."""
 
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """Token arrays (N, L) whose per-token iterations a convergence report counts, each with
+        """Token arrays (N, L) whose passes per token a convergence report counts, each with
         a mask of its hard tokens (None where the task has no such split)."""
         raise OptionError(f"convergence is not evaluated for --task {self.name}")
 
@@ -173,7 +173,7 @@ class Task(ABC):
 
     @property
     def convergence_title(self) -> str:
-        return "iterations per token (sequential mode)"
+        return "passes per token (sequential mode)"
 
 
 class FolderTask(Task):

@@ -57,7 +57,7 @@ def answer_accuracy(
 
     Returns ``accuracy`` and ``answers`` over all tasks, ``tasks`` {task: {"accuracy",
     "answers"}}, the ``stride`` used and the number of ``windows`` run, and for implicit
-    models the mean fixed-point iterations of those windows and how many of their fixed
+    models the mean passes of those windows' solves and how many of their fixed
     points stopped above the tolerance (``ConvergenceTally.as_dict``); ``warn``: say so in one
     logged line when any did.
     """
@@ -76,7 +76,7 @@ def answer_accuracy(
     expected = stream.numpy()[answers.positions]
     device = next(model.parameters()).device
     correct = np.zeros(len(answers.positions), dtype=bool)
-    iterations = []
+    passes = []
     was_training = model.training
     model.eval()
     try:
@@ -92,18 +92,18 @@ def answer_accuracy(
                 columns = answers.positions[scored] - 1 - starts[scored]
                 correct[scored] = predictions[rows, columns] == expected[scored]
                 if output.fixed_point is not None:
-                    iterations.append(output.fixed_point.iterations.float().mean().item())
+                    passes.append(output.fixed_point.iterations.float().mean().item())
     finally:
         model.train(was_training)
-    result = {**_summary(correct, answers.tasks, iterations), "stride": stride, "windows": len(unique_starts)}
-    if iterations:
+    result = {**_summary(correct, answers.tasks, passes), "stride": stride, "windows": len(unique_starts)}
+    if passes:
         result.update(tally.as_dict())
         if warn:
             warn_not_converged(tally, f"catbAbI {split} ({mode} mode)")
     return result
 
 
-def _summary(correct: np.ndarray, tasks: np.ndarray, iterations: list[float]) -> dict[str, Any]:
+def _summary(correct: np.ndarray, tasks: np.ndarray, passes: list[float]) -> dict[str, Any]:
     if not len(correct):
         raise DataError("the split has no answers to score")
     result: dict[str, Any] = {
@@ -114,8 +114,8 @@ def _summary(correct: np.ndarray, tasks: np.ndarray, iterations: list[float]) ->
             for task in np.unique(tasks)
         },
     }
-    if iterations:
-        result["fp_iterations_mean"] = float(np.mean(iterations))
+    if passes:
+        result["fp_passes_mean"] = float(np.mean(passes))
     return result
 
 
@@ -176,7 +176,7 @@ class CatbabiTask(FolderTask):
         result = rows[0]
         metrics = {"accuracy": result["accuracy"]}
         metrics.update({f"task_{task:02d}": row["accuracy"] for task, row in result["tasks"].items()})
-        metrics.update({key: result[key] for key in ("fp_iterations_mean", "fp_not_converged_share") if key in result})
+        metrics.update({key: result[key] for key in ("fp_passes_mean", "fp_not_converged_share") if key in result})
         details = {key: result[key] for key in ("answers", "stride", "windows")}
         details["tasks"] = {str(task): row for task, row in result["tasks"].items()}
         # The budget as solved: the model's own, or as the task's fixed_point settings set it.

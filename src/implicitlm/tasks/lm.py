@@ -39,12 +39,12 @@ def perplexity(
     """Token-weighted mean loss and its exponential over ``windows`` ((b, L + 1) token
     batches: inputs are the first L tokens, each predicts the next), in evaluation mode
     with the evaluation budget unless ``max_iter`` / ``tol`` say otherwise. Implicit
-    models also report the mean fixed-point iterations used (per sequence in simultaneous
+    models also report the mean passes used (per sequence in simultaneous
     mode, per token in sequential mode) and how many fixed points stopped above the
     tolerance, and why; ``warn``: say so in one logged line when any did."""
     was_training = model.training
     model.eval()
-    total_loss, total_tokens, iterations = 0.0, 0, []
+    total_loss, total_tokens, passes = 0.0, 0, []
     try:
         with model.track_convergence() as tally:
             for window in windows:
@@ -54,15 +54,15 @@ def perplexity(
                 total_loss += token_cross_entropy(output.logits, targets, "aligned").item() * targets.numel()
                 total_tokens += targets.numel()
                 if output.fixed_point is not None:
-                    iterations.append(output.fixed_point.iterations.float().flatten().cpu())
+                    passes.append(output.fixed_point.iterations.float().flatten().cpu())
     finally:
         model.train(was_training)
     if total_tokens == 0:
         raise DataError("no held-out tokens to evaluate")
     loss = total_loss / total_tokens
     result = {"loss": loss, "perplexity": math.exp(loss), "tokens": total_tokens}
-    if iterations:
-        result["fp_iterations_mean"] = torch.cat(iterations).mean().item()
+    if passes:
+        result["fp_passes_mean"] = torch.cat(passes).mean().item()
         result.update(tally.as_dict())
         if warn:
             warn_not_converged(tally, f"perplexity ({mode} mode)")

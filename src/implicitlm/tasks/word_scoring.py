@@ -93,7 +93,7 @@ def word_accuracy(
 ) -> dict[str, Any]:
     """Per-token accuracy over the last ``last`` tokens of each word (the authors' metric)
     and over all tokens but the first, whose label is its own input (a model that copies it
-    would score 1 / length for free); for implicit models, the fixed-point iterations and
+    would score 1 / length for free); for implicit models, the mean passes per fixed point and
     how many fixed points stopped above the tolerance, and why. The words: ``inputs`` and
     ``targets`` (arrays), or a ``WordWindows`` set, read a window at a time
     (``evaluation_window``) in memory that does not grow with their length.
@@ -172,7 +172,7 @@ class WordScore:
         self.chained: dict[int, FixedPointStats] = {}
         self.tally = ConvergenceTally()
         self.hits = self.hits_last = self.words = 0
-        self.iterations = self.rel_residual = 0.0
+        self.passes = self.rel_residual = 0.0
 
     def read(self, batch: int, tokens: torch.Tensor, labels: torch.Tensor, start: int, more: bool) -> torch.Tensor:
         """The predicted labels of batch ``batch``'s words at positions ``start`` on (their
@@ -199,7 +199,7 @@ class WordScore:
                 self.chained[batch] = stats
         if stats is not None and not (self.mode == "simultaneous" and more):
             self.tally.add(stats)
-            self.iterations += float(stats.iterations.double().sum())
+            self.passes += float(stats.iterations.double().sum())
             self.rel_residual += float(stats.rel_residual.double().sum())
         return predicted
 
@@ -216,7 +216,7 @@ class WordScore:
             row["max_iter"], row["tol"] = self.model.solver.options.budget(self.max_iter, self.tol, self.mode)
             if self.mode == "simultaneous":
                 row["chunk_length"] = solved_at_once(self.model, self.length)
-            row["fp_iterations_mean"] = self.iterations / self.tally.fixed_points
+            row["fp_passes_mean"] = self.passes / self.tally.fixed_points
             row["fp_rel_residual_mean"] = self.rel_residual / self.tally.fixed_points
             row.update(self.tally.as_dict())
             if warn:

@@ -169,10 +169,10 @@ class WordsTask(Task):
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         # Token 1 is left out of "all": its label is its input.
-        lines = [f"{'length':>8}{'last10':>9}{'all':>9}{'fp iters':>10}{'not converged':>15}"]
+        lines = [f"{'length':>8}{'last10':>9}{'all':>9}{'passes':>10}{'not converged':>15}"]
         for row in rows:
-            iters = f"{row['fp_iterations_mean']:>10.1f}" if "fp_iterations_mean" in row else f"{'-':>10}"
-            lines.append(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{iters}{missed_cell(row)}")
+            passes = f"{row['fp_passes_mean']:>10.1f}" if "fp_passes_mean" in row else f"{'-':>10}"
+            lines.append(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{passes}{missed_cell(row)}")
         return "\n".join(lines)
 
     def length_record(self, rows, mode) -> TaskRecord:
@@ -196,7 +196,7 @@ class WordsTask(Task):
 
     @property
     def convergence_title(self) -> str:
-        return f"{self.group}: iterations per token (sequential mode)"
+        return f"{self.group}: passes per token (sequential mode)"
 
 
 def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:

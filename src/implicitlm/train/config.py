@@ -101,9 +101,9 @@ class TrainConfig(Options):
         "unroll_steps": "implicit: steps of the differentiable unroll warm-up, first (0: none, as the paper)",
         "unroll_depth": "implicit: stack applications in each warm-up step",
         "bounded_fraction": "implicit: share of the steps after the warm-up in the bounded phase; the rest is free",
-        "bounded_max_iter": "implicit: solver iterations per bounded step (the paper's 4)",
+        "bounded_max_iter": "implicit: passes per bounded step's solve (the paper's 4)",
         "bounded_phantom_steps": "implicit: phantom-gradient steps per bounded step (the paper's 1)",
-        "free_max_iter": "implicit: most solver iterations per free step",
+        "free_max_iter": "implicit: most passes per free step's solve",
         "free_phantom_steps": "implicit: phantom-gradient steps per free step",
         "free_tol": "implicit: relative residual at which a free-phase solve stops",
         "few_pass_steps": "implicit: steps of the few-pass stage, the run's last, after the curriculum (0: none): it "
