@@ -332,20 +332,19 @@ class _RowTracker:
         diverged = ~converged & (~finite | self._ran_away(rows, abs_res)) & budget_left
         done = converged | diverged | (not budget_left)
         better = residual < self._best_residual(rows)  # never NaN: the best stays finite
-        # The one read of the device per evaluation (a host sync on a GPU): whether a sample is
-        # done, which changes the rows to run, and, for a caller that keeps more of the pass,
-        # whether every image improved. All else is decided on the device, by masks.
-        if self.on_improved is None:
-            any_done, all_better = bool(done.any()), False
-        else:
-            any_done, all_better = torch.stack([done.any(), better.all()]).tolist()
-        self._keep_best(rows, fz_rows, abs_res, rel_res, better)
+        # The one read of the device per evaluation (a host sync on a GPU), three answers in one
+        # transfer: whether a sample is done, which changes the rows to run; and whether every
+        # image improved and every residual is finite, the usual case, whose bookkeeping is a
+        # plain copy. Otherwise it is decided on the device, by masks.
+        any_done, all_better, all_finite = torch.stack([done.any(), better.all(), finite.all()]).tolist()
+        self._keep_best(rows, fz_rows, abs_res, rel_res, None if all_better else better)
         if self.on_improved is not None:
             self.on_improved(rows, None if all_better else better)
-        # The solver never sees a NaN, whose batched solves would spread it to other samples:
-        # a non-finite image is replaced by that sample's best one.
-        self._mark(self.non_finite, rows, ~finite)
-        fz_rows = torch.where(finite.view(-1, *[1] * (fz_rows.dim() - 1)), fz_rows, self._rows_of(self.best, rows))
+        if not all_finite:
+            # The solver never sees a NaN, whose batched solves would spread it to other samples:
+            # a non-finite image is replaced by that sample's best one.
+            self._mark(self.non_finite, rows, ~finite)
+            fz_rows = torch.where(finite.view(-1, *[1] * (fz_rows.dim() - 1)), fz_rows, self._rows_of(self.best, rows))
         if any_done:
             self._mark(self.diverged, rows, diverged)
             stopped = converged | diverged
@@ -395,15 +394,17 @@ class _RowTracker:
         # sample freezes) it is the tensor itself, without a gather.
         return tensor if rows.numel() == tensor.shape[0] else tensor.index_select(0, rows)
 
-    def _keep_best(self, rows, fz_rows, abs_res, rel_res, better) -> None:
-        """Each row's best image and residuals, by ``better`` on the device: a select, not a
-        masked indexing, which would read the mask's count on the host."""
+    def _keep_best(self, rows, fz_rows, abs_res, rel_res, better: torch.Tensor | None) -> None:
+        """Each row's best image and residuals: the new ones where ``better`` (None: everywhere),
+        chosen on the device by a select, not by masked indexing, which would read the mask's
+        count on the host."""
         for kept, new in ((self.best, fz_rows), (self.best_abs, abs_res), (self.best_rel, rel_res)):
-            chosen = torch.where(better.view(-1, *[1] * (new.dim() - 1)), new, self._rows_of(kept, rows))
+            if better is not None:
+                new = torch.where(better.view(-1, *[1] * (new.dim() - 1)), new, self._rows_of(kept, rows))
             if rows.numel() == kept.shape[0]:
-                kept.copy_(chosen)
+                kept.copy_(new)
             else:
-                kept.index_copy_(0, rows, chosen)
+                kept.index_copy_(0, rows, new)
 
     def _mark(self, flags: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> None:
         """``flags`` set on the ``rows`` where ``mask`` holds, without reading it on the host."""

@@ -52,7 +52,7 @@ class LearnedStart:
         """Keep ``mixing`` (None: none), the mixing of every solve of ``model`` by "learned_anderson"."""
         self.mixing = mixing
         self.to(model.device)
-        model.stack_passes.solver = self.solver(model.solver.options)
+        model.set_fixed_point_options()  # the solver rebuilt, with this mixing, where the options are
 
     def solver(self, options: FixedPointOptions) -> FixedPointSolver:
         """A solver of ``options`` whose "learned_anderson" mixes its steps by the mixing held here."""
