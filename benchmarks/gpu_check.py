@@ -437,9 +437,15 @@ KERNEL_SHAPES = {
 # convention error (B and C swapped, a wrong state layout) gives errors of order 1. bfloat16:
 # inputs and outputs rounded to 8 bits (~4e-3 each), a few of them compounding.
 KERNEL_THRESHOLDS = {"float32": 5e-3, "bfloat16": 3e-2}
-# A limit of the precision itself, which the pure scan at the same dtype shows too (a gradient
-# summed over the whole sequence, as dA), is not held against the kernel.
-PURE_MARGIN = 2.0
+# A limit of the precision itself, which the pure scan at the same precision shows too (a
+# gradient summed over the whole sequence, as dA), is not held against the kernel. On a GPU the
+# pure scan's float32 products are TF32 as the kernel's are (torch's "high" matmul precision):
+# in IEEE float32 a sum with cancellations, as dA over a 100-token batch of three, is exact where
+# TF32 is not (the H100 run of 2026-11-27: kernel 6.2e-3, IEEE pure scan 6.2e-6). The kernel
+# rounds more of its sums' terms to TF32 than the pure scan's matmuls do (its chunk states and
+# their passing): 2.3 times the pure scan's TF32 error there (2.7e-3), so a margin of 3. With
+# IEEE dots (TRITON_F32_DEFAULT=ieee) the kernel's float32 errors fall to 1-5e-6.
+PURE_MARGIN = 3.0
 KERNEL_QUANTITIES = ["y", "final state", "dx", "ddt", "dA", "dB", "dC", "dstate"]
 
 
@@ -530,7 +536,8 @@ def compare_kernel(shape: tuple, dtype, device_name: str, figures: dict[str, Any
     rounded = [x.to(dtype), dt.to(dtype), A, B.to(dtype), C.to(dtype), state]
     oracle = scan_with_gradients(ssd_chunked, [None if t is None else t.double() for t in rounded], chunk)
     fused = scan_with_gradients(ssd_scan, rounded, chunk)
-    pure = scan_with_gradients(ssd_chunked, rounded, chunk)
+    with matmul_precision("high" if device_name == "cuda" else "highest"):
+        pure = scan_with_gradients(ssd_chunked, rounded, chunk)
     name = "b{}-l{}-h{}-p{}-g{}-n{}-chunk{}".format(*shape[:7]) + ("" if shape[7] else "-zero-state")
     dtype_name = str(dtype).removeprefix("torch.")
     limit = KERNEL_THRESHOLDS[dtype_name]
@@ -546,6 +553,19 @@ def compare_kernel(shape: tuple, dtype, device_name: str, figures: dict[str, Any
             figures[key], figures[f"{dtype_name} worst"] = error, f"{quantity} at {name}"
         print(f"{name:<40}{dtype_name:<10}{quantity:<13}{error:>10.2e}{pure_error:>10.2e}{limit:>9.0e}  "
               f"{'ok' if passed else 'ABOVE LIMIT'}", flush=True)
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str):
+    """torch's float32 matmul precision inside ("high": TF32 on CUDA), restored after."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def relative_error(got, want) -> float:
