@@ -1,7 +1,7 @@
 """Bring the checkpoints the repository ships (``checkpoints/``) up to what a checkpoint
 written today holds, their weights untouched: a tokenizer that pads with the token their
-config's ``pad_token_id`` names (the eos token, as ``train_tokenizer`` sets it), a model card
-(``README.md``), and the digests of their config and tokenizer (``files.sha256``). Running it
+config's ``pad_token_id`` names (the eos token, as ``train_tokenizer`` sets it; a word problem's
+model has no tokenizer), a model card (``README.md``), and the digests of their config and tokenizer (``files.sha256``). Running it
 again changes nothing.
 
     PYTHONPATH=src python scripts/refresh_checkpoints.py [CHECKPOINT ...]   (default: every shipped one)
@@ -23,9 +23,10 @@ SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
 
 def refresh(checkpoint: Path) -> None:
     model = load_model(checkpoint)
-    tokenizer = load_tokenizer(checkpoint)
-    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.pad_token_id)
-    save_tokenizer(tokenizer, checkpoint)
+    if (checkpoint / "tokenizer.json").is_file():  # a word problem's model reads group elements, no text
+        tokenizer = load_tokenizer(checkpoint)
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.pad_token_id)
+        save_tokenizer(tokenizer, checkpoint)
     meta = read_trainer_meta(checkpoint) if (checkpoint / TRAINER_META).is_file() else {}
     write_model_card(checkpoint, model, meta)
     write_files_digest(checkpoint)

@@ -124,6 +124,9 @@ def test_lm_training_options_are_checked(values, fragment):
         ("lm", {"group": "S5"}, "training option 'group' is for the words task, not lm"),
         ("words", {"eval_every": 10}, "training option 'eval_every' is for the lm task, not words"),
         ("words", {"total_steps": 3, "unroll_steps": 4}, "unroll_steps=4 is more than total_steps=3"),
+        ("words", {"total_steps": 5, "unroll_steps": 2, "contraction_steps": 4},
+         "unroll_steps=2 and contraction_steps=4 are more than total_steps=5"),
+        ("words", {"contraction_jacobian": 0}, "training option 'contraction_jacobian' must be"),
         ("words", {"task": "lm"}, "training option 'task' is 'lm', but this command trains 'words'"),
         ("catbabi", {}, "training option 'task' must be one of 'words', 'lm', got 'catbabi'"),
     ],
@@ -212,7 +215,7 @@ def test_shipped_presets_pass_the_schema(name):
     for kind in ("implicit", "explicit"):
         options = {**preset.get("model", {}), **preset.get(f"{kind}_model", {}), "implicit": kind == "implicit"}
         config_from_options({"vocab_size": 8, **options})
-        if "group" in preset.get("train", {}):
+        if name.startswith("words") or name == "demo":
             word_train_config(preset, kind)
         else:
             TrainConfig.for_task("lm", **{**preset.get("train", {}), **preset.get(f"{kind}_train", {})})

@@ -46,6 +46,19 @@ def test_a_card_says_the_few_pass_stage(tmp_path):
     assert "few-pass" not in plain
 
 
+def test_a_words_card_says_its_group_and_the_contraction_stage(tmp_path):
+    model = build_model(config_from_options(dict(vocab_size=120, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                                 head_dim=8, label_alignment="aligned")))
+    train = {"task": "words", "group": "S5", "sequence_length": 8, "batch_size": 64, "contraction_steps": 800,
+             "contraction_jacobian": 0.1}
+    card = (save_checkpoint(tmp_path / "stage", model, meta={"step": 4000, "train": train}) / "README.md").read_text()
+    assert "(words task, group S5, sequence length 8)" in card
+    assert "- contraction stage: 800 steps of the free phase's solves under a Jacobian penalty of weight 0.1" in card
+    plain = (save_checkpoint(tmp_path / "plain", model, meta={"step": 1, "train": {**train, "contraction_steps": 0}})
+             / "README.md").read_text()
+    assert "contraction" not in plain
+
+
 def test_a_card_says_where_a_run_began_and_what_was_measured_since(tmp_path):
     """A shipped checkpoint's trainer.json may carry what was measured of it ("measured"), which
     its card shows; before, such a key was refused on read and a warm start's source unsaid."""

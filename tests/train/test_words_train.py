@@ -55,6 +55,51 @@ def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
     assert model.solver.options.train_max_iter == 7
 
 
+def test_the_contraction_stage_follows_the_free_phase_under_its_penalty(tmp_path):
+    model = tiny_model(**WORDS_MODEL)
+    config = TrainConfig.for_task(
+        "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, free_max_iter=7,
+        free_tol=1e-12, contraction_steps=2, contraction_jacobian=0.3, log_every=1,
+    )
+    train(model, config, tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["bounded", "free", "contraction", "contraction"]
+    # The stage solves as the free phase does, and only it adds the penalty's term.
+    assert [r["fp_batch_passes"] for r in rows[1:]] == [7, 7, 7]
+    assert ["fp_jacobian_penalty" in r for r in rows] == [False, False, True, True]
+    assert all(r["fp_jacobian_penalty"] > 0 for r in rows[2:])
+    assert model.solver.options.jacobian_penalty == 0.3
+
+
+def test_an_explicit_model_refuses_the_contraction_stage():
+    config = TrainConfig.for_task("words", total_steps=4, contraction_steps=2)
+    with pytest.raises(OptionError, match="contraction_steps.*implicit"):
+        config.curriculum(implicit=False)
+
+
+def map_jacobian_norm(model, input_ids) -> float:
+    """||df/dz||_F^2 / numel of ``model``'s map at its fixed point for ``input_ids``, exactly."""
+    _, z, _ = model.eval().solve_fixed_point(input_ids, max_iter=300, tol=1e-6)
+    with model.fixed_point_map(input_ids) as (_, f):
+        jacobian = torch.autograd.functional.jacobian(f, z)
+    return float(jacobian.pow(2).sum() / z.numel())
+
+
+def test_the_contraction_stage_makes_the_map_contract_at_its_fixed_points(tmp_path):
+    """The same run, its last steps with and without the stage: the map's Jacobian at the
+    fixed points of words it never saw is smaller after the stage."""
+    def trained(contraction_steps: int):
+        model = tiny_model(**WORDS_MODEL)
+        config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=16, total_steps=40, lr=3e-3,
+                                      bounded_fraction=0.0, contraction_steps=contraction_steps, contraction_jacobian=1.0)
+        train(model, config, tmp_path / str(contraction_steps), progress=False)
+        return model
+
+    words = torch.randint(0, 6, (8, 5), generator=torch.Generator().manual_seed(7))
+    without, with_stage = map_jacobian_norm(trained(0), words), map_jacobian_norm(trained(20), words)
+    assert with_stage < 0.6 * without, (with_stage, without)  # measured: 0.24 against 0.48
+
+
 def test_generated_batches_are_reproducible(tmp_path):
     config = TrainConfig.for_task("words", group="S3", sequence_length=5, batch_size=4, total_steps=3, log_every=1)
     losses = []
@@ -327,3 +372,42 @@ def test_resume_accepts_the_runs_own_preset_and_refuses_another(tmp_path, capsys
     assert "the preset's total_steps=2 is not the run's 3" in capsys.readouterr().err
     assert main([*start, "--resume", "--explicit"]) == 2
     assert "its own model, an implicit one" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def z6_run(tmp_path_factory):
+    """A short run on Z6 (six elements, as the tiny model's vocabulary) at length 5."""
+    out = tmp_path_factory.mktemp("z6") / "run"
+    config = TrainConfig.for_task("words", group="Z6", sequence_length=5, batch_size=4, total_steps=2)
+    train(tiny_model(**WORDS_MODEL), config, out, progress=False)
+    return out
+
+
+def test_a_second_stage_starts_from_the_runs_weights_on_its_task(z6_run, tmp_path):
+    out = tmp_path / "stage"
+    command = ["words", "train", "--init-from", str(z6_run), "--out", str(out), "--no-progress",
+               "--train", "total_steps=2", "--train", "lr=1e-9", "--train", "min_lr=0", "--train", "contraction_steps=2"]
+    assert main(command) == 0
+    meta = json.loads((out / "latest" / "trainer.json").read_text())
+    assert (meta["train"]["group"], meta["train"]["sequence_length"], meta["train"]["batch_size"]) == ("Z6", 5, 4)
+    assert meta["initialised_from"] == str(z6_run / "checkpoints" / "step_0000002")
+    card = (out / "latest" / "README.md").read_text()
+    assert "- contraction stage: 2 steps" in card and "- initialised from:" in card
+    # At a rate of 1e-9 the model is the source's.
+    words = torch.randint(0, 6, (3, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = load_model(out).eval()(words).logits, load_model(z6_run).eval()(words).logits
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--train", "group=S4"], "group S4 has 24 elements"),
+    (["--resume"], "--init-from starts a new run"),
+    (["--explicit"], "--init-from starts a new run"),
+])
+def test_a_second_stage_that_cannot_continue_its_source_is_refused_in_one_line(z6_run, tmp_path, capsys, flags, named):
+    out = tmp_path / "stage"
+    assert main(["words", "train", "--init-from", str(z6_run), "--out", str(out), "--no-progress", *flags]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("implicitlm") and named in error and "\n" not in error
+    assert not out.exists()

@@ -50,6 +50,11 @@ def add_words_train(commands) -> None:
     p.add_argument("--preset", type=preset_name, default=None, help="preset name, JSON with 'model' and 'train' sections, or a checkpoint")
     p.add_argument("--explicit", action="store_true", help="train the explicit model (one pass, no fixed point)")
     p.add_argument("--data", type=Path, default=None, help="training words (.npy or .csv); default: fresh words")
+    p.add_argument(
+        "--init-from", type=Path, default=None, metavar="CHECKPOINT",
+        help="start from this checkpoint's (or run's) model and weights, --model options on top, on the group, "
+             "lengths and batches its run trained on; the preset gives the other training settings (a second stage)",
+    )
     add_run_options(p, "words")
     p.set_defaults(run=_run_words_train)
 
@@ -60,7 +65,8 @@ def _run_words_train(args) -> None:
     check_resume_or_overwrite(args)
     metrics = train_words_run(
         args.out, preset=args.preset, explicit=args.explicit, data=args.data, model_options=dict(args.model),
-        train_options=dict(args.train), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+        train_options=dict(args.train), init_from=args.init_from, resume=args.resume, overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
     print_run_summary(metrics, args.out)
 

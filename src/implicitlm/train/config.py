@@ -48,6 +48,9 @@ class TrainConfig(Options):
     free_max_iter: int = 24
     free_phantom_steps: int = 4
     free_tol: float = 0.05
+    # The contraction stage (implicit models): steps after the free phase, its solves under a Jacobian penalty.
+    contraction_steps: int = 0
+    contraction_jacobian: float = 0.1
     # The few-pass stage (implicit models): the last steps, after the curriculum (train/few_pass.py).
     few_pass_steps: int = 0
     few_pass_passes: int = 2
@@ -77,6 +80,7 @@ class TrainConfig(Options):
         "grad_clip": POSITIVE, "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1),
         "bounded_fraction": UNIT_INTERVAL, "bounded_max_iter": evaluations(0),
         "bounded_phantom_steps": evaluations(1), "free_max_iter": evaluations(0), "free_phantom_steps": evaluations(1), "free_tol": POSITIVE,
+        "contraction_steps": NON_NEGATIVE, "contraction_jacobian": POSITIVE,
         "few_pass_steps": NON_NEGATIVE, "few_pass_passes": evaluations(1), "few_pass_distance": NON_NEGATIVE,
         "few_pass_fixed_point": NON_NEGATIVE, "few_pass_jacobian": NON_NEGATIVE,
         "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
@@ -106,6 +110,10 @@ class TrainConfig(Options):
         "free_max_iter": "implicit: most passes per free step's solve",
         "free_phantom_steps": "implicit: phantom-gradient steps per free step",
         "free_tol": "implicit: relative residual at which a free-phase solve stops",
+        "contraction_steps": "implicit: steps of the contraction stage, after the free phase (0: none): the free "
+                             "phase's solves under a Jacobian penalty of contraction_jacobian, so that the map "
+                             "contracts at its fixed point and no iterate cycles at inference",
+        "contraction_jacobian": "implicit: contraction stage, weight of the Jacobian penalty |df/dz|_F^2 / numel",
         "few_pass_steps": "implicit: steps of the few-pass stage, the run's last, after the curriculum (0: none): it "
                           "teaches the model its fixed point's quality in few_pass_passes passes from z = 0",
         "few_pass_passes": "implicit: the passes (K) the few-pass stage trains for",
@@ -129,9 +137,10 @@ class TrainConfig(Options):
     }
 
     def check(self) -> None:
-        if self.unroll_steps + self.few_pass_steps > self.total_steps:
-            stages = [f"{name}={steps}" for name, steps in (("unroll_steps", self.unroll_steps),
-                                                            ("few_pass_steps", self.few_pass_steps)) if steps]
+        stages = (("unroll_steps", self.unroll_steps), ("contraction_steps", self.contraction_steps),
+                  ("few_pass_steps", self.few_pass_steps))
+        if sum(steps for _, steps in stages) > self.total_steps:
+            stages = [f"{name}={steps}" for name, steps in stages if steps]
             verb = "is" if len(stages) == 1 else "are"
             raise OptionError(f"{' and '.join(stages)} {verb} more than total_steps={self.total_steps}")
         if self.min_lr > self.lr:
@@ -179,10 +188,11 @@ class TrainConfig(Options):
 
     def curriculum(self, implicit: bool) -> Curriculum:
         if not implicit:
-            if self.few_pass_steps:
-                raise OptionError("training option 'few_pass_steps' is for implicit models; this one is explicit")
+            for stage in ("contraction_steps", "few_pass_steps"):
+                if getattr(self, stage):
+                    raise OptionError(f"training option '{stage}' is for implicit models; this one is explicit")
             return Curriculum((Phase("explicit", self.total_steps),))
-        after_warm_up = self.total_steps - self.unroll_steps - self.few_pass_steps
+        after_warm_up = self.total_steps - self.unroll_steps - self.contraction_steps - self.few_pass_steps
         bounded_steps = round(self.bounded_fraction * after_warm_up)
         curriculum = Curriculum.unroll_bounded_free(
             self.unroll_steps,
@@ -193,16 +203,27 @@ class TrainConfig(Options):
             free=(self.free_max_iter, self.free_phantom_steps),
             free_tol=self.free_tol,
         )
-        return Curriculum((*curriculum.phases, self.few_pass_phase())) if self.few_pass_steps else curriculum
+        stages = [stage for stage, steps in ((self.contraction_phase(), self.contraction_steps),
+                                             (self.few_pass_phase(), self.few_pass_steps)) if steps]
+        return Curriculum((*curriculum.phases, *stages))
+
+    def contraction_phase(self) -> Phase:
+        """The contraction stage: the free phase's solves, and the penalty on the map's Jacobian
+        at their solution that makes it contract there (a map trained without it may reach the
+        task's answers by iterates that cycle, never a fixed point)."""
+        return Phase("contraction", self.contraction_steps, {**self.free_solves(), "jacobian_penalty": self.contraction_jacobian})
 
     def few_pass_phase(self) -> Phase:
         """The few-pass stage: its fixed point solved on the free phase's budget."""
         return Phase(
-            "few_pass", self.few_pass_steps,
-            {"unroll_steps": 0, "train_max_iter": self.free_max_iter, "phantom_steps": self.free_phantom_steps,
-             "train_tol": self.free_tol, "jacobian_penalty": self.few_pass_jacobian},
+            "few_pass", self.few_pass_steps, {**self.free_solves(), "jacobian_penalty": self.few_pass_jacobian},
             FewPassLoss(self.few_pass_passes, self.few_pass_distance, self.few_pass_fixed_point),
         )
+
+    def free_solves(self) -> dict[str, Any]:
+        """The fixed-point options of the free phase's solves, which the stages after it keep."""
+        return {"unroll_steps": 0, "train_max_iter": self.free_max_iter, "phantom_steps": self.free_phantom_steps,
+                "train_tol": self.free_tol}
 
 
 # Where a task's settings differ from the class defaults (the paper's LM settings).

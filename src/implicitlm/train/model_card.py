@@ -29,9 +29,10 @@ def model_card(model, meta: dict[str, Any]) -> str:
         f"- kind: {kind}",
         f"- parameters: {model.num_parameters():,}",
         f"- trained: {step:,} steps, {step * tokens_per_step:,} tokens ({train.get('task', 'lm')} task, "
+        f"{'group ' + train['group'] + ', ' if train.get('task') == 'words' and train.get('group') else ''}"
         f"sequence length {train.get('sequence_length')})",
         *([f"- initialised from: {meta['initialised_from']}"] if meta.get("initialised_from") else []),
-        *few_pass_lines(train),
+        *stage_lines(train),
         "",
         "## Loading",
         "",
@@ -58,11 +59,15 @@ def model_card(model, meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def few_pass_lines(train: dict[str, Any]) -> list[str]:
-    """The few-pass stage, where the run had one."""
+def stage_lines(train: dict[str, Any]) -> list[str]:
+    """The contraction and few-pass stages, where the run had them."""
+    lines = []
+    if train.get("contraction_steps"):
+        lines.append(f"- contraction stage: {train['contraction_steps']:,} steps of the free phase's solves under a "
+                     f"Jacobian penalty of weight {train['contraction_jacobian']:g} at the fixed point")
     if not train.get("few_pass_steps"):
-        return []
-    return [f"- few-pass stage: the last {train['few_pass_steps']:,} steps trained the output after "
+        return lines
+    return lines + [f"- few-pass stage: the last {train['few_pass_steps']:,} steps trained the output after "
             f"{train['few_pass_passes']} passes from z = 0 beside the fixed point's (weight "
             f"{train['few_pass_fixed_point']:g}; distance to the fixed point {train['few_pass_distance']:g}, "
             f"Jacobian penalty {train['few_pass_jacobian']:g})"]

@@ -58,15 +58,31 @@ def _word_preset_memory(name: str, kind: str) -> int:
     return training_memory(word_model_config(preset, kind, config), config)
 
 
+# What a run started from another's weights keeps of that run's training settings unless its
+# preset or command line says otherwise: the task it learnt (the group, its words and batches).
+CONTINUED_TASK = ("group", "sequence_length", "batch_size", "hard_prob")
+
+
 def train_words_run(
     out_dir: Path, preset: str | None = None, explicit: bool = False, data: Path | None = None,
     model_options: dict[str, Any] | None = None, train_options: dict[str, Any] | None = None,
-    resume: bool = False, overwrite: bool = False, progress: bool = True,
+    init_from: Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
 ) -> dict[str, Any]:
     """``implicitlm words train``: a fresh run from a preset (``explicit``: the explicit
     model), or, with ``resume``, the run in ``out_dir`` continued with its own model and
-    settings (``train_options`` on top). ``data``: a word file; None trains on fresh words."""
+    settings (``train_options`` on top). ``data``: a word file; None trains on fresh words.
+    ``init_from``: a checkpoint (or run) whose model and weights the run starts from, with
+    ``model_options`` on top, on the task that run learnt (``CONTINUED_TASK``); the preset
+    gives the rest of the training settings (a second stage, as the contraction stage of
+    the state-tracking recipe)."""
     presets = load_preset(preset) if preset else {}
+    if init_from is not None:
+        if resume or explicit:
+            flag = "resume=True continues the run from its own weights" if resume else "explicit builds a fresh model"
+            raise OptionError(f"{flag}; init_from starts a new run from a checkpoint's model",
+                              arguments=("resume" if resume else "explicit", "init_from"))
+        return _train_words_from(init_from, out_dir, presets, data, model_options or {}, train_options or {},
+                                 overwrite, progress)
     if resume:
         settle_before_resuming(out_dir)
         require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=set(train_options or {}))
@@ -80,6 +96,26 @@ def train_words_run(
             {name: lambda name=name: _word_preset_memory(name, kind) for name in SMALLER_PRESETS["words"]}, available))
     model = load_model(out_dir) if resume else word_model(presets, kind, config, model_options)
     return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress)
+
+
+def _train_words_from(
+    init_from: Path, out_dir: Path, presets: dict[str, Any], data: Path | None, model_options: dict[str, Any],
+    train_options: dict[str, Any], overwrite: bool, progress: bool,
+) -> dict[str, Any]:
+    source = checkpoint_preset(init_from)
+    task = {name: value for name, value in source.get("train", {}).items() if name in CONTINUED_TASK}
+    model_config = config_from_options({**source["model"], **model_options})
+    kind = "implicit" if model_config.implicit else "explicit"
+    config = TrainConfig.for_task("words", **merged_options(presets, "train", kind, train_options, task))
+    if get_group(config.group).order != model_config.vocab_size:
+        raise OptionError(f"{init_from}: a model of {model_config.vocab_size} tokens, but group {config.group} has "
+                          f"{get_group(config.group).order} elements")
+    words = load_words(data, group=config.group) if data else None
+    require_training(model_config, config)
+    torch.manual_seed(config.seed)
+    model = build_model(model_config)
+    start = warm_start(model, init_from)
+    return train(model, config, out_dir, data=words, overwrite=overwrite, progress=progress, warm_start=start)
 
 
 # Fixed-point options the curriculum sets phase by phase, and the trainer from the training
