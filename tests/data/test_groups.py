@@ -9,7 +9,8 @@ import pytest
 
 from implicitlm.data.groups import FiniteAlgebra, get_group, smallest_uint_dtype
 
-SMALL_ALGEBRAS = ["S1", "S3", "S4", "A4", "A5", "S5", "Z1", "Z7", "S3xZ2", "A4xZ3", "M", "A5xM"]
+SMALL_ALGEBRAS = ["S1", "S3", "S4", "A4", "A5", "S5", "Z1", "Z7", "S3xZ2", "A4xZ3", "M", "A5xM", "D3", "D4", "D8",
+                  "SL(2,3)", "D8xZ3"]
 
 
 def lexicographic_permutations(n: int) -> list[tuple[int, ...]]:
@@ -49,6 +50,11 @@ def assert_associative(algebra: FiniteAlgebra) -> None:
         ("S3xZ2", 12),
         ("A5xZ2xZ3", 360),
         ("Z1000", 1000),
+        ("D3", 6),
+        ("D8", 16),
+        ("SL(2,3)", 24),
+        ("D8xZ3", 48),
+        ("SL(2,3)xZ2", 48),
     ],
 )
 def test_orders(name: str, order: int) -> None:
@@ -125,6 +131,45 @@ def test_cyclic_elements_are_rotations() -> None:
         assert table[a, b] == index[compose_one_line(rotations[a], rotations[b])]
 
 
+def element_orders(name: str) -> list[int]:
+    """The order of each element: the least k with g^k the identity."""
+    algebra = get_group(name)
+    orders = []
+    for g in range(algebra.order):
+        power, k = g, 1
+        while power != algebra.identity:
+            power, k = int(algebra.compose(power, g)), k + 1
+        orders.append(k)
+    return orders
+
+
+def centre(name: str) -> list[int]:
+    table = get_group(name).table
+    return [g for g in range(len(table)) if np.array_equal(table[g, :], table[:, g])]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8])
+def test_a_dihedral_group_is_n_rotations_and_n_reflections_of_the_n_gon(n: int) -> None:
+    orders = element_orders(f"D{n}")
+    # The rotations by k have order n / gcd(n, k); every reflection is an involution.
+    rotations = sorted(n // np.gcd(n, k) for k in range(n))
+    assert len(orders) == 2 * n and orders.count(2) == n + (n % 2 == 0)
+    assert sorted(orders) == sorted(rotations + [2] * n)
+    # D3 is S3; for n >= 3 the group is not abelian, and its centre is {1} or {1, the half turn}.
+    assert len(centre(f"D{n}")) == (1 if n % 2 else 2)
+    if n == 3:
+        np.testing.assert_array_equal(get_group("D3").table, get_group("S3").table)
+
+
+def test_sl_2_3_has_one_involution_and_a_centre_of_two():
+    """SL(2,3), order 24, is not S4 (9 involutions): -I is its only element of order 2 and,
+    with I, its centre; its elements have orders 1, 2, 3, 4 and 6 (1 + 1 + 8 + 6 + 8)."""
+    orders = element_orders("SL(2,3)")
+    assert {k: orders.count(k) for k in set(orders)} == {1: 1, 2: 1, 3: 8, 4: 6, 6: 8}
+    assert len(centre("SL(2,3)")) == 2
+    assert sorted(element_orders("S4")).count(2) == 9
+
+
 def test_s3_is_not_abelian_and_cyclic_groups_are() -> None:
     s3 = get_group("S3").table
     assert not np.array_equal(s3, s3.T)
@@ -178,7 +223,7 @@ def test_a5_times_m_is_a_240_element_monoid() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["S0", "Q8", "foo", "", "Z0", "S9", "Z1001", "A5x", "xM", "S05", "s5", "S5 "]
+    "name", ["S0", "Q8", "foo", "", "Z0", "S9", "Z1001", "A5x", "xM", "S05", "s5", "S5 ", "D2", "D9", "SL(2,5)", "SL2"]
 )
 def test_unknown_names_raise_a_clear_error(name: str) -> None:
     with pytest.raises(ValueError, match="unknown group name") as error:

@@ -6,9 +6,12 @@ right operand first: ``table[a, b]`` is the index of ``perm_a[perm_b]``, which m
 running product of a word ``label_t = label_{t-1}[g_t]``. A direct product ``G x H``
 numbers the pair ``(i, j)`` as ``i * |H| + j`` (lexicographic order of pairs).
 
-Accepted names: ``S<n>``, ``A<n>`` (1 <= n <= 8), ``Z<n>`` (1 <= n <= 1000), ``M``, and
-direct products of at most 16 of these joined by ``x`` or ``×``, e.g. ``A5xM`` or
-``S3xZ2``. Any other name raises a one-line ``OptionError``.
+Accepted names: ``S<n>``, ``A<n>`` (1 <= n <= 8), ``D<n>`` (the symmetries of the regular
+n-gon, order 2n, 3 <= n <= 8, as permutations of its vertices), ``SL(2,3)`` (the 2 x 2
+matrices of determinant 1 over the field of 3 elements, order 24, as permutations of the 8
+non-zero vectors they act on, in lexicographic order), ``Z<n>`` (1 <= n <= 1000), ``M``, and
+direct products of at most 16 of these joined by ``x`` or ``×``, e.g. ``A5xM``, ``S3xZ2`` or
+``D8xZ3``. Any other name raises a one-line ``OptionError``.
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ MAX_CYCLIC_ORDER = 1000
 # order 2 or more); the cap keeps a long name from building thousands of products.
 MAX_FACTORS = 16
 
-_FACTOR_PATTERN = re.compile(r"(?P<kind>[SAZ])(?P<n>[1-9][0-9]*)|M")
+_FACTOR_PATTERN = re.compile(r"(?P<kind>[SADZ])(?P<n>[1-9][0-9]*)|M|SL\(2,3\)")
+# A dihedral group's n-gon has at least 3 vertices (D1 and D2 would be Z2 and Z2 x Z2).
+MIN_DIHEDRAL_DEGREE = 3
+SPECIAL_LINEAR = "SL(2,3)"
 _ACCEPTED_FORMS = (
-    "S<n> or A<n> (1 <= n <= 8), Z<n> (1 <= n <= 1000), M, "
+    "S<n> or A<n> (1 <= n <= 8), D<n> (3 <= n <= 8), SL(2,3), Z<n> (1 <= n <= 1000), M, "
     f"or a direct product of up to {MAX_FACTORS} of these joined by 'x' or '×', e.g. 'A5xM'"
 )
 
@@ -124,17 +130,23 @@ def _is_valid_factor(factor: str) -> bool:
     match = _FACTOR_PATTERN.fullmatch(factor)
     if match is None:
         return False
-    if factor == "M":
+    if factor in ("M", SPECIAL_LINEAR):
         return True
     limit = MAX_CYCLIC_ORDER if match["kind"] == "Z" else MAX_PERMUTATION_DEGREE
     # Compared as text first: int() refuses numbers of thousands of digits.
-    return len(match["n"]) <= len(str(limit)) and int(match["n"]) <= limit
+    if len(match["n"]) > len(str(limit)) or int(match["n"]) > limit:
+        return False
+    return match["kind"] != "D" or int(match["n"]) >= MIN_DIHEDRAL_DEGREE
 
 
 def _factor_order(factor: str) -> int:
     if factor == "M":
         return len(_MONOID_M_TABLE)
+    if factor == SPECIAL_LINEAR:
+        return 24
     kind, n = factor[0], int(factor[1:])
+    if kind == "D":
+        return 2 * n
     if kind == "S":
         return math.factorial(n)
     if kind == "A":
@@ -155,9 +167,13 @@ def _build_factor(factor: str) -> FiniteAlgebra:
     if factor == "M":
         table = np.array(_MONOID_M_TABLE, dtype=np.uint8)
         return _make_algebra("M", table, is_group=False)
+    if factor == SPECIAL_LINEAR:
+        return _make_algebra(factor, _permutation_table(_special_linear_permutations()), is_group=True)
     kind, n = factor[0], int(factor[1:])
     if kind == "Z":
         return _make_algebra(factor, _cyclic_table(n), is_group=True)
+    if kind == "D":
+        return _make_algebra(factor, _permutation_table(_dihedral_permutations(n)), is_group=True)
     perms = _lexicographic_permutations(n)
     if kind == "A":
         perms = perms[_is_even(perms)]
@@ -186,6 +202,30 @@ def _cyclic_table(n: int) -> np.ndarray:
 def _lexicographic_permutations(n: int) -> np.ndarray:
     # itertools.permutations of a sorted range yields lexicographic order.
     return np.array(list(itertools.permutations(range(n))), dtype=np.uint8).reshape(-1, n)
+
+
+def _dihedral_permutations(n: int) -> np.ndarray:
+    """The n rotations i -> i + k and the n reflections i -> k - i of the n-gon's vertices
+    (mod n), in lexicographic order."""
+    vertices = np.arange(n)
+    perms = [(vertices + k) % n for k in range(n)] + [(k - vertices) % n for k in range(n)]
+    return _sorted_permutations(perms)
+
+
+def _special_linear_permutations() -> np.ndarray:
+    """SL(2,3) acting on the 8 non-zero vectors of F_3^2 (v -> M v), in lexicographic order.
+    Composing the permutations of M and N gives that of M N, so the table is the group's."""
+    vectors = [v for v in itertools.product(range(3), repeat=2) if any(v)]
+    index = {v: i for i, v in enumerate(vectors)}
+    perms = []
+    for a, b, c, d in itertools.product(range(3), repeat=4):
+        if (a * d - b * c) % 3 == 1:
+            perms.append([index[((a * x + b * y) % 3, (c * x + d * y) % 3)] for x, y in vectors])
+    return _sorted_permutations(perms)
+
+
+def _sorted_permutations(perms: list) -> np.ndarray:
+    return np.array(sorted(tuple(int(i) for i in perm) for perm in perms), dtype=np.uint8)
 
 
 def _is_even(perms: np.ndarray) -> np.ndarray:

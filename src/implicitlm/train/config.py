@@ -132,7 +132,7 @@ class TrainConfig(Options):
         "eval_batches": "lm: micro-batches per held-out evaluation",
         "checkpoint_every": "steps between checkpoints (0: only at the end)",
         "keep_checkpoints": "checkpoints kept (the oldest are removed)",
-        "group": "words: the group whose running products are the labels (S3, A5, S5, A5xM, Z60, ...)",
+        "group": "words: the group whose running products are the labels (S3, A5, S5, A5xM, D8xZ3, SL(2,3), Z60, ...)",
         "hard_prob": "words, A5xM only: probability that a token is drawn from A5 (hard) rather than Z2 (easy)",
     }
 
