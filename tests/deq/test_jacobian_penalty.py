@@ -87,6 +87,48 @@ def test_penalty_gradient_matches_finite_differences():
     assert (grad * direction).sum().item() == pytest.approx((upper - lower) / (2 * step), rel=1e-5)
 
 
+def attention_model(penalty: float, dtype=torch.float64):
+    fixed_point = {"train_max_iter": 6, "phantom_steps": 2, "train_tol": 1e-4, "jacobian_penalty": penalty}
+    return tiny_model(architecture="llama", vocab_size=6, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                      implicit=True, label_alignment="aligned", fixed_point=fixed_point).to(dtype)
+
+
+def test_the_penalty_of_an_attention_model_has_the_gradient_of_finite_differences():
+    """Attention's fused kernels have no double backward (the CPU's flash kernel refuses
+    one): the penalty's pass runs the math kernel, and its gradient is the right one."""
+    model = attention_model(1.0)
+    ids = torch.randint(0, 6, (2, 10), generator=torch.Generator().manual_seed(1))
+    f = stack_map(model, ids)
+    z = 0.5 * torch.randn(2, 10, 8, dtype=torch.float64)
+    weight = model.stack.layers[0].self_attn.q_proj.parametrizations.weight.original1
+
+    def penalty() -> torch.Tensor:
+        torch.manual_seed(5)
+        return jacobian_frobenius(f, z)
+
+    (grad,) = torch.autograd.grad(penalty(), weight)
+    direction = torch.randn_like(weight)
+    step = 1e-6
+    with torch.no_grad():
+        weight.add_(step * direction)
+        upper = penalty().item()
+        weight.sub_(2 * step * direction)
+        lower = penalty().item()
+        weight.add_(step * direction)
+    assert (grad * direction).sum().item() == pytest.approx((upper - lower) / (2 * step), rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_an_attention_model_trains_under_the_penalty(dtype):
+    model = attention_model(0.5, dtype).train()
+    ids = torch.randint(0, 6, (2, 8), generator=torch.Generator().manual_seed(3))
+    out = model(ids, labels=ids)
+    penalised(out.loss, out.fixed_point).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert out.fixed_point.jacobian_penalty.item() > 0
+    assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+
+
 def test_training_forward_carries_the_weighted_penalty():
     ids = torch.randint(0, 6, (2, 8), generator=torch.Generator().manual_seed(3))
     plain, penalised_model = penalty_model(0.0).train(), penalty_model(0.5).train()

@@ -37,6 +37,7 @@ import contextlib
 from typing import Callable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchdeq.grad import backward_factory
 from torchdeq.loss import jac_reg
 
@@ -217,7 +218,10 @@ def jacobian_frobenius(f: FixedPointFn, z: torch.Tensor) -> torch.Tensor:
     torchdeq's ``jac_reg``), with the graph to train on it: one more pass of ``f`` and a
     backward through it that the loss's backward differentiates again."""
     z = z.detach().requires_grad_()
-    with torch.enable_grad():
+    # The loss's backward differentiates f's backward again. The fused attention kernels have
+    # no double backward (on the CPU: "derivative for ..._flash_attention_for_cpu_backward is
+    # not implemented"); the math kernel is plain differentiable operations.
+    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
         return jac_reg(f(z), z, vecs=1, create_graph=True)
 
 
