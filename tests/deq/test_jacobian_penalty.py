@@ -62,45 +62,31 @@ def test_scan_and_conv_backward_passes_are_differentiable():
     assert gradgradcheck(causal_conv, (inputs, state, weight, bias))
 
 
-def test_penalty_gradient_matches_finite_differences():
-    """d(penalty)/d(weights) by autograd (a backward of a backward) against a central
-    difference, with the same probe vector on every evaluation."""
-    model = penalty_model(1.0)
-    ids = torch.randint(0, 6, (2, 10), generator=torch.Generator().manual_seed(1))
-    f = stack_map(model, ids)
-    z = 0.5 * torch.randn(2, 10, 8, dtype=torch.float64)
-    weight = model.stack.layers[0].mixer.A_log
-
-    def penalty() -> torch.Tensor:
-        torch.manual_seed(5)
-        return jacobian_frobenius(f, z)
-
-    (grad,) = torch.autograd.grad(penalty(), weight)
-    direction = torch.randn_like(weight)
-    step = 1e-6
-    with torch.no_grad():
-        weight.add_(step * direction)
-        upper = penalty().item()
-        weight.sub_(2 * step * direction)
-        lower = penalty().item()
-        weight.add_(step * direction)
-    assert (grad * direction).sum().item() == pytest.approx((upper - lower) / (2 * step), rel=1e-5)
-
-
 def attention_model(penalty: float, dtype=torch.float64):
     fixed_point = {"train_max_iter": 6, "phantom_steps": 2, "train_tol": 1e-4, "jacobian_penalty": penalty}
     return tiny_model(architecture="llama", vocab_size=6, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
                       implicit=True, label_alignment="aligned", fixed_point=fixed_point).to(dtype)
 
 
-def test_the_penalty_of_an_attention_model_has_the_gradient_of_finite_differences():
-    """Attention's fused kernels have no double backward (the CPU's flash kernel refuses
-    one): the penalty's pass runs the math kernel, and its gradient is the right one."""
-    model = attention_model(1.0)
+# A model under the penalty, and the weight whose gradient is checked: Mamba2's decay, and a
+# query projection of attention, whose fused kernels have no double backward (the CPU's flash
+# kernel refuses one), so the penalty's pass runs the math kernel.
+PENALISED = {
+    "mamba2": (penalty_model, lambda model: model.stack.layers[0].mixer.A_log),
+    "llama": (attention_model, lambda model: model.stack.layers[0].self_attn.q_proj.parametrizations.weight.original1),
+}
+
+
+@pytest.mark.parametrize("family", sorted(PENALISED))
+def test_penalty_gradient_matches_finite_differences(family):
+    """d(penalty)/d(weights) by autograd (a backward of a backward) against a central
+    difference, with the same probe vector on every evaluation."""
+    build, chosen = PENALISED[family]
+    model = build(1.0)
     ids = torch.randint(0, 6, (2, 10), generator=torch.Generator().manual_seed(1))
     f = stack_map(model, ids)
     z = 0.5 * torch.randn(2, 10, 8, dtype=torch.float64)
-    weight = model.stack.layers[0].self_attn.q_proj.parametrizations.weight.original1
+    weight = chosen(model)
 
     def penalty() -> torch.Tensor:
         torch.manual_seed(5)
