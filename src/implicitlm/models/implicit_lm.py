@@ -289,7 +289,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         stopped above the tolerance is warned about in one line (unless a caller tracking
         convergence around this call reports it itself). ``cuda_graphs``: decode each token
         from a captured graph where its passes are fixed (``decoding_graphs``; default: on a
-        CUDA model; True on a CPU runs the graphs' buffers eagerly)."""
+        CUDA model; True on a CPU runs the graphs' buffers eagerly). A batch of prompts padded
+        on either side gives each prompt's text alone (``prepare_inputs_for_generation``)."""
         check_generation_arguments(self.generation_config, args, kwargs)
         caller_tracks = bool(self._tallies)
         graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
