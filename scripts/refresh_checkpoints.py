@@ -1,7 +1,8 @@
 """Bring the checkpoints the repository ships (``checkpoints/``) up to what a checkpoint
-written today holds, their weights untouched: a tokenizer that pads with the token their
-config's ``pad_token_id`` names (the eos token, as ``train_tokenizer`` sets it; a word problem's
-model has no tokenizer), a model card (``README.md``), and the digests of their config and tokenizer (``files.sha256``). Running it
+written today holds, their weights untouched: a tokenizer (a word problem's model has none)
+that pads with the token their config's ``pad_token_id`` names (the eos token, as
+``train_tokenizer`` sets it) and on the left, where generation needs it (``load_tokenizer``
+reads every tokenizer so), a model card (``README.md``), and the digests of their config and tokenizer (``files.sha256``). Running it
 again changes nothing.
 
     PYTHONPATH=src python scripts/refresh_checkpoints.py [CHECKPOINT ...]   (default: every shipped one)

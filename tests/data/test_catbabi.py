@@ -187,6 +187,8 @@ def test_the_folder_is_token_shards_with_a_closed_word_vocabulary(sample, built)
     words = {t for split in read_babi(sample, tasks=SAMPLE_TASKS).values() for s in split for t in s.tokens()[0]}
     assert len(tokenizer) == len(words) + 2  # eos and unk
     assert tokenizer.convert_ids_to_tokens([0, 1]) == ["<|endoftext|>", "<unk>"]
+    # Saved padding where generation continues each row, as every tokenizer here.
+    assert json.loads((built / "tokenizer" / "tokenizer_config.json").read_text())["padding_side"] == "left"
     assert tokenizer("Where is Ada ? n,w")["input_ids"] == tokenizer.convert_tokens_to_ids(
         ["where", "is", "ada", "?", "n,w"]
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from functools import partial
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import implicitlm.models  # noqa: F401  (registers the Auto classes)
+from implicitlm.models import FAMILIES  # (and registers the Auto classes)
 from implicitlm.deq import OptionError
 from implicitlm.core.errors import NumericalFault
 
@@ -18,6 +19,7 @@ from tests.support.models import family_model, token_ids, with_stack
 VOCAB = 24
 VARIANTS = [("mamba2", False), ("mamba2", True), ("llama", False), ("llama", True)]
 IDS = [f"{arch}-{'implicit' if implicit else 'explicit'}" for arch, implicit in VARIANTS]
+EVERY_FAMILY = [(family.architecture, implicit) for family in FAMILIES for implicit in (False, True)]
 
 
 tokens = partial(token_ids, vocab=VOCAB)
@@ -210,6 +212,59 @@ def test_generation_from_a_left_padded_prompt_equals_unpadded_generation(archite
     mask = torch.tensor([[0, 0, 1, 1, 1]])
     generated = model.generate(padded, max_new_tokens=5, attention_mask=mask)
     assert torch.equal(generated[:, 5:], model.generate(short, max_new_tokens=5)[:, 3:])
+
+
+def padded_batch(prompts: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of ``prompts`` (1-d) padded with id 0 on ``side`` to the longest."""
+    width = max(len(prompt) for prompt in prompts)
+    ids, mask = torch.zeros(len(prompts), width, dtype=torch.long), torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        real = slice(width - len(prompt), None) if side == "left" else slice(None, len(prompt))
+        ids[row, real], mask[row, real] = prompt, 1
+    return ids, mask
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("architecture, implicit", EVERY_FAMILY,
+                         ids=[f"{arch}-{'implicit' if implicit else 'explicit'}" for arch, implicit in EVERY_FAMILY])
+def test_a_padded_batch_generates_what_its_prompts_generate_one_by_one(architecture, implicit, side):
+    """Before: a right-padded prompt was continued from its last padding token (Mamba's convolution
+    state held the padding's zeros, the head read a padding position), so its text differed."""
+    model = make_model(architecture, implicit)
+    prompts = [tokens(1, 3, seed=9)[0], tokens(1, 6, seed=10)[0], tokens(1, 1, seed=11)[0]]
+    ids, mask = padded_batch(prompts, side)
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = warnings.append
+    logging.getLogger("transformers.generation.utils").addHandler(handler)
+    try:
+        generated = model.generate(ids, attention_mask=mask, max_new_tokens=5, pad_token_id=0)
+    finally:
+        logging.getLogger("transformers.generation.utils").removeHandler(handler)
+    # transformers' warning that right padding generates wrong text does not hold here.
+    assert not [record for record in warnings if "right-padding" in record.getMessage()]
+    # Re-reading the whole sequence at each token pads it the same way.
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=5, pad_token_id=0, use_cache=False),
+                       generated)
+    assert torch.equal(generated[:, :ids.shape[1]], ids)  # the prompts as given
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=5, pad_token_id=0)
+        assert torch.equal(generated[row, ids.shape[1]:], alone[0, len(prompt):])
+
+
+def test_a_state_returned_after_right_padding_is_refused():
+    """Before: the state held the padding (Mamba's convolution its zeros), and decoding from it
+    continued the padding, not the text."""
+    model = make_model("mamba2", False)
+    ids, mask = padded_batch([tokens(1, 2, seed=12)[0], tokens(1, 4, seed=13)[0]], "right")
+    with pytest.raises(ValueError, match=r"use_cache=True\) would hold the padding .*padding_side='left'"):
+        model(ids, attention_mask=mask, use_cache=True)
+    with torch.no_grad():
+        scored = model(ids, attention_mask=mask)  # no state: the real tokens' logits, as alone
+        alone = model(ids[:1, :2])
+    torch.testing.assert_close(scored.logits[:1, :2], alone.logits, atol=1e-10, rtol=0)
 
 
 def test_padded_sequential_run_is_refused():

@@ -134,7 +134,26 @@ def test_a_shipped_checkpoint_pads_has_a_card_and_records_its_files(kind, caplog
     tokenizer = AutoTokenizer.from_pretrained(folder)
     batch = tokenizer(["a", "a b"], padding=True)
     assert tokenizer.pad_token_id == model.config.pad_token_id == model.generation_config.pad_token_id == 0
-    assert len(batch["input_ids"][0]) == len(batch["input_ids"][1]) and batch["attention_mask"][0][-1] == 0
+    assert len(batch["input_ids"][0]) == len(batch["input_ids"][1]) and batch["attention_mask"][0][0] == 0  # on the left
     assert (folder / MODEL_CARD).read_text() == model_card(model, read_trainer_meta(folder))
     assert {line.split()[1] for line in (folder / FILES_DIGEST).read_text().splitlines()} == {
         "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("kind", ["explicit", "implicit"])
+def test_a_padded_batch_of_prompts_gives_the_texts_each_prompt_gives_alone(kind, padding_side):
+    """Before: the tokenizers padded on the right, and the short prompt was continued from its
+    padding ("The city of" gave "The city of " instead of its own continuation); a batch padded
+    on the right by the caller's choice is now read as if padded on the left."""
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED / kind).eval()
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED / kind)
+    assert tokenizer.padding_side == "left"  # as shipped
+    prompts = ["The city of", "In the first season of the series , the"]
+    greedy = dict(max_new_tokens=12, do_sample=False)
+    alone = [tokenizer.decode(model.generate(**tokenizer(prompt, return_tensors="pt"), **greedy)[0], skip_special_tokens=True)
+             for prompt in prompts]
+    tokenizer.padding_side = padding_side
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    assert tokenizer.batch_decode(model.generate(**batch, **greedy), skip_special_tokens=True) == alone
+    assert len(alone[0]) > len(prompts[0]) + 12  # continued with words, not with padding

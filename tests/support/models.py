@@ -21,6 +21,7 @@ SMALL = {
 FAMILY_SIZES = {
     "mamba2": dict(state_size=8, head_dim=8, chunk_size=4),
     "llama": dict(num_attention_heads=2),
+    "mamba": dict(state_size=4, chunk_size=4),
 }
 
 

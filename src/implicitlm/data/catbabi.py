@@ -49,7 +49,7 @@ from implicitlm.core.errors import DataError, OptionError, first_line, quoted
 from implicitlm.core.json_file import read_utf8
 from implicitlm.data.shard_writer import PROGRESS_FILE, write_token_streams
 from implicitlm.data.shards import INDEX_FILE, TokenShards
-from implicitlm.data.tokenizer import EOS_TOKEN, load_tokenizer, save_tokenizer
+from implicitlm.data.tokenizer import EOS_TOKEN, PADDING_SIDE, load_tokenizer, save_tokenizer
 
 TASKS = tuple(range(1, 21))
 SPLITS = ("train", "valid", "test")
@@ -289,7 +289,8 @@ def word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token=UNK_TOKEN))
     backend.normalizer = normalizers.Lowercase()
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN,
+                                   padding_side=PADDING_SIDE)
 
 
 def encode_stream(

@@ -24,6 +24,9 @@ from implicitlm.core.run_folder import model_folder
 from implicitlm.core.targets import exclusive_target
 
 EOS_TOKEN = "<|endoftext|>"
+# Where a batch's padding goes: before each text, so that every row ends at its last real
+# token, where generation continues it; a right-padded prompt would be continued from its pads.
+PADDING_SIDE = "left"
 MAX_VOCAB_SIZE = 2**32 - 1
 BYTES_PER_TOKEN_AT_LEAST = 64
 
@@ -76,12 +79,14 @@ def _trained(documents: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFa
     # token is the eos token (id 0), as a trained model's config says (tasks.lm.mark_end_of_text).
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, clean_up_tokenization_spaces=False,
+        padding_side=PADDING_SIDE,
     )
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A tokenizer from a local directory or the Hugging Face hub; it must have an eos token.
-    A model folder's (or a run's newest checkpoint's) must be the one saved with the model."""
+    A model folder's (or a run's newest checkpoint's) must be the one saved with the model.
+    It pads on the left (``PADDING_SIDE``), whatever its folder says, and is saved so."""
     if Path(name_or_path).is_dir():
         check_files_digest(model_folder(name_or_path))
     check_local_or_hub(name_or_path, "tokenizer")
@@ -116,8 +121,10 @@ def _from_pretrained(name_or_path: str | os.PathLike, local_files_only: bool) ->
     """Loading fails in many ways (no such directory or repository, network, a malformed file),
     with exception types that differ between library versions: the caller catches them all."""
     # Never the code a tokenizer folder may name in its auto_map, not even on a yes at a prompt.
+    # The padding side given here is also what save_pretrained writes (an attribute set later is not).
     tokenizer = AutoTokenizer.from_pretrained(
-        os.fspath(name_or_path), trust_remote_code=False, local_files_only=local_files_only
+        os.fspath(name_or_path), trust_remote_code=False, local_files_only=local_files_only,
+        padding_side=PADDING_SIDE,
     )
     # Where this load looked is no property of the tokenizer: transformers keeps it among the
     # arguments it saves, and every checkpoint written after a local load would say so.

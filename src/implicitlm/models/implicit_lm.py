@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 from typing import Callable, Iterator
 
@@ -31,7 +32,7 @@ from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixin
 from ..layers import RMSNorm
 from .inputs import (
     MODES, check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
-    transformers_options,
+    left_aligned, pads_after_real_tokens, transformers_options,
 )
 from .learned_start import LearnedStart
 from .loss import token_cross_entropy
@@ -40,6 +41,25 @@ from .stack import BlockStack
 from .stack_passes import StackPasses
 from .token_graphs import TokenGraphs
 from .weight_cache import weights_once
+
+
+# transformers' warning that a right-padded batch generates wrong text: here it does not, the
+# prefill reading each row with its padding moved to the left (prepare_inputs_for_generation).
+RIGHT_PADDING_WARNING = "A decoder-only architecture is being used, but right-padding was detected"
+
+
+@contextlib.contextmanager
+def _without_right_padding_warning() -> Iterator[None]:
+    logger = logging.getLogger("transformers.generation.utils")
+    logger.addFilter(_not_the_right_padding_warning)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_not_the_right_padding_warning)
+
+
+def _not_the_right_padding_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(RIGHT_PADDING_WARNING)
 
 
 class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
@@ -269,14 +289,15 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         stopped above the tolerance is warned about in one line (unless a caller tracking
         convergence around this call reports it itself). ``cuda_graphs``: decode each token
         from a captured graph where its passes are fixed (``decoding_graphs``; default: on a
-        CUDA model; True on a CPU runs the graphs' buffers eagerly)."""
+        CUDA model; True on a CPU runs the graphs' buffers eagerly). A batch of prompts padded
+        on either side gives each prompt's text alone (``prepare_inputs_for_generation``)."""
         check_generation_arguments(self.generation_config, args, kwargs)
         caller_tracks = bool(self._tallies)
         graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         # The weight-normalised weights once per generation, not once per token: a token's
         # step is small enough that computing them again was a twentieth of its time.
         decoding = self.decoding_graphs(capture=self.device.type == "cuda") if graphs else weights_once(self)
-        with self.track_convergence() as tally, decoding:
+        with self.track_convergence() as tally, decoding, _without_right_padding_warning():
             output = super().generate(*args, **kwargs)
         if self.config.implicit:
             self.generation_convergence = tally.as_dict()
@@ -340,6 +361,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         if mode == "sequential" and padding is not None:
             # Refused rather than ignored: a recurrent state silently fed padding is wrong.
             raise OptionError("padded batches run in simultaneous mode (prefill); sequential mode takes real tokens only")
+        if use_cache and padding is not None and pads_after_real_tokens(padding):
+            raise OptionError("the state returned (use_cache=True) would hold the padding after a row's real tokens: "
+                              "pad on the left (a tokenizer's padding_side='left'); generate() moves it there itself")
         if position_ids is not None:
             check_position_ids(position_ids, padding, continues=state is not None)
         if output_hidden_states is None:
@@ -400,7 +424,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         point, as an RNN) from the state the previous call returned. That state already
         holds what the attention mask said about the prompt, so decoding takes no mask.
         A ``state`` given to ``generate()`` continues an earlier run: the tokens given are
-        the ones after it, fed in sequential mode. ``max_iter`` / ``tol`` / ``passes`` set the
+        the ones after it, fed in sequential mode. A prompt padded on the right (or with gaps)
+        is read with its padding moved to the left (``left_aligned``), as each row alone; the
+        sequences returned keep it where it was given. ``max_iter`` / ``tol`` / ``passes`` set the
         solver budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
         sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
         forward (transformers' convention), ``input_ids`` for it afterwards. ``chunk_length``:
@@ -408,8 +434,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         budget = dict(max_iter=max_iter, tol=tol, passes=passes, use_cache=use_cache, output_hidden_states=output_hidden_states,
                       logits_to_keep=logits_to_keep)
         if state is None:
-            prompt = dict(input_ids=input_ids) if inputs_embeds is None or not is_first_iteration else dict(inputs_embeds=inputs_embeds)
-            return dict(attention_mask=attention_mask, mode=mode, chunk_length=chunk_length, **prompt, **budget)
+            name, prompt = ("input_ids", input_ids) if inputs_embeds is None or not is_first_iteration else ("inputs_embeds", inputs_embeds)
+            attention_mask, prompt = left_aligned(attention_mask, prompt)
+            return {"attention_mask": attention_mask, "mode": mode, "chunk_length": chunk_length, name: prompt, **budget}
         new_tokens = input_ids if is_first_iteration else input_ids[:, -1:]
         return dict(input_ids=new_tokens, state=state, mode="sequential", **budget)
 

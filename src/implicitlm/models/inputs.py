@@ -128,6 +128,28 @@ def check_attention_mask(attention_mask, shape: tuple[int, int]) -> None:
         raise OptionError(f"attention_mask must hold 1 at real tokens and 0 at padding; got {attention_mask[other][0].item()!r}")
 
 
+def pads_after_real_tokens(attention_mask: torch.Tensor) -> bool:
+    """Whether a row of ``attention_mask`` has padding after one of its real tokens (right
+    padding, or a gap): the state after the row's last position then holds padding."""
+    real = attention_mask != 0
+    return bool((real[:, :-1] & ~real[:, 1:]).any())
+
+
+def left_aligned(attention_mask: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``attention_mask`` and ``rows`` (its (batch, length, ...) token ids or embeddings) with
+    each row's padding moved in front of its real tokens, which keep their order. Generation
+    continues every row from its last position, so a right-padded prompt would be continued
+    from its padding; left-aligned, each row is continued as it is alone."""
+    if attention_mask is None:
+        return attention_mask, rows
+    check_attention_mask(attention_mask, _shape(rows)[:2])
+    if not pads_after_real_tokens(attention_mask):
+        return attention_mask, rows
+    order = (attention_mask != 0).to(torch.uint8).argsort(dim=1, stable=True)
+    index = order.view(*order.shape, *[1] * (rows.dim() - 2)).expand_as(rows)
+    return attention_mask.gather(1, order), rows.gather(1, index)
+
+
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(tensor.shape)
 
