@@ -13,15 +13,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..core import migrations
 from ..core.run_folder import STAGE_KEYS
 from ..deq.options import FixedPointOptions
 from ..models.families import BY_MODEL_TYPE
-from .config import TrainConfig
+from .config import OTHER_TASKS_FIELDS, TrainConfig
 
 MODEL_CARD = "README.md"
 # What a solve of each inference mode is, in a reader's words.
 SOLVES = {"simultaneous": "a sequence at once (simultaneous mode: scoring and evaluation)",
           "sequential": "token by token (sequential mode: generation)"}
+# A task's own settings a stage's line shows, where its task takes them: the group whose words it learnt.
+TASK_SETTINGS_SHOWN = ("group",)
 # Where a line of a record would open a block of markdown (a heading, quote, list, rule or
 # fence) rather than continue the list item it is shown in: escaped there.
 BLOCK_START = re.compile(r"^(?:\d+(?=[.)])|(?=[#>*+_~-])|(?=```))")
@@ -86,12 +89,13 @@ def inline(text: str) -> str:
 def training(meta: dict[str, Any], implicit: bool) -> list[str]:
     """Every stage the model went through, oldest first, this checkpoint's last, and their sum."""
     own = {key: meta[key] for key in STAGE_KEYS if key in meta}
-    stages = [*meta.get("lineage", []), *([{**own, "implicit": implicit}] if "step" in own else [])]
+    recorded = "step" in own
+    stages = [*meta.get("lineage", []), *([{**own, "implicit": implicit}] if recorded else [])]
     if not stages:
         return ["No training recorded (a model imported or built, not trained here)."]
     lines = []
     for number, stage in enumerate(stages, 1):
-        lines += stage_lines(number, stage, last=number == len(stages))
+        lines += stage_lines(number, stage, last=recorded and number == len(stages))
     if len(stages) > 1:
         totals = [stage_extent(stage) for stage in stages]
         if all(extent is not None for extent in totals):
@@ -111,14 +115,16 @@ def stage_lines(number: int, stage: dict[str, Any], last: bool) -> list[str]:
     if extent is None:
         return [f"{head} (training settings not recorded){this}"]
     settings, (length, tokens) = stage_settings(stage), extent
-    group = f"group {inline(settings.group)}, " if settings.task == "words" else ""
-    return [f"{head}, {tokens:,} tokens ({settings.task} task, {group}sequence length {length}){this}",
+    own = "".join(f"{name} {inline(str(getattr(settings, name)))}, " for name in TASK_SETTINGS_SHOWN
+                  if OTHER_TASKS_FIELDS[name] == settings.task)
+    return [f"{head}, {tokens:,} tokens ({settings.task} task, {own}sequence length {length}){this}",
             *(f"   - {line}" for line in special_stages(settings))]
 
 
 def stage_settings(stage: dict[str, Any]) -> TrainConfig:
-    train = stage["train"]
-    return TrainConfig.for_task(train.get("task", "lm"), **train)
+    """A stage's training settings, a former trainer's read as today's."""
+    train = migrations.training_settings(stage["train"], "the training settings")
+    return TrainConfig.for_task(train["task"], **train)
 
 
 def stage_extent(stage: dict[str, Any]) -> tuple[int, int] | None:
