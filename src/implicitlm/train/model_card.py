@@ -157,8 +157,11 @@ def solving(model) -> list[str]:
     lines = ["As loaded, each solve of the stack's fixed point:", ""]
     lines += [f"- {what}: {solve(options, mode)}" for mode, what in SOLVES.items()]
     if model.learned_guess is not None or model.learned_mixing is not None:
+        # A budget of passes iterates plainly: the mixing serves only solves to the tolerance.
+        to_tol = " with `--passes 0` (a solve to the tolerance)" * bool(options.passes)
         lines += ["", "It carries a learned solver (`implicitlm solver train`: an initial guess and a mixing of "
-                      "Anderson's steps): `--initial-guess learned` and `--solver learned_anderson` use it."]
+                      "Anderson's steps): `--initial-guess learned` starts each solve from its guess, "
+                      f"`--solver learned_anderson` mixes its steps{to_tol}."]
     return lines + ["", "Change them with `model.set_fixed_point_options(max_iter=..., tol=..., passes=...)`, or on "
                         "the command line with --max-iter, --tol, --passes, --solver, --initial-guess and "
                         "--chunk-length (passes: exactly that many passes per solve, 0: solve to tol)."]
