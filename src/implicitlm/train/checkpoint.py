@@ -139,9 +139,9 @@ def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tup
     saved = load_model(checkpoint)
     if _architecture(saved.config) != _architecture(model.config):
         raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
-    step = read_trainer_meta(checkpoint).get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got {step!r}")
+    step = read_trainer_meta(checkpoint).get("step")  # of its type, if there, as every read checks it
+    if step is None:
+        raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got none")
     if step_in_name(checkpoint) not in (None, step):
         folder = checkpoint.name
         raise CheckpointError(f"{checkpoint / TRAINER_META}: step {step}, but the checkpoint's folder is {folder}")
