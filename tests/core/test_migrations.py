@@ -214,8 +214,9 @@ def test_every_reader_of_a_checkpoints_training_settings_refuses_an_unknown_one_
     and a run preset made of it dropped the key in silence."""
     model = build_model(config_from_options(dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8,
                                                  head_dim=8)))
-    settings = {**dataclasses.asdict(TrainConfig.for_task("lm")), **change}
+    settings = dataclasses.asdict(TrainConfig.for_task("lm"))
     save_checkpoint(tmp_path, model, meta={"step": 9, "train": settings, "data": None})
+    (tmp_path / "trainer.json").write_text(json.dumps({"step": 9, "train": {**settings, **change}, "data": None}))
     meta = (tmp_path / "trainer.json").read_bytes()
     for read in (lambda: load_model(tmp_path), lambda: training_settings(tmp_path), lambda: checkpoint_preset(tmp_path)):
         with pytest.raises(DataError) as refused:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,15 @@ SAVED = {
 # (fixed_point.passes, from its few-pass stage), below its explicit twin's perplexity; the one
 # trained from scratch solves to its tolerance.
 AS_SHIPPED = {"implicit": 45.0260, "warm_start/implicit": 43.6381}
+# Each model's stages of training, oldest first (docs/results/language-modelling.md): the
+# explicit runs of 240 steps the warm starts began from, the runs of 720 steps, the few-pass stages.
+LINEAGE = {
+    "explicit": [("explicit", 720)],
+    "implicit": [("implicit", 720), ("implicit", 120)],
+    "warm_start/explicit": [("explicit", 240), ("explicit", 720)],
+    "warm_start/explicit_2_layers": [("explicit", 240), ("explicit", 720)],
+    "warm_start/implicit": [("explicit", 240), ("implicit", 720), ("implicit", 120)],
+}
 TWIN = {"implicit": "explicit", "warm_start/implicit": "warm_start/explicit"}
 
 
@@ -157,3 +167,21 @@ def test_a_padded_batch_of_prompts_gives_the_texts_each_prompt_gives_alone(kind,
     batch = tokenizer(prompts, padding=True, return_tensors="pt")
     assert tokenizer.batch_decode(model.generate(**batch, **greedy), skip_special_tokens=True) == alone
     assert len(alone[0]) > len(prompts[0]) + 12  # continued with words, not with padding
+
+
+@pytest.mark.parametrize("kind", sorted(SAVED))
+def test_a_shipped_card_tells_every_stage_and_each_solve_as_the_model_loads(kind):
+    """Before: the implicit cards said "trained: 120 steps" (the few-pass stage alone) and named
+    themselves as their origin; the explicit twins had no measurements; every implicit card
+    listed "solver: fixed_point_iter", which no solve of the loaded model runs."""
+    folder = SHIPPED / kind
+    model, card = load_model(folder), (folder / MODEL_CARD).read_text()
+    stages = re.findall(r"^\d+\. (\w+), [^\n]*?: ([\d,]+) steps, ([\d,]+) tokens", card, flags=re.MULTILINE)
+    assert [(kind, int(steps.replace(",", ""))) for kind, steps, _ in stages] == LINEAGE[kind]
+    assert all(int(tokens.replace(",", "")) == 4096 * int(steps.replace(",", "")) for _, steps, tokens in stages)
+    assert re.findall(r"^\d+\. \w+, from scratch", card, flags=re.MULTILINE) == [f"1. {LINEAGE[kind][0][0]}, from scratch"]
+    assert "## Measured" in card
+    if model.config.implicit:
+        options = model.solver.options
+        assert all(f"(reports say `{options.described_solver(mode)}`)" in card for mode in ("simultaneous", "sequential"))
+        assert "solver: fixed_point_iter" not in card

@@ -46,4 +46,8 @@ def test_a_shipped_word_models_card_says_its_group_recipe_and_measurements(name)
     card = (folder / "README.md").read_text()
     assert f"group {GROUPS[name]}, sequence length 8" in card and "- contraction stage: 800 steps" in card
     assert "## Measured" in card and "words_contraction" in card
+    # Both stages of the recipe, each 64 words of 8 tokens a step.
+    assert f"1. implicit, from scratch: 3,200 steps, 1,638,400 tokens (words task, group {GROUPS[name]}, " \
+           "sequence length 8)\n2. implicit, from stage 1 (stage 1: `implicitlm words train --preset words_s5" in card
+    assert "In all: 4,000 steps, 2,048,000 tokens." in card
     assert not (folder / "training_state.pt").exists()  # weights ship, never a pickle

@@ -415,7 +415,11 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
         (lambda run: torch.save({"optimizer": {}, "scheduler": {}, "torch_rng": torch.zeros(3)},
                                 latest_checkpoint(run) / "training_state.pt"), "does not fit this run"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(
-            json.dumps({**read_trainer_meta(latest_checkpoint(run)), "step": "ten"})), "expected the step count"),
+            json.dumps({**read_trainer_meta(latest_checkpoint(run)), "step": "ten"})),
+         "trainer.json: checkpoint metadata 'step' must be an integer >= 0, got 'ten'"),
+        (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(json.dumps(
+            {k: v for k, v in read_trainer_meta(latest_checkpoint(run)).items() if k != "step"})),
+         "expected the step count in 'step', got none"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text('{"step": 2}'), "expected the training settings"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text("[1]"), "expected a JSON object"),
         (lambda run: (latest_checkpoint(run) / "trainer.json").write_text(
@@ -424,7 +428,7 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
             {**read_trainer_meta(latest_checkpoint(run)), "train": {k: v for k, v in read_trainer_meta(latest_checkpoint(run))["train"].items()
                                                           if k != "lr"}})), "lack lr; a resume would run them at their defaults"),
     ],
-    ids=["missing-keys", "wrong-state", "step-not-a-number", "no-settings", "meta-not-an-object", "empty-settings",
+    ids=["missing-keys", "wrong-state", "step-not-a-number", "no-step", "no-settings", "meta-not-an-object", "empty-settings",
          "one-setting-missing"],
 )
 def test_a_damaged_training_state_is_one_line_on_resume(tmp_path, capsys, damage, expected):

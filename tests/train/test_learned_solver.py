@@ -45,7 +45,10 @@ def test_a_fitted_solver_is_saved_with_the_model_and_changes_no_answer(tiny_run,
     for name in ("tokenizer.json", "trainer.json", GUESS_FILE, MIXING_FILE):
         assert (tmp_path / "out" / name).is_file()
     card = (tmp_path / "out" / "README.md").read_text()
-    assert "- initial_guess: " in card and "2 steps" in card  # the source run's training, the solver's use
+    # The source run's training, and the solver the loaded model runs in each mode.
+    assert "1. implicit, from scratch: 2 steps, " in card and "It carries a learned solver" in card
+    options = load_model(tmp_path / "out").solver.options
+    assert all(f"(reports say `{options.described_solver(mode)}`)" in card for mode in ("simultaneous", "sequential"))
     learned, source = load_model(tmp_path / "out"), load_model(tiny_run)
     assert learned.learned_guess is not None and learned.learned_mixing is not None and source.learned_guess is None
     # Each mode uses what the held-out batch chose.
@@ -241,3 +244,31 @@ def test_every_file_of_a_fitted_solver_follows_the_umask(tiny_run, shards, tmp_p
     modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in (tmp_path / "out").iterdir()}
     assert {"tokenizer.json", "trainer.json"} <= set(modes)
     assert modes == dict.fromkeys(modes, 0o640)
+
+
+@pytest.mark.parametrize("change, key", [({"measured": 5}, "measured"), ({"step": "x"}, "step"),
+                                         ({"measured": ["fine", "x\n## Loading"]}, "measured")])
+def test_a_crafted_record_is_refused_before_the_fit(tmp_path, capsys, monkeypatch, change, key):
+    """Before: "measured": 5 passed every loader and raised TypeError in the card, after the fit
+    (86 s on a shipped checkpoint); "step": "x" a format error there; a line break in a measured
+    line a fake section of the new card."""
+    import implicitlm.train.learned_solver as fitting
+    from dataclasses import asdict
+
+    from implicitlm.models import build_model, config_from_options
+    from implicitlm.train.checkpoint import save_checkpoint
+    from implicitlm.train.config import TrainConfig
+    from tests.support.refusals import one_error_line
+
+    model = build_model(config_from_options(dict(vocab_size=6, hidden_size=16, num_hidden_layers=1, state_size=8,
+                                                 head_dim=8, label_alignment="aligned")))
+    meta = {"step": 2, "train": asdict(TrainConfig.for_task("words", group="S3", sequence_length=6, total_steps=2)),
+            "processes": 1}
+    checkpoint = save_checkpoint(tmp_path / "step_0000002", model, meta=meta)
+    (checkpoint / "trainer.json").write_text(json.dumps({**meta, **change}))
+    monkeypatch.setattr(fitting, "_fit", lambda *args: pytest.fail("the fit ran"))
+    capsys.readouterr()
+    code = main(["solver", "train", str(checkpoint), "--out", str(tmp_path / "out"), "--steps", "1", "--no-progress"])
+    line = one_error_line(code, capsys.readouterr().err)
+    assert f"{checkpoint / 'trainer.json'}: checkpoint metadata '{key}' must be" in line
+    assert not (tmp_path / "out").exists()

@@ -99,6 +99,7 @@ TAMPERED = {
     "duplicate-step": (duplicate_step,
                        "trainer.json: expected JSON (checkpoint metadata): duplicate key 'step'"),
     "huge-step": (set_step(10**30), f"trainer.json: step {10**30}, but the checkpoint's folder is step_0000006"),
+    "text-step": (set_step("x"), "trainer.json: checkpoint metadata 'step' must be an integer >= 0, got 'x'"),
     "other-steps-state": (copy_in_step_4s_state,
                           "training_state.pt: the scheduler's state is at step 4, but trainer.json says step 6"),
     "optimiser-steps": (set_optimiser_steps_to_5,
@@ -281,7 +282,7 @@ LM_RESUME_CHANGES = {
     "other-data": (lambda tmp_path, data: ["--data", str(data)],
                    "the run trained on token shards ("),
     "edited-data-record": (lambda tmp_path, data: edit_data_record(tmp_path / "run", "x"),
-                           "the run trained on data described as 'x'; resuming on token shards ("),
+                           "trainer.json: checkpoint metadata 'data' must be a dict or null, got 'x'"),
 }
 
 

@@ -146,6 +146,13 @@ def test_an_implicit_run_from_an_explicit_run_starts_at_its_weights_and_goes_on_
     assert sampler_position(out) == sampler_position(explicit_run) + 2 * BATCH
     meta = json.loads((latest_checkpoint(out) / "trainer.json").read_text())
     assert meta["initialised_from"] == str(latest_checkpoint(explicit_run))
+    # The source's stage, as its own record says it, is the first of the new model's lineage.
+    source_meta = json.loads((latest_checkpoint(explicit_run) / "trainer.json").read_text())
+    assert meta["lineage"] == [{key: source_meta[key] for key in ("step", "train", "processes")} | {"implicit": False}]
+    card = (latest_checkpoint(out) / "README.md").read_text()
+    assert "1. explicit, from scratch: 3 steps, 384 tokens (lm task, sequence length 32)\n" in card
+    assert f"2. implicit, from stage 1 ({latest_checkpoint(explicit_run)}): 2 steps, 256 tokens" in card
+    assert "In all: 5 steps, 640 tokens." in card
 
 
 def test_a_warm_started_run_resumes_with_its_origin(shards, explicit_run, tmp_path):
@@ -156,6 +163,7 @@ def test_a_warm_started_run_resumes_with_its_origin(shards, explicit_run, tmp_pa
                  "--train", "total_steps=2"]) == 0
     meta = json.loads((latest_checkpoint(out) / "trainer.json").read_text())
     assert meta["step"] == 2 and meta["initialised_from"] == str(latest_checkpoint(explicit_run))
+    assert [(stage["step"], stage["implicit"]) for stage in meta["lineage"]] == [(3, False)]
     assert sampler_position(out) == sampler_position(explicit_run) + 2 * BATCH
 
 

@@ -392,7 +392,7 @@ def test_a_second_stage_starts_from_the_runs_weights_on_its_task(z6_run, tmp_pat
     assert (meta["train"]["group"], meta["train"]["sequence_length"], meta["train"]["batch_size"]) == ("Z6", 5, 4)
     assert meta["initialised_from"] == str(z6_run / "checkpoints" / "step_0000002")
     card = (out / "latest" / "README.md").read_text()
-    assert "- contraction stage: 2 steps" in card and "- initialised from:" in card
+    assert "   - contraction stage: 2 steps" in card and "2. implicit, from stage 1 (" in card
     # At a rate of 1e-9 the model is the source's.
     words = torch.randint(0, 6, (3, 5), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

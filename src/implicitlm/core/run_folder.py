@@ -21,9 +21,10 @@ from typing import Any
 
 from . import migrations
 from .atomic_io import atomic_symlink, recover_replaced, remove_entry
-from .errors import DataError, check_header_keys
+from .errors import DataError, OptionError, check_header_keys, quoted
 from .file_digests import COVERED
 from .json_file import read_json_object
+from .schema import NON_NEGATIVE, Rule, at_least, check_field
 from .targets import TargetExistsError
 
 CHECKPOINTS = "checkpoints"
@@ -31,8 +32,27 @@ CHECKPOINTS = "checkpoints"
 TRAINER_META = "trainer.json"
 # What the trainers (today's and the two former ones) write into it.
 # "measured": what was measured of a checkpoint after training (lines its model card shows);
-# the trainer writes none, a shipped checkpoint may carry them.
-TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from", "measured")
+# the trainer writes none, a shipped checkpoint may carry them. "lineage": the stages of
+# training its model went through before this run (a warm start's source, and that one's own),
+# oldest first, each what ``STAGE_KEYS`` keep of that stage's metadata.
+TRAINER_META_KEYS = ("step", "train", "data", "processes", "initialised_from", "measured", "lineage")
+# A stage of a lineage: its checkpoint's step, training settings, processes and origin, and
+# whether its model was implicit (a warm start may turn an explicit model implicit).
+STAGE_KEYS = ("step", "train", "processes", "initialised_from", "implicit")
+# What a card cannot tell a stage without.
+STAGE_RECORDED = ("step", "train", "implicit")
+# A record's strings are shown in a model card: one line each, so that none can start a
+# section of its own there.
+PRINTABLE_LINE = Rule("(one line of printable text)", lambda text: text.isprintable())
+PRINTABLE_LINES = Rule("(each one line of printable text)", lambda lines: all(line.isprintable() for line in lines))
+# Every key's type and range (``core.schema``), held on every read: a model card, a resume and
+# a learned solver's save take the values as they are.
+TRAINER_META_TYPES = {
+    "step": int, "train": dict[str, Any], "data": dict[str, int | str] | None, "processes": int,
+    "initialised_from": str, "measured": list[str], "lineage": list[dict[str, Any]], "implicit": bool,
+}
+TRAINER_META_RULES = {"step": NON_NEGATIVE, "processes": at_least(1), "initialised_from": PRINTABLE_LINE,
+                      "measured": PRINTABLE_LINES}
 LATEST = "latest"
 # The links of a run folder to its latest checkpoint (relative: the run folder may be moved),
 # so that transformers' AutoModelForCausalLM and AutoTokenizer take the run folder itself.
@@ -171,16 +191,33 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
 
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:
     """A checkpoint's metadata (``trainer.json``): the step, the training settings, the data
-    and the processes it was trained with, the checkpoint a warm-started run began from, and
-    what was measured of it since;
-    any key besides these, a one-line DataError. The training settings come in today's
-    spelling, an unknown one refused (every reader, not only a resume, would otherwise drop it)."""
+    and the processes it was trained with, the checkpoint a warm-started run began from, the
+    stages before it, and what was measured of it since;
+    any key besides these, or one of another type, a one-line DataError naming the file and
+    the key. The training settings come in today's spelling, an unknown one refused (every
+    reader, not only a resume, would otherwise drop it)."""
     file = Path(checkpoint) / TRAINER_META
     meta = read_json_object(file, "checkpoint metadata")
-    check_header_keys(meta, TRAINER_META_KEYS, file, "checkpoint metadata")
-    if isinstance(meta.get("train"), dict):
-        meta["train"] = migrations.training_settings(meta["train"], file)
+    _check_meta(meta, TRAINER_META_KEYS, file, "checkpoint metadata")
+    for number, stage in enumerate(meta.get("lineage", []), 1):
+        what = f"stage {number} of the lineage"
+        _check_meta(stage, STAGE_KEYS, file, what)
+        missing = [key for key in STAGE_RECORDED if key not in stage]
+        if missing:
+            raise DataError(f"{file}: {what} has no {quoted(missing[0])}")
     return meta
+
+
+def _check_meta(meta: dict[str, Any], known: tuple[str, ...], file: Path, what: str) -> None:
+    """``meta``'s keys among ``known``, each of its type; its training settings in today's spelling."""
+    check_header_keys(meta, known, file, what)
+    for key, value in meta.items():
+        try:
+            check_field(what, key, value, TRAINER_META_TYPES[key], TRAINER_META_RULES.get(key))
+        except OptionError as error:
+            raise DataError(f"{file}: {error}") from None
+    if "train" in meta:
+        meta["train"] = migrations.training_settings(meta["train"], file)
 
 
 def training_settings(path: str | Path) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def describe(annotation: Any) -> str:
     if origin is tuple and args[-1] is not Ellipsis:
         return f"a list of {len(args)} {_SCALARS[args[0]][1]}"
     if origin in (tuple, list):
-        return f"a list of {_SCALARS[args[0]][1]}"
+        return f"a list of {'dicts' if typing.get_origin(args[0]) is dict else _SCALARS[args[0]][1]}"
     if origin is dict:
         return "a dict"
     return "any value"

@@ -238,8 +238,6 @@ class TokenBatches:
     def data_named(self, description: dict[str, Any]) -> str:
         """The training shards a ``description`` identifies, in words; these shards' folder
         named where they are the ones described."""
-        if not isinstance(description, dict):  # an edited trainer.json
-            return f"data described as {description!r}"
         where = f"{self.shards.path}: " if description == self.description() else ""
         tokens, digest = description.get("tokens"), str(description.get("shards_sha256"))[:12]
         return f"token shards ({where}{tokens} tokens, sha256 {digest})"

@@ -24,7 +24,8 @@ from ..core.atomic_io import recover_replaced, staged_directory, writing
 from ..core.migrations import former_word_training_state
 from ..core.errors import DataError
 from ..core.run_folder import (
-    CHECKPOINTS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta, step_directories, step_in_name,
+    CHECKPOINTS, STAGE_KEYS, TRAINER_META, latest_checkpoint, model_folder, read_trainer_meta,
+    step_directories, step_in_name,
 )
 from ..models import ImplicitCausalLM, load_model
 from .model_card import MODEL_CARD, write_model_card
@@ -138,9 +139,9 @@ def restore_weights(model, checkpoint: Path, state_keys: tuple[str, ...]) -> tup
     saved = load_model(checkpoint)
     if _architecture(saved.config) != _architecture(model.config):
         raise CheckpointError(f"{checkpoint}: saved for another model configuration than this run's")
-    step = read_trainer_meta(checkpoint).get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got {step!r}")
+    step = read_trainer_meta(checkpoint).get("step")  # of its type, if there, as every read checks it
+    if step is None:
+        raise CheckpointError(f"{checkpoint / TRAINER_META}: expected the step count in 'step', got none")
     if step_in_name(checkpoint) not in (None, step):
         folder = checkpoint.name
         raise CheckpointError(f"{checkpoint / TRAINER_META}: step {step}, but the checkpoint's folder is {folder}")
@@ -168,13 +169,24 @@ def saved_settings(checkpoint: Path) -> dict[str, Any]:
     return settings
 
 
+# What a run's checkpoints carry of where their model began, a resume included.
+RUN_HISTORY = ("initialised_from", "lineage")
+
+
 @dataclass(frozen=True)
 class WarmStart:
-    """Where a new run's weights came from: a checkpoint (or a run's latest), and the batch
-    position its run had reached (None for a model saved without training state)."""
+    """Where a new run's weights came from: a checkpoint (or a run's latest), the batch
+    position its run had reached (None for a model saved without training state), and the
+    stages of training its model went through, its own last (none for a model without
+    training metadata: imported or built)."""
 
     checkpoint: Path
     data_position: dict[str, Any] | None
+    lineage: list[dict[str, Any]]
+
+    def history(self) -> dict[str, Any]:
+        """What the new run's checkpoints record of where their model began."""
+        return {"initialised_from": str(self.checkpoint), **({"lineage": self.lineage} if self.lineage else {})}
 
 
 def warm_start(model: ImplicitCausalLM, source: str | Path) -> WarmStart:
@@ -185,10 +197,20 @@ def warm_start(model: ImplicitCausalLM, source: str | Path) -> WarmStart:
     from ..models.convert import initialise_from
 
     checkpoint = model_folder(source)
-    initialise_from(model, load_model(checkpoint))
+    source_model = load_model(checkpoint)
+    initialise_from(model, source_model)
     _solve_without_learned_solver(model)
     position = load_training_state(checkpoint).get("sampler") if (checkpoint / TRAINING_STATE).is_file() else None
-    return WarmStart(checkpoint, position)
+    return WarmStart(checkpoint, position, _lineage(checkpoint, source_model.config.implicit))
+
+
+def _lineage(checkpoint: Path, implicit: bool) -> list[dict[str, Any]]:
+    """The stages of the model at ``checkpoint``: those its metadata records, then its own."""
+    meta = read_trainer_meta(checkpoint) if (checkpoint / TRAINER_META).is_file() else {}
+    if "step" not in meta or "train" not in meta:
+        return []
+    own = {key: meta[key] for key in STAGE_KEYS if key in meta}
+    return [*meta.get("lineage", []), {**own, "implicit": implicit}]
 
 
 def _solve_without_learned_solver(model: ImplicitCausalLM) -> None:

@@ -36,7 +36,7 @@ from ..tasks import TRAINING_BATCHES
 from ..tasks.lm import TokenBatches
 from ..tasks.words import WordBatches
 from .checkpoint import (
-    CheckpointError, WarmStart, applying_training_state, prune_checkpoints, restore_weights, run_checkpoint,
+    RUN_HISTORY, CheckpointError, WarmStart, applying_training_state, prune_checkpoints, restore_weights, run_checkpoint,
     save_checkpoint, saved_settings,
 )
 from .config import TrainConfig
@@ -107,13 +107,13 @@ def _train(
     batches.prepare(model)
     accumulation = config.accumulation_steps(accelerator.num_processes)
     start_step, state, checkpoint = 0, None, None
-    origin = None if warm_start is None else str(warm_start.checkpoint)
+    history = {} if warm_start is None else warm_start.history()
     if resume:
         checkpoint = run_checkpoint(out_dir)
         start_step, state = restore_weights(model, checkpoint, TRAINING_STATE_KEYS)
         _check_steps_left(checkpoint, start_step, config.total_steps)
         _check_same_data(checkpoint, batches)
-        origin = read_trainer_meta(checkpoint).get("initialised_from")
+        history = {key: value for key, value in read_trainer_meta(checkpoint).items() if key in RUN_HISTORY}
     elif warm_start is not None:
         _continue_batch_order(batches, warm_start)
     if config.activation_checkpointing:
@@ -151,7 +151,7 @@ def _train(
         curriculum=curriculum,
         forward_backward=lambda model, phase: _optimiser_step(accelerator, model, batches, accumulation, phase),
         task_metrics=lambda outcome: _step_metrics(accelerator, batches, outcome),
-        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config, origin),
+        save=lambda step: _checkpoint(accelerator, model, optimizer, scheduler, batches, out_dir, step, config, history),
         grad_clip=config.grad_clip, log_every=config.log_every, checkpoint_every=config.checkpoint_every,
         evaluate=evaluate, description=description,
     )
@@ -270,7 +270,8 @@ def _step_metrics(accelerator, batches, outcome: StepOutcome) -> dict[str, float
 
 
 def _checkpoint(
-    accelerator, model, optimizer, scheduler, batches, out_dir: Path, step: int, config: TrainConfig, origin: str | None,
+    accelerator, model, optimizer, scheduler, batches, out_dir: Path, step: int, config: TrainConfig,
+    history: dict[str, Any],
 ) -> Path:
     path = out_dir / CHECKPOINTS / f"step_{step:07d}"
     weights = accelerator.get_state_dict(model)  # gathered to the main process under FSDP
@@ -284,10 +285,8 @@ def _checkpoint(
         }
         meta = {
             "step": step, "train": asdict(config), "processes": accelerator.num_processes,
-            "data": batches.description(),
+            "data": batches.description(), **history,
         }
-        if origin is not None:
-            meta["initialised_from"] = origin
         core = accelerator.unwrap_model(model)
         save_checkpoint(path, core, training_state=training_state, meta=meta, weights=weights, tokenizer=batches.tokenizer)
         # Before the pruning: a link to a pruned checkpoint would lead nowhere meanwhile.
