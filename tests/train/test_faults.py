@@ -492,7 +492,7 @@ def test_a_run_folder_given_as_a_link_is_refused_with_what_it_leads_to_unchanged
         command = [*train_command(link, "total_steps=1", "bounded_fraction=1.0"), *how]
     assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{link}: a symbolic link; a run writes into a folder of its own" in err[0], err
+    assert len(err) == 1 and f"{link}: a symbolic link; write into a file or folder of its own" in err[0], err
     assert before == {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 

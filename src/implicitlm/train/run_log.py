@@ -13,8 +13,7 @@ from typing import Any
 
 from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
-from ..core.migrations import FORMER_WORD_CHECKPOINT
-from ..core.run_folder import CHECKPOINTS, RUN_LINKS, refuse_in_place_of_links, step_directories
+from ..core.run_folder import CHECKPOINTS, RUN_ENTRIES, RUN_LINKS, refuse_in_place_of_links, step_directories
 from ..core.targets import TargetExistsError, writer_lock
 
 LOGGER = logging.getLogger("implicitlm")
@@ -25,11 +24,6 @@ TENSORBOARD = "tensorboard"
 EARLIER_RUN = ".earlier_run"
 EARLIER_RUN_MOVING = f"{EARLIER_RUN}.moving"
 
-
-# What a training run writes into its folder, a former word run's one checkpoint included.
-RUN_ENTRIES = (
-    "metrics.jsonl", "tensorboard", FORMER_WORD_CHECKPOINT, CHECKPOINTS, "lm_training.json", "lm_training.png",
-)
 
 
 def existing_run(out_dir: str | Path) -> list[str]:
@@ -56,14 +50,13 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
 def run_folder_lock(out_dir: str | Path, enabled: bool = True):
     """Hold ``out_dir`` for one run at a time: a second run on the same folder would mix its
     metrics into the first's and race it on every checkpoint rename. Symbolic links inside
-    the run folder are refused too: writes would land outside it, or fail at the first save.
+    the run folder are refused too (the folder itself, as every writer's target, by
+    ``writer_lock``): writes would land outside it, or fail at the first save.
     An earlier run that a killed overwriting run left set aside is settled first."""
     if not enabled:
         yield
         return
     with writer_lock(out_dir):
-        if Path(out_dir).is_symlink():  # before anything is moved, kept aside or written through it
-            raise DataError(f"{out_dir}: a symbolic link; a run writes into a folder of its own, not through a link")
         settled = settle_earlier_run(out_dir)
         if settled:
             LOGGER.warning(f"{out_dir}: {settled}")
