@@ -326,6 +326,24 @@ def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, 
     assert not out.exists()
 
 
+def test_bad_input_found_late_leaves_what_another_wrote_in_the_run_folder(tmp_path, capsys, monkeypatch):
+    """before: the command line removed the new run's folder whole, with a file another
+    command had written there meanwhile."""
+    from implicitlm.core.errors import DataError
+    from implicitlm.tasks import words as word_task
+
+    out = tmp_path / "run"
+
+    def unreadable(*args, **kwargs):
+        (out / "train_words.npy").write_bytes(b"another command's")
+        raise DataError("words.npy: row 7 holds token 9, outside the group's 6 elements")
+
+    monkeypatch.setattr(word_task, "generate_words", unreadable)
+    assert main(train_command(out)) == 2
+    assert "row 7" in capsys.readouterr().err
+    assert os.listdir(out) == ["train_words.npy"]  # the run's log and tensorboard folder removed
+
+
 def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, capsys, monkeypatch):
     from implicitlm.core.errors import DataError
     from implicitlm.tasks import words as word_task

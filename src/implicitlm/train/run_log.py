@@ -85,7 +85,8 @@ def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
     out = Path(out_dir)
     found = existing_run(out) if enabled else []
     if not found:
-        yield
+        with _removed_on_bad_input(out) if enabled else contextlib.nullcontext():
+            yield
         return
     moving, aside = out / EARLIER_RUN_MOVING, out / EARLIER_RUN
     moving.mkdir()
@@ -104,6 +105,24 @@ def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _removed_on_bad_input(out: Path):
+    """A new run stopped by bad input before its first checkpoint (words found unreadable as
+    its batches are drawn) leaves none of its entries, nor the folder it made for them: there
+    is nothing of it to resume. Its log stays after another fault (a non-finite loss, a full
+    disk), which it tells of; any other file in the folder is another's, and stays."""
+    made = not out.exists()
+    try:
+        yield
+    except ValueError:
+        if not _checkpointed(out):
+            for name in existing_run(out):
+                remove_entry(out / name)
+            if made and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        raise
 
 
 def settle_earlier_run(out_dir: str | Path) -> str | None:
