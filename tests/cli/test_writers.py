@@ -350,6 +350,15 @@ def test_nothing_is_written_inside_a_saved_model_or_a_runs_checkpoint(name, plac
     assert contents(tmp_path) == before
 
 
+def test_an_evaluation_writes_its_record_beside_a_runs_checkpoints(inputs, tmp_path, capsys):
+    """A run folder is no saved model (it links its newest checkpoint's config): its own
+    entries are refused as targets, not the folder."""
+    run_dir = copied_run(inputs, tmp_path)
+    assert main(["words", "eval", str(run_dir), "--lengths", "6", "--count", "4", "--no-progress",
+                 "--out", str(run_dir)]) == 0
+    assert json.loads((run_dir / "word_length.json").read_text())["experiment"] == "word_length"
+
+
 @pytest.mark.parametrize("entry", ["config.json", "metrics.jsonl", "checkpoints"])
 def test_a_runs_own_entries_are_no_target(entry, inputs, tmp_path, capsys):
     """before: generate --out RUN/config.json --overwrite replaced the run's link to its latest

@@ -180,9 +180,9 @@ def run_checkpoint(folder: Path) -> bool:
 
 
 def saved_work(folder: Path) -> str | None:
-    """What of a model's or a training run's ``folder`` is, as a message says it: one of a
-    run's checkpoints, the folder of them, or a saved model (a config beside its weights; a run
-    folder links its newest checkpoint's config, and holds no weights); None for anything else."""
+    """What ``folder`` is, as a message says it, when it is a model's or a training run's: one
+    of a run's checkpoints, the folder of them, or a saved model (a config beside its weights; a
+    run folder links its newest checkpoint's config, and holds no weights); else None."""
     if run_checkpoint(folder):
         return "a training run's checkpoint"
     if folder.name == CHECKPOINTS and any(step_in_name(step) is not None for step in folder.glob("step_*")):

@@ -56,7 +56,6 @@ class FolderKind:
     def _matched(folder: Path, patterns: tuple[str, ...]) -> bool:
         return any(not path.is_symlink() for pattern in patterns for path in folder.glob(pattern))
 
-
     def foreign_entries(self, folder: Path) -> list[str]:
         """The entries of ``folder`` that make it other work than this kind (a run's
         checkpoint holds a saved model's files, and its optimiser state)."""

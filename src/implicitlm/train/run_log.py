@@ -25,7 +25,6 @@ EARLIER_RUN = ".earlier_run"
 EARLIER_RUN_MOVING = f"{EARLIER_RUN}.moving"
 
 
-
 def existing_run(out_dir: str | Path) -> list[str]:
     """The entries of an earlier training run in ``out_dir`` (none for a new or unrelated folder)."""
     out = Path(out_dir)
