@@ -21,7 +21,8 @@ import torch
 from transformers import Mamba2Config, Mamba2ForCausalLM
 
 from implicitlm.cli import build_parser, main
-from implicitlm.core.run_folder import latest_checkpoint
+from implicitlm.core.errors import OptionError
+from implicitlm.core.run_folder import LATEST, latest_checkpoint
 from implicitlm.core.targets import writer_lock
 from implicitlm.data.babi_sample import SAMPLE_TASKS, write_babi_sample
 from implicitlm.data.catbabi import build_catbabi
@@ -292,7 +293,7 @@ def test_a_folder_of_another_kind_is_refused_even_with_overwrite(name, kind, inp
     before = contents(tmp_path)
     for overwrite in ([], ["--overwrite"]):
         code, err = run(capsys, [*case.argv(inputs, tmp_path), *overwrite])
-        assert_one_line(err, code, 2, str(target), "not a folder" if kind == "a file" else "no part of")
+        assert_one_line(err, code, 2, str(target), "not a folder" if kind == "a file" else "other work than")
         assert contents(tmp_path) == before
 
 
@@ -307,6 +308,109 @@ def test_a_folder_where_a_file_is_written_is_refused_naming_it(name, inputs, tmp
     code, err = run(capsys, [*case.argv(inputs, tmp_path), "--overwrite"])
     assert_one_line(err, code, 2, f"{tmp_path / case.target}: ")
     assert ".tmp" not in err[0] and contents(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["a pipe", "a link"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_pipe_or_a_link_at_the_target_is_refused_even_with_overwrite(name, kind, inputs, tmp_path, capsys, workdir):
+    """before: --overwrite renamed a file over a pipe (or a device node), or over a link;
+    a folder's writers wrote through a link (tokenizer train, lm eval)."""
+    case = CASES[name]
+    target = tmp_path / case.target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "a pipe":
+        os.mkfifo(target)
+    else:
+        plant(case, tmp_path / "elsewhere")
+        target.symlink_to(tmp_path / "elsewhere" / case.target)
+    before = contents(tmp_path)
+    for overwrite in ([], ["--overwrite"]):
+        code, err = run(capsys, [*case.argv(inputs, tmp_path), *overwrite])
+        assert_one_line(err, code, 2, f"{target}: {'not a file or a folder' if kind == 'a pipe' else 'a symbolic link'}")
+        assert contents(tmp_path) == before and target.is_fifo() == (kind == "a pipe")
+
+
+def copied_run(inputs: SimpleNamespace, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(inputs.words_run, tmp_path / "run", symlinks=True))
+
+
+@pytest.mark.parametrize("place", ["a saved model", "a run's latest link", "a run's checkpoint"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_nothing_is_written_inside_a_saved_model_or_a_runs_checkpoint(name, place, inputs, tmp_path, capsys, workdir):
+    """before: an evaluation wrote its record into the checkpoint (exit 0), which the run's
+    next --resume pruned with it, or beside a shipped model's weights."""
+    run_dir = copied_run(inputs, tmp_path)
+    folder = {"a saved model": lambda: Path(shutil.copytree(inputs.lm, tmp_path / "model")),
+              "a run's latest link": lambda: run_dir / LATEST, "a run's checkpoint": lambda: latest_checkpoint(run_dir)}
+    inside = folder[place]()
+    before = contents(tmp_path)
+    code, err = run(capsys, [*CASES[name].argv(inputs, inside), "--overwrite"])
+    what = "a saved model" if place == "a saved model" else "a training run's checkpoint"
+    assert_one_line(err, code, 2, f"inside {what} ({inside.resolve()})")
+    assert contents(tmp_path) == before
+
+
+def test_an_evaluation_writes_its_record_beside_a_runs_checkpoints(inputs, tmp_path, capsys):
+    """A run folder is no saved model (it links its newest checkpoint's config): its own
+    entries are refused as targets, not the folder."""
+    run_dir = copied_run(inputs, tmp_path)
+    assert main(["words", "eval", str(run_dir), "--lengths", "6", "--count", "4", "--no-progress",
+                 "--out", str(run_dir)]) == 0
+    assert json.loads((run_dir / "word_length.json").read_text())["experiment"] == "word_length"
+
+
+@pytest.mark.parametrize("entry", ["config.json", "metrics.jsonl", "checkpoints"])
+def test_a_runs_own_entries_are_no_target(entry, inputs, tmp_path, capsys):
+    """before: generate --out RUN/config.json --overwrite replaced the run's link to its latest
+    checkpoint's config with the text, and --resume was refused."""
+    run_dir = copied_run(inputs, tmp_path)
+    before = contents(tmp_path)
+    code, err = run(capsys, ["generate", inputs.lm, "--prompt", "the cat", "--max-new-tokens", "2", "--seed", "0",
+                             "--out", run_dir / entry, "--overwrite"])
+    what = {"config.json": "a symbolic link", "metrics.jsonl": "a training run's own metrics.jsonl",
+            "checkpoints": "a training run's checkpoints"}[entry]
+    assert_one_line(err, code, 2, f"{run_dir / entry}: {what}")
+    assert contents(tmp_path) == before
+
+
+@pytest.mark.parametrize("out", ["the checkpoint", "a copy of it"])
+def test_a_solver_into_the_run_checkpoint_it_reads_is_refused_saying_what_is_no_models(out, inputs, tmp_path, capsys):
+    """before: solver train CK --out CK --overwrite listed the model's own files (config.json,
+    model.safetensors, ...) as "no part of a saved model"."""
+    checkpoint = latest_checkpoint(copied_run(inputs, tmp_path))
+    target = checkpoint if out == "the checkpoint" else Path(shutil.copytree(checkpoint, tmp_path / "copy"))
+    before = contents(tmp_path)
+    code, err = run(capsys, ["solver", "train", target, "--steps", "1", "--batch-size", "1", "--no-progress",
+                             "--out", target, "--overwrite"])
+    if out == "the checkpoint":
+        assert_one_line(err, code, 2, f"{target}: inside a training run's checkpoints ({checkpoint.parent})")
+    else:
+        assert_one_line(err, code, 2, f"{target}: holds other work than a saved model (training_state.pt); ")
+    assert contents(tmp_path) == before
+
+
+def test_a_refused_evaluation_leaves_what_another_command_wrote_in_its_out(inputs, tmp_path, capsys, monkeypatch):
+    """before: words eval, refused after it had made --out, removed --out whole, with the words
+    that words generate (exit 0) had written there meanwhile."""
+    out = tmp_path / "out"
+    command = ["words", "eval", inputs.words_run, "--lengths", "6", "--out", out, "--no-progress"]
+
+    def refused(*args, **kwargs):
+        raise OptionError("a length whose words take more than a day")
+
+    def meanwhile(*args, **kwargs):
+        assert main(["words", "generate", "--group", "S3", "--length", "4", "--count", "3",
+                     "--out", str(out / "train_words.npy")]) == 0
+        refused()
+
+    monkeypatch.setattr(WordsTask, "prepare", refused)
+    code, err = run(capsys, command)
+    assert_one_line(err, code, 2, "more than a day")
+    assert not out.exists()  # the folder it made for its record, empty, is removed
+    monkeypatch.setattr(WordsTask, "prepare", meanwhile)
+    code, err = run(capsys, command)
+    assert_one_line(err, code, 2, "more than a day")
+    assert sorted(os.listdir(out)) == ["train_words.npy", "train_words.npy.json"]
 
 
 def full_disk_under(root: Path, monkeypatch) -> None:
@@ -344,13 +448,14 @@ def checkpoint(inputs, tmp_path) -> Path:
     return Path(shutil.copytree(latest_checkpoint(inputs.words_run), tmp_path / "checkpoint"))
 
 
-@pytest.mark.parametrize("out, replaced", [("model.safetensors", "model.safetensors"), ("config", "config.json")])
-def test_generate_onto_a_checkpoint_keeps_its_weights_and_config(out, replaced, checkpoint, capsys):
+@pytest.mark.parametrize("out", ["model.safetensors", "config"])  # config: config.json its .npy's sidecar
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_generate_onto_a_checkpoint_keeps_its_weights_and_config(out, overwrite, checkpoint, capsys):
     """before: the words replaced model.safetensors (or, as the .npy's sidecar, config.json), exit 0."""
     before = contents(checkpoint)
     code, err = run(capsys, ["words", "generate", "--group", "S3", "--length", "4", "--count", "3",
-                             "--out", checkpoint / out])
-    assert_one_line(err, code, 2, replaced, "--overwrite")
+                             "--out", checkpoint / out, *overwrite])
+    assert_one_line(err, code, 2, f"{checkpoint / out}: inside a saved model ({checkpoint})")
     assert contents(checkpoint) == before
 
 

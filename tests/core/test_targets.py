@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from implicitlm.core.targets import FolderKind, TargetExistsError, exclusive_target, staged_folder
+from implicitlm.core.targets import FolderKind, TargetExistsError, exclusive_target, exclusive_targets, staged_folder
 
 KIND = FolderKind("a test build", marks=("built.json",), entries=("built.json", "parts"), foreign=("other.json",))
 
@@ -58,9 +58,57 @@ def test_a_target_of_another_kind_is_refused_with_overwrite(other, tmp_path):
         (target / "built.json").write_text("old")
         (target / "other.json").write_text("theirs")
     before = contents(tmp_path)
-    with pytest.raises(TargetExistsError, match=f"^{re.escape(str(target))}: (not a folder|holds files that are no part)"):
+    with pytest.raises(TargetExistsError, match=f"^{re.escape(str(target))}: (not a folder|a symbolic link|holds other work than)"):
         build(target)
     assert contents(tmp_path) == before
+
+
+def test_a_folder_of_this_kinds_files_and_another_kinds_is_refused_naming_the_others_only(tmp_path):
+    """before: "holds files that are no part of a test build (built.json, other.json, ...)", the
+    build's own file among them (solver train's refusal of a run's checkpoint named config.json)."""
+    target = tmp_path / "out"
+    target.mkdir()
+    for name in ("built.json", "other.json", "notes.txt"):
+        (target / name).write_text("theirs")
+    with pytest.raises(TargetExistsError, match=f"^{re.escape(str(target))}: holds other work than a test build "
+                                                r"\(other.json\); write it into a new or empty folder$"):
+        build(target)
+
+
+def test_a_failed_writer_removes_the_folders_it_made_and_what_another_wrote_there_stays(tmp_path):
+    """before: a writer refused (or failed) after its lock made the folders on the way to its
+    target left them; the command line then removed --out whole, with another command's files."""
+    files = [tmp_path / "new" / "deeper" / name for name in ("record.json", "figure.png")]
+    with pytest.raises(OSError, match="refused"):
+        with exclusive_targets(files):
+            raise OSError("refused")
+    assert contents(tmp_path) == {}
+    with pytest.raises(OSError, match="refused"):
+        with exclusive_targets(files):
+            (files[0].parent / "words.npy").write_bytes(b"another command's")
+            raise OSError("refused")
+    assert contents(tmp_path) == {"new": None, "new/deeper": None, "new/deeper/words.npy": b"another command's"}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("target", ["a pipe", "a link to a file", "a link to a folder"])
+def test_a_pipe_or_a_link_is_no_target_even_with_overwrite(target, overwrite, tmp_path):
+    """before: with overwrite, a pipe (or a device) at the target became a regular file, and a
+    link was replaced or written through."""
+    path = tmp_path / "out"
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("theirs")
+    if target == "a pipe":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("folder" if target.endswith("folder") else "file")
+    before = contents(tmp_path)
+    what = "not a file or a folder \\(a device, a pipe or a socket\\)" if target == "a pipe" else "a symbolic link"
+    for kind in (None, KIND):
+        with pytest.raises(TargetExistsError, match=f"^{re.escape(str(path))}: {what}; write into a file or folder of its own"):
+            with exclusive_target(path, overwrite, kind):
+                pytest.fail("held")
+    assert contents(tmp_path) == before and path.is_fifo() == (target == "a pipe")
 
 
 def test_an_empty_folder_and_no_folder_are_built_in(tmp_path):

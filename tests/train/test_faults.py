@@ -326,6 +326,24 @@ def test_bad_input_found_after_the_run_folder_exists_leaves_no_folder(tmp_path, 
     assert not out.exists()
 
 
+def test_bad_input_found_late_leaves_what_another_wrote_in_the_run_folder(tmp_path, capsys, monkeypatch):
+    """before: the command line removed the new run's folder whole, with a file another
+    command had written there meanwhile."""
+    from implicitlm.core.errors import DataError
+    from implicitlm.tasks import words as word_task
+
+    out = tmp_path / "run"
+
+    def unreadable(*args, **kwargs):
+        (out / "train_words.npy").write_bytes(b"another command's")
+        raise DataError("words.npy: row 7 holds token 9, outside the group's 6 elements")
+
+    monkeypatch.setattr(word_task, "generate_words", unreadable)
+    assert main(train_command(out)) == 2
+    assert "row 7" in capsys.readouterr().err
+    assert os.listdir(out) == ["train_words.npy"]  # the run's log and tensorboard folder removed
+
+
 def test_bad_input_on_resume_keeps_the_run_folder_and_its_checkpoint(tmp_path, capsys, monkeypatch):
     from implicitlm.core.errors import DataError
     from implicitlm.tasks import words as word_task
@@ -496,7 +514,7 @@ def test_a_run_folder_given_as_a_link_is_refused_with_what_it_leads_to_unchanged
         command = [*train_command(link, "total_steps=1", "bounded_fraction=1.0"), *how]
     assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{link}: a symbolic link; a run writes into a folder of its own" in err[0], err
+    assert len(err) == 1 and f"{link}: a symbolic link; write into a file or folder of its own" in err[0], err
     assert before == {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 

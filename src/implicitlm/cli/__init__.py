@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Sequence
 
 from .arguments import Parser, as_flags, command_flags
@@ -34,15 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_libraries()
     from ..core.errors import NumericalFault
 
-    out = getattr(args, "out", None)
-    new_out = out is not None and not out.exists()
     try:
         args.run(args)
     except USER_ERRORS as error:
-        # Bad input is reported in one line, never as a traceback, and leaves no partial output.
-        # A target refused as another writer's is that writer's, even if it appeared meanwhile.
-        if new_out and not isinstance(error, FileExistsError):
-            _remove_partial_output(out)
+        # Bad input is reported in one line, never as a traceback. What a writer made before
+        # it met it, it removes itself (core.targets.writer_lock): only it knows what is its own.
         return _fail(error, 2, parser, args)
     except BrokenPipeError:
         # The reader closed the pipe (`| head`): the rest of the output has no one to read it.
@@ -67,13 +61,6 @@ def _training_interrupted() -> type:
     from ..train.guard import TrainingInterrupted
 
     return TrainingInterrupted
-
-
-def _remove_partial_output(out: Path) -> None:
-    """Remove the --out folder a command created before it met bad input, unless it already
-    holds a checkpoint: finished training steps are work, not partial output."""
-    if out.is_dir() and not any(out.glob("checkpoint*")):
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def _fail(error: BaseException, code: int, parser, args) -> int:

@@ -37,6 +37,11 @@ class DataError(ImplicitLMError, ValueError):
     """A malformed or inconsistent data file; the message is one line naming the file."""
 
 
+class TargetExistsError(ImplicitLMError, FileExistsError):
+    """A writer's target holds finished work, or work of another kind (a saved model's, a
+    training run's), or another process is writing it."""
+
+
 class MissingFileError(ImplicitLMError, FileNotFoundError):
     """A file or folder the input names is not there; the message is one line naming it."""
 

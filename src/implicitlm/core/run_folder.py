@@ -21,11 +21,10 @@ from typing import Any
 
 from . import migrations
 from .atomic_io import atomic_symlink, recover_replaced, remove_entry
-from .errors import DataError, OptionError, check_header_keys, quoted
+from .errors import DataError, OptionError, TargetExistsError, check_header_keys, quoted
 from .file_digests import COVERED
 from .json_file import read_json_object
 from .schema import NON_NEGATIVE, Rule, at_least, check_field
-from .targets import TargetExistsError
 
 CHECKPOINTS = "checkpoints"
 # Beside a checkpoint's weights: its step, training settings and what it trained on.
@@ -60,6 +59,12 @@ LATEST_LINKS = {LATEST: None, "config.json": f"{LATEST}/config.json"}
 # Linked when the latest checkpoint has them: a word run's model has no tokenizer.
 TOKENIZER_LINKS = {name: f"{LATEST}/{name}" for name in ("tokenizer.json", "tokenizer_config.json")}
 RUN_LINKS = {**LATEST_LINKS, **TOKENIZER_LINKS}
+# What a training run writes into its folder, a former word run's one checkpoint included.
+RUN_ENTRIES = (
+    "metrics.jsonl", "tensorboard", migrations.FORMER_WORD_CHECKPOINT, CHECKPOINTS, "lm_training.json", "lm_training.png",
+)
+# Beside a config.json, the files that make a folder a saved model.
+MODEL_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 
 
 def step_directories(folder: Path) -> list[Path]:
@@ -179,7 +184,7 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
     # Resolved: a link to a run's checkpoint is the checkpoint. Its weights, optimiser state
     # and trainer.json are one step of a run; another model's files there would be resumed.
     where = folder.resolve()
-    if where.parent.name == CHECKPOINTS and step_in_name(where) is not None or step_directories(where):
+    if run_checkpoint(where) or step_directories(where):
         raise TargetExistsError(f"{folder}: a training run's checkpoint{'s' if step_directories(where) else ''} "
                                 f"({where}); save the model into a folder of its own")
     written = [entry for entry in folder.iterdir() if entry.is_symlink()
@@ -187,6 +192,46 @@ def refuse_model_target(folder: str | os.PathLike) -> None:
     if written:
         raise TargetExistsError(f"{written[0]}: a symbolic link, which save_pretrained would write through (into "
                                 f"{written[0].resolve()}); save the model into a folder of its own")
+
+
+def run_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` is (by its place) one of a training run's checkpoints."""
+    return folder.parent.name == CHECKPOINTS and step_in_name(folder) is not None
+
+
+def saved_work(folder: Path) -> str | None:
+    """What ``folder`` is, as a message says it, when it is a model's or a training run's: one
+    of a run's checkpoints, the folder of them, or a saved model (a config beside its weights; a
+    run folder links its newest checkpoint's config, and holds no weights); else None."""
+    if run_checkpoint(folder):
+        return "a training run's checkpoint"
+    if folder.name == CHECKPOINTS and any(step_in_name(step) is not None for step in folder.glob("step_*")):
+        return "a training run's checkpoints"
+    config = folder / "config.json"
+    if config.is_file() and not config.is_symlink() and any(next(folder.glob(weights), None) for weights in MODEL_WEIGHTS):
+        return "a saved model"
+    return None
+
+
+def refuse_saved_work(target: str | os.PathLike) -> None:
+    """Where no writer writes: inside a saved model or a training run's checkpoints (an
+    evaluation's record there would be taken for part of the model, or pruned with the
+    checkpoint), in place of a run's checkpoint, or of an entry of a run's own (its log, its
+    links). A saved model itself is a target for writers of a model's parts (a tokenizer, a
+    model), which say whether they take it."""
+    target = Path(os.path.abspath(target))
+    folder = target.parent.resolve()  # a link on the way (RUN/latest) leads where the files land
+    for inside in (folder, *folder.parents):
+        what = saved_work(inside)
+        if what is not None:
+            raise TargetExistsError(f"{target}: inside {what} ({inside}); write it into a folder of its own")
+    what = saved_work(target)
+    if what is not None and what != "a saved model":
+        raise TargetExistsError(f"{target}: {what}; write into a folder of its own")
+    run = saved_work(folder / CHECKPOINTS) is not None or (folder / LATEST).is_symlink() \
+        or saved_work(folder / migrations.FORMER_WORD_CHECKPOINT) is not None
+    if run and target.name in (*RUN_ENTRIES, *RUN_LINKS):
+        raise TargetExistsError(f"{target}: a training run's own {target.name}; write into a folder of its own")
 
 
 def read_trainer_meta(checkpoint: str | Path) -> dict[str, Any]:

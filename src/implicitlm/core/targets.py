@@ -25,14 +25,10 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .atomic_io import finish_replacement, remove_entry, retired, staged_directory
-from .errors import ImplicitLMError
+from .errors import TargetExistsError
+from .run_folder import refuse_saved_work
 
 LOGGER = logging.getLogger("implicitlm")
-
-
-class TargetExistsError(ImplicitLMError, FileExistsError):
-    """A writer's target holds finished work, or work of another kind, or another process is
-    writing it."""
 
 
 @dataclass(frozen=True)
@@ -60,19 +56,26 @@ class FolderKind:
     def _matched(folder: Path, patterns: tuple[str, ...]) -> bool:
         return any(not path.is_symlink() for pattern in patterns for path in folder.glob(pattern))
 
+    def foreign_entries(self, folder: Path) -> list[str]:
+        """The entries of ``folder`` that make it other work than this kind (a run's
+        checkpoint holds a saved model's files, and its optimiser state)."""
+        return sorted({path.relative_to(folder).parts[0] for pattern in self.foreign for path in folder.glob(pattern)
+                       if not path.is_symlink()})
+
 
 def refuse_another_kind(target: str | os.PathLike, kind: FolderKind) -> None:
     """``target`` must be a new or empty folder, or one of ``kind``: ``overwrite`` replaces
-    what its writer writes there, and no writer of a folder may take a file, a link, or a
-    folder of other work (another writer's output, a user's files) for its own."""
+    what its writer writes there, and no writer of a folder may take a file, or a folder of
+    other work (another writer's output, a user's files) for its own."""
     target = Path(target)
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise TargetExistsError(f"{target}: not a folder (a file or a link); {kind.name} is written as a folder")
+    if target.exists() and not target.is_dir():
+        raise TargetExistsError(f"{target}: not a folder (a file); {kind.name} is written as a folder")
     others = sorted(entry.name for entry in target.iterdir()) if target.is_dir() else []
     if others and not kind.marked(target):
+        # Named: what makes it another kind's, not its files that this kind's writer writes too.
+        named = kind.foreign_entries(target) or others
         raise TargetExistsError(
-            f"{target}: holds files that are no part of {kind.name} ({', '.join(others[:5])}); "
-            "write it into a new or empty folder"
+            f"{target}: holds other work than {kind.name} ({', '.join(named[:5])}); write it into a new or empty folder"
         )
 
 
@@ -91,13 +94,58 @@ def lock_path(target: str | os.PathLike) -> Path:
     return target.with_name(f".{target.name}.lock")
 
 
+def refuse_unwritable(target: str | os.PathLike) -> None:
+    """What no writer writes, with or without ``overwrite``: a symbolic link (the write would
+    replace it, or land where it leads), a device, pipe or socket (replaced by a file), and
+    what ``run_folder.refuse_saved_work`` keeps from writers: a model's and a run's own."""
+    target = Path(target)
+    if target.is_symlink():
+        raise TargetExistsError(f"{target}: a symbolic link; write into a file or folder of its own, not through a link")
+    if target.exists() and not (target.is_file() or target.is_dir()):
+        raise TargetExistsError(f"{target}: not a file or a folder (a device, a pipe or a socket); "
+                                "write into a file or folder of its own")
+    refuse_saved_work(target)
+
+
 @contextlib.contextmanager
 def writer_lock(target: str | os.PathLike) -> Iterator[None]:
-    """Hold ``target`` for this process alone; a second writer is refused in one line."""
+    """Hold ``target`` for this process alone, once ``refuse_unwritable`` has passed it; a
+    second writer is refused in one line. The folders made to hold the lock are removed with
+    it when they are empty (the writer failed): one another process wrote into meanwhile stays."""
+    refuse_unwritable(target)
     path = lock_path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    missing = _missing_folders(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _held(path, target):
+            yield
+    finally:
+        for folder in missing:  # innermost first
+            try:
+                folder.rmdir()
+            except FileNotFoundError:  # never made: its parent could not be
+                continue
+            except OSError:  # not empty: written into, by this writer or another
+                break
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents up to the first that exists, innermost first."""
+    missing = []
+    while not (folder.exists() or folder.is_symlink()):
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+@contextlib.contextmanager
+def _held(path: Path, target: str | os.PathLike) -> Iterator[None]:
     while True:
-        handle = open(path, "a+", encoding="utf-8")
+        try:
+            handle = open(path, "a+", encoding="utf-8")
+        except FileNotFoundError:  # a failed writer removed the folder it made as we went to lock in it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -152,5 +152,6 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
 
 
 def _check_folder(out_dir: Path) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
+    # A file only: a pipe or a device there is refused as the writer's target (core.targets).
+    if out_dir.is_file():
         raise DataError(f"{out_dir}: expected a folder for the tokenizer, got a file")

@@ -13,8 +13,7 @@ from typing import Any
 
 from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
-from ..core.migrations import FORMER_WORD_CHECKPOINT
-from ..core.run_folder import CHECKPOINTS, RUN_LINKS, refuse_in_place_of_links, step_directories
+from ..core.run_folder import CHECKPOINTS, RUN_ENTRIES, RUN_LINKS, refuse_in_place_of_links, step_directories
 from ..core.targets import TargetExistsError, writer_lock
 
 LOGGER = logging.getLogger("implicitlm")
@@ -24,12 +23,6 @@ TENSORBOARD = "tensorboard"
 # removes: until that checkpoint, they hold the folder's only run.
 EARLIER_RUN = ".earlier_run"
 EARLIER_RUN_MOVING = f"{EARLIER_RUN}.moving"
-
-
-# What a training run writes into its folder, a former word run's one checkpoint included.
-RUN_ENTRIES = (
-    "metrics.jsonl", "tensorboard", FORMER_WORD_CHECKPOINT, CHECKPOINTS, "lm_training.json", "lm_training.png",
-)
 
 
 def existing_run(out_dir: str | Path) -> list[str]:
@@ -56,14 +49,13 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
 def run_folder_lock(out_dir: str | Path, enabled: bool = True):
     """Hold ``out_dir`` for one run at a time: a second run on the same folder would mix its
     metrics into the first's and race it on every checkpoint rename. Symbolic links inside
-    the run folder are refused too: writes would land outside it, or fail at the first save.
+    the run folder are refused too (the folder itself, as every writer's target, by
+    ``writer_lock``): writes would land outside it, or fail at the first save.
     An earlier run that a killed overwriting run left set aside is settled first."""
     if not enabled:
         yield
         return
     with writer_lock(out_dir):
-        if Path(out_dir).is_symlink():  # before anything is moved, kept aside or written through it
-            raise DataError(f"{out_dir}: a symbolic link; a run writes into a folder of its own, not through a link")
         settled = settle_earlier_run(out_dir)
         if settled:
             LOGGER.warning(f"{out_dir}: {settled}")
@@ -92,7 +84,8 @@ def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
     out = Path(out_dir)
     found = existing_run(out) if enabled else []
     if not found:
-        yield
+        with _removed_on_bad_input(out) if enabled else contextlib.nullcontext():
+            yield
         return
     moving, aside = out / EARLIER_RUN_MOVING, out / EARLIER_RUN
     moving.mkdir()
@@ -111,6 +104,24 @@ def earlier_run_set_aside(out_dir: str | Path, enabled: bool = True):
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _removed_on_bad_input(out: Path):
+    """A new run stopped by bad input before its first checkpoint (words found unreadable as
+    its batches are drawn) leaves none of its entries, nor the folder it made for them: there
+    is nothing of it to resume. Its log stays after another fault (a non-finite loss, a full
+    disk), which it tells of; any other file in the folder is another's, and stays."""
+    made = not out.exists()
+    try:
+        yield
+    except ValueError:
+        if not _checkpointed(out):
+            for name in existing_run(out):
+                remove_entry(out / name)
+            if made and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        raise
 
 
 def settle_earlier_run(out_dir: str | Path) -> str | None:
