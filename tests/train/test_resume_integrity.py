@@ -281,7 +281,7 @@ LM_RESUME_CHANGES = {
     "other-data": (lambda tmp_path, data: ["--data", str(data)],
                    "the run trained on token shards ("),
     "edited-data-record": (lambda tmp_path, data: edit_data_record(tmp_path / "run", "x"),
-                           "the run trained on data described as 'x'; resuming on token shards ("),
+                           "the run trained on shards its record describes as 'x'; resuming on token shards ("),
 }
 
 
@@ -306,7 +306,9 @@ def test_an_lm_resume_refuses_another_model_preset_or_data(lm_run, shards, other
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
     if change == "other-data":
+        # The shards' folder is named data: a path, not the flag.
         assert f"resuming on token shards ({other_shards}: " in err[0], err
+        assert err[0].endswith("would change its batches: resume with --data FOLDER, the run's own"), err
     assert run_bytes(out) == before
 
 

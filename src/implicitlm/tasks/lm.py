@@ -178,6 +178,8 @@ class TokenBatches:
 
     # The LM defaults are the paper's GPU settings; on a CPU a step of them takes minutes.
     PAPER_SCALE_DEFAULTS = ("batch_tokens", "sequence_length")
+    # What the training data is, as a message asking for it names it.
+    DATA_FORM = "FOLDER"
 
     def __init__(
         self, shards: TokenShards, sequence_length: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
@@ -239,7 +241,7 @@ class TokenBatches:
         """The training shards a ``description`` identifies, in words; these shards' folder
         named where they are the ones described."""
         if not isinstance(description, dict):  # an edited trainer.json
-            return f"data described as {description!r}"
+            return f"shards its record describes as {description!r}"
         where = f"{self.shards.path}: " if description == self.description() else ""
         tokens, digest = description.get("tokens"), str(description.get("shards_sha256"))[:12]
         return f"token shards ({where}{tokens} tokens, sha256 {digest})"

@@ -14,6 +14,7 @@ from ..core.run_folder import model_folder
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
+from ..data.words import WordData
 from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
 from ..tasks.lm import check_shards_tokenizer
@@ -85,12 +86,12 @@ def train_words_run(
                                  overwrite, progress)
     if resume:
         settle_before_resuming(out_dir)
-        require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=set(train_options or {}))
+        # A preset given again names the length it started from; the word file's is the run's.
+        changed = set(train_options or {}) | ({"sequence_length"} if data else set())
+        require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=changed)
     kind = "explicit" if explicit else "implicit"
     config = resume_config(out_dir, train_options or {}) if resume else word_train_config(presets, kind, train_options)
-    words = load_words(data, group=config.group) if data else None
-    if words is not None and words.group != get_group(config.group).name:
-        raise OptionError(f"{data}: words over {words.group}, but the training group is {config.group}")
+    words, config = words_at_their_length(data, config, train_options or {})
     if not resume:
         require_training(word_model_config(presets, kind, config, model_options), config, lambda available: fitting_preset(
             {name: lambda name=name: _word_preset_memory(name, kind) for name in SMALLER_PRESETS["words"]}, available))
@@ -110,12 +111,32 @@ def _train_words_from(
     if get_group(config.group).order != model_config.vocab_size:
         raise OptionError(f"{init_from}: a model of {model_config.vocab_size} tokens, but group {config.group} has "
                           f"{get_group(config.group).order} elements")
-    words = load_words(data, group=config.group) if data else None
+    words, config = words_at_their_length(data, config, train_options)
     require_training(model_config, config)
     torch.manual_seed(config.seed)
     model = build_model(model_config)
     start = warm_start(model, init_from)
     return train(model, config, out_dir, data=words, overwrite=overwrite, progress=progress, warm_start=start)
+
+
+def words_at_their_length(
+    data: Path | None, config: TrainConfig, train_options: dict[str, Any]
+) -> tuple[WordData | None, TrainConfig]:
+    """The word file ``data`` (None: fresh words) and the run's settings at its words' length,
+    over the preset's or an earlier run's: a run records the length it trained at, which its
+    checkpoint, its card and every evaluation by multiples of it read. A length the command
+    line asks for that is not the file's is refused."""
+    if data is None:
+        return None, config
+    words = load_words(data, group=config.group)
+    if words.group != get_group(config.group).name:
+        raise OptionError(f"{data}: words over {words.group}, but the training group is {config.group}")
+    length = int(words.inputs.shape[1])
+    asked = train_options.get("sequence_length", length)
+    if asked != length:
+        raise OptionError(f"{data}: words of length {length}, but sequence_length={asked}; a run trains at its "
+                          "word file's length (leave sequence_length out)")
+    return words, config.replace(sequence_length=length)
 
 
 # Fixed-point options the curriculum sets phase by phase, and the trainer from the training

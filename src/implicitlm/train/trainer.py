@@ -351,9 +351,10 @@ def _check_same_data(checkpoint: Path, batches) -> None:
     given = batches.description()
     comparable = migrations.data_description_before_digest(saved, given)
     if saved != comparable:
+        fix = "resume without data" if saved is None else f"resume with data={batches.DATA_FORM}, the run's own"
         raise CheckpointError(
             f"{checkpoint}: the run trained on {batches.data_named(saved)}; "
-            f"resuming on {batches.data_named(comparable)} would change its batches"
+            f"resuming on {batches.data_named(comparable)} would change its batches: {fix}", arguments=("data",),
         )
     if saved is None and given is not None:
         LOGGER.warning(f"{checkpoint}: written before runs recorded their data; the shards are not checked to be its own")
