@@ -73,10 +73,10 @@ def save_checkpoint(
 def run_checkpoint(run_dir: Path) -> Path:
     """The latest checkpoint of the run in ``run_dir``, to resume from."""
     checkpoint = latest_checkpoint(run_dir)
-    stopped = stopped_before_first_checkpoint(run_dir)
-    if stopped:
-        raise CheckpointError(stopped, arguments=("overwrite",))
     if checkpoint is None:
+        stopped = stopped_before_first_checkpoint(run_dir)
+        if stopped:
+            raise CheckpointError(stopped, arguments=("overwrite",))
         raise CheckpointError(f"{run_dir}: nothing to resume (no checkpoint in {run_dir / CHECKPOINTS})")
     return checkpoint
 

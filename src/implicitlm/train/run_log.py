@@ -44,11 +44,13 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
     """A new run may not start on top of an earlier one: it would append to the old log, and
     pruning would delete checkpoints the new run did not write. Without ``overwrite``, an
     earlier run is a FileExistsError."""
-    found = existing_run(out_dir)
+    if overwrite:
+        return
     stopped = stopped_before_first_checkpoint(out_dir)
-    if stopped and not overwrite:
+    if stopped:
         raise TargetExistsError(stopped, arguments=("overwrite",))
-    if found and not overwrite:
+    found = existing_run(out_dir)
+    if found:
         raise TargetExistsError(
             f"{out_dir}: holds a training run ({', '.join(found)}); continue it with resume=True or replace it with "
             "overwrite=True", arguments=("resume", "overwrite"),
