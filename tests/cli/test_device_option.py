@@ -17,7 +17,7 @@ COMMANDS = [
     "generate CK --prompt a", "lm downstream CK --out O", "lm eval CK --data D", "words eval CK",
     "words convergence CK --out O", "catbabi eval CK --data D --out O", "eval length --task words CK",
     "eval budget --task lm CK --data D --out O", "eval convergence --task words CK --out O", "solver train CK --out O",
-    "jacobian CK --out O",
+    "jacobian CK --out O", "train --data D --out O", "words train --out O", "demo", "lm demo",
 ]
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="refusing cuda needs a machine without a GPU")
 
@@ -68,3 +68,35 @@ def test_a_gpu_this_machine_lacks_is_one_line_and_nothing_is_written(words_model
     code, out, err = words_eval(capsys, words_model, tmp_path / "out", "--device", device)
     assert code == 2 and len(err) == 1 and err[0].startswith("implicitlm: error:") and "no CUDA GPU" in err[0], err
     assert out == [] and not (tmp_path / "out").exists()
+
+
+TINY_WORDS_RUN = ["--no-progress", "--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4",
+                  "--model", "head_dim=8", "--train", "sequence_length=4", "--train", "batch_size=2",
+                  "--train", "total_steps=1"]
+
+
+def test_a_training_run_takes_the_device_says_it_and_checks_its_memory(tmp_path, capsys, monkeypatch):
+    """before: ``words train`` and ``train`` had no --device, though the GPU guide says every
+    command that runs a model takes one."""
+    import implicitlm.train.step_memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # auto: the CPU, here and on a GPU machine
+    asked = []
+    available = implicitlm.train.step_memory.available_bytes
+    monkeypatch.setattr(implicitlm.train.step_memory, "available_bytes",
+                        lambda device: asked.append(str(device)) or available(device))
+    assert main(["words", "train", "--out", str(tmp_path / "auto"), *TINY_WORDS_RUN]) == 0
+    assert main(["words", "train", "--out", str(tmp_path / "cpu"), "--device", "cpu", *TINY_WORDS_RUN]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("device:")]
+    assert said == ["device: cpu", "device: cpu"]
+    assert set(asked) == {"cpu"}
+
+
+@NO_GPU
+@pytest.mark.parametrize("command", [["words", "train", *TINY_WORDS_RUN], ["demo"], ["lm", "demo"]],
+                         ids=["words-train", "demo", "lm-demo"])
+def test_a_training_run_on_a_gpu_this_machine_lacks_is_one_line_and_nothing_is_written(tmp_path, capsys, command):
+    assert main([*command, "--out", str(tmp_path / "out"), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == "implicitlm: error: --device cuda: this machine has no CUDA GPU (use cpu)", err
+    assert not (tmp_path / "out").exists()

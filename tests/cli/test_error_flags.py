@@ -10,8 +10,14 @@ from implicitlm.core.targets import refuse_existing
 from implicitlm.train.run_log import refuse_earlier_run
 
 
+def checkpointed_run(folder):
+    """A run folder's log and a checkpoint (empty: only the refusal reads it)."""
+    (folder / "metrics.jsonl").write_text("")
+    (folder / "checkpoints" / "step_0000001").mkdir(parents=True)
+
+
 def test_a_run_folder_refused_from_python_names_the_arguments(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text("")
+    checkpointed_run(tmp_path)
     with pytest.raises(FileExistsError) as refused:
         refuse_earlier_run(tmp_path, overwrite=False)
     assert str(refused.value).endswith("continue it with resume=True or replace it with overwrite=True")
@@ -25,7 +31,7 @@ def test_a_target_refused_from_python_names_the_argument(tmp_path):
 
 
 def test_the_command_line_shows_the_same_refusal_in_its_flags(tmp_path, capsys):
-    (tmp_path / "metrics.jsonl").write_text("")
+    checkpointed_run(tmp_path)
     assert main(["words", "train", "--out", str(tmp_path), "--preset", "words_s5"]) == 2
     err = capsys.readouterr().err
     assert err.strip().endswith("continue it with --resume or replace it with --overwrite"), err
@@ -40,3 +46,7 @@ def test_arguments_become_the_commands_own_flags_with_their_values():
     )
     # A word that is not one of the error's arguments, or only part of a longer name, stays.
     assert as_flags("the preset's model_preset", ("preset",), flags) == "the preset's model_preset"
+    # So does a folder of a path that has its name (before: /home/me/--data/run).
+    assert as_flags("/home/me/data/run/data: resume with data=FOLDER", ("data",), flags) == (
+        "/home/me/data/run/data: resume with --data FOLDER"
+    )

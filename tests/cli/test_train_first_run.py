@@ -5,6 +5,7 @@ summary, and errors that name the flags of the command line."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import implicitlm.core.memory
 import implicitlm.train.runs
@@ -55,9 +56,10 @@ def test_a_run_without_bars_prints_steps_held_out_perplexity_and_a_summary(shard
     assert code == 0
     captured = capsys.readouterr()
     out = captured.out.splitlines()
-    assert [line.split(":")[0] for line in out[:-3]] == ["step 1/4", "step 2", "step 3/4", "step 4/4", "step 4"]
-    held_out = [line for line in out[:-3] if "held-out" in line]
+    assert [line.split(":")[0] for line in out[:-4]] == ["step 1/4", "step 2", "step 3/4", "step 4/4", "step 4"]
+    held_out = [line for line in out[:-4] if "held-out" in line]
     assert len(held_out) == 2 and all("perplexity" in line for line in held_out)
+    assert out[-4] == f"device: {'cuda' if torch.cuda.is_available() else 'cpu'}"
     out = out[-3:]
     assert out[0].startswith("trained 4 steps, 256 tokens in ") and "final loss" in out[0] and "(perplexity" in out[0]
     assert out[1].startswith("held-out perplexity ") and held_out[-1].endswith(out[1].split()[2])

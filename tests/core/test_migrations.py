@@ -95,7 +95,7 @@ def test_a_checkpoints_words_described_before_their_digest_compare_without_it(tm
     today = SimpleNamespace(description=lambda: {**words, "inputs_sha256": "ab" * 32}, data_named=WordBatches.data_named)
     _check_same_data(checkpoint, today)
     other = SimpleNamespace(description=lambda: {**words, "count": 32, "inputs_sha256": "ab" * 32},
-                            data_named=WordBatches.data_named)
+                            data_named=WordBatches.data_named, DATA_FORM=WordBatches.DATA_FORM)
     with pytest.raises(CheckpointError, match="the run trained on a word file"):
         _check_same_data(checkpoint, other)
 

@@ -307,7 +307,9 @@ def test_an_lm_resume_refuses_another_model_preset_or_data(lm_run, shards, other
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
     if change == "other-data":
+        # The shards' folder is named data: a path, not the flag.
         assert f"resuming on token shards ({other_shards}: " in err[0], err
+        assert err[0].endswith("would change its batches: resume with --data FOLDER, the run's own"), err
     assert run_bytes(out) == before
 
 

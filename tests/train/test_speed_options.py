@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from implicitlm.deq import OptionError
-from implicitlm.train.speed import compile_stack, resolve_precision
+from implicitlm.train.speed import accelerator_for, compile_stack, resolve_precision
+from implicitlm.train.trainer import train
 from implicitlm.train.config import TrainConfig
 
 from tests.train.test_words_train import WORDS_MODEL
@@ -58,3 +59,24 @@ def test_bf16_autocast_forward_stays_close_to_float32():
             autocast = model(input_ids, max_iter=4).logits
     assert autocast.dtype in (torch.bfloat16, torch.float32)
     torch.testing.assert_close(autocast.float(), reference, rtol=0.05, atol=0.05)
+
+
+def test_auto_precision_follows_the_device_a_run_trains_on(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_precision("auto") == "bf16"
+    assert resolve_precision("auto", "cpu") == "no"  # before: bf16 autocast for a run on the CPU of a GPU machine
+    assert resolve_precision("auto", "cuda:1") == "bf16"
+
+
+def test_a_device_index_under_torchrun_is_refused(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(OptionError, match=r"^device cuda:1: under torchrun each process trains on the GPU of its local"):
+        accelerator_for("auto", "cuda:1")
+
+
+def test_a_run_trains_on_the_device_asked_for(tmp_path):
+    model = tiny_model(**WORDS_MODEL)
+    config = TrainConfig.for_task("words", group="S3", sequence_length=4, batch_size=2, total_steps=1)
+    train(model, config, tmp_path, progress=False, device="cpu")
+    assert model.device.type == "cpu"
+    assert accelerator_for("auto", "cpu").device == torch.device("cpu")

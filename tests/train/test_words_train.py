@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from implicitlm.cli import main
+from implicitlm.data.word_storage import load_words
 from implicitlm.deq import OptionError
 from implicitlm.models import ModelLoadError, load_model
 from implicitlm.train.checkpoint import CheckpointError, load_training_state, save_checkpoint
@@ -411,3 +412,93 @@ def test_a_second_stage_that_cannot_continue_its_source_is_refused_in_one_line(z
     error = capsys.readouterr().err.strip()
     assert error.startswith("implicitlm") and named in error and "\n" not in error
     assert not out.exists()
+
+
+def word_file(tmp_path, length: int) -> str:
+    path = tmp_path / f"words{length}.npy"
+    assert main(["words", "generate", "--group", "S3", "--length", str(length), "--count", "16", "--out", str(path)]) == 0
+    return str(path)
+
+
+def test_a_run_on_a_word_file_records_the_files_length_for_its_card_and_evaluations(tmp_path, capsys):
+    """before: words of length 12 with a preset of length 16 trained at 12, but the checkpoint
+    recorded 16: its card counted 16 tokens a word, and ``--multiples 1,2`` tested 16 and 32."""
+    preset = {"model": {"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4, "head_dim": 8},
+              "train": {**WORD_SETTINGS, "sequence_length": 16, "total_steps": 2}}
+    (tmp_path / "p.json").write_text(json.dumps(preset))
+    data = word_file(tmp_path, 12)
+    start = ["words", "train", "--out", str(tmp_path / "run"), "--preset", str(tmp_path / "p.json"), "--data", data,
+             "--no-progress"]
+    capsys.readouterr()
+    assert main(start) == 0
+    assert "trained 2 steps, 192 tokens" in capsys.readouterr().out  # 2 steps of 8 words of 12 tokens
+    latest = tmp_path / "run" / "latest"
+    assert json.loads((latest / "trainer.json").read_text())["train"]["sequence_length"] == 12
+    assert "- trained: 2 steps, 192 tokens (words task, group S3, sequence length 12)" in (latest / "README.md").read_text()
+    assert main(["words", "eval", str(tmp_path / "run"), "--multiples", "1,2", "--count", "4", "--max-iter", "2",
+                 "--no-progress"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in rows if line.split() and line.split()[0].isdigit()] == ["12", "24"]
+    # The preset given again to resume names its own length; the word file's is the run's.
+    assert main([*start, "--resume", "--train", "total_steps=3"]) == 0
+    assert json.loads((latest / "trainer.json").read_text())["train"]["sequence_length"] == 12
+
+
+def test_a_length_asked_for_that_is_not_the_word_files_is_refused_in_one_line(tmp_path, capsys):
+    data = word_file(tmp_path, 12)
+    capsys.readouterr()
+    assert main(["words", "train", "--out", str(tmp_path / "run"), "--data", data, "--no-progress",
+                 "--train", "sequence_length=16", "--model", "hidden_size=16", "--model", "head_dim=8"]) == 2
+    assert capsys.readouterr().err == (f"implicitlm: error: {data}: words of length 12, but sequence_length=16; a run "
+                                       "trains at its word file's length (leave sequence_length out)\n")
+    assert not (tmp_path / "run").exists()
+    # From Python, the trainer refuses words whose length its settings do not record.
+    config = TrainConfig.for_task("words", **{**WORD_SETTINGS, "sequence_length": 16})
+    with pytest.raises(OptionError, match="training words of length 12, but sequence_length=16"):
+        train(tiny_model(**WORDS_MODEL), config, tmp_path / "python", data=load_words(data), progress=False)
+
+
+def test_a_resume_on_other_words_than_the_runs_says_which_in_one_line_with_the_fix(tmp_path, capsys):
+    """before: the run's words were printed as a raw dict, and the message did not say to
+    give them again."""
+    data = word_file(tmp_path, 6)
+    model = ["--model", "hidden_size=16", "--model", "num_hidden_layers=1", "--model", "state_size=4",
+             "--model", "head_dim=8"]
+    settings = [arg for key, value in WORD_SETTINGS.items() for arg in ("--train", f"{key}={value}")]
+    on_file = ["words", "train", "--out", str(tmp_path / "file"), "--no-progress"]
+    assert main([*on_file, *model, *settings, "--data", data]) == 0
+    on_fresh = ["words", "train", "--out", str(tmp_path / "fresh"), "--no-progress"]
+    assert main([*on_fresh, *model, *settings]) == 0
+    digest = json.loads((tmp_path / "file" / "latest" / "trainer.json").read_text())["data"]["inputs_sha256"]
+    capsys.readouterr()
+    assert main([*on_file, "--resume", "--train", "total_steps=5"]) == 2
+    assert capsys.readouterr().err == (
+        f"implicitlm: error: {tmp_path / 'file' / 'checkpoints' / 'step_0000004'}: the run trained on a word file of 16 "
+        f"words of length 6 over S3 (sha256 {digest[:12]}); resuming on fresh words would change its batches: resume "
+        "with --data FILE, the run's own\n")
+    assert main([*on_fresh, "--resume", "--data", data, "--train", "total_steps=5"]) == 2
+    assert capsys.readouterr().err.endswith("would change its batches: resume without --data\n")
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_said_to_hold_nothing_to_resume(tmp_path, capsys, monkeypatch):
+    """before: the folder was said to hold a training run to "continue with --resume", and
+    ``--resume`` then found no checkpoint, without saying what to do."""
+    import implicitlm.train.trainer
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as the process is killed while it writes its first checkpoint
+
+    command = ["words", "train", "--out", str(tmp_path / "run"), "--no-progress", "--model", "hidden_size=16",
+               "--model", "head_dim=8", *[arg for key, value in WORD_SETTINGS.items() for arg in ("--train", f"{key}={value}")]]
+    with monkeypatch.context() as patched:
+        patched.setattr(implicitlm.train.trainer, "save_checkpoint", killed)
+        assert main(command) == 130
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()
+    capsys.readouterr()
+    said = (f"implicitlm: error: {tmp_path / 'run'}: holds a run stopped before its first checkpoint (metrics.jsonl, "
+            "tensorboard): nothing to resume; start it again with --overwrite\n")
+    assert main(command) == 2
+    assert capsys.readouterr().err == said
+    assert main(["words", "train", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 2
+    assert capsys.readouterr().err == said
+    assert main([*command, "--overwrite"]) == 0

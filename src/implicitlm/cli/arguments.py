@@ -314,5 +314,6 @@ def as_flags(message: str, arguments: Sequence[str], flags: dict[str, str]) -> s
             value = match.group(1)
             return flag if value in (None, "True") else f"{flag} {value.strip(chr(39) + chr(34))}"
 
-        message = re.sub(rf"\b{re.escape(name)}(?:=('[^']*'|\"[^\"]*\"|[^\s,;()]+))?(?![\w='])", spelt, message)
+        # Not inside a path: a folder named like the argument is no flag.
+        message = re.sub(rf"(?<![/.\-])\b{re.escape(name)}(?:=('[^']*'|\"[^\"]*\"|[^\s,;()]+))?(?![\w='/])", spelt, message)
     return message

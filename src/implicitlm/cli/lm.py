@@ -32,6 +32,7 @@ def add_train(commands) -> None:
              "its run stopped, so the new run sees further tokens",
     )
     add_run_options(p, "lm")
+    add_device_option(p)
     p.set_defaults(run=_run_train)
 
 
@@ -39,12 +40,13 @@ def _run_train(args) -> None:
     from ..train.runs import train_lm_run
 
     check_resume_or_overwrite(args)
+    device = device_in_use(args)
     metrics = train_lm_run(
         args.data, args.out, preset=args.preset, model_preset=args.model_preset, model_options=dict(args.model),
         train_options=dict(args.train), init_from=args.init_from, resume=args.resume, overwrite=args.overwrite,
-        progress=not args.no_progress,
+        progress=not args.no_progress, device=device,
     )
-    print_run_summary(metrics, args.out)
+    print_run_summary(metrics, args.out, device)
 
 
 def add_lm_demo(commands) -> None:

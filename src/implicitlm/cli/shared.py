@@ -108,6 +108,7 @@ def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> No
     p.add_argument("--out", type=Path, default=Path(f"{preset}_out"), help=f"output folder (default: {preset}_out)")
     p.add_argument("--preset", type=preset_name, default=preset, help=f"preset name or JSON file (default: {preset})")
     add_overwrite_option(p, "what an earlier run of it wrote in --out (other files stay)")
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
 
@@ -116,19 +117,24 @@ def report_demo(args, run_demo: Callable, format_table: Callable, plot: str) -> 
     """Run a demo command's library function and print its table and where its files are."""
     from ..presets import load_preset
 
-    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress, overwrite=args.overwrite)
+    device = device_in_use(args)
+    results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress, overwrite=args.overwrite,
+                       device=device)
+    print_device(device)
     print(format_table(results))
     print(f"results: {args.out / 'results.json'}, plot: {args.out / plot}")
 
 
-def print_run_summary(metrics: dict[str, Any], out: Path) -> None:
-    """A finished training run's last metrics, its held-out perplexity, what it trained and
-    where its checkpoints are, printed once: under torchrun by the first process only."""
+def print_run_summary(metrics: dict[str, Any], out: Path, device: str) -> None:
+    """A finished training run's device, last metrics, its held-out perplexity, what it
+    trained and where its checkpoints are, printed once: under torchrun by the first process
+    only."""
     from ..core.run_folder import latest_checkpoint
     from ..train.loop import duration
 
     if os.environ.get("RANK", "0") != "0":
         return
+    print_device(device)
     final = f"final loss {metrics['loss']:.4f}"
     if "ppl" in metrics:
         final += f" (perplexity {metrics['ppl']:.2f})"

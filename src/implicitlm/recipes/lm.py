@@ -82,12 +82,14 @@ def prepare_corpus(corpus: DemoCorpus, staging: Path, final_dir: Path, progress:
 
 
 def run_lm_demo(
-    preset: dict[str, Any], out_dir: str | Path, progress: bool = True, overwrite: bool = False
+    preset: dict[str, Any], out_dir: str | Path, progress: bool = True, overwrite: bool = False,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """The corpus, both kinds' runs and their held-out perplexities, into the folder
     ``out_dir``: built aside and renamed into place once complete; a folder already there is
     refused, before any of it, unless ``overwrite`` and it holds a demo's results (whose files
-    it replaces, keeping any other)."""
+    it replaces, keeping any other). ``device``: where the models train and are scored
+    (``trainer.train``)."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.
@@ -108,7 +110,7 @@ def run_lm_demo(
         for kind in KINDS:
             # The trained tokenizer may hold fewer tokens than asked for.
             model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
-            results["models"][kind] = _train_and_score(model, configs[kind], data_dir, staging / kind, progress)
+            results["models"][kind] = _train_and_score(model, configs[kind], data_dir, staging / kind, progress, device)
             curves[kind] = held_out_curve(staging / kind, configs[kind].batch_tokens)
         write_json(staging / "results.json", results)
         plot_learning_curves(
@@ -118,9 +120,11 @@ def run_lm_demo(
     return results
 
 
-def _train_and_score(model, config: TrainConfig, data_dir: Path, run_dir: Path, progress: bool) -> dict[str, Any]:
-    """Train ``model`` into ``run_dir``; its size and held-out perplexity."""
-    train(model, config, run_dir, data=data_dir, progress=progress)
+def _train_and_score(
+    model, config: TrainConfig, data_dir: Path, run_dir: Path, progress: bool, device: str | None,
+) -> dict[str, Any]:
+    """Train ``model`` into ``run_dir`` on ``device``; its size and held-out perplexity."""
+    train(model, config, run_dir, data=data_dir, progress=progress, device=device)
     test_shards = TokenShards(data_dir, "test")
     held_out = perplexity(model, evaluation_windows(test_shards, config.sequence_length, config.batch_size))
     return {

@@ -44,12 +44,14 @@ class DemoEval(Options):
 
 
 def run_demo(
-    preset: dict[str, Any], out_dir: str | Path, progress: bool = True, overwrite: bool = False
+    preset: dict[str, Any], out_dir: str | Path, progress: bool = True, overwrite: bool = False,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Train both kinds of ``preset`` and test them by length, into the folder ``out_dir``:
     built aside and renamed into place once complete; a folder already there is refused,
     before the training, unless ``overwrite`` and it holds a demo's results (whose files it
-    replaces, keeping any other)."""
+    replaces, keeping any other). ``device``: where the models train and are tested
+    (``trainer.train``)."""
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
@@ -60,7 +62,7 @@ def run_demo(
     with staged_folder(out_dir, overwrite, DEMO_FOLDER) as staging:
         results: dict[str, Any] = {"models": {}}
         for kind in KINDS:
-            entry = _train_and_test(models[kind], configs[kind], evaluation, staging, out_dir, kind, progress)
+            entry = _train_and_test(models[kind], configs[kind], evaluation, staging, out_dir, kind, progress, device)
             results["models"][kind] = entry
             results.update(group=configs[kind].group, train_length=configs[kind].sequence_length)
         write_json(staging / "results.json", results)
@@ -74,10 +76,12 @@ def run_demo(
     return results
 
 
-def _train_and_test(model, config, evaluation: DemoEval, staging: Path, out_dir: Path, kind: str, progress: bool):
-    """One kind's run in ``staging``, and its results by length; the checkpoint named where
-    it will be once ``staging`` becomes ``out_dir``."""
-    train(model, config, staging / kind, progress=progress, description=f"train {kind}")
+def _train_and_test(
+    model, config, evaluation: DemoEval, staging: Path, out_dir: Path, kind: str, progress: bool, device: str | None,
+):
+    """One kind's run in ``staging`` on ``device``, and its results by length; the checkpoint
+    named where it will be once ``staging`` becomes ``out_dir``."""
+    train(model, config, staging / kind, progress=progress, description=f"train {kind}", device=device)
     lengths = [config.sequence_length * m for m in evaluation.length_multiples]
     if evaluation.max_iter is None:
         raise_word_budget(model, max(lengths))

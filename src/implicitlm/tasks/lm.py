@@ -178,6 +178,8 @@ class TokenBatches:
 
     # The LM defaults are the paper's GPU settings; on a CPU a step of them takes minutes.
     PAPER_SCALE_DEFAULTS = ("batch_tokens", "sequence_length")
+    # What the training data is, as a message asking for it names it.
+    DATA_FORM = "FOLDER"
 
     def __init__(
         self, shards: TokenShards, sequence_length: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,

@@ -218,6 +218,8 @@ class WordBatches:
 
     # Training sizes whose class defaults only suit a GPU: none, the task's own defaults replace them.
     PAPER_SCALE_DEFAULTS: tuple[str, ...] = ()
+    # What the training data is, as a message asking for it names it.
+    DATA_FORM = "FILE"
 
     def __init__(
         self, group: str, sequence_length: int, batch_size: int, seed: int = 0, data: WordData | None = None,
@@ -226,6 +228,10 @@ class WordBatches:
         self.group, self.sequence_length, self.batch_size, self.seed = group, sequence_length, batch_size, seed
         self.data, self.hard_prob, self.rank, self.world_size = data, hard_prob, rank, world_size
         self.global_rows = batch_size * world_size
+        if data is not None and data.inputs.shape[1] != sequence_length:
+            # The run would record, and its evaluations read, a length it did not train at.
+            raise OptionError(f"training words of length {data.inputs.shape[1]}, but sequence_length={sequence_length}; "
+                              "train at the words' length")
         if data is not None and data.inputs.shape[0] < self.global_rows:
             raise DataError(
                 f"training file has {data.inputs.shape[0]} sequences, fewer than the batch size {self.global_rows}"
@@ -307,7 +313,13 @@ class WordBatches:
     @staticmethod
     def data_named(description: dict[str, Any] | None) -> str:
         """The training words a ``description`` identifies, in words."""
-        return f"a word file ({description})" if description else "fresh words"
+        if description is None:
+            return "fresh words"
+        if not isinstance(description, dict):  # an edited trainer.json
+            return f"words its record describes as {description!r}"
+        digest = description.get("inputs_sha256")
+        return (f"a word file of {description.get('count')} words of length {description.get('length')} over "
+                f"{description.get('group')}" + (f" (sha256 {digest[:12]})" if isinstance(digest, str) else ""))
 
     @functools.cached_property
     def _inputs_sha256(self) -> str:

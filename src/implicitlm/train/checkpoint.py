@@ -29,6 +29,7 @@ from ..core.run_folder import (
 )
 from ..models import ImplicitCausalLM, load_model
 from .model_card import MODEL_CARD, write_model_card
+from .run_log import stopped_before_first_checkpoint
 
 TRAINING_STATE = "training_state.pt"
 
@@ -74,6 +75,9 @@ def run_checkpoint(run_dir: Path) -> Path:
     """The latest checkpoint of the run in ``run_dir``, to resume from."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
+        stopped = stopped_before_first_checkpoint(run_dir)
+        if stopped:
+            raise CheckpointError(stopped, arguments=("overwrite",))
         raise CheckpointError(f"{run_dir}: nothing to resume (no checkpoint in {run_dir / CHECKPOINTS})")
     return checkpoint
 

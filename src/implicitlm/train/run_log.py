@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.atomic_io import atomic_write, remove_entry
 from ..core.errors import DataError
-from ..core.run_folder import CHECKPOINTS, RUN_ENTRIES, RUN_LINKS, refuse_in_place_of_links, step_directories
+from ..core.run_folder import CHECKPOINTS, RUN_ENTRIES, RUN_LINKS, latest_checkpoint, refuse_in_place_of_links, step_directories
 from ..core.targets import TargetExistsError, writer_lock
 
 LOGGER = logging.getLogger("implicitlm")
@@ -37,12 +37,27 @@ def refuse_earlier_run(out_dir: str | Path, overwrite: bool) -> None:
     """A new run may not start on top of an earlier one: it would append to the old log, and
     pruning would delete checkpoints the new run did not write. Without ``overwrite``, an
     earlier run is a FileExistsError."""
+    if overwrite:
+        return
+    stopped = stopped_before_first_checkpoint(out_dir)
+    if stopped:
+        raise TargetExistsError(stopped, arguments=("overwrite",))
     found = existing_run(out_dir)
-    if found and not overwrite:
+    if found:
         raise TargetExistsError(
             f"{out_dir}: holds a training run ({', '.join(found)}); continue it with resume=True or replace it with "
             "overwrite=True", arguments=("resume", "overwrite"),
         )
+
+
+def stopped_before_first_checkpoint(out_dir: str | Path) -> str | None:
+    """What ``out_dir`` holds where a run was stopped before its first checkpoint, to say: its
+    logs, and nothing a resume could start from. None where it holds no such run."""
+    found = existing_run(out_dir)
+    if not found or latest_checkpoint(out_dir) is not None:
+        return None
+    return (f"{out_dir}: holds a run stopped before its first checkpoint ({', '.join(found)}): nothing to resume; "
+            "start it again with overwrite=True")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from ..core.run_folder import model_folder
 from ..data.groups import get_group
 from ..data.shards import TokenShards
 from ..data.word_storage import load_words
+from ..data.words import WordData
 from ..models import ImplicitCausalLM, ImplicitLMConfig, build_model, config_from_options, load_model
 from ..presets import checkpoint_preset, load_preset, merged_options, model_kind, model_options_from
 from ..tasks.lm import check_shards_tokenizer
@@ -67,6 +68,7 @@ def train_words_run(
     out_dir: Path, preset: str | None = None, explicit: bool = False, data: Path | None = None,
     model_options: dict[str, Any] | None = None, train_options: dict[str, Any] | None = None,
     init_from: Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """``implicitlm words train``: a fresh run from a preset (``explicit``: the explicit
     model), or, with ``resume``, the run in ``out_dir`` continued with its own model and
@@ -74,7 +76,7 @@ def train_words_run(
     ``init_from``: a checkpoint (or run) whose model and weights the run starts from, with
     ``model_options`` on top, on the task that run learnt (``CONTINUED_TASK``); the preset
     gives the rest of the training settings (a second stage, as the contraction stage of
-    the state-tracking recipe)."""
+    the state-tracking recipe). ``device``: where it trains (``trainer.train``)."""
     presets = load_preset(preset) if preset else {}
     if init_from is not None:
         if resume or explicit:
@@ -82,25 +84,26 @@ def train_words_run(
             raise OptionError(f"{flag}; init_from starts a new run from a checkpoint's model",
                               arguments=("resume" if resume else "explicit", "init_from"))
         return _train_words_from(init_from, out_dir, presets, data, model_options or {}, train_options or {},
-                                 overwrite, progress)
+                                 overwrite, progress, device)
     if resume:
         settle_before_resuming(out_dir)
-        require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=set(train_options or {}))
+        # A preset given again names the length it started from; the word file's is the run's.
+        changed = set(train_options or {}) | ({"sequence_length"} if data else set())
+        require_the_runs_options(out_dir, "words", model_options, presets, explicit, changed=changed)
     kind = "explicit" if explicit else "implicit"
     config = resume_config(out_dir, train_options or {}) if resume else word_train_config(presets, kind, train_options)
-    words = load_words(data, group=config.group) if data else None
-    if words is not None and words.group != get_group(config.group).name:
-        raise OptionError(f"{data}: words over {words.group}, but the training group is {config.group}")
+    words, config = words_at_their_length(data, config, train_options or {})
     if not resume:
         require_training(word_model_config(presets, kind, config, model_options), config, lambda available: fitting_preset(
-            {name: lambda name=name: _word_preset_memory(name, kind) for name in SMALLER_PRESETS["words"]}, available))
+            {name: lambda name=name: _word_preset_memory(name, kind) for name in SMALLER_PRESETS["words"]}, available),
+            device)
     model = load_model(out_dir) if resume else word_model(presets, kind, config, model_options)
-    return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress)
+    return train(model, config, out_dir, data=words, resume=resume, overwrite=overwrite, progress=progress, device=device)
 
 
 def _train_words_from(
     init_from: Path, out_dir: Path, presets: dict[str, Any], data: Path | None, model_options: dict[str, Any],
-    train_options: dict[str, Any], overwrite: bool, progress: bool,
+    train_options: dict[str, Any], overwrite: bool, progress: bool, device: str | None,
 ) -> dict[str, Any]:
     source = checkpoint_preset(init_from)
     task = {name: value for name, value in source.get("train", {}).items() if name in CONTINUED_TASK}
@@ -110,12 +113,33 @@ def _train_words_from(
     if get_group(config.group).order != model_config.vocab_size:
         raise OptionError(f"{init_from}: a model of {model_config.vocab_size} tokens, but group {config.group} has "
                           f"{get_group(config.group).order} elements")
-    words = load_words(data, group=config.group) if data else None
-    require_training(model_config, config)
+    words, config = words_at_their_length(data, config, train_options)
+    require_training(model_config, config, device=device)
     torch.manual_seed(config.seed)
     model = build_model(model_config)
     start = warm_start(model, init_from)
-    return train(model, config, out_dir, data=words, overwrite=overwrite, progress=progress, warm_start=start)
+    return train(model, config, out_dir, data=words, overwrite=overwrite, progress=progress, warm_start=start,
+                 device=device)
+
+
+def words_at_their_length(
+    data: Path | None, config: TrainConfig, train_options: dict[str, Any]
+) -> tuple[WordData | None, TrainConfig]:
+    """The word file ``data`` (None: fresh words) and the run's settings at its words' length,
+    over the preset's or an earlier run's: a run records the length it trained at, which its
+    checkpoint, its card and every evaluation by multiples of it read. A length the command
+    line asks for that is not the file's is refused."""
+    if data is None:
+        return None, config
+    words = load_words(data, group=config.group)
+    if words.group != get_group(config.group).name:
+        raise OptionError(f"{data}: words over {words.group}, but the training group is {config.group}")
+    length = int(words.inputs.shape[1])
+    asked = train_options.get("sequence_length", length)
+    if asked != length:
+        raise OptionError(f"{data}: words of length {length}, but sequence_length={asked}; a run trains at its "
+                          "word file's length (leave sequence_length out)")
+    return words, config.replace(sequence_length=length)
 
 
 # Fixed-point options the curriculum sets phase by phase, and the trainer from the training
@@ -165,13 +189,15 @@ def train_lm_run(
     data: Path, out_dir: Path, preset: str | None = None, model_preset: str | None = None,
     model_options: dict[str, Any] | None = None, train_options: dict[str, Any] | None = None,
     init_from: Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """``implicitlm train``: a language model on the token shards in ``data``, from a run
     preset and a model preset (name or JSON), or, with ``resume``, the run in ``out_dir``
     continued with its own settings (``train_options`` on top). ``init_from``: a checkpoint
     (or run) whose model and weights the run starts from, with ``model_options`` on top
     (``implicit=true`` turns an explicit model implicit); the preset gives the training
-    settings only, as its model widths are the checkpoint's."""
+    settings only, as its model widths are the checkpoint's. ``device``: where it trains
+    (``trainer.train``)."""
     if resume:
         if init_from is not None:
             raise OptionError(
@@ -187,7 +213,7 @@ def train_lm_run(
         require_the_runs_options(out_dir, "lm", model_options, presets, None, set(train_options or {}), base)
         config = resume_config(out_dir, train_options or {})
         model = load_model(out_dir)
-        return train(model, config, out_dir, data=data, resume=True, progress=progress)
+        return train(model, config, out_dir, data=data, resume=True, progress=progress, device=device)
     if init_from is not None and model_preset is not None:
         raise OptionError(
             "init_from builds the checkpoint's model; model_preset cannot choose another",
@@ -211,11 +237,13 @@ def train_lm_run(
     else:
         model_config = lm_model_config(presets, kind, vocab_size, command_line, base)
     require_training(model_config, config, lambda available: fitting_preset(
-        {name: lambda name=name: _lm_preset_memory(name, vocab_size) for name in SMALLER_PRESETS["lm"]}, available))
+        {name: lambda name=name: _lm_preset_memory(name, vocab_size) for name in SMALLER_PRESETS["lm"]}, available),
+        device)
     torch.manual_seed(config.seed)  # the initial weights are part of the run's seed
     model = build_model(model_config)
     start = warm_start(model, init_from) if init_from is not None else None
-    return train(model, config, out_dir, data=data, overwrite=overwrite, progress=progress, warm_start=start)
+    return train(model, config, out_dir, data=data, overwrite=overwrite, progress=progress, warm_start=start,
+                 device=device)
 
 
 def lm_model_config(

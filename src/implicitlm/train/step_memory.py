@@ -6,16 +6,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 from ..core.memory import available_bytes, readable, require, training_step_bytes
 from ..models.loading import parameter_count
 from .config import TrainConfig
-
-
-def training_device() -> str:
-    """Where the trainer puts the model: accelerate's choice, the GPU when there is one."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+from .speed import training_device
 
 
 def training_memory(model_config, config: TrainConfig) -> int:
@@ -27,10 +21,13 @@ def training_memory(model_config, config: TrainConfig) -> int:
     )
 
 
-def require_training(model_config, config: TrainConfig, smaller: Callable[[int], str] | None = None) -> None:
+def require_training(
+    model_config, config: TrainConfig, smaller: Callable[[int], str] | None = None, device: str | None = None,
+) -> None:
     """Refuse, in one line with the estimate and the memory available, a training step that
-    does not fit. ``smaller(available)``: what would fit instead, for the message."""
-    needed, device = training_memory(model_config, config), training_device()
+    does not fit on ``device`` (``speed.training_device``). ``smaller(available)``: what would
+    fit instead, for the message."""
+    needed, device = training_memory(model_config, config), training_device(device)
     hint = smaller(available_bytes(device)) if smaller is not None and needed > available_bytes(device) else ""
     graphs = config.gradient_passes(model_config.implicit)
     require(

@@ -64,6 +64,7 @@ def train(
     overwrite: bool = False,
     description: str = "train",
     warm_start: WarmStart | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` in place; returns the last logged metrics.
 
@@ -78,9 +79,11 @@ def train(
     update (``NumericalFault``), leaving the last checkpoint as it was. ``warm_start``: where
     the model's weights came from (``checkpoint.warm_start``); the batches go on from that
     run's position when they can, so that on the same data the new run sees further tokens.
+    ``device``: where it trains (cpu, cuda, cuda:1; default: the GPU where torch sees one, else
+    the CPU; under torchrun, each process the GPU of its local rank).
     """
     out_dir = Path(out_dir)
-    accelerator = _accelerator(config, model, out_dir)
+    accelerator = _accelerator(config, model, out_dir, device)
     with run_folder_lock(out_dir, enabled=accelerator.is_main_process):
         if accelerator.is_main_process:
             stale = remove_stale_temporaries(out_dir)
@@ -100,7 +103,7 @@ def _train(
     accelerator, model, config: TrainConfig, data, out_dir: Path, resume: bool, progress: bool, description: str,
     warm_start: WarmStart | None,
 ) -> dict[str, Any]:
-    require_training(model.config, config)
+    require_training(model.config, config, device=str(accelerator.device))
     chunk_evaluations_at(model, config.sequence_length)
     torch.manual_seed(config.seed)
     batches = _batches(config, data, accelerator)
@@ -139,7 +142,7 @@ def _train(
     if accelerator.is_main_process:
         if progress:
             tqdm.write(step_cost(config, accumulation, accelerator.num_processes), file=sys.stderr)
-        warning = unsuited_defaults(config, on_gpu=torch.cuda.is_available())
+        warning = unsuited_defaults(config, on_gpu=accelerator.device.type == "cuda")
         if warning:
             LOGGER.warning(warning)
 
@@ -208,7 +211,7 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _accelerator(config: TrainConfig, model, out_dir: Path):
+def _accelerator(config: TrainConfig, model, out_dir: Path, device: str | None):
     plugin = None
     if config.distributed == "fsdp":
         from accelerate import FullyShardedDataParallelPlugin
@@ -219,10 +222,7 @@ def _accelerator(config: TrainConfig, model, out_dir: Path):
             transformer_cls_names_to_wrap=list(model._no_split_modules),
             state_dict_type="FULL_STATE_DICT",
         )
-    # cpu=True is what makes accelerate set up a (gloo) process group for torchrun on CPU.
-    return accelerator_for(
-        config.precision, fsdp_plugin=plugin, cpu=not torch.cuda.is_available(), **tracking_options(out_dir)
-    )
+    return accelerator_for(config.precision, device, fsdp_plugin=plugin, **tracking_options(out_dir))
 
 
 def _optimiser_step(accelerator, model, batches, accumulation: int, phase: Phase) -> StepOutcome:
@@ -350,9 +350,10 @@ def _check_same_data(checkpoint: Path, batches) -> None:
     given = batches.description()
     comparable = migrations.data_description_before_digest(saved, given)
     if saved != comparable:
+        fix = "resume without data" if saved is None else f"resume with data={batches.DATA_FORM}, the run's own"
         raise CheckpointError(
             f"{checkpoint}: the run trained on {batches.data_named(saved)}; "
-            f"resuming on {batches.data_named(comparable)} would change its batches"
+            f"resuming on {batches.data_named(comparable)} would change its batches: {fix}", arguments=("data",),
         )
     if saved is None and given is not None:
         LOGGER.warning(f"{checkpoint}: written before runs recorded their data; the shards are not checked to be its own")
