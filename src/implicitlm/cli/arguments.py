@@ -11,6 +11,11 @@ import sys
 from typing import Any, Callable, Sequence
 
 
+# argparse's refusals that a mistyped option causes or hides: unrecognized words, and a
+# required option or group missing because its name was mistyped (--promt for --prompt).
+OUTRANKED_BY_UNKNOWN_OPTIONS = ("unrecognized arguments", "the following arguments are required", "one of the arguments")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse reporting a bad option in one line, as every other input error is (its
     default prints the whole usage first). Subcommands inherit the class."""
@@ -25,7 +30,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         command = self._command(self.given) if message.startswith("unrecognized arguments") else self
         unknown = command._unknown_option(command.given)
-        if unknown is not None and (message.startswith(("unrecognized arguments", "the following arguments are required"))):
+        if unknown is not None and message.startswith(OUTRANKED_BY_UNKNOWN_OPTIONS):
             message = unknown
         self.exit(2, f"{command.prog}: error: {message} (see {command.prog} --help)\n")
 
