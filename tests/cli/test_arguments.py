@@ -187,6 +187,50 @@ def test_a_refusal_the_parser_can_make_is_one_line_without_importing_torch(comma
     assert "required" not in lines[0]
 
 
+# Folders that hold no model, as a command finds them: each refusal says what the folder is.
+NOT_MODELS = {
+    "generate nowhere --prompt a": "nowhere: does not exist",
+    "words eval nowhere": "nowhere: does not exist",
+    "lm eval nowhere --data d": "nowhere: does not exist",
+    "solver train nowhere --out o": "nowhere: does not exist",
+    "eval budget --task words run --explicit nowhere --out o": "nowhere: does not exist",
+    "train --data d --out o --init-from nowhere": "nowhere: does not exist",
+    "words eval empty": "empty: an empty folder, not a model directory",
+    "generate demo --prompt a": "demo: holds the runs explicit/ and implicit/ (a demo's output folder), not a model: "
+                                "give one of them",
+    "words eval unstarted": "unstarted: a run folder without a checkpoint yet",
+    "words eval notes.txt": "notes.txt: a file, not a model directory",
+    "train --data d --out nowhere --resume": "nowhere: nothing to resume (no such folder)",
+    "words train --out empty --resume": "empty: an empty folder: nothing to resume",
+    "words train --out demo --resume": "demo: holds the runs explicit/ and implicit/ (a demo's output folder), not a run "
+                                       "itself: resume one of them",
+    "words train --out run/checkpoints/step_0000002 --resume": "run/checkpoints/step_0000002: a checkpoint inside the "
+                                                               "run ",
+}
+
+
+@pytest.mark.parametrize("command", NOT_MODELS)
+def test_a_path_holding_no_model_is_refused_saying_what_it_holds_before_torch_loads(command, tmp_path):
+    """Before: refused after torch and the libraries loaded (5 to 15 s), "not a model directory"
+    whatever the folder was: a demo's output, a checkpoint of the run to resume."""
+    import json
+    import subprocess
+    import sys
+
+    for folder in ("empty", "demo/implicit/checkpoints/step_0000001", "demo/explicit/checkpoints/step_0000001",
+                   "run/checkpoints/step_0000002", "unstarted/checkpoints"):
+        (tmp_path / folder).mkdir(parents=True)
+    for checkpoint in ("demo/implicit/checkpoints/step_0000001", "demo/explicit/checkpoints/step_0000001",
+                       "run/checkpoints/step_0000002"):
+        (tmp_path / checkpoint / "config.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("")
+    ran = subprocess.run([sys.executable, "-c", REFUSAL_IMPORTS, *command.split()], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    lines = ran.stderr.strip().splitlines()
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}, lines
+    assert len(lines) == 1 and lines[0].startswith(f"implicitlm: error: {NOT_MODELS[command]}"), lines
+
+
 def test_a_known_option_abbreviated_or_given_with_its_value_is_no_unknown_option():
     args = PARSER.parse_args(["train", "--data=d", "--out", "o", "--overw", "--model", "hidden_size=-3"])
     assert args.overwrite and str(args.data) == "d"

@@ -10,8 +10,8 @@ from .arguments import (
     add_overwrite_option, budget_list, float_list, fraction, int_list, passes_list, positive_int, seed,
 )
 from .shared import (
-    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, device_in_use, fixed_point_settings,
-    print_device,
+    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, check_model_paths, device_in_use,
+    fixed_point_settings, print_device,
 )
 
 TASKS = ("words", "lm", "catbabi")
@@ -162,6 +162,7 @@ def _parser(commands, name: str, evaluation: str, task: str | None = None, help:
         p = commands.add_parser(name, help=f"{help}; {same}", description=f"{help}; {same}")
         p.set_defaults(task=task)
     _add_task_options(p, task, evaluation)
+    p.set_defaults(check=check_model_paths)
     return p
 
 

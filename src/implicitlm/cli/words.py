@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import add_overwrite_option, add_run_options, fraction, positive_int, preset_name, seed
-from .shared import add_demo_command, check_resume_or_overwrite, print_run_summary, report_demo
+from .shared import add_demo_command, check_run_options, print_run_summary, report_demo
 
 
 def add_demo(commands) -> None:
@@ -56,13 +56,12 @@ def add_words_train(commands) -> None:
              "lengths and batches its run trained on; the preset gives the other training settings (a second stage)",
     )
     add_run_options(p, "words")
-    p.set_defaults(run=_run_words_train)
+    p.set_defaults(run=_run_words_train, check=check_run_options)
 
 
 def _run_words_train(args) -> None:
     from ..train.runs import train_words_run
 
-    check_resume_or_overwrite(args)
     metrics = train_words_run(
         args.out, preset=args.preset, explicit=args.explicit, data=args.data, model_options=dict(args.model),
         train_options=dict(args.train), init_from=args.init_from, resume=args.resume, overwrite=args.overwrite,
