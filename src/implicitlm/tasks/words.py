@@ -21,7 +21,9 @@ from ..data.groups import get_group
 from ..data.word_storage import load_words
 from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
 from .base import Figure, Task, TaskRecord, missed_cell
-from .word_scoring import evaluation_bytes, evaluation_seconds, mode_agreement, raise_word_budget, word_accuracy
+from .word_scoring import (
+    evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, raise_word_budget, word_accuracy,
+)
 
 # Test words come from seeds far from any training step's seed sequence.
 TEST_SEED_OFFSET = 1_000_000_007
@@ -157,15 +159,27 @@ class WordsTask(Task):
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
     def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
-        what = f"{test_set.count} test words of length {test_set.length:,}"
-        require(what, evaluation_bytes(model, test_set, mode, self.batch_size))
-        require_time(what, evaluation_seconds(model, test_set, mode, self.batch_size), arguments=("lengths", "count"),
-                     hint="; give shorter lengths or a smaller count")
+        self.require_resources(model, test_set, mode)
         if "max_iter" not in self.fixed_point:
             # No budget given: a simultaneous solve gets what words of this length need
             # (the model's own may be a training length's).
             raise_word_budget(model, test_set.length)
         return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress)
+
+    def require_resources(self, model, test_set: WordWindows, mode: str) -> None:
+        """Refuse, in one line, words whose evaluation would not fit in memory or in the time
+        limit: cheapest check first, so that an absurd size is refused in about a second,
+        from its sizes, then from a forward over one solve's positions, before the forwards
+        over a whole window that the closer estimates time and measure."""
+        what = f"{test_set.count} test words of length {test_set.length:,}"
+        hint = {"arguments": ("lengths", "count"), "hint": "; give shorter lengths or a smaller count"}
+        require(what, held_bytes(model, test_set, mode, self.batch_size))
+        require_time(what, evaluation_seconds(model, test_set, mode, self.batch_size, one_solve=True), **hint)
+        require(what, evaluation_bytes(model, test_set, mode, self.batch_size))
+        require_time(what, self.one_pass_seconds(model, test_set, mode), **hint)
+
+    def one_pass_seconds(self, model, test_set: WordWindows, mode: str) -> float:
+        return evaluation_seconds(model, test_set, mode, self.batch_size)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         # Token 1 is left out of "all": its label is its input.
