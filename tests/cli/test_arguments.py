@@ -169,6 +169,8 @@ REFUSED_BEFORE_TORCH = {
     "lm eval ck --data d --passes x": ("--passes", "expected a number of passes from 0", "got 'x'"),
     "words eval ck --passes 10001": ("--passes", "to 10000, got '10001'"),
     "catbabi eval ck --data d --out o --passes 1.5": ("--passes", "got '1.5'"),
+    "eval budget --task words ck --out o --passes 0,2": ("--passes", "numbers of passes of 1 to 10000"),
+    "eval budget --task words ck --out o --max-iter 10001": ("--max-iter", "budgets of 1 to 10000 passes"),
 }
 
 
@@ -193,7 +195,7 @@ NOT_MODELS = {
     "words eval nowhere": "nowhere: does not exist",
     "lm eval nowhere --data d": "nowhere: does not exist",
     "solver train nowhere --out o": "nowhere: does not exist",
-    "eval budget --task words run --explicit nowhere --out o": "nowhere: does not exist",
+    "eval budget --task words run --passes 1 --explicit nowhere --out o": "nowhere: does not exist",
     "train --data d --out o --init-from nowhere": "nowhere: does not exist",
     "words eval empty": "empty: an empty folder, not a model directory",
     "generate demo --prompt a": "demo: holds the runs explicit/ and implicit/ (a demo's output folder), not a model: "

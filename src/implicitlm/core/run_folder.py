@@ -87,6 +87,7 @@ def check_model_location(path: str | Path) -> None:
     neither a model (or checkpoint) folder nor a run folder with a checkpoint. A check of the
     files alone, which the command line makes before it imports torch."""
     path = Path(path)
+    recover_replaced(path)  # a swap of it that a killed run left half done, finished as the loader does
     if not path.exists():
         raise DataError(f"{path}: does not exist (not a model folder here, nor a Hub id owner/name)")
     if (path / "config.json").exists() or latest_checkpoint(path) is not None:
