@@ -4,7 +4,7 @@ the next, so an evaluation at any length runs in bounded memory; and that memory
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from ..data.words import StoredWords, WordWindows
 from ..deq import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
 from ..deq.options import MAX_EVALUATIONS
 from ..models.implicit_lm import MODES
+from .base import one_forward
 
 # Simultaneous mode carries a token's state about one position further per iteration, so
 # a word's fixed point takes about as many iterations as it has tokens; the slowest words
@@ -321,16 +322,3 @@ def _solved_together(model, mode: str, length: int) -> int:
     if mode == "sequential":
         return 1
     return solved_at_once(model, length) if model.config.implicit else length
-
-
-def one_forward(model, mode: str, rows: int, positions: int, use_cache: bool = False) -> Callable[[], None]:
-    """A forward over ``rows`` words' ``positions`` tokens, as a probe: each solve stops at its
-    first evaluation."""
-    tokens = torch.zeros((rows, positions), dtype=torch.long, device=next(model.parameters()).device)
-
-    def one_batch() -> None:
-        with torch.no_grad(), model.probing():
-            output = model(tokens, mode=mode, use_cache=use_cache)
-            output.logits.argmax(-1)
-
-    return one_batch

@@ -39,6 +39,8 @@ def held_out_word_windows(group: str, length: int, count: int, seed: int = 0, ha
     return GeneratedWords(group, length, count, seed=TEST_SEED_OFFSET + seed, hard_prob=hard_prob)
 
 
+# How a refusal of words that take too long names what to change.
+TOO_LONG = {"arguments": ("lengths", "count"), "hint": "; give shorter lengths or a smaller count"}
 # Generated words per length unless --count says otherwise: for accuracy, for a convergence report.
 COUNT, CONVERGENCE_COUNT = 512, 64
 ACCURACY_AXES = {"x": "test sequence length", "y": "accuracy, last 10 tokens", "xscale": "log2"}
@@ -159,26 +161,22 @@ class WordsTask(Task):
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
     def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
-        self.require_resources(model, test_set, mode)
+        seconds = self.one_pass_seconds(model, test_set, mode)
+        require(_described(test_set), evaluation_bytes(model, test_set, mode, self.batch_size))
+        require_time(_described(test_set), seconds, **TOO_LONG)
         if "max_iter" not in self.fixed_point:
             # No budget given: a simultaneous solve gets what words of this length need
             # (the model's own may be a training length's).
             raise_word_budget(model, test_set.length)
         return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress)
 
-    def require_resources(self, model, test_set: WordWindows, mode: str) -> None:
-        """Refuse, in one line, words whose evaluation would not fit in memory or in the time
-        limit: cheapest check first, so that an absurd size is refused in about a second,
-        from its sizes, then from a forward over one solve's positions, before the forwards
-        over a whole window that the closer estimates time and measure."""
-        what = f"{test_set.count} test words of length {test_set.length:,}"
-        hint = {"arguments": ("lengths", "count"), "hint": "; give shorter lengths or a smaller count"}
-        require(what, held_bytes(model, test_set, mode, self.batch_size))
-        require_time(what, evaluation_seconds(model, test_set, mode, self.batch_size, one_solve=True), **hint)
-        require(what, evaluation_bytes(model, test_set, mode, self.batch_size))
-        require_time(what, self.one_pass_seconds(model, test_set, mode), **hint)
-
     def one_pass_seconds(self, model, test_set: WordWindows, mode: str) -> float:
+        """``evaluation_seconds``, once the checks that take no forward over a whole window
+        pass (an absurd size is refused in about a second): the words' sizes against the
+        memory, then a forward over one solve's positions against the time limit."""
+        require(_described(test_set), held_bytes(model, test_set, mode, self.batch_size))
+        require_time(_described(test_set), evaluation_seconds(model, test_set, mode, self.batch_size, one_solve=True),
+                     **TOO_LONG)
         return evaluation_seconds(model, test_set, mode, self.batch_size)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
@@ -211,6 +209,10 @@ class WordsTask(Task):
     @property
     def convergence_title(self) -> str:
         return f"{self.group}: passes per token (sequential mode)"
+
+
+def _described(words: WordWindows) -> str:
+    return f"{words.count} test words of length {words.length:,}"
 
 
 def _check_group_fits(group: str, trained: str | None, vocab_size: int) -> None:
