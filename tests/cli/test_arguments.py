@@ -197,6 +197,7 @@ NOT_MODELS = {
     "solver train nowhere --out o": "nowhere: does not exist",
     "eval budget --task words run --passes 1 --explicit nowhere --out o": "nowhere: does not exist",
     "train --data d --out o --init-from nowhere": "nowhere: does not exist",
+    "jacobian preset:mamba2-130m-explicit demo --out o": "demo: holds the runs explicit/ and implicit/",
     "words eval empty": "empty: an empty folder, not a model directory",
     "generate demo --prompt a": "demo: holds the runs explicit/ and implicit/ (a demo's output folder), not a model: "
                                 "give one of them",
