@@ -148,6 +148,9 @@ REFUSED_BEFORE_TORCH = {
     "generate ck --prompt a --dtype bf16": ("--dtype", "bfloat16"),
     "generate ck --prompt a --device meta": ("--device", "cpu, cuda or cuda:N"),
     "lm downstream ck --out o --device mps": ("--device", "cpu, cuda or cuda:N"),
+    "generate ck --prompt a --device cuda:01": ("--device", "got 'cuda:01'", "no leading zeros"),
+    "words eval ck --device cuda:00": ("--device", "got 'cuda:00'"),
+    "solver train ck --out o --device cuda:99999999999999999999": ("--device", "0 to 127"),
     "corpus build src --tokenizer ./nonexist --out o": ("--tokenizer", "./nonexist: no such tokenizer folder"),
     "corpus build src --tokenizer a/b/c --out o": ("--tokenizer", "not a hub name"),
     "train --data x --out y --model-preset mamba2-130m-bounde": ("--model-preset", "did you mean mamba2-130m-bounded"),
@@ -157,6 +160,8 @@ REFUSED_BEFORE_TORCH = {
     "train --dta x --out y": ("unknown option --dta", "did you mean --data?"),
     "train --data x --out y --ovewrite": ("unknown option --ovewrite", "did you mean --overwrite?"),
     "words eval ck --lenghts 8": ("unknown option --lenghts", "did you mean --lengths?"),
+    "generate ck --promt a": ("unknown option --promt", "did you mean --prompt?"),
+    "eval budget ck --out o --tsk words": ("unknown option --tsk", "did you mean --task?"),
     "train --data x --out y --model hiden_size=64": ("--model", "unknown model option 'hiden_size'", "'hidden_size'"),
     "words train --out o --train lrr=1": ("--train", "unknown training option 'lrr'", "did you mean 'lr'?"),
     "train --data x --out y --train train_length=8": ("--train", "'train_length' is now sequence_length"),
@@ -164,6 +169,8 @@ REFUSED_BEFORE_TORCH = {
     "lm eval ck --data d --passes x": ("--passes", "expected a number of passes from 0", "got 'x'"),
     "words eval ck --passes 10001": ("--passes", "to 10000, got '10001'"),
     "catbabi eval ck --data d --out o --passes 1.5": ("--passes", "got '1.5'"),
+    "eval budget --task words ck --out o --passes 0,2": ("--passes", "numbers of passes of 1 to 10000"),
+    "eval budget --task words ck --out o --max-iter 10001": ("--max-iter", "budgets of 1 to 10000 passes"),
 }
 
 
@@ -180,6 +187,51 @@ def test_a_refusal_the_parser_can_make_is_one_line_without_importing_torch(comma
     assert result == {"code": 2, "torch": False}, (result, lines)
     assert len(lines) == 1 and ": error: " in lines[0] and all(part in lines[0] for part in REFUSED_BEFORE_TORCH[command]), lines
     assert "required" not in lines[0]
+
+
+# Folders that hold no model, as a command finds them: each refusal says what the folder is.
+NOT_MODELS = {
+    "generate nowhere --prompt a": "nowhere: does not exist",
+    "words eval nowhere": "nowhere: does not exist",
+    "lm eval nowhere --data d": "nowhere: does not exist",
+    "solver train nowhere --out o": "nowhere: does not exist",
+    "eval budget --task words run --passes 1 --explicit nowhere --out o": "nowhere: does not exist",
+    "train --data d --out o --init-from nowhere": "nowhere: does not exist",
+    "jacobian preset:mamba2-130m-explicit demo --out o": "demo: holds the runs explicit/ and implicit/",
+    "words eval empty": "empty: an empty folder, not a model directory",
+    "generate demo --prompt a": "demo: holds the runs explicit/ and implicit/ (a demo's output folder), not a model: "
+                                "give one of them",
+    "words eval unstarted": "unstarted: a run folder without a checkpoint yet",
+    "words eval notes.txt": "notes.txt: a file, not a model directory",
+    "train --data d --out nowhere --resume": "nowhere: nothing to resume (no such folder)",
+    "words train --out empty --resume": "empty: an empty folder: nothing to resume",
+    "words train --out demo --resume": "demo: holds the runs explicit/ and implicit/ (a demo's output folder), not a run "
+                                       "itself: resume one of them",
+    "words train --out run/checkpoints/step_0000002 --resume": "run/checkpoints/step_0000002: a checkpoint inside the "
+                                                               "run ",
+}
+
+
+@pytest.mark.parametrize("command", NOT_MODELS)
+def test_a_path_holding_no_model_is_refused_saying_what_it_holds_before_torch_loads(command, tmp_path):
+    """Before: refused after torch and the libraries loaded (5 to 15 s), "not a model directory"
+    whatever the folder was: a demo's output, a checkpoint of the run to resume."""
+    import json
+    import subprocess
+    import sys
+
+    for folder in ("empty", "demo/implicit/checkpoints/step_0000001", "demo/explicit/checkpoints/step_0000001",
+                   "run/checkpoints/step_0000002", "unstarted/checkpoints"):
+        (tmp_path / folder).mkdir(parents=True)
+    for checkpoint in ("demo/implicit/checkpoints/step_0000001", "demo/explicit/checkpoints/step_0000001",
+                       "run/checkpoints/step_0000002"):
+        (tmp_path / checkpoint / "config.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("")
+    ran = subprocess.run([sys.executable, "-c", REFUSAL_IMPORTS, *command.split()], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    lines = ran.stderr.strip().splitlines()
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == {"code": 2, "torch": False}, lines
+    assert len(lines) == 1 and lines[0].startswith(f"implicitlm: error: {NOT_MODELS[command]}"), lines
 
 
 def test_a_known_option_abbreviated_or_given_with_its_value_is_no_unknown_option():

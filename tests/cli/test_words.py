@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,6 +261,28 @@ def test_an_unwritable_run_folder_is_named_not_a_temporary_file(tmp_path, capsys
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1, err
     assert lines[0] == f"implicitlm: error: {out.absolute() / 'checkpoints' / 'step_0000001'}: Read-only file system"
+
+
+# A trained S5 model shipped with the package: chunked simultaneous solves, as the paper's.
+SHIPPED_S5 = str(Path(__file__).parents[2] / "checkpoints" / "words" / "s5")
+
+
+@pytest.mark.parametrize("options, refusal", [
+    (["--lengths", "800000000000", "--count", "8"], "8 test words of length 800,000,000,000 would take at least"),
+    (["--lengths", "1000000000", "--count", "512"], "512 test words of length 1,000,000,000 would take at least"),
+    (["--lengths", "1000000000", "--count", "512", "--chunk-length", "0"],
+     "512 test words of length 1,000,000,000 needs at least"),
+])
+def test_an_absurd_size_of_words_is_refused_before_a_forward_over_a_whole_window(options, refusal, capsys, monkeypatch):
+    """Before: the memory estimate's forward over a batch's window of 65,536 positions came
+    first, then the time estimate's (208 s for the first, 42 s for the second here): a size
+    past any limit is refused from its sizes, then from a forward over one chunk's positions."""
+    from implicitlm.tasks import word_scoring
+
+    monkeypatch.setattr(word_scoring, "forward_bytes", lambda *args: pytest.fail("a whole window's forward was probed"))
+    code, out, err = run(capsys, "words", "eval", SHIPPED_S5, *options, "--no-progress")
+    assert_clean_error(code, err, refusal)
+    assert out == ""
 
 
 def test_words_longer_than_the_time_limit_allows_are_refused_up_front(capsys, trained_s3):

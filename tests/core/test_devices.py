@@ -11,12 +11,21 @@ from implicitlm.core.devices import check_device_name, usable_device
 from implicitlm.core.errors import OptionError
 
 
-@pytest.mark.parametrize("name", ["meta", "mps", "xpu", "cuda:", "cuda:-1", "CPU", "", " cpu", "cuda:0:1"])
+@pytest.mark.parametrize("name", ["meta", "mps", "xpu", "cuda:", "cuda:-1", "CPU", "", " cpu", "cuda:0:1", "cuda:01",
+                                  "cuda:00", "cuda:128", "cuda:" + "9" * 20])
 def test_a_device_models_do_not_run_on_is_refused_by_name(name):
     with pytest.raises(OptionError, match="device must be auto, cpu, cuda or cuda:N"):
         usable_device(name)
     with pytest.raises(OptionError):
         check_device_name(name)
+
+
+def test_a_gpu_index_as_torch_writes_it_is_a_name():
+    """Before: "cuda:01" and an index past torch's 8-bit range passed, and failed (or wrapped
+    to another index) deep inside the command."""
+    assert [check_device_name(name) for name in ("cuda:0", "cuda:7", "cuda:127")] == ["cuda:0", "cuda:7", "cuda:127"]
+    with pytest.raises(OptionError, match=r"got 'cuda:01' \(N: a GPU's index, 0 to 127, no leading zeros\)"):
+        check_device_name("cuda:01")
 
 
 def test_the_cpu_is_usable_and_a_gpu_only_where_there_is_one():

@@ -157,3 +157,23 @@ def test_cli_refuses_an_attention_model_in_one_line(tmp_path, capsys):
     code = main(["jacobian", str(llama), "--out", str(tmp_path / "out"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "implicitlm: error:" in err and "fixed-size state" in err
+
+
+def test_cli_refuses_jacobians_past_the_time_limit_before_the_first(tmp_path, capsys, monkeypatch):
+    """Before: no estimate; Jacobians were computed until the run was killed."""
+    from implicitlm.eval import jacobian
+
+    implicit = tmp_path / "implicit.json"
+    implicit.write_text(json.dumps(dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, implicit=True, **MAMBA2,
+                                        **FAST)))
+    timed = []
+    # One Jacobian timed at a day: four of them, at the default positions, take four.
+    monkeypatch.setattr(jacobian, "seconds_of", lambda run: timed.append(run()) or 86400.0)
+    monkeypatch.setattr(jacobian, "_row", lambda *args: pytest.fail("a Jacobian was computed for the record"))
+    code = main(["jacobian", str(implicit), "--out", str(tmp_path / "out"), "--length", "6", "--count", "1",
+                 "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(timed) == 1 and not (tmp_path / "out").exists()
+    assert err[0].startswith("implicitlm: error: 4 Jacobians (1 sequence(s), 4 position(s) each) would take at least "
+                             "4.0 days")
+    assert err[0].endswith("; give a smaller --count or fewer --positions")

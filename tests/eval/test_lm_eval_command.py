@@ -127,6 +127,20 @@ def test_few_shot_examples_from_the_scored_split_or_an_unusable_device_are_one_l
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("devices", [["--model_args", "pretrained=nowhere,device=cuda:01"],
+                                     ["--model_args", "pretrained=nowhere", "--device", "cuda:" + "9" * 20]])
+def test_a_device_name_torch_cannot_read_is_one_line_before_the_tasks_load(devices, tmp_path, monkeypatch, capsys):
+    """Before: lm-eval read its tasks and the model loaded (a minute) before torch met the name, a traceback."""
+    import lm_eval
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda *a, **k: pytest.fail("the evaluation started"))
+    assert run_command(["--model", "implicitlm", *devices, "--tasks", "piqa_local"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("implicitlm-lm-eval: error: device must be auto, cpu, cuda or cuda:N; got 'cuda:")
+    assert "no leading zeros" in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def test_every_paper_task_has_a_shipped_local_task():
     from implicitlm.data.downstream_sets import READERS
 

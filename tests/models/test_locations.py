@@ -105,4 +105,5 @@ def test_the_current_folder_or_the_root_without_a_model_is_named(name, tmp_path,
 def test_commands_name_the_current_folder_holding_no_model(argv, tmp_path, monkeypatch, capsys):
     """Before: "PosixPath('.') has an empty name"; from jacobian an UnboundLocalError traceback."""
     line = refusal_writing_nothing(argv, tmp_path, monkeypatch, capsys)
-    assert line == "implicitlm: error: .: not a model directory (no config.json)", line
+    # A checkpoint's folder is checked before torch loads, saying what it holds.
+    assert line == "implicitlm: error: .: an empty folder, not a model directory (no config.json)", line

@@ -238,3 +238,58 @@ def test_a_task_is_told_how_to_solve_once_and_the_model_it_loads_solves_so(tmp_p
     assert task.solve_with(max_iter=3, tol=0.25).solve_with(max_iter=5).fixed_point == {"max_iter": 5, "tol": 0.25}
     options = task.load().solver.options
     assert (options.max_iter, options.tol, options.budget(None, None, "simultaneous")) == (5, 0.25, (5, 0.25))
+
+
+SHIPPED_S5 = Path(__file__).parents[2] / "checkpoints" / "words" / "s5"
+PASSES_TO_10000 = ",".join(map(str, range(1, 10001)))
+
+
+@pytest.mark.parametrize("task, options", [
+    ("words", ["--lengths", "16"]),
+    ("lm", ["--data", "DATA", "--lengths", "8"]),
+    ("catbabi", ["--data", "DATA", "--split", "valid", "--sequence-length", "12"]),
+])
+def test_a_sweep_past_the_time_limit_is_refused_with_its_estimate_before_it_starts(task, options, tmp_path, capsys,
+                                                                                   monkeypatch, catbabi_folder,
+                                                                                   lm_checkpoint):
+    """Before: ``eval budget --passes 1,...,10000`` started a months-long run; only a words
+    length evaluation estimated its time."""
+    monkeypatch.setattr(TASKS[task], "evaluate", lambda *args, **kwargs: pytest.fail("the sweep started"))
+    checkpoint = SHIPPED_S5 if task == "words" else lm_checkpoint
+    options = [str(catbabi_folder) if option == "DATA" else option for option in options]
+    code = main(["eval", "budget", "--task", task, str(checkpoint), *options, "--passes", PASSES_TO_10000,
+                 "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("implicitlm: error: a sweep of 10,000 points over 1 test set would take at least ")
+    assert err[0].endswith(", past the limit of 1.0 days; give fewer --passes") and not (tmp_path / "out").exists()
+
+
+class SlowSquaresTask(SquaresTask):
+    """Squares whose every test set takes 13 hours at one pass."""
+
+    def one_pass_seconds(self, model, test_set, mode):
+        return 13 * 3600.0
+
+    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+        pytest.fail("the evaluation started")
+
+
+def test_the_test_sets_of_a_length_evaluation_are_timed_together(tmp_path):
+    """Before: each words set was refused alone past a day, and lm and catbAbI sets not at all."""
+    scoring_model(6, "aligned").save_pretrained(tmp_path / "model")
+    with pytest.raises(OptionError, match=r"^an evaluation at 2 test lengths would take at least 1\.1 days here, past "
+                                          r"the limit of 1\.0 days; give fewer or shorter lengths$"):
+        evaluate_by_length(SlowSquaresTask(tmp_path / "model", "curves"), out=tmp_path / "out")
+
+
+def test_convergence_statistics_past_the_time_limit_are_refused_before_a_token_is_solved(tmp_path, capsys, monkeypatch):
+    from implicitlm.eval import convergence
+
+    monkeypatch.setattr(convergence, "forward_seconds", lambda *args: 2 * 86400.0)
+    monkeypatch.setattr(convergence, "token_passes", lambda *args, **kwargs: pytest.fail("a token was solved"))
+    code = main(["words", "convergence", str(SHIPPED_S5), "--lengths", "16", "--out", str(tmp_path / "out"),
+                 "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["implicitlm: error: convergence statistics of 1,024 tokens would take at least 2.0 "
+                                 "days here, past the limit of 1.0 days; give shorter lengths, fewer words or tokens"]

@@ -29,10 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
-    _quiet_libraries()
     from ..core.errors import NumericalFault
 
     try:
+        if hasattr(args, "check"):
+            args.check(args)  # what the command was given, by its files: before the libraries load (seconds)
+        _quiet_libraries()
         args.run(args)
     except USER_ERRORS as error:
         # Bad input is reported in one line, never as a traceback. What a writer made before

@@ -10,8 +10,8 @@ from .arguments import (
     add_overwrite_option, budget_list, float_list, fraction, int_list, passes_list, positive_int, seed,
 )
 from .shared import (
-    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, device_in_use, fixed_point_settings,
-    print_device,
+    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, check_model_paths, device_in_use,
+    fixed_point_settings, print_device,
 )
 
 TASKS = ("words", "lm", "catbabi")
@@ -84,7 +84,7 @@ def add_budget(commands) -> None:
     add_solver_flags(p)
     p.add_argument("--out", type=Path, required=True, help=_out_help("budget"))
     add_overwrite_option(p, "a record already in --out")
-    p.set_defaults(run=_run_budget)
+    p.set_defaults(run=_run_budget, check=_check_budget)
 
 
 def add_convergence(commands, name: str = "convergence", task: str | None = None, help: str | None = None) -> None:
@@ -110,15 +110,20 @@ def _run_length(args) -> None:
     _report(evaluate_by_length(task, args.mode, args.out, progress=not args.no_progress, overwrite=args.overwrite), task)
 
 
-def _run_budget(args) -> None:
+def _check_budget(args) -> None:
     from ..core.errors import OptionError
-    from ..eval.budget import budget_by_task, passes_by_task
 
     if args.swept_passes is None and args.explicit:
         raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
     if args.swept_passes is not None and (args.swept_max_iter or args.swept_tol):
         raise OptionError("passes sweeps solves of a fixed K, max_iter and tol solves to a tolerance: give "
                           "one", arguments=("passes", "max_iter", "tol"))
+    check_model_paths(args)
+
+
+def _run_budget(args) -> None:
+    from ..eval.budget import budget_by_task, passes_by_task
+
     task = _task(args)
     if args.swept_passes is None:
         _report(budget_by_task(task, args.swept_max_iter or [1, 2, 4, 8, 16, 32, 64], args.swept_tol, args.mode,
@@ -162,6 +167,7 @@ def _parser(commands, name: str, evaluation: str, task: str | None = None, help:
         p = commands.add_parser(name, help=f"{help}; {same}", description=f"{help}; {same}")
         p.set_defaults(task=task)
     _add_task_options(p, task, evaluation)
+    p.set_defaults(check=check_model_paths)
     return p
 
 
@@ -186,8 +192,8 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
         lengths = p.add_mutually_exclusive_group()
         lengths.add_argument("--lengths", type=int_list, default=None,
                              help=f"{both}comma-separated test lengths (lm: context lengths, default: the training context); "
-                                  "a words length evaluation refuses a length whose words take more than a day here, timed on "
-                                  "a window, before it is read")
+                                  "an evaluation whose lengths take more than a day here, timed on a forward at one pass, "
+                                  "is refused before any is read")
         lengths.add_argument("--multiples", type=int_list, default=None,
                              help=f"{both}test lengths as multiples of the training length, e.g. 1,2,4,8")
     if words is not None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .arguments import add_overwrite_option, positive_float, positive_int, seed, tokenizer_name
 from .shared import (
-    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, device_in_use, fixed_point_settings,
-    print_device,
+    add_budget_options, add_device_option, add_dtype_option, add_solver_flags, check_model_paths, device_in_use,
+    fixed_point_settings, print_device,
 )
 
 DESCRIPTION = (
@@ -49,7 +49,7 @@ def add_generate(commands) -> None:
                         "captured of its passes (the default where they are fixed: an explicit model, or --passes K)")
     p.add_argument("--out", type=Path, default=None, help="also write the text to this file")
     add_overwrite_option(p, "a file already at --out")
-    p.set_defaults(run=_run_generate)
+    p.set_defaults(run=_run_generate, check=check_model_paths)
 
 
 def _run_generate(args) -> None:

@@ -10,8 +10,8 @@ from .arguments import (
     tokenizer_name,
 )
 from .shared import (
-    add_budget_options, add_demo_command, add_device_option, add_dtype_option, add_solver_flags, check_resume_or_overwrite,
-    device_in_use, fixed_point_settings, print_device, print_run_summary, report_demo,
+    add_budget_options, add_demo_command, add_device_option, add_dtype_option, add_solver_flags, check_model_paths,
+    check_run_options, device_in_use, fixed_point_settings, print_device, print_run_summary, report_demo,
 )
 
 
@@ -33,13 +33,12 @@ def add_train(commands) -> None:
     )
     add_run_options(p, "lm")
     add_device_option(p)
-    p.set_defaults(run=_run_train)
+    p.set_defaults(run=_run_train, check=check_run_options)
 
 
 def _run_train(args) -> None:
     from ..train.runs import train_lm_run
 
-    check_resume_or_overwrite(args)
     device = device_in_use(args)
     metrics = train_lm_run(
         args.data, args.out, preset=args.preset, model_preset=args.model_preset, model_options=dict(args.model),
@@ -83,7 +82,7 @@ def add_lm_downstream(commands) -> None:
     p.add_argument("--out", type=Path, required=True, help="folder for downstream.json and downstream.png")
     add_overwrite_option(p, "a record already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(run=_run_lm_downstream)
+    p.set_defaults(run=_run_lm_downstream, check=check_model_paths)
 
 
 def _run_lm_downstream(args) -> None:

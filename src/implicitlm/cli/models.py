@@ -125,7 +125,18 @@ def add_jacobian(commands) -> None:
     add_budget_options(p, passes=False)
     add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(run=_run_jacobian)
+    p.set_defaults(run=_run_jacobian, check=_check_jacobian_models)
+
+
+def _check_jacobian_models(args) -> None:
+    """The checkpoints among the models, by their files, before torch loads (presets and JSON
+    options are the library's to read)."""
+    from ..core.run_folder import check_model_location
+    from ..presets.options import PRESET_PREFIX
+
+    for model in args.models:
+        if not (model.startswith(PRESET_PREFIX) or model.endswith(".json")):
+            check_model_location(model)
 
 
 def _run_jacobian(args) -> None:

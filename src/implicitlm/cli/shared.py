@@ -95,11 +95,30 @@ def fixed_point_settings(args) -> dict[str, Any]:
     return settings
 
 
-def check_resume_or_overwrite(args) -> None:
+def check_model_paths(args) -> None:
+    """The models a command loads (its checkpoint, --init-from, --explicit), by their files: the
+    ``check`` the command line runs before it imports torch (seconds), so that a path holding
+    no model is refused at once, saying what it holds."""
+    from ..core.run_folder import check_model_location
+
+    explicit = getattr(args, "explicit", None)  # words train's --explicit is a flag, eval budget's a list
+    for path in [getattr(args, "checkpoint", None), getattr(args, "init_from", None),
+                 *(explicit if isinstance(explicit, list) else [])]:
+        if path is not None:
+            check_model_location(path)
+
+
+def check_run_options(args) -> None:
+    """A training command's ``check``: its models, and --resume, which continues a run in --out
+    (one found there, not a checkpoint of it or a folder of runs) and cannot go with --overwrite."""
     from ..core.errors import OptionError
+    from ..core.run_folder import check_resume_target
 
     if args.resume and args.overwrite:
         raise OptionError("--resume continues the run in --out and --overwrite replaces it: pass one")
+    check_model_paths(args)
+    if args.resume:
+        check_resume_target(args.out)
 
 
 def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> None:

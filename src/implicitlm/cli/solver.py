@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import add_overwrite_option, positive_float, positive_int, seed
-from .shared import add_device_option, device_in_use, print_device
+from .shared import add_device_option, check_model_paths, device_in_use, print_device
 
 MIXING_LOSS_NAMES = {"residual": "log relative residual", "distance": "relative distance to the fixed point"}
 
@@ -37,7 +37,7 @@ def add_solver(commands) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--resume", action="store_true", help="continue an interrupted fit of --out where it stopped")
     add_overwrite_option(p, "a model already at --out (its files; others stay)")
-    p.set_defaults(run=_run_solver_train)
+    p.set_defaults(run=_run_solver_train, check=check_model_paths)
 
 
 def _run_solver_train(args) -> None:

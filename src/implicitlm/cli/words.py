@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .arguments import add_overwrite_option, add_run_options, fraction, positive_int, preset_name, seed
-from .shared import (
-    add_demo_command, add_device_option, check_resume_or_overwrite, device_in_use, print_run_summary, report_demo,
-)
+from .shared import add_demo_command, add_device_option, check_run_options, device_in_use, print_run_summary, report_demo
 
 
 def add_demo(commands) -> None:
@@ -59,13 +57,12 @@ def add_words_train(commands) -> None:
     )
     add_run_options(p, "words")
     add_device_option(p)
-    p.set_defaults(run=_run_words_train)
+    p.set_defaults(run=_run_words_train, check=check_run_options)
 
 
 def _run_words_train(args) -> None:
     from ..train.runs import train_words_run
 
-    check_resume_or_overwrite(args)
     device = device_in_use(args)
     metrics = train_words_run(
         args.out, preset=args.preset, explicit=args.explicit, data=args.data, model_options=dict(args.model),

@@ -13,15 +13,20 @@ from .errors import OptionError
 
 # The dtypes a model can be loaded or cast to, by the names the command line and lm-eval use.
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-DEVICE_NAME = re.compile(r"auto|cpu|cuda(?::(\d+))?")
+# torch refuses "cuda:01" deep in a command (a traceback), and wraps an index past its 8-bit
+# range ("cuda:128" is cuda:-128): N is the index as torch writes it, within that range.
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(?::(0|[1-9]\d{0,2}))?")
+MAX_DEVICE_INDEX = 127
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
 
 
 def check_device_name(name: str) -> str:
     """``name`` if it names a device of a kind models run on; a check of its form alone, which
     the command line makes before it imports torch."""
-    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
-        raise OptionError(f"device must be {DEVICE_NAMES}; got {name!r}", arguments=("device",))
+    match = DEVICE_NAME.fullmatch(name) if isinstance(name, str) else None
+    if match is None or int(match.group(1) or 0) > MAX_DEVICE_INDEX:
+        index = f" (N: a GPU's index, 0 to {MAX_DEVICE_INDEX}, no leading zeros)" if str(name).startswith("cuda:") else ""
+        raise OptionError(f"device must be {DEVICE_NAMES}; got {name!r}{index}", arguments=("device",))
     return name
 
 

@@ -107,6 +107,60 @@ def model_folder(path: str | Path) -> Path:
     return path
 
 
+def check_model_location(path: str | Path) -> None:
+    """Refuse, in one line saying what is there instead, a ``path`` that holds no model to load:
+    neither a model (or checkpoint) folder nor a run folder with a checkpoint. A check of the
+    files alone, which the command line makes before it imports torch."""
+    path = Path(path)
+    recover_replaced(path)  # a swap of it that a killed run left half done, finished as the loader does
+    if not path.exists():
+        raise DataError(f"{path}: does not exist (not a model folder here, nor a Hub id owner/name)")
+    if (path / "config.json").exists() or latest_checkpoint(path) is not None:
+        return
+    if not path.is_dir():
+        raise DataError(f"{path}: a file, not a model directory (a checkpoint folder or a run folder)")
+    runs = _runs_inside(path)
+    if runs:
+        raise DataError(f"{path}: {_holding(runs)}, not a model: give one of them")
+    if (path / CHECKPOINTS).is_dir():
+        raise DataError(f"{path}: a run folder without a checkpoint yet")
+    raise DataError(f"{path}: {'an empty folder, ' if _is_empty(path) else ''}not a model directory (no config.json)")
+
+
+def check_resume_target(out: str | Path) -> None:
+    """Refuse a resume of ``out`` that finds no run there, saying what ``out`` is instead: a
+    checkpoint inside a run, a folder holding runs, an empty folder, nothing. (A run folder
+    whose checkpoints are missing is the trainer's to refuse, with what it found.)"""
+    out = Path(out)
+    if not out.exists():
+        raise DataError(f"{out}: nothing to resume (no such folder)")
+    if out.resolve().parent.name == CHECKPOINTS and step_in_name(out.resolve()) is not None:
+        run = out.resolve().parent.parent
+        raise DataError(f"{out}: a checkpoint inside the run {run}: resume the run folder (--out {run})")
+    runs = _runs_inside(out) if out.is_dir() and latest_checkpoint(out) is None else []
+    if runs:
+        raise DataError(f"{out}: {_holding(runs)}, not a run itself: resume one of them")
+    if out.is_dir() and _is_empty(out):
+        raise DataError(f"{out}: an empty folder: nothing to resume")
+
+
+def _runs_inside(folder: Path) -> list[str]:
+    """The names of ``folder``'s subfolders that are runs or models (a demo's output holds its runs)."""
+    return sorted(entry.name for entry in folder.iterdir() if entry.is_dir() and not entry.name.startswith(".")
+                  and (latest_checkpoint(entry) is not None or (entry / "config.json").exists()))
+
+
+def _holding(runs: list[str]) -> str:
+    names = [f"{name}/" for name in runs]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    demo = " (a demo's output folder)" if {"explicit", "implicit"} <= set(runs) else ""
+    return f"holds the run{'s' * (len(names) > 1)} {listed}{demo}"
+
+
+def _is_empty(folder: Path) -> bool:
+    return next(folder.iterdir(), None) is None
+
+
 def check_run_links(run_dir: Path) -> None:
     """transformers' Auto classes follow a run folder's links (``AutoTokenizer`` reads
     ``RUN/tokenizer.json``) where this package reads the run's newest checkpoint: a link

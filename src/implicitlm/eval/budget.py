@@ -106,6 +106,11 @@ def budget_by_task(
     refused, before the sweep, unless ``overwrite``)."""
     with claimed_records(out, [task.budget_experiment], overwrite):
         model, test_sets = task.prepare("budget")
+        max_iter = list(max_iter)
+        points = len(set(max_iter)) * len(tol or [None])
+        # A solve to the tolerance may stop after one pass, whatever its budget.
+        task.require_sweep_time(model, test_sets, mode, _sweep(points, test_sets), [1] * points,
+                                arguments=("max_iter", "tol"), hint="; give fewer budgets or tolerances")
         model_tol = model.solver.options.tol
 
         def evaluate(budget, tolerance):
@@ -145,8 +150,12 @@ def passes_by_task(
     by_time = Path(out) / f"{experiment}_time.png"
     with claimed_outputs([*files, by_time], overwrite):
         model, test_sets = task.prepare("budget")
+        passes = sorted(set(passes))
+        # Each explicit model's forward is one pass, as the implicit one's at K = 1.
+        task.require_sweep_time(model, test_sets, mode, _sweep(len(passes) + len(explicit), test_sets),
+                                passes + [1] * len(explicit), arguments=("passes",), hint="; give fewer passes")
         rows = []
-        for count in tqdm(sorted(set(passes)), desc="passes", disable=not progress):
+        for count in tqdm(passes, desc="passes", disable=not progress):
             task.solve_with(passes=count)
             model.set_fixed_point_options(**task.fixed_point)
             rows += [{**row, "passes": count} for row in _timed(task, model, test_sets, mode)]
@@ -167,6 +176,10 @@ def passes_by_task(
         plot_curves(time_curves(rows, twins, quality), by_time, f"{task.budget_title} against time ({mode} mode)",
                     {"x": "seconds per evaluation", "y": quality, "xscale": "log", "yscale": task.quality_scale})
     return {"rows": rows + twins, "table": format_passes_table(rows + twins, quality), "files": files}
+
+
+def _sweep(points: int, test_sets: list[Any]) -> str:
+    return f"a sweep of {points:,} points over {len(test_sets)} test set{'s' * (len(test_sets) != 1)}"
 
 
 def time_curves(rows: list[dict[str, Any]], twins: list[dict[str, Any]], quality: str) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
-from ..tasks.base import Task
+from ..core.duration import require_time
+from ..tasks.base import Task, forward_seconds
 from .plots import plot_histograms
 from .records import claimed_records, make_record, record_files, write_record
 
@@ -141,6 +142,11 @@ def convergence_by_task(
     solves, unless ``overwrite``)."""
     with claimed_records(out, [EXPERIMENT], overwrite):
         model, inputs = task.prepare("convergence")
+        # At least one pass per token, as token_passes reads them: in batches, in sequential mode.
+        seconds = sum(forward_seconds(model, "sequential", min(task.batch_size, len(tokens)), tokens.shape[1],
+                                      -(-len(tokens) // task.batch_size)) for tokens, _ in inputs)
+        require_time(f"convergence statistics of {sum(tokens.size for tokens, _ in inputs):,} tokens", seconds,
+                     hint="; give shorter lengths, fewer words or tokens")
         passes, residuals, hard = [], [], []
         for tokens, mask in inputs:
             counts, residual, used_max_iter, used_tol = token_passes(

@@ -93,13 +93,14 @@ class ImplicitLMHarness(TemplateLM):
             raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         # Before the model loads, and so before any request runs or a result records them.
         FixedPointOptions.check_call_budget(max_iter, tol, training=False, passes=passes)
+        device = _device(device)  # before the model loads: a device this machine lacks costs nothing
         # A checkpoint loads in ``dtype`` as every loader gives it (weights the family keeps in
         # float32 stay so); a model passed in is cast.
         if isinstance(pretrained, (str, Path)):
             self.model = load_model(pretrained, dtype)
         else:
             self.model = pretrained.to(dtype=torch_dtype(dtype))
-        self.model.to(device=_device(device)).eval()
+        self.model.to(device=device).eval()
         self.tokenizer = model_tokenizer(self.model, tokenizer, "tokenizer=")
         self.mode, self.max_iter, self.tol, self.passes = mode, max_iter, tol, passes
         self.batch_size = batch_size_argument(batch_size)

@@ -36,11 +36,13 @@ from tqdm.auto import tqdm
 from ..data.groups import resolve_group
 from ..data.words import generate_words
 from ..core.devices import usable_device
+from ..core.duration import require_time, seconds_of
 from ..core.errors import OptionError
 from ..core.memory import FLOAT_BYTES, activation_bytes, require
 from ..models import build_model, config_from_options, load_model
 from ..presets import model_options_from
 from ..presets.options import PRESET_PREFIX
+from ..tasks.base import forward_seconds
 from .plots import plot_heatmaps
 from .records import claimed_outputs, make_record, record_files, write_record
 
@@ -101,6 +103,7 @@ def jacobian_analysis(
     ids = torch.as_tensor(input_ids, device=model.device).long()
     positions = sorted(set(positions))
     _check_positions(positions, ids.shape[1])
+    _require_time(model, ids, positions, layer, chosen, method, max_iter, tol)
     rows, jacobians = [], []
     with tqdm(total=len(ids) * len(positions), desc="jacobian", disable=not progress) as bar:
         for sample, sequence in enumerate(ids):
@@ -122,6 +125,19 @@ def jacobian_analysis(
         "coordinates": chosen.tolist(),
         "representative": {**rows[representative], "jacobian": jacobians[representative]},
     }
+
+
+def _require_time(model, ids: torch.Tensor, positions: list[int], layer: int, chosen: torch.Tensor, method: str,
+                  max_iter: int | None, tol: float | None) -> None:
+    """Refuse, before the first, Jacobians past the time limit (``core.duration``): one, timed
+    at the first token, for every sequence and position, and the sequential steps that reach
+    them, at one pass each."""
+    state = _advance(model, ids[:1, :0], None, max_iter, tol)
+    one = seconds_of(lambda: _token_jacobian(model, state, ids[:1, 0], layer, chosen, method, max_iter, tol))
+    steps = forward_seconds(model, "sequential", 1, positions[-1], len(ids) if positions[-1] else 0)
+    require_time(f"{len(ids) * len(positions):,} Jacobians ({len(ids):,} sequence(s), {len(positions):,} position(s) each)",
+                 one * len(ids) * len(positions) + steps, arguments=("count", "positions"),
+                 hint="; give a smaller count or fewer positions")
 
 
 def _row(sample: int, position: int, jacobian: torch.Tensor, residual: float | None) -> dict[str, Any]:

@@ -27,6 +27,8 @@ def evaluate_by_length(
     before the evaluation, unless ``overwrite``)."""
     with contextlib.nullcontext() if out is None else claimed_records(out, [task.experiment], overwrite):
         model, test_sets = task.prepare("length")
+        task.require_sweep_time(model, test_sets, mode, f"an evaluation at {len(test_sets)} test lengths",
+                                arguments=("lengths",), hint="; give fewer or shorter lengths")
         rows = [
             task.evaluate(model, test_set, mode=mode, progress=progress)
             for test_set in tqdm(test_sets, desc="eval", disable=not progress)

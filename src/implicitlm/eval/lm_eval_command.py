@@ -16,6 +16,7 @@ import contextlib
 import sys
 from typing import Iterator, Sequence
 
+from ..core.devices import check_device_name
 from ..core.errors import ImplicitLMError
 from .downstream import quiet_lm_eval_notes
 
@@ -41,12 +42,28 @@ def run_command(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "include_path"):
         args.include_path = _with_local_tasks(args)
     try:
+        _check_devices(args)
         with quiet_lm_eval_notes():
             cli.execute(args)
     except ImplicitLMError as error:
         print(f"{PROG}: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_devices(args) -> None:
+    """The devices ``--device`` and ``--model_args`` name for this package's model, by name,
+    before lm-eval reads its tasks and loads the model (a minute): a name that nothing runs on
+    is refused now, not met then as a traceback."""
+    from .harness import MODEL_NAME
+
+    if getattr(args, "model", None) != MODEL_NAME:
+        return
+    model_args = getattr(args, "model_args", None)
+    given = model_args.get("device") if isinstance(model_args, dict) else None
+    for name in (getattr(args, "device", None), given):
+        if name is not None:
+            check_device_name(name)
 
 
 @contextlib.contextmanager

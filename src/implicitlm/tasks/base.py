@@ -13,11 +13,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
 
+from ..core.duration import require_time, seconds_of
 from ..core.errors import OptionError
 from ..core.run_folder import training_settings
 from ..deq.options import FixedPointOptions
@@ -158,6 +159,20 @@ class Task(ABC):
         """The record of a length evaluation (``experiment``) whose rows are ``rows``, evaluated
         in ``mode``, and its figure."""
 
+    def one_pass_seconds(self, model, test_set: Any, mode: str) -> float:
+        """A lower bound on the seconds ``evaluate`` takes on ``test_set`` in ``mode``, every
+        solve at one pass (where a solve to the tolerance may stop), timed on one forward:
+        what ``require_sweep_time`` multiplies. A task that times nothing (a test's): 0."""
+        return 0.0
+
+    def require_sweep_time(self, model, test_sets: list[Any], mode: str, what: str, passes: Sequence[int] = (1,),
+                           arguments: Sequence[str] = (), hint: str = "") -> None:
+        """Refuse, before it starts, ``what``: an evaluation of ``test_sets`` at each of
+        ``passes`` passes per solve (1: a solve to the tolerance, which may stop there), past
+        the time limit (``core.duration.require_time``), naming ``arguments``."""
+        seconds = sum(passes) * sum(self.one_pass_seconds(model, test_set, mode) for test_set in test_sets)
+        require_time(what, seconds, arguments=arguments, hint=hint)
+
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Token arrays (N, L) whose passes per token a convergence report counts, each with
         a mask of its hard tokens (None where the task has no such split)."""
@@ -189,6 +204,37 @@ class FolderTask(Task):
             raise OptionError(f"the {self.name} task reads one data folder ({self.FOLDER}), got {len(folders) or 'none'}",
                               arguments=("data",))
         self.data, self.split = Path(folders[0]), "test" if split is None else split
+
+
+def one_forward(model, mode: str, rows: int, positions: int, use_cache: bool = False) -> Callable[[], None]:
+    """A forward over ``rows`` sequences' ``positions`` tokens, as a probe: each solve stops at its
+    first evaluation."""
+    tokens = torch.zeros((rows, positions), dtype=torch.long, device=next(model.parameters()).device)
+
+    def one_batch() -> None:
+        with torch.no_grad(), model.probing():
+            output = model(tokens, mode=mode, use_cache=use_cache)
+            output.logits.argmax(-1)
+
+    return one_batch
+
+
+# The tokens a sequential forward is timed on: each token is a step of the same work, and
+# the rest is scaled from them (a probe over all of them would be the work itself).
+SEQUENTIAL_PROBE_TOKENS = 8
+
+
+def forward_seconds(model, mode: str, rows: int, positions: int, count: int) -> float:
+    """A lower bound on the seconds ``count`` forwards over ``rows`` sequences of ``positions``
+    tokens take in ``mode``: one of them, timed at one pass per solve (in sequential mode, its
+    first tokens, scaled), ``count`` times."""
+    if not count:
+        return 0.0
+    probed = min(positions, SEQUENTIAL_PROBE_TOKENS) if mode == "sequential" else positions
+    probe = one_forward(model, mode, rows, probed)
+    if probed < positions:
+        probe()  # the first forward pays for setting up the kernels, which the scaling would multiply
+    return seconds_of(probe) * (positions // probed) * count
 
 
 def require_implicit(model, what: str) -> None:

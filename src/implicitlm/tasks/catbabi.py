@@ -32,7 +32,7 @@ from ..core.errors import DataError, OptionError
 from ..data.catbabi import SHARD_SPLITS, read_answers
 from ..data.shards import TokenShards
 from ..deq import warn_not_converged
-from .base import EVALUATIONS, Figure, FolderTask, TaskRecord
+from .base import EVALUATIONS, Figure, FolderTask, TaskRecord, forward_seconds
 
 
 def window_starts(positions: np.ndarray, stream_length: int, sequence_length: int, stride: int) -> np.ndarray:
@@ -45,6 +45,11 @@ def window_starts(positions: np.ndarray, stream_length: int, sequence_length: in
     windows = np.maximum(0, -(-(positions - length) // stride))
     # Near the end the window slides back to fit the stream, which only adds context.
     return np.minimum(windows * stride, stream_length - length)
+
+
+def window_stride(sequence_length: int, stride: int | None) -> int:
+    """The step between windows: ``stride``, by default half a window."""
+    return max(1, sequence_length // 2) if stride is None else stride
 
 
 @torch.no_grad()
@@ -69,7 +74,7 @@ def answer_accuracy(
             f"{model.config.vocab_size}: the model was trained on other data"
         )
     stream = torch.from_numpy(shards.read(0, len(shards)).astype(np.int64))
-    stride = max(1, sequence_length // 2) if stride is None else stride
+    stride = window_stride(sequence_length, stride)
     starts = window_starts(answers.positions, len(stream), sequence_length, stride)
     length = min(sequence_length, len(stream))
     unique_starts = np.unique(starts)
@@ -166,6 +171,15 @@ class CatbabiTask(FolderTask):
             warn=warn,
         )
         return {"length": test_set, **result}
+
+    def one_pass_seconds(self, model, test_set, mode):
+        # The windows answer_accuracy runs: one per distinct start of an answer's window.
+        stream_length = len(TokenShards(self.data, SHARD_SPLITS[self.split]))
+        positions = read_answers(self.data, self.split).positions
+        starts = window_starts(positions, stream_length, test_set, window_stride(test_set, self.stride))
+        windows = len(np.unique(starts))
+        return forward_seconds(model, mode, min(self.batch_size, windows), min(test_set, stream_length),
+                               -(-windows // self.batch_size))
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         return "\n".join(format_task_table(row) for row in rows)

@@ -19,7 +19,7 @@ from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
 from ..deq import warn_not_converged
 from ..models.loss import token_cross_entropy
-from .base import Figure, FolderTask, TaskRecord, missed_cell
+from .base import Figure, FolderTask, TaskRecord, forward_seconds, missed_cell
 
 # Tokens a convergence report counts unless --max-tokens says otherwise.
 CONVERGENCE_TOKENS = 4096
@@ -145,6 +145,13 @@ class LMTask(FolderTask):
 
     def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
         return perplexity_at_length(model, self.shards, test_set, self.batch_size, self.max_tokens, mode=mode, warn=warn)
+
+    def one_pass_seconds(self, model, test_set, mode):
+        # The windows perplexity_at_length reads: the split's whole ones, at most max_tokens' worth.
+        windows = len(self.shards) // (test_set + 1)
+        if self.max_tokens is not None:
+            windows = min(windows, max(1, self.max_tokens // test_set))
+        return forward_seconds(model, mode, min(self.batch_size, windows), test_set, -(-windows // self.batch_size))
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         lines = [f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}"]

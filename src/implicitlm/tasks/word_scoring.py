@@ -4,7 +4,7 @@ the next, so an evaluation at any length runs in bounded memory; and that memory
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from ..data.words import StoredWords, WordWindows
 from ..deq import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
 from ..deq.options import MAX_EVALUATIONS
 from ..models.implicit_lm import MODES
+from .base import one_forward
 
 # Simultaneous mode carries a token's state about one position further per iteration, so
 # a word's fixed point takes about as many iterations as it has tokens; the slowest words
@@ -248,14 +249,22 @@ def _read_in_windows(model, words: WordWindows, batch_size: int, scores: list[Wo
 
 
 def evaluation_bytes(model, words: WordWindows, mode: str, batch_size: int) -> int:
-    """The peak memory ``word_accuracy`` takes on ``words`` beyond the model: a window of
-    every word's tokens and labels (and the tile they are drawn from), the state every word
-    carries between windows, and one forward's tensors over a batch's window."""
+    """The peak memory ``word_accuracy`` takes on ``words`` beyond the model: what the words
+    hold (``held_bytes``) and one forward's tensors over a batch's window."""
     rows = min(batch_size, words.count)
     window = evaluation_window(model, (mode,), words.length, rows)
+    return held_bytes(model, words, mode, batch_size) + forward_bytes(model, mode, rows, window, words.length)
+
+
+def held_bytes(model, words: WordWindows, mode: str, batch_size: int) -> int:
+    """What ``word_accuracy`` holds of ``words`` besides a forward, from their sizes alone (no
+    forward: a size no memory holds is refused before one is probed): a window of every
+    word's tokens and labels (and the tile they are drawn from), and the state every word
+    carries between windows."""
+    window = evaluation_window(model, (mode,), words.length, min(batch_size, words.count))
     tokens = 2 * words.count * window * words.token_bytes + getattr(words, "tile_bytes", 0)
     carried = words.count * carried_state_bytes(model, words.length) if window < words.length else 0
-    return tokens + carried + forward_bytes(model, mode, rows, window, words.length)
+    return tokens + carried
 
 
 def carried_state_bytes(model, length: int) -> int:
@@ -284,29 +293,32 @@ def forward_bytes(model, mode: str, rows: int, window: int, length: int) -> int:
     chunk = solved_at_once(model, length) if mode == "simultaneous" and config.implicit else 1
     unit = max(1, min(chunk, WINDOW_TOKENS // rows))
     positions = min(window, unit * max(1, WINDOW_TOKENS // (rows * unit)))
-    measured = peak_growth(_one_forward(model, mode, rows, positions, window < length), next(model.parameters()).device)
+    measured = peak_growth(one_forward(model, mode, rows, positions, window < length), next(model.parameters()).device)
     if measured is None:
         return activation_bytes(rows, window, config.hidden_size, config.num_hidden_layers)
     return int(window / positions * measured) + rows * window * PER_POSITION_BYTES
 
 
-def evaluation_seconds(model, words: WordWindows, mode: str, batch_size: int) -> float:
+def evaluation_seconds(model, words: WordWindows, mode: str, batch_size: int, one_solve: bool = False) -> float:
     """A lower bound on the time ``word_accuracy`` takes on ``words``: one forward over a
-    batch's window, timed at one fixed-point iteration, for every batch of every window."""
+    batch's window, timed at one fixed-point iteration, for every batch of every window.
+    ``one_solve``: a looser bound, in a fraction of the time: a forward over the positions of
+    one of the solves a window's forward makes one after another (a chunk of a simultaneous
+    solve, a token in sequential mode), timed, for each of them."""
     rows = min(batch_size, words.count)
     window = evaluation_window(model, (mode,), words.length, rows)
-    seconds = seconds_of(_one_forward(model, mode, rows, window, window < words.length))
+    positions = min(window, _solved_together(model, mode, words.length)) if one_solve else window
+    probe = one_forward(model, mode, rows, positions, window < words.length)
+    if one_solve:
+        probe()  # the first forward pays for setting up the kernels, which the count below would multiply
+    seconds = seconds_of(probe) * (window // positions)
     return seconds * -(-words.count // batch_size) * -(-words.length // window)
 
 
-def _one_forward(model, mode: str, rows: int, positions: int, use_cache: bool) -> Callable[[], None]:
-    """A forward over ``rows`` words' ``positions`` tokens, as a probe: each solve stops at its
-    first evaluation."""
-    tokens = torch.zeros((rows, positions), dtype=torch.long, device=next(model.parameters()).device)
-
-    def one_batch() -> None:
-        with torch.no_grad(), model.probing():
-            output = model(tokens, mode=mode, use_cache=use_cache)
-            output.logits.argmax(-1)
-
-    return one_batch
+def _solved_together(model, mode: str, length: int) -> int:
+    """The positions of a ``length``-token word that one step of a forward reads at once: a
+    token in sequential mode, a chunk in an implicit model's simultaneous mode, all of them in
+    an explicit model's."""
+    if mode == "sequential":
+        return 1
+    return solved_at_once(model, length) if model.config.implicit else length
