@@ -434,7 +434,7 @@ def test_a_run_on_a_word_file_records_the_files_length_for_its_card_and_evaluati
     assert "trained 2 steps, 192 tokens" in capsys.readouterr().out  # 2 steps of 8 words of 12 tokens
     latest = tmp_path / "run" / "latest"
     assert json.loads((latest / "trainer.json").read_text())["train"]["sequence_length"] == 12
-    assert "- trained: 2 steps, 192 tokens (words task, group S3, sequence length 12)" in (latest / "README.md").read_text()
+    assert "1. implicit, from scratch: 2 steps, 192 tokens (words task, group S3, sequence length 12)" in (latest / "README.md").read_text()
     assert main(["words", "eval", str(tmp_path / "run"), "--multiples", "1,2", "--count", "4", "--max-iter", "2",
                  "--no-progress"]) == 0
     rows = capsys.readouterr().out.splitlines()

@@ -117,7 +117,8 @@ def check_run_options(args) -> None:
     if args.resume and args.overwrite:
         raise OptionError("--resume continues the run in --out and --overwrite replaces it: pass one")
     check_model_paths(args)
-    if args.resume:
+    # --resume with --init-from is a pair the library refuses by name, whatever --out holds.
+    if args.resume and getattr(args, "init_from", None) is None:
         check_resume_target(args.out)
 
 
