@@ -111,10 +111,14 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
         output = model(TOKENS, passes=2)
     assert len(calls) == 3 * 2 and output.fixed_point.evaluations == 3 * 2
     assert not bool(output.fixed_point.converged.any())
-    # Reports still show how many answers are not yet fixed points, as missing the budget; no
-    # warning says so, since K passes, not a fixed point, were asked for.
-    assert tally.not_converged == tally.budget == tally.in_passes == TOKENS.shape[0]
-    assert tally.as_dict()["fp_not_converged_share"] == 1.0 and tally.warning("scoring") is None
+    # Reports give the budget for what it is, K passes and their last pass's residual, never a
+    # share "not converged" (before: 100%): there was no tolerance to reach, and no warning.
+    residual = output.fixed_point.residual.double()
+    assert tally.not_converged == tally.budget == 0 and tally.in_passes == TOKENS.shape[0]
+    assert tally.as_dict() == {"fp_fixed_points": 3, "fp_non_finite": 0, "fp_in_passes": 3,
+                               "fp_last_residual_mean": pytest.approx(float(residual.mean())),
+                               "fp_last_residual_max": pytest.approx(float(residual.max()))}
+    assert float(residual.min()) > 1e-6 and tally.warning("scoring") is None
     # The same budget as a solve to the tolerance: refused, as asked.
     with pytest.raises(NumericalFault, match="fixed point not reached"):
         model(TOKENS, passes=0, max_iter=2)
