@@ -115,7 +115,7 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
     # share "not converged" (before: 100%): there was no tolerance to reach, and no warning.
     residual = output.fixed_point.residual.double()
     assert tally.not_converged == tally.budget == 0 and tally.in_passes == TOKENS.shape[0]
-    assert tally.as_dict() == {"fp_fixed_points": 3, "fp_non_finite": 0, "fp_in_passes": 3,
+    assert tally.as_dict() == {"fp_fixed_points": 3, "fp_non_finite": 0, "fp_in_passes": 3, "fp_passes_per_solve": 2,
                                "fp_last_residual_mean": pytest.approx(float(residual.mean())),
                                "fp_last_residual_max": pytest.approx(float(residual.max()))}
     assert float(residual.min()) > 1e-6 and tally.warning("scoring") is None

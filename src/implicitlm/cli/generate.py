@@ -53,7 +53,7 @@ def add_generate(commands) -> None:
 
 
 def _run_generate(args) -> None:
-    from ..deq import ConvergenceTally
+    from ..deq import ConvergenceTally, warn_not_converged
     from ..tasks.base import convergence_line
     from ..tasks.generation import DEFAULT_MAX_NEW_TOKENS, Decoding, generate_text, read_prompt
 
@@ -75,6 +75,8 @@ def _run_generate(args) -> None:
                   convergence=convergence)
     # Once all is written: a refusal on the way, the --out file's included, stays one line.
     print_device(device, file=sys.stderr)
+    # As an evaluation reports them: a warning where fixed points missed, and what they all came to.
+    warn_not_converged(convergence, "generate")
     line = convergence_line(convergence.as_dict())
     if line is not None:
         print(line, file=sys.stderr)

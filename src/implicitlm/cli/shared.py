@@ -114,7 +114,8 @@ TOLERANCE_FLAGS = ("max_iter", "tol", "solver", "retry_depth", "fail_on_nonconve
 
 def tolerance_flags_given(args, names: tuple[str, ...] = TOLERANCE_FLAGS) -> list[str]:
     """Those of ``names`` the command line gave (the attribute of each, by its name)."""
-    return [name for name in names if getattr(args, name, None) not in (None, False)]
+    # A value of 0 (--retry-depth 0) is given; False is a switch left off.
+    return [name for name in names if getattr(args, name, None) is not None and getattr(args, name) is not False]
 
 
 def refuse_beside_passes(passes: str, given: list[str]) -> None:

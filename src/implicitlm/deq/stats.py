@@ -161,7 +161,7 @@ class ConvergenceTally:
     that none of them counts as stopped above it (a non-finite one is still counted as
     ``non_finite``: a NaN answer is a fault whatever the budget); what they are is their last
     pass's residual (the stop mode's), summed in ``passes_residual``, its largest in
-    ``passes_residual_max``."""
+    ``passes_residual_max``; ``passes``: their K (the largest, were there several)."""
 
     fixed_points: int = 0
     budget: int = 0
@@ -172,6 +172,7 @@ class ConvergenceTally:
     in_passes: int = 0
     passes_residual: float = 0.0
     passes_residual_max: float = 0.0
+    passes: int = 0
 
     def add(self, stats: FixedPointStats) -> None:
         count = stats.iterations.numel()
@@ -179,6 +180,7 @@ class ConvergenceTally:
         self.non_finite += int(stats.non_finite.sum())
         if stats.passes:
             self.in_passes += count
+            self.passes = max(self.passes, stats.passes)
             residual = stats.residual.double()
             finite = residual[torch.isfinite(residual)]
             if finite.numel():
@@ -201,8 +203,8 @@ class ConvergenceTally:
     def as_dict(self) -> dict[str, float]:
         """The figures results and metadata carry (``fp_`` keys, as training logs have them): of
         the solves to the tolerance, the misses, their reasons and the retries (passes per fixed
-        point solved to it); of the solves of exactly K passes, their count and their last pass's
-        residual, mean and largest."""
+        point solved to it); of the solves of exactly K passes, their count, K and their last
+        pass's residual, mean and largest."""
         to_tolerance = self.fixed_points - self.in_passes
         figures: dict[str, float] = {"fp_fixed_points": self.fixed_points}
         if to_tolerance:
@@ -216,7 +218,8 @@ class ConvergenceTally:
         if to_tolerance:
             figures.update(fp_retried=self.retried, fp_retry_passes_mean=self.retry_passes / to_tolerance)
         if self.in_passes:
-            figures.update(fp_in_passes=self.in_passes, fp_last_residual_mean=self.passes_residual / self.in_passes,
+            figures.update(fp_in_passes=self.in_passes, fp_passes_per_solve=self.passes,
+                           fp_last_residual_mean=self.passes_residual / self.in_passes,
                            fp_last_residual_max=self.passes_residual_max)
         return figures
 

@@ -239,7 +239,7 @@ def convergence_line(figures: dict[str, Any]) -> str | None:
         return None
     parts = []
     if "fp_in_passes" in figures:
-        parts.append(f"{figures['fp_in_passes']:,} of exactly K passes, last residual mean "
+        parts.append(f"{figures['fp_in_passes']:,} of exactly {figures['fp_passes_per_solve']} passes, last residual mean "
                      f"{figures['fp_last_residual_mean']:.2e}, max {figures['fp_last_residual_max']:.2e}")
     if "fp_not_converged_share" in figures:
         parts.append(f"not converged {figures['fp_not_converged_share']:.2%} ({figures['fp_stopped_at_budget']:,} at the "
