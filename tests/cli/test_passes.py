@@ -126,6 +126,7 @@ def test_passes_on_an_explicit_model_are_refused_in_one_line(shards, tmp_path, c
     captured = capsys.readouterr()
     assert captured.err.strip() == ("implicitlm: error: --passes 2: an explicit model makes one pass of its stack, "
                                     "there is nothing to iterate")
+    assert captured.out == "" and not (tmp_path / "out" / "lm_length.json").exists()
     assert main(argv) == 0 and "budget: one pass of the stack (an explicit model)" in capsys.readouterr().out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from implicitlm.core.errors import NumericalFault
+from implicitlm.core.errors import NumericalFault, OptionError
 from implicitlm.deq import InitialGuess
 from implicitlm.deq import solver as deq_solver
 
@@ -142,3 +142,16 @@ def test_k_passes_run_no_tracker_and_compute_the_guess_once_per_solve(mode, monk
     tokens = TOKENS.shape[1]
     assert len(guesses) == (tokens if mode == "sequential" else 1)
     assert len(passes) == (3 * tokens if mode == "sequential" else 0)
+
+
+def test_options_refuse_errors_on_nonconvergence_beside_a_budget_of_passes():
+    """Before, held together and the error never raised (a record said "error" of a run that
+    could not stop for it); now refused in one line, and held where the budget is a tolerance."""
+    model = contractive("mamba2")
+    model.set_fixed_point_options(passes=2)
+    with pytest.raises(OptionError, match=r"^nonconvergence='error' stops a run whose solves miss tol; passes=2 holds no "
+                                          r"tolerance to miss: set passes=0 to solve to tol, or nonconvergence='report'$"):
+        model.set_fixed_point_options(nonconvergence="error")
+    assert model.solver.options.nonconvergence == "report" and model.solver.options.passes == 2
+    model.set_fixed_point_options(passes=0, nonconvergence="error")
+    assert model.solver.options.nonconvergence == "error"

@@ -204,7 +204,9 @@ def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kin
     result = evaluate_by_length(
         SquaresTask(tmp_path / "model", kind).solve_with(max_iter=3), mode="sequential", out=tmp_path / "out"
     )
-    assert result["rows"] == [{"length": 2, "square": 4}, {"length": 3, "square": 9}] and result["table"] == "2 4\n3 9"
+    assert result["rows"] == [{"length": 2, "square": 4}, {"length": 3, "square": 9}]
+    # The budget first, as every length table gives it: the task's own table follows.
+    assert result["table"] == "budget: to tolerance 0.001 within 3 passes per solve (as given)\n2 4\n3 9"
     record_file, figure_file = result["files"]
     assert (record_file.name, figure_file.name) == ("squares_length.json", "squares_length.png")
     record = json.loads(record_file.read_text())
@@ -212,6 +214,7 @@ def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kin
     assert record["metrics"] == {"square@3": 9.0} and record["model"]["architecture"] == "mamba2"
     assert record["curves"] == [{"label": "sequential", "x": [2, 3], "y": [4, 9]}] and record["axes"]["y"] == "square"
     assert (record["mode"], record["max_iter"]) == ("sequential", 3)
+    assert record["budget"] == {"max_iter": 3, "tol": 0.001, "passes": 0, "given": True}
     assert figure_file.read_bytes().startswith(b"\x89PNG")
 
 

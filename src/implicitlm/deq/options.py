@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.errors import OptionError
 from ..core.option_names import INITIAL_GUESSES, MAX_EVALUATIONS
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
@@ -51,7 +52,7 @@ class FixedPointOptions(Options):
     its later tokens catch up), but not a hundredfold beyond where it started.
     ``nonconvergence``: "report" (count the samples short of the tolerance in the
     stats) or "error" (raise NumericalFault); evaluation only, since training phases
-    spend tiny budgets on purpose.
+    spend tiny budgets on purpose; refused beside ``passes`` above 0, which holds no tolerance.
     ``simultaneous_solver`` / ``sequential_solver``: the solver of an evaluation in
     simultaneous mode (one fixed point per sequence or chunk) and in sequential mode (one
     per token); empty: ``solver``. Which solver pays differs by mode: an accelerated
@@ -150,6 +151,12 @@ class FixedPointOptions(Options):
         "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
+
+    def check(self) -> None:
+        # Held together, one would be dropped: a budget of K passes has no tolerance to miss.
+        if self.passes and self.nonconvergence == "error":
+            raise OptionError(f"nonconvergence='error' stops a run whose solves miss tol; passes={self.passes} holds no "
+                              "tolerance to miss: set passes=0 to solve to tol, or nonconvergence='report'")
 
     @classmethod
     def check_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:
