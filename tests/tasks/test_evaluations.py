@@ -147,6 +147,16 @@ def test_word_rows_and_tables_give_the_retries_beside_the_passes(depth, retries,
     assert line[3:] == [f"{8 + retries:.1f}", f"{retries:.1f}", "100.00%"]
 
 
+def test_word_rows_of_a_fixed_budget_record_its_passes_and_no_tolerance_budget(tmp_path):
+    """Before, a row of 2 passes a solve recorded the max_iter and tol it never held."""
+    scoring_model(6, "aligned").save_pretrained(tmp_path / "model")
+    task = make_task("words", tmp_path / "model", group="S3", lengths=[8], count=4, seed=2).solve_with(passes=2)
+    result = evaluate_by_length(task, mode="sequential")
+    [row] = result["rows"]
+    assert row["passes"] == 2 and "max_iter" not in row and "tol" not in row and row["fp_passes_mean"] == 2.0
+    assert result["table"].splitlines()[0] == "budget: 2 passes per solve, no tolerance (as given)"
+
+
 def test_the_lm_task_rows_are_perplexity_by_length_rows(catbabi_folder, lm_checkpoint):
     from implicitlm.models import load_model
 
