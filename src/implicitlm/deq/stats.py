@@ -160,8 +160,9 @@ class ConvergenceTally:
     ``in_passes``: the fixed points of solves of exactly K passes, which hold no tolerance, so
     that none of them counts as stopped above it (a non-finite one is still counted as
     ``non_finite``: a NaN answer is a fault whatever the budget); what they are is their last
-    pass's residual (the stop mode's), summed in ``passes_residual``, its largest in
-    ``passes_residual_max``; ``passes``: their K (the largest, were there several)."""
+    pass's residual (the stop mode's), summed over the ``finite_in_passes`` finite ones in
+    ``passes_residual``, its largest in ``passes_residual_max``; ``passes``: their K (the
+    largest, were there several)."""
 
     fixed_points: int = 0
     budget: int = 0
@@ -170,6 +171,7 @@ class ConvergenceTally:
     retried: int = 0
     retry_passes: int = 0
     in_passes: int = 0
+    finite_in_passes: int = 0
     passes_residual: float = 0.0
     passes_residual_max: float = 0.0
     passes: int = 0
@@ -183,6 +185,7 @@ class ConvergenceTally:
             self.passes = max(self.passes, stats.passes)
             residual = stats.residual.double()
             finite = residual[torch.isfinite(residual)]
+            self.finite_in_passes += finite.numel()
             if finite.numel():
                 self.passes_residual += float(finite.sum())
                 self.passes_residual_max = max(self.passes_residual_max, float(finite.max()))
@@ -206,20 +209,14 @@ class ConvergenceTally:
         point solved to it); of the solves of exactly K passes, their count, K and their last
         pass's residual, mean and largest."""
         to_tolerance = self.fixed_points - self.in_passes
-        figures: dict[str, float] = {"fp_fixed_points": self.fixed_points}
+        figures: dict[str, float] = {"fp_fixed_points": self.fixed_points, "fp_non_finite": self.non_finite}
         if to_tolerance:
-            figures.update({
-                "fp_not_converged": self.not_converged,
-                "fp_not_converged_share": self.not_converged_share,
-                "fp_stopped_at_budget": self.budget,
-                "fp_diverged": self.diverged,
-            })
-        figures["fp_non_finite"] = self.non_finite
-        if to_tolerance:
-            figures.update(fp_retried=self.retried, fp_retry_passes_mean=self.retry_passes / to_tolerance)
+            figures.update(fp_not_converged=self.not_converged, fp_not_converged_share=self.not_converged_share,
+                           fp_stopped_at_budget=self.budget, fp_diverged=self.diverged, fp_retried=self.retried,
+                           fp_retry_passes_mean=self.retry_passes / to_tolerance)
         if self.in_passes:
             figures.update(fp_in_passes=self.in_passes, fp_passes_per_solve=self.passes,
-                           fp_last_residual_mean=self.passes_residual / self.in_passes,
+                           fp_last_residual_mean=self.passes_residual / max(1, self.finite_in_passes),
                            fp_last_residual_max=self.passes_residual_max)
         return figures
 

@@ -201,8 +201,8 @@ def _timed(task: Task, model, test_sets: list[Any], mode: str) -> list[dict[str,
 
 
 def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
-    """A line per (test length, passes or explicit model): ``quality``, seconds, the share of
-    answers whose last pass was above the tolerance."""
+    """A line per (test length, passes or explicit model): ``quality``, seconds, the mean
+    residual of the answers' last pass ("-": an explicit model)."""
     width = max(12, len(quality) + 2)
     name_width = max(len("passes"), *(len(str(row["passes"])) for row in rows)) + 2
     lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{missed_header(rows)}"]

@@ -1,8 +1,9 @@
 """The passes of the backbone stack that a forward of ``ImplicitCausalLM`` makes in each mode:
 an explicit model's one pass; an implicit model's fixed point over the whole sequence at once
 (in training with phantom gradients, in evaluation optionally in chunks, retrying the rows
-that missed the tolerance in shorter chunks, ``retry_depth`` times at most) or token by token, as an RNN; or, in an evaluation with
-``passes``, exactly that many passes per solve in either mode (``deq/fixed_passes.py``)."""
+that missed the tolerance in shorter chunks, ``retry_depth`` times at most) or token by
+token, as an RNN; or, in an evaluation with ``passes``, exactly that many passes per solve in
+either mode (``deq/fixed_passes.py``)."""
 
 from __future__ import annotations
 

@@ -250,9 +250,9 @@ def convergence_line(figures: dict[str, Any]) -> str | None:
 
 def budget_line(budget: dict[str, Any]) -> str:
     """``Task.budget``'s budget as a table's first line."""
-    whence = "as given" if budget["given"] else "the checkpoint's default"
     if "implicit" in budget:
         return "budget: one pass of the stack (an explicit model)"
+    whence = "as given" if budget["given"] else "the checkpoint's default"
     if budget.get("passes"):
         return f"budget: {budget['passes']} passes per solve, no tolerance ({whence})"
     within = budget.get("max_iter", "each row's max_iter")
