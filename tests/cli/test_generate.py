@@ -67,10 +67,15 @@ def test_the_fixed_point_flags_reach_the_model(run, capsys, caplog):
     assert (model.solver.options.max_iter, model.solver.options.tol) == (2, 0.5)
     assert model.generation_convergence["fp_fixed_points"] == 4  # the prefill and three decoded tokens
     caplog.clear()
-    code, _, _ = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "4", "--max-iter", "1",
-                          "--tol", "1e-6", "--solver", "anderson", "--chunk-length", "0")
+    code, _, err = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "4", "--max-iter", "1",
+                            "--tol", "1e-6", "--solver", "anderson", "--chunk-length", "0")
     assert code == 0 and "generate: 4 of 4 fixed points (100.00%) stopped above the tolerance: 4 at the budget of passes" \
         in caplog.text
+    # What the fixed points came to, printed as every evaluation prints it (before: nothing).
+    assert err[-1] == ("fixed points: 4; not converged 100.00% (4 at the budget, 0 diverged), 0 retried (0.0 retry "
+                       "passes per fixed point); 0 non-finite")
+    code, _, err = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "4", "--passes", "2")
+    assert code == 0 and err[-1].startswith("fixed points: 4; 4 of exactly 2 passes, last residual mean ")
 
 
 @pytest.mark.slow

@@ -39,7 +39,8 @@ def test_initial_guess_offers_the_options_starts(words, required, monkeypatch):
 def test_a_solver_alone_starts_from_zero_and_an_initial_guess_overrides_it(words, required):
     parser, command = build_parser(), [*words, *required]
     alone = fixed_point_settings(parser.parse_args([*command, "--solver", "anderson"]))
-    assert alone == {"solver": "anderson", "simultaneous_solver": "", "sequential_solver": "",
+    # A solver asks for a solve to the tolerance: passes 0, whatever the checkpoint declares.
+    assert alone == {"passes": 0, "solver": "anderson", "simultaneous_solver": "", "sequential_solver": "",
                      "initial_guess": "zero", **PER_MODE_GUESSES}
     guessed = fixed_point_settings(parser.parse_args([*command, "--solver", "anderson", "--initial-guess", "learned"]))
     assert guessed == {**alone, "initial_guess": "learned"}

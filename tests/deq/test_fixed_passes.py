@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from implicitlm.core.errors import NumericalFault
+from implicitlm.core.errors import NumericalFault, OptionError
 from implicitlm.deq import InitialGuess
 from implicitlm.deq import solver as deq_solver
 
@@ -111,10 +111,14 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
         output = model(TOKENS, passes=2)
     assert len(calls) == 3 * 2 and output.fixed_point.evaluations == 3 * 2
     assert not bool(output.fixed_point.converged.any())
-    # Reports still show how many answers are not yet fixed points, as missing the budget; no
-    # warning says so, since K passes, not a fixed point, were asked for.
-    assert tally.not_converged == tally.budget == tally.in_passes == TOKENS.shape[0]
-    assert tally.as_dict()["fp_not_converged_share"] == 1.0 and tally.warning("scoring") is None
+    # Reports give the budget for what it is, K passes and their last pass's residual, never a
+    # share "not converged" (before: 100%): there was no tolerance to reach, and no warning.
+    residual = output.fixed_point.residual.double()
+    assert tally.not_converged == tally.budget == 0 and tally.in_passes == TOKENS.shape[0]
+    assert tally.as_dict() == {"fp_fixed_points": 3, "fp_non_finite": 0, "fp_in_passes": 3, "fp_passes_per_solve": 2,
+                               "fp_last_residual_mean": pytest.approx(float(residual.mean())),
+                               "fp_last_residual_max": pytest.approx(float(residual.max()))}
+    assert float(residual.min()) > 1e-6 and tally.warning("scoring") is None
     # The same budget as a solve to the tolerance: refused, as asked.
     with pytest.raises(NumericalFault, match="fixed point not reached"):
         model(TOKENS, passes=0, max_iter=2)
@@ -138,3 +142,16 @@ def test_k_passes_run_no_tracker_and_compute_the_guess_once_per_solve(mode, monk
     tokens = TOKENS.shape[1]
     assert len(guesses) == (tokens if mode == "sequential" else 1)
     assert len(passes) == (3 * tokens if mode == "sequential" else 0)
+
+
+def test_options_refuse_errors_on_nonconvergence_beside_a_budget_of_passes():
+    """Before, held together and the error never raised (a record said "error" of a run that
+    could not stop for it); now refused in one line, and held where the budget is a tolerance."""
+    model = contractive("mamba2")
+    model.set_fixed_point_options(passes=2)
+    with pytest.raises(OptionError, match=r"^nonconvergence='error' stops a run whose solves miss tol; passes=2 holds no "
+                                          r"tolerance to miss: set passes=0 to solve to tol, or nonconvergence='report'$"):
+        model.set_fixed_point_options(nonconvergence="error")
+    assert model.solver.options.nonconvergence == "report" and model.solver.options.passes == 2
+    model.set_fixed_point_options(passes=0, nonconvergence="error")
+    assert model.solver.options.nonconvergence == "error"

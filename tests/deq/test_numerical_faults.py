@@ -269,7 +269,8 @@ def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such()
     assert missed.any() and not stats.diverged.any() and (stats.iterations[missed] == 60).all()
     assert tally.as_dict() == {
         "fp_fixed_points": 15, "fp_not_converged": int(missed.sum()), "fp_not_converged_share": int(missed.sum()) / 15,
-        "fp_stopped_at_budget": int(missed.sum()), "fp_diverged": 0, "fp_non_finite": 0,
+        "fp_stopped_at_budget": int(missed.sum()), "fp_diverged": 0, "fp_non_finite": 0, "fp_retried": 0,
+        "fp_retry_passes_mean": 0.0,
     }
     model.set_fixed_point_options(nonconvergence="error")
     expected = rf"{int(missed.sum())} of 15 tokens: {int(missed.sum())} hit the budget of 60 passes, 0 diverged"
@@ -342,7 +343,8 @@ def test_the_tally_counts_each_fixed_point_under_one_reason():
     tally.add(stats)
     tally.add(stats)
     assert tally.as_dict() == {"fp_fixed_points": 8, "fp_not_converged": 6, "fp_not_converged_share": 0.75,
-                               "fp_stopped_at_budget": 2, "fp_diverged": 2, "fp_non_finite": 2}
+                               "fp_stopped_at_budget": 2, "fp_diverged": 2, "fp_non_finite": 2, "fp_retried": 0,
+                               "fp_retry_passes_mean": 0.0}
     assert tally.warning("words") == ("words: 6 of 8 fixed points (75.00%) stopped above the tolerance: "
                                       "2 at the budget of passes, 2 diverged, 2 non-finite")
 

@@ -36,8 +36,11 @@ def budget(capsys, shards, implicit, out, *flags: str) -> tuple[int, list[str]]:
 
 def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards, tmp_path, capsys):
     implicit, explicit = pair
-    code, _ = budget(capsys, shards, implicit, tmp_path / "out", "--passes", "1,2,3", "--explicit", str(explicit))
+    code = main(["eval", "budget", "--task", "lm", str(implicit), "--data", str(shards), "--lengths", "8",
+                 "--max-tokens", "64", "--no-progress", "--out", str(tmp_path / "out"), "--passes", "1,2,3",
+                 "--explicit", str(explicit)])
     assert code == 0
+    table = capsys.readouterr().out.splitlines()
     record = json.loads((tmp_path / "out" / "lm_budget_passes.json").read_text())
     assert (tmp_path / "out" / "lm_budget_passes.png").stat().st_size > 0
     rows = record["rows"]
@@ -49,6 +52,9 @@ def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards
     assert record["curves"] == [{"label": "length 8", "x": [1, 2, 3], "y": [row["perplexity"] for row in rows]}]
     assert record["metrics"]["seconds L8 explicit"] == twin["seconds"]
     assert (tmp_path / "out" / "lm_budget_passes_time.png").stat().st_size > 0
+    # Each K's answers by their last pass's residual, no share of misses of a tolerance no K holds.
+    assert table[1].split()[-2:] == ["last", "residual"] and all("%" not in line for line in table)
+    assert [line.split()[-1] for line in table[2:6]] == [f"{row['fp_last_residual_mean']:.2e}" for row in rows] + ["-"]
 
 
 def test_the_time_figure_puts_each_k_and_each_explicit_model_at_its_seconds():
@@ -72,7 +78,12 @@ def test_a_passes_sweep_refuses_a_time_figure_already_there(pair, shards, tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--explicit", "x"], "--explicit is drawn beside a sweep of --passes: give --passes"),
-    (["--passes", "1,2", "--max-iter", "4"], "--passes sweeps solves of a fixed K, --max-iter and --tol solves to a tolerance: give one"),
+    (["--passes", "1,2", "--max-iter", "4"], "--passes (a sweep of fixed budgets) holds no tolerance to solve to, retry "
+                                             "or miss: --max-iter is for a solve to the tolerance (--passes 0); give one "
+                                             "or the other"),
+    (["--passes", "1,2", "--tol", "1e-3", "--fail-on-nonconvergence"],
+     "--passes (a sweep of fixed budgets) holds no tolerance to solve to, retry or miss: --tol, "
+     "--fail-on-nonconvergence are for a solve to the tolerance (--passes 0)"),
     (["--passes", "0,2"], "argument --passes: expected comma-separated numbers of passes of 1 to 10000"),
 ])
 def test_a_passes_sweep_mixed_with_a_tolerance_sweep_is_refused_in_one_line(pair, shards, tmp_path, capsys, flags,

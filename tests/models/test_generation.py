@@ -418,3 +418,21 @@ def test_a_chunked_solve_fails_on_nonconvergence_only_after_its_retries():
         with pytest.raises(NumericalFault, match="budget of 3"):  # single tokens miss too: retried, then refused
             model(ids, chunk_length=4, max_iter=3, tol=1e-6)
 
+
+
+@pytest.mark.parametrize("depth, budgets", [(0, 1), (1, 3), (2, 7), (None, 15)])
+def test_retries_are_bounded_by_the_retry_depth_and_counted_apart(depth, budgets):
+    """Every piece misses a tolerance no 3 passes reach: each level of retries halves the chunk
+    and spends the budget on every piece, and ``retry_depth`` bounds the levels (default 3: a
+    chunk of 16 stops at pieces of 2, 15 budgets; before, single tokens: 31, unbounded by any
+    option). The retries' passes are counted apart, per sample and in the tally."""
+    model = make_model("llama", True)
+    with_stack(model, LinearChainStack(model.config.hidden_size, a=0.5, b=0.4))
+    if depth is not None:
+        model.set_fixed_point_options(retry_depth=depth)
+    ids = tokens(2, 16, seed=24)
+    with torch.no_grad(), model.track_convergence() as tally:
+        stats = model(ids, chunk_length=16, max_iter=3, tol=1e-12).fixed_point
+    assert stats.iterations.tolist() == [3 * budgets] * 2 and stats.retried.tolist() == [3 * budgets - 3] * 2
+    figures = tally.as_dict()
+    assert figures["fp_retried"] == (2 if budgets > 1 else 0) and figures["fp_retry_passes_mean"] == 3 * budgets - 3

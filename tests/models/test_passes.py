@@ -14,6 +14,7 @@ from implicitlm.core.file_digests import write_model_digests
 from implicitlm.models import load_model
 
 from tests.support.learned_solver import TOKENS, contractive
+from tests.support.models import family_model
 
 
 def counted_steps(model) -> list[int]:
@@ -84,3 +85,25 @@ def test_a_calls_passes_outside_the_rule_is_refused_naming_it(passes):
         model(TOKENS, passes=passes)
     with pytest.raises(OptionError, match="fixed-point option 'passes' must be"):
         model.set_fixed_point_options(passes=passes)
+
+
+def test_a_training_forward_refuses_passes_it_cannot_honour():
+    """A training forward runs the curriculum's no-grad solve and phantom steps: a budget of K
+    passes there is refused in one line (before, dropped: the same loss for 1 and 50)."""
+    model = contractive("mamba2").train()
+    for passes in (1, 50):
+        with pytest.raises(OptionError, match=rf"passes={passes} is an inference budget: .*model.eval\(\)"):
+            model(TOKENS, labels=TOKENS, passes=passes)
+    # Solving to the tolerance is what training does: passes 0 asks for nothing else.
+    assert torch.equal(model(TOKENS, labels=TOKENS, passes=0).loss, model(TOKENS, labels=TOKENS).loss)
+
+
+def test_an_explicit_model_refuses_passes_it_has_none_of():
+    """An explicit model makes one pass: K passes asked of it, per call or as its option, are
+    refused in one line (before, ignored)."""
+    model = family_model("mamba2", False, 64)
+    with pytest.raises(OptionError, match="passes=2: an explicit model makes one pass of its stack"):
+        model(TOKENS, passes=2)
+    with pytest.raises(OptionError, match="passes=3: an explicit model makes one pass of its stack"):
+        model.set_fixed_point_options(passes=3)
+    assert model.solver.options.passes == 0 and model(TOKENS, passes=0).logits.shape == (3, 12, 64)

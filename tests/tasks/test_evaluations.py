@@ -105,7 +105,14 @@ def test_a_budget_sweep_and_an_lm_convergence_report_have_one_spelling(shortcut,
 def test_catbabi_eval_prints_and_writes_what_eval_length_task_catbabi_does(capsys, tmp_path, catbabi_folder, lm_checkpoint):
     options = [str(lm_checkpoint), "--data", str(catbabi_folder), "--sequence-length", "16", "--max-iter", "3"]
     records = assert_same(capsys, tmp_path, ["catbabi", "eval", *options], ["eval", "length", "--task", "catbabi", *options])
-    assert records["catbabi.json"]["answers"] == 6 and records["catbabi.json"]["sequence_length"] == 16
+    record = records["catbabi.json"]
+    assert record["answers"] == 6 and record["sequence_length"] == 16
+    # The budget and what the fixed points came to, printed as every evaluation prints them (before: neither).
+    assert record["budget"] == {"max_iter": 3, "tol": record["tol"], "passes": 0, "given": True}
+    printed = outputs(capsys, tmp_path, "printed", ["catbabi", "eval", *options])[1].splitlines()
+    assert printed[1] == f"budget: to tolerance {record['tol']:g} within 3 passes per solve (as given)"
+    assert printed[-2].startswith(f"fixed points: {record['windows']}; not converged ")
+    assert printed[-2].endswith(" non-finite") and " retried " in printed[-2]
 
 
 def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
@@ -116,7 +123,38 @@ def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
     expected = [word_accuracy(model, *held_out_words("S3", n, 8, seed=2), mode="sequential", max_iter=3, batch_size=4)
                 for n in (6, 12)]
     assert result["rows"] == expected and result["files"] is None
-    assert result["table"].splitlines()[0].split() == ["length", "last10", "all", "passes", "not", "converged"]
+    assert result["table"].splitlines()[:2] == [
+        "budget: to tolerance 0.001 within 3 passes per solve (as given)",
+        f"{'length':>8}{'last10':>9}{'all':>9}{'passes':>10}{'retries':>9}{'not converged':>15}"]
+
+
+@pytest.mark.parametrize("depth, retries", [(None, 48), (1, 16), (0, 0)])
+def test_word_rows_and_tables_give_the_retries_beside_the_passes(depth, retries, tmp_path):
+    """A words evaluation in chunks of 4 whose every piece misses the tolerance: each chunk's
+    rows are solved again at 2 tokens, then at 1 (the default depth, 3, reaches single tokens),
+    14 budgets of 2 passes a chunk in all, 12 of them retries; the rows and the table give
+    those passes apart (before: 56 passes a word and no word of retries), and retry_depth
+    bounds them."""
+    model = scoring_model(6, "aligned")
+    model.save_pretrained(tmp_path / "model")
+    task = make_task("words", tmp_path / "model", group="S3", lengths=[16], count=4, seed=2)
+    task.solve_with(max_iter=2, tol=1e-9, chunk_length=4, **({} if depth is None else {"retry_depth": depth}))
+    result = evaluate_by_length(task)
+    [row] = result["rows"]
+    assert row["fp_passes_mean"] == 4 * 2 + retries and row["fp_retry_passes_mean"] == retries
+    assert row["fp_retried"] == (4 if retries else 0) and row["fp_not_converged"] == 4
+    line = result["table"].splitlines()[-1].split()
+    assert line[3:] == [f"{8 + retries:.1f}", f"{retries:.1f}", "100.00%"]
+
+
+def test_word_rows_of_a_fixed_budget_record_its_passes_and_no_tolerance_budget(tmp_path):
+    """Before, a row of 2 passes a solve recorded the max_iter and tol it never held."""
+    scoring_model(6, "aligned").save_pretrained(tmp_path / "model")
+    task = make_task("words", tmp_path / "model", group="S3", lengths=[8], count=4, seed=2).solve_with(passes=2)
+    result = evaluate_by_length(task, mode="sequential")
+    [row] = result["rows"]
+    assert row["passes"] == 2 and "max_iter" not in row and "tol" not in row and row["fp_passes_mean"] == 2.0
+    assert result["table"].splitlines()[0] == "budget: 2 passes per solve, no tolerance (as given)"
 
 
 def test_the_lm_task_rows_are_perplexity_by_length_rows(catbabi_folder, lm_checkpoint):
@@ -176,7 +214,9 @@ def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kin
     result = evaluate_by_length(
         SquaresTask(tmp_path / "model", kind).solve_with(max_iter=3), mode="sequential", out=tmp_path / "out"
     )
-    assert result["rows"] == [{"length": 2, "square": 4}, {"length": 3, "square": 9}] and result["table"] == "2 4\n3 9"
+    assert result["rows"] == [{"length": 2, "square": 4}, {"length": 3, "square": 9}]
+    # The budget first, as every length table gives it: the task's own table follows.
+    assert result["table"] == "budget: to tolerance 0.001 within 3 passes per solve (as given)\n2 4\n3 9"
     record_file, figure_file = result["files"]
     assert (record_file.name, figure_file.name) == ("squares_length.json", "squares_length.png")
     record = json.loads(record_file.read_text())
@@ -184,6 +224,7 @@ def test_a_task_s_own_record_and_figure_are_written_by_the_length_evaluation(kin
     assert record["metrics"] == {"square@3": 9.0} and record["model"]["architecture"] == "mamba2"
     assert record["curves"] == [{"label": "sequential", "x": [2, 3], "y": [4, 9]}] and record["axes"]["y"] == "square"
     assert (record["mode"], record["max_iter"]) == ("sequential", 3)
+    assert record["budget"] == {"max_iter": 3, "tol": 0.001, "passes": 0, "given": True}
     assert figure_file.read_bytes().startswith(b"\x89PNG")
 
 

@@ -11,7 +11,7 @@ from .arguments import (
 )
 from .shared import (
     add_budget_options, add_device_option, add_dtype_option, add_solver_flags, check_model_paths, device_in_use,
-    fixed_point_settings, print_device,
+    fixed_point_settings, print_device, refuse_beside_passes, tolerance_flags_given,
 )
 
 TASKS = ("words", "lm", "catbabi")
@@ -115,9 +115,9 @@ def _check_budget(args) -> None:
 
     if args.swept_passes is None and args.explicit:
         raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
-    if args.swept_passes is not None and (args.swept_max_iter or args.swept_tol):
-        raise OptionError("passes sweeps solves of a fixed K, max_iter and tol solves to a tolerance: give "
-                          "one", arguments=("passes", "max_iter", "tol"))
+    if args.swept_passes is not None:
+        swept = [name for name, values in (("max_iter", args.swept_max_iter), ("tol", args.swept_tol)) if values]
+        refuse_beside_passes("passes (a sweep of fixed budgets)", swept + tolerance_flags_given(args))
     check_model_paths(args)
 
 

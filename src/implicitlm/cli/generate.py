@@ -53,6 +53,8 @@ def add_generate(commands) -> None:
 
 
 def _run_generate(args) -> None:
+    from ..deq import ConvergenceTally, warn_not_converged
+    from ..tasks.base import convergence_line
     from ..tasks.generation import DEFAULT_MAX_NEW_TOKENS, Decoding, generate_text, read_prompt
 
     prompt = args.prompt if args.prompt is not None else read_prompt(args.prompt_file)
@@ -66,8 +68,15 @@ def _run_generate(args) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    convergence = ConvergenceTally()
     generate_text(args.checkpoint, prompt, decoding, tokenizer=args.tokenizer, mode=args.mode,
                   fixed_point=fixed_point_settings(args), dtype=args.dtype, device=device, on_text=show,
-                  out=args.out, overwrite=args.overwrite, echo_prompt=True, cuda_graphs=False if args.eager else None)
+                  out=args.out, overwrite=args.overwrite, echo_prompt=True, cuda_graphs=False if args.eager else None,
+                  convergence=convergence)
     # Once all is written: a refusal on the way, the --out file's included, stays one line.
     print_device(device, file=sys.stderr)
+    # As an evaluation reports them: a warning where fixed points missed, and what they all came to.
+    warn_not_converged(convergence, "generate")
+    line = convergence_line(convergence.as_dict())
+    if line is not None:
+        print(line, file=sys.stderr)

@@ -21,8 +21,9 @@ def add_budget_options(p, passes: bool = True) -> None:
     if passes:
         p.add_argument("--passes", type=pass_budget, default=None,
                        help="exactly this many passes per solve, from the learned guess where the model uses one, no "
-                            "tolerance and no retries (0: solve to --tol; default: the model's passes, 0 where "
-                            "--max-iter or --tol is given)")
+                            "tolerance and no retries (0: solve to --tol; default: the model's passes, 0 where a flag "
+                            "of a solve to the tolerance is given: --max-iter, --tol, --solver, --retry-depth, "
+                            "--fail-on-nonconvergence, each refused beside a --passes above 0)")
 
 
 def add_dtype_option(p) -> None:
@@ -56,6 +57,10 @@ def add_solver_flags(p) -> None:
     p.add_argument("--chunk-length", type=non_negative_int, default=None,
                    help="simultaneous mode solves in chunks of this many tokens, carrying the state "
                         "(0: the whole sequence; default: the model's chunk_length, its training length)")
+    p.add_argument("--retry-depth", type=non_negative_int, default=None,
+                   help="a chunk's rows that miss the tolerance are solved again in chunks of half the length, at most "
+                        "this many times over (0: never; default: the model's retry_depth, 3: at most 14 times a "
+                        "chunk's budget more)")
     from ..core.option_names import INITIAL_GUESSES  # deq.options' own, without torch
 
     p.add_argument("--solver", default=None,
@@ -71,15 +76,22 @@ def fixed_point_settings(args) -> dict[str, Any]:
     """The fixed-point flags given (``add_budget_options``, ``add_solver_flags``), as the
     ``FixedPointOptions`` fields they set on the model: the flag ``--max-iter`` is the field
     ``max_iter``. A budget or solver given holds in both modes, so it clears the per-mode one;
-    a ``--max-iter`` or ``--tol`` asks for a solve to the tolerance, unless ``--passes`` is given;
-    a ``--solver`` starts from z = 0, unless ``--initial-guess`` says otherwise."""
-    settings: dict[str, Any] = {}
+    a flag of a solve to the tolerance (``TOLERANCE_FLAGS``) asks for one, passes 0, and beside
+    a ``--passes`` above 0 is refused: it would be dropped, a budget of K passes holding no
+    tolerance; a ``--solver`` starts from z = 0, unless ``--initial-guess`` says otherwise."""
+    given = tolerance_flags_given(args)
+    passes = getattr(args, "passes", None)
+    if passes:
+        refuse_beside_passes(f"passes={passes}", given)
+    settings: dict[str, Any] = {"passes": 0} if given else {}
     if getattr(args, "max_iter", None) is not None:
-        settings.update(max_iter=args.max_iter, simultaneous_max_iter=0, passes=0)
+        settings.update(max_iter=args.max_iter, simultaneous_max_iter=0)
     if getattr(args, "tol", None) is not None:
-        settings.update(tol=args.tol, passes=0)
-    if getattr(args, "passes", None) is not None:
-        settings["passes"] = args.passes
+        settings["tol"] = args.tol
+    if passes is not None:
+        settings["passes"] = passes
+    if getattr(args, "retry_depth", None) is not None:
+        settings["retry_depth"] = args.retry_depth
     if getattr(args, "chunk_length", None) is not None:
         settings["chunk_length"] = args.chunk_length
     if getattr(args, "solver", None) is not None:
@@ -93,6 +105,29 @@ def fixed_point_settings(args) -> dict[str, Any]:
     if getattr(args, "fail_on_nonconvergence", False):
         settings["nonconvergence"] = "error"
     return settings
+
+
+# The flags of a solve to the tolerance, as the library names them: what a budget of K passes
+# has no use for (no tolerance to solve to, to retry or to miss).
+TOLERANCE_FLAGS = ("max_iter", "tol", "solver", "retry_depth", "fail_on_nonconvergence")
+
+
+def tolerance_flags_given(args, names: tuple[str, ...] = TOLERANCE_FLAGS) -> list[str]:
+    """Those of ``names`` the command line gave (the attribute of each, by its name)."""
+    # A value of 0 (--retry-depth 0) is given; False is a switch left off.
+    return [name for name in names if getattr(args, name, None) is not None and getattr(args, name) is not False]
+
+
+def refuse_beside_passes(passes: str, given: list[str]) -> None:
+    """Refuse, in one line, flags of a solve to the tolerance (``given``) beside a budget of
+    passes (``passes``, as the message names it: ``passes=2``)."""
+    from ..core.errors import OptionError
+
+    if given:
+        raise OptionError(
+            f"{passes} holds no tolerance to solve to, retry or miss: {', '.join(given)} "
+            f"{'is' if len(given) == 1 else 'are'} for a solve to the tolerance (passes=0); give one or the other",
+            arguments=("passes", *given))
 
 
 def check_model_paths(args) -> None:

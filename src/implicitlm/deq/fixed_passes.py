@@ -8,11 +8,10 @@ recurrence carries on is the last pass's, the one that gave the answer.
 
 The stats still say how far from a fixed point the answer is: the residual of the last step,
 ``|z_K - z_(K-1)|`` (relative to ``|z_K|`` in "rel" stop mode), read off the last two
-iterates once the solve is done, with no further evaluation. A fixed point whose last step
-is above the tolerance counts as not converged (``FixedPointStats.converged``), so reports
-show the share of answers that are not yet fixed points; under ``passes`` that share is a
-measure of the budget, never a failure: nothing is retried, ``nonconvergence="error"``
-does not raise and no warning is logged (``ConvergenceTally.in_passes``).
+iterates once the solve is done, with no further evaluation. A fixed budget holds no
+tolerance, so reports give that residual for what it is (``ConvergenceTally.in_passes``), never
+a share "not converged": nothing is retried, nothing raises for it and no warning is logged
+(a non-finite answer is still counted as one).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.errors import OptionError
 from ..core.option_names import INITIAL_GUESSES, MAX_EVALUATIONS
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
@@ -51,7 +52,7 @@ class FixedPointOptions(Options):
     its later tokens catch up), but not a hundredfold beyond where it started.
     ``nonconvergence``: "report" (count the samples short of the tolerance in the
     stats) or "error" (raise NumericalFault); evaluation only, since training phases
-    spend tiny budgets on purpose.
+    spend tiny budgets on purpose; refused beside ``passes`` above 0, which holds no tolerance.
     ``simultaneous_solver`` / ``sequential_solver``: the solver of an evaluation in
     simultaneous mode (one fixed point per sequence or chunk) and in sequential mode (one
     per token); empty: ``solver``. Which solver pays differs by mode: an accelerated
@@ -72,6 +73,10 @@ class FixedPointOptions(Options):
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
     to the tolerance; the cost is not: a whole-sequence solve needs about as many
     iterations as the sequence has tokens, and re-solves settled tokens in every one.
+    ``retry_depth``: a chunk's rows that missed the tolerance are solved again in chunks of
+    half its length, those that miss again at half that, at most this many times (down to
+    single tokens at most; 0: never): each level may spend the budget once per piece, so a
+    chunk's retries cost at most ``2^(depth+1) - 2`` times its budget (3: 14 times).
     ``passes``: an inference budget of exactly this many evaluations per solve instead of a
     tolerance (the test-time compute a checkpoint ships for): plain iteration z <- f(z) from
     the start ``initial_guess`` says, in both modes, never checked nor retried
@@ -101,6 +106,7 @@ class FixedPointOptions(Options):
     simultaneous_initial_guess: str = ""
     sequential_initial_guess: str = ""
     passes: int = 0
+    retry_depth: int = 3
 
     WHAT = "fixed-point option"
     FIELD_RULES = {
@@ -109,7 +115,8 @@ class FixedPointOptions(Options):
         "initial_guess": one_of(*INITIAL_GUESSES), "simultaneous_initial_guess": one_of("", *INITIAL_GUESSES),
         "sequential_initial_guess": one_of("", *INITIAL_GUESSES),
         "train_max_iter": evaluations(0), "max_iter": evaluations(1), "simultaneous_max_iter": evaluations(0), "phantom_steps": evaluations(1),
-        "unroll_steps": evaluations(0), "passes": evaluations(0), "divergence_patience": at_least(0), "chunk_length": at_least(0),
+        "unroll_steps": evaluations(0), "passes": evaluations(0), "retry_depth": at_least(0),
+        "divergence_patience": at_least(0), "chunk_length": at_least(0),
         "train_tol": POSITIVE, "tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
         "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
     }
@@ -139,9 +146,17 @@ class FixedPointOptions(Options):
         "sequential_initial_guess": "inference in sequential (RNN) mode: initial_guess (empty: initial_guess)",
         "passes": "inference: exactly this many passes (evaluations of the map) per solve, plain iteration from the start "
                   "initial_guess says, no tolerance and no retries (0: solve to tol within max_iter)",
+        "retry_depth": "inference in chunks: how many times the rows that missed the tolerance are solved again in "
+                       "chunks of half the length (0: never; each level may spend the budget once per piece)",
         "chunk_length": "inference: simultaneous mode solves in chunks of this many tokens, carrying the state "
                              "(0: the whole sequence at once; the trainer sets its training length)",
     }
+
+    def check(self) -> None:
+        # Held together, one would be dropped: a budget of K passes has no tolerance to miss.
+        if self.passes and self.nonconvergence == "error":
+            raise OptionError(f"nonconvergence='error' stops a run whose solves miss tol; passes={self.passes} holds no "
+                              "tolerance to miss: set passes=0 to solve to tol, or nonconvergence='report'")
 
     @classmethod
     def check_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:

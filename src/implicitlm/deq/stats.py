@@ -35,6 +35,8 @@ class FixedPointStats:
     ``passes``: K for a solve of exactly K passes (``deq/fixed_passes.py``), whose residual is
     its last pass's step and whose samples above the tolerance are answers short of a fixed
     point by design, not failures; 0: a solve to the tolerance.
+    ``retry_iterations``: of each sample's ``iterations``, those spent solving it again after
+    it missed the tolerance (a chunk's rows re-solved in shorter chunks; None: none).
     """
 
     iterations: torch.Tensor
@@ -49,6 +51,12 @@ class FixedPointStats:
     solver: str
     jacobian_penalty: torch.Tensor | None = None
     passes: int = 0
+    retry_iterations: torch.Tensor | None = None
+
+    @property
+    def retried(self) -> torch.Tensor:
+        """Each sample's passes spent in retries (``retry_iterations``, zeros where none)."""
+        return torch.zeros_like(self.iterations) if self.retry_iterations is None else self.retry_iterations
 
     @property
     def residual(self) -> torch.Tensor:
@@ -113,6 +121,8 @@ def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:
         stop_mode=first.stop_mode,
         solver=first.solver,
         passes=first.passes,
+        retry_iterations=None if all(c.retry_iterations is None for c in chunks) else
+        torch.stack([c.retried for c in chunks]).sum(dim=0),
     )
 
 
@@ -121,13 +131,14 @@ def with_retried_rows(
 ) -> FixedPointStats:
     """``stats`` after samples ``rows`` were solved again (``retry``, of those rows only):
     where ``taken`` (a mask over ``rows``), their outcome is the retry's; their iterations,
-    and the evaluations, add up both solves."""
+    and the evaluations, add up both solves, the retry's iterations counted as retries too."""
     def replaced(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
         return mine.index_copy(0, rows[taken], theirs[taken].to(mine.dtype))
 
     return dataclasses.replace(
         stats,
         iterations=stats.iterations.index_add(0, rows, retry.iterations.to(stats.iterations.dtype)),
+        retry_iterations=stats.retried.index_add(0, rows, retry.iterations.to(stats.iterations.dtype)),
         abs_residual=replaced(stats.abs_residual, retry.abs_residual),
         rel_residual=replaced(stats.rel_residual, retry.rel_residual),
         diverged=replaced(stats.diverged, retry.diverged),
@@ -139,32 +150,50 @@ def with_retried_rows(
 
 @dataclass(eq=False)  # compared by identity: the model keeps a list of the tallies open
 class ConvergenceTally:
-    """How many fixed points, over any number of solves, stopped above the tolerance, and why.
+    """What the fixed points of any number of solves came to.
 
-    A fixed point is a sample's in simultaneous mode and a token's in sequential mode.
-    The reasons are exclusive: ``non_finite`` (an image was NaN or infinite),
-    ``diverged`` (given up as running away, all images finite), ``budget`` (the budget
-    spent short of the tolerance). ``in_passes``: the fixed points of solves of exactly K
-    passes, and ``missed_in_passes`` those of them above the tolerance (their last pass still
-    moved them by more): counted in the share as stopped at the budget, which they were, but
-    not warned about, since the caller asked for K passes and not for a fixed point."""
+    A fixed point is a sample's in simultaneous mode and a token's in sequential mode. Those of
+    solves to the tolerance that stopped above it, for reasons that exclude each other:
+    ``non_finite`` (an image was NaN or infinite), ``diverged`` (given up as running away, all
+    images finite), ``budget`` (the budget spent short of the tolerance); ``retried``: those
+    solved again after missing it, and ``retry_passes`` the passes the retries spent.
+    ``in_passes``: the fixed points of solves of exactly K passes, which hold no tolerance, so
+    that none of them counts as stopped above it (a non-finite one is still counted as
+    ``non_finite``: a NaN answer is a fault whatever the budget); what they are is their last
+    pass's residual (the stop mode's), summed over the ``finite_in_passes`` finite ones in
+    ``passes_residual``, its largest in ``passes_residual_max``; ``passes``: their K (the
+    largest, were there several)."""
 
     fixed_points: int = 0
     budget: int = 0
     diverged: int = 0
     non_finite: int = 0
+    retried: int = 0
+    retry_passes: int = 0
     in_passes: int = 0
-    missed_in_passes: int = 0
+    finite_in_passes: int = 0
+    passes_residual: float = 0.0
+    passes_residual_max: float = 0.0
+    passes: int = 0
 
     def add(self, stats: FixedPointStats) -> None:
-        missed_before = self.not_converged
-        self.fixed_points += stats.iterations.numel()
+        count = stats.iterations.numel()
+        self.fixed_points += count
         self.non_finite += int(stats.non_finite.sum())
+        if stats.passes:
+            self.in_passes += count
+            self.passes = max(self.passes, stats.passes)
+            residual = stats.residual.double()
+            finite = residual[torch.isfinite(residual)]
+            self.finite_in_passes += finite.numel()
+            if finite.numel():
+                self.passes_residual += float(finite.sum())
+                self.passes_residual_max = max(self.passes_residual_max, float(finite.max()))
+            return
         self.diverged += int((stats.diverged & ~stats.non_finite).sum())
         self.budget += int((stats.unconverged & ~stats.non_finite).sum())
-        if stats.passes:
-            self.in_passes += stats.iterations.numel()
-            self.missed_in_passes += self.not_converged - missed_before
+        self.retried += int((stats.retried > 0).sum())
+        self.retry_passes += int(stats.retried.sum())
 
     @property
     def not_converged(self) -> int:
@@ -175,21 +204,26 @@ class ConvergenceTally:
         return self.not_converged / self.fixed_points if self.fixed_points else 0.0
 
     def as_dict(self) -> dict[str, float]:
-        """The figures results and metadata carry (``fp_`` keys, as training logs have them)."""
-        return {
-            "fp_fixed_points": self.fixed_points,
-            "fp_not_converged": self.not_converged,
-            "fp_not_converged_share": self.not_converged_share,
-            "fp_stopped_at_budget": self.budget,
-            "fp_diverged": self.diverged,
-            "fp_non_finite": self.non_finite,
-            **({"fp_in_passes": self.in_passes} if self.in_passes else {}),
-        }
+        """The figures results and metadata carry (``fp_`` keys, as training logs have them): of
+        the solves to the tolerance, the misses, their reasons and the retries (passes per fixed
+        point solved to it); of the solves of exactly K passes, their count, K and their last
+        pass's residual, mean and largest."""
+        to_tolerance = self.fixed_points - self.in_passes
+        figures: dict[str, float] = {"fp_fixed_points": self.fixed_points, "fp_non_finite": self.non_finite}
+        if to_tolerance:
+            figures.update(fp_not_converged=self.not_converged, fp_not_converged_share=self.not_converged_share,
+                           fp_stopped_at_budget=self.budget, fp_diverged=self.diverged, fp_retried=self.retried,
+                           fp_retry_passes_mean=self.retry_passes / to_tolerance)
+        if self.in_passes:
+            figures.update(fp_in_passes=self.in_passes, fp_passes_per_solve=self.passes,
+                           fp_last_residual_mean=self.passes_residual / max(1, self.finite_in_passes),
+                           fp_last_residual_max=self.passes_residual_max)
+        return figures
 
     def warning(self, what: str) -> str | None:
-        """One line saying what stopped above the tolerance in ``what``; None if nothing did
-        but answers of solves of exactly K passes."""
-        if self.not_converged == self.missed_in_passes:
+        """One line saying what stopped above the tolerance in ``what`` (or was not finite); None
+        if nothing did."""
+        if not self.not_converged:
             return None
         return (
             f"{what}: {self.not_converged} of {self.fixed_points} fixed points ({self.not_converged_share:.2%}) "

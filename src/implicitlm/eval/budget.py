@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
-from ..tasks.base import Task, missed_cell
+from ..tasks.base import Task, missed_cell, missed_header, retries_cell
 from .plots import plot_curves
 from .records import claimed_outputs, claimed_records, make_record, record_files, write_record
 
@@ -214,11 +214,11 @@ def _timed(task: Task, model, test_sets: list[Any], mode: str) -> list[dict[str,
 
 
 def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
-    """A line per (test length, passes or explicit model): ``quality``, seconds, the share of
-    answers whose last pass was above the tolerance."""
+    """A line per (test length, passes or explicit model): ``quality``, seconds, the mean
+    residual of the answers' last pass ("-": an explicit model)."""
     width = max(12, len(quality) + 2)
     name_width = max(len("passes"), *(len(str(row["passes"])) for row in rows)) + 2
-    lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{'not converged':>15}"]
+    lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{missed_header(rows)}"]
     for row in rows:
         lines.append(f"{row['length']:>8}{str(row['passes']):>{name_width}}{row[quality]:>{width}.4f}{row['seconds']:>10.2f}"
                      f"{missed_cell(row)}")
@@ -226,11 +226,14 @@ def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
 
 
 def format_budget_table(rows: list[dict[str, Any]], quality: str) -> str:
-    """A line per (test length, tolerance, budget): ``quality``, the passes used, the misses."""
+    """A line per (test length, tolerance, budget): ``quality``, the passes used (of which
+    retries), the misses."""
     width = max(12, len(quality) + 2)
-    lines = [f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>{width}}{'passes used':>12}{'not converged':>15}"]
+    lines = [f"{'length':>8}{'tol':>9}{'max_iter':>10}{quality:>{width}}{'passes used':>12}{'retries':>9}"
+             f"{missed_header(rows)}"]
     for row in rows:
         tol = "model" if row["tol"] is None else f"{row['tol']:g}"
         used = f"{row['fp_passes_mean']:>12.2f}" if "fp_passes_mean" in row else f"{'-':>12}"
-        lines.append(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}{missed_cell(row)}")
+        lines.append(f"{row['length']:>8}{tol:>9}{row['max_iter']:>10}{row[quality]:>{width}.4f}{used}"
+                     f"{retries_cell(row)}{missed_cell(row)}")
     return "\n".join(lines)

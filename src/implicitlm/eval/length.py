@@ -4,12 +4,13 @@ perplexity by context, catbAbI answer accuracy), their table, and the task's rec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..tasks.base import Task
+from ..tasks.base import Task, budget_line
 from .records import claimed_records, write_task_record
 
 
@@ -22,9 +23,10 @@ def evaluate_by_length(
 ) -> dict[str, Any]:
     """``task``'s rows at each of its test lengths, solved as its ``fixed_point`` settings
     say (``Task.solve_with``; by default the model's own). Returns ``rows``, the printed
-    ``table`` and, with ``out``, the ``files`` written there (the record the task makes of
-    its rows, ``Task.length_record``, and its figure; a record already there is refused,
-    before the evaluation, unless ``overwrite``)."""
+    ``table`` (the budget's line first: ``Task.budget``) and, with ``out``, the ``files`` written
+    there (the record the task makes of its rows, ``Task.length_record``, with the ``budget``,
+    and its figure; a record already there is refused, before the evaluation, unless
+    ``overwrite``)."""
     with contextlib.nullcontext() if out is None else claimed_records(out, [task.experiment], overwrite):
         model, test_sets = task.prepare("length")
         task.require_sweep_time(model, test_sets, mode, f"an evaluation at {len(test_sets)} test lengths",
@@ -33,7 +35,10 @@ def evaluate_by_length(
             task.evaluate(model, test_set, mode=mode, progress=progress)
             for test_set in tqdm(test_sets, desc="eval", disable=not progress)
         ]
+        budget = task.budget(mode)
         files = None
         if out is not None:
-            files = write_task_record(out, task.checkpoint, model, task.length_record(rows, mode))
-    return {"rows": rows, "table": task.format_rows(rows), "files": files}
+            record = task.length_record(rows, mode)
+            record = dataclasses.replace(record, details={**record.details, "budget": budget})
+            files = write_task_record(out, task.checkpoint, model, record)
+    return {"rows": rows, "table": f"{budget_line(budget)}\n{task.format_rows(rows)}", "files": files}

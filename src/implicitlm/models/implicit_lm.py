@@ -38,7 +38,7 @@ from .learned_start import LearnedStart
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack
-from .stack_passes import StackPasses
+from .stack_passes import EXPLICIT_PASSES, StackPasses
 from .token_graphs import TokenGraphs
 from .weight_cache import weights_once
 
@@ -148,8 +148,11 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         return self.stack_passes.probing()
 
     def set_fixed_point_options(self, **changes) -> None:
-        """Change solver options in place (curriculum phases, evaluation budgets)."""
+        """Change solver options in place (curriculum phases, evaluation budgets). A budget of
+        passes is refused on an explicit model, which has none to spend."""
         options = self.solver.options.replace(**changes)
+        if options.passes and not self.config.implicit:
+            raise OptionError(f"passes={options.passes}: {EXPLICIT_PASSES}", arguments=("passes",))
         self.config.fixed_point = options.to_dict()
         self.stack_passes.solver = self.learned_start.solver(options)
 

@@ -1,8 +1,9 @@
 """The passes of the backbone stack that a forward of ``ImplicitCausalLM`` makes in each mode:
 an explicit model's one pass; an implicit model's fixed point over the whole sequence at once
 (in training with phantom gradients, in evaluation optionally in chunks, retrying the rows
-that missed the tolerance) or token by token, as an RNN; or, in an evaluation with
-``passes``, exactly that many passes per solve in either mode (``deq/fixed_passes.py``)."""
+that missed the tolerance in shorter chunks, ``retry_depth`` times at most) or token by
+token, as an RNN; or, in an evaluation with ``passes``, exactly that many passes per solve in
+either mode (``deq/fixed_passes.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from ..core.errors import OptionError
 from ..deq import FixedPointOptions, FixedPointSolver, KeptState, chain_chunks, solve_sequence, with_retried_rows
 from ..deq.fixed_passes import sequence_in_passes, solve_in_passes
 from .learned_start import LearnedStart
+
+# Why an explicit model takes no budget of passes.
+EXPLICIT_PASSES = "an explicit model makes one pass of its stack, there is nothing to iterate"
 
 
 class StackPasses:
@@ -52,8 +56,17 @@ class StackPasses:
     def call_budget(self, max_iter, tol, passes=None) -> tuple:
         """A call's ``(max_iter, tol, passes)``, each held to the rule ``set_fixed_point_options``
         holds the option it stands in for to; ``passes`` None: the options' own. Training and
-        ``probing`` (one evaluation) solve to a tolerance: their ``passes`` is 0."""
+        ``probing`` (one evaluation) solve to a tolerance: their ``passes`` is 0. A ``passes`` of
+        K asked of a forward that has no K passes to make is refused, not dropped: an explicit
+        model's (one pass, nothing to iterate) or a forward in training mode (the curriculum's
+        solve and phantom steps)."""
         FixedPointOptions.check_call_budget(max_iter, tol, training=self.training, passes=passes)
+        if passes:
+            if not self.config.implicit:
+                raise OptionError(f"passes={passes}: {EXPLICIT_PASSES}")
+            if self.training:
+                raise OptionError(f"passes={passes} is an inference budget: a forward in training mode runs the "
+                                  "curriculum's solve (train_max_iter) and phantom steps; call model.eval() first")
         if self._probe_budget or self.training:
             return (*(self._probe_budget or (max_iter, tol)), 0)
         return max_iter, tol, self.solver.options.passes if passes is None else passes
@@ -86,11 +99,11 @@ class StackPasses:
 
     def _simultaneous(
         self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
-        retrying: bool = False, passes: int = 0,
+        depth: int = 0, passes: int = 0,
     ):
-        """An implicit model's ``simultaneous``. ``retrying``: a retry inside a chunked solve,
-        whose convergence the outer solve checks once all its retries are done
-        (``nonconvergence="error"``)."""
+        """An implicit model's ``simultaneous``. ``depth``: 0, or how many halvings of the chunk
+        length down this solve is, a retry inside a chunked solve whose convergence the outer
+        solve checks once all its retries are done (``nonconvergence="error"``)."""
         # A learned guess reads the fixed point before each chunk's first token, where it is known:
         # the previous chunk's last one, or the one a state this model returned carries.
         previous = getattr(state, "last_fixed_point", None)
@@ -112,24 +125,25 @@ class StackPasses:
             keep_state = use_cache or end < length
             z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False,
                                                previous=previous, passes=passes)
-            if not passes:
+            if not passes and depth < self.solver.options.retry_depth:
                 z, stats, next_state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter,
-                                                          tol)
+                                                          tol, depth + 1)
             state = next_state
             pieces.append(z)
             previous = z[:, -1]
             chunk_stats.append(stats)
         stats = chain_chunks(chunk_stats)
-        if not (retrying or passes):
+        if not (depth or passes):
             self.solver.require_convergence(stats, max_iter, "samples")
         return torch.cat(pieces, dim=1), stats, state
 
-    def _retry_missed(self, chunk, state, solved, keep_state: bool, max_iter, tol):
+    def _retry_missed(self, chunk, state, solved, keep_state: bool, max_iter, tol, depth: int):
         """The rows of a chunk that missed the tolerance, solved again from the same state in
-        chunks of half its length, down to single tokens (where a simultaneous solve is the
-        sequential mode's token solve): tokens iterated together may cycle where they settle
-        one after another. Only those rows run again; each keeps whichever of its two solves
-        ended nearer its fixed point (lower residual)."""
+        chunks of half its length (the retry at ``depth``), those that miss again at half that
+        while ``retry_depth`` allows, down to single tokens at most (where a simultaneous solve
+        is the sequential mode's token solve): tokens iterated together may cycle where they
+        settle one after another. Only those rows run again; each keeps whichever of its two
+        solves ended nearer its fixed point (lower residual)."""
         z, stats, next_state = solved
         embedded, injection, padding = chunk
         missed = (~stats.converged).nonzero().flatten()
@@ -139,7 +153,7 @@ class StackPasses:
         rows = [None if t is None else t.index_select(0, missed) for t in (embedded, injection, padding)]
         z_rows, retry, state_rows = self._simultaneous(
             rows[0], rows[1], None if state is None else self.stack.select_state(state, missed), rows[2],
-            keep_state, max_iter, tol, chunk_length=length // 2, retrying=True,
+            keep_state, max_iter, tol, chunk_length=length // 2, depth=depth,
         )
         better = retry.residual < stats.residual.index_select(0, missed)
         improved = missed[better]

@@ -27,6 +27,8 @@ from ..models import load_model
 EVALUATIONS = ("length", "budget", "convergence")
 # What needs an implicit model, in an error's words: a sweep of its budget, its passes per token.
 NEEDS_IMPLICIT = {"budget": "a budget sweep", "convergence": "convergence statistics"}
+# The fixed-point settings that set a budget: any of them given, the checkpoint's is not the one used.
+BUDGET_FIELDS = {"passes", "max_iter", "tol"}
 # The kinds of figure ``eval/`` draws: lines over a shared x axis; a bar per x value (a category).
 FIGURE_KINDS = ("curves", "bars")
 
@@ -107,6 +109,19 @@ class Task(ABC):
 
     def refusal_hint(self, evaluation: str) -> str:
         return ""
+
+    def budget(self, mode: str) -> dict[str, Any]:
+        """The budget the loaded model's solves in ``mode`` were given, as records keep it:
+        ``passes`` K, or ``max_iter`` and ``tol`` (a solve to the tolerance); ``given``: set by
+        the task's ``fixed_point`` settings, else the checkpoint's default; ``implicit`` False
+        for an explicit model, which has none."""
+        given = bool(BUDGET_FIELDS & self.fixed_point.keys())
+        if not self.model.config.implicit:
+            return {"implicit": False, "given": given}
+        options = self.model.solver.options
+        if options.passes:
+            return {"passes": options.passes, "given": given}
+        return {**dict(zip(("max_iter", "tol"), options.budget(None, None, mode))), "passes": 0, "given": given}
 
     def load(self):
         """The checkpoint's model, its fixed-point options set (``solve_with``), the task's
@@ -242,6 +257,49 @@ def require_implicit(model, what: str) -> None:
         raise OptionError(f"{what} needs an implicit model; this checkpoint is explicit")
 
 
+def missed_header(rows: list[dict[str, Any]]) -> str:
+    """``missed_cell``'s column: "last residual" where the rows' solves were of exactly K passes,
+    which hold no tolerance to miss; "not converged" where they were to the tolerance."""
+    title = "last residual" if any("fp_in_passes" in row for row in rows) else "not converged"
+    return f"{title:>15}"
+
+
 def missed_cell(row: dict[str, Any]) -> str:
-    """The "not converged" column: the share of fixed points above the tolerance ("-": explicit)."""
+    """A solve's outcome: of exactly K passes, the mean residual of their last pass; to the
+    tolerance, the share of fixed points above it ("-": explicit)."""
+    if "fp_in_passes" in row:
+        return f"{row['fp_last_residual_mean']:>15.2e}"
     return f"{row['fp_not_converged_share']:>15.2%}" if "fp_not_converged_share" in row else f"{'-':>15}"
+
+
+def retries_cell(row: dict[str, Any]) -> str:
+    """The "retries" column: of the passes per fixed point, those spent solving again the
+    chunks that missed the tolerance ("-": none could be, explicit or K passes)."""
+    return f"{row['fp_retry_passes_mean']:>9.1f}" if "fp_retry_passes_mean" in row else f"{'-':>9}"
+
+
+def convergence_line(figures: dict[str, Any]) -> str | None:
+    """What the fixed points of an evaluation came to (``ConvergenceTally.as_dict``), in a line;
+    None for an explicit model's, which has none."""
+    if not figures.get("fp_fixed_points"):
+        return None
+    parts = []
+    if "fp_in_passes" in figures:
+        parts.append(f"{figures['fp_in_passes']:,} of exactly {figures['fp_passes_per_solve']} passes, last residual mean "
+                     f"{figures['fp_last_residual_mean']:.2e}, max {figures['fp_last_residual_max']:.2e}")
+    if "fp_not_converged_share" in figures:
+        parts.append(f"not converged {figures['fp_not_converged_share']:.2%} ({figures['fp_stopped_at_budget']:,} at the "
+                     f"budget, {figures['fp_diverged']:,} diverged), {figures['fp_retried']:,} retried "
+                     f"({figures['fp_retry_passes_mean']:.1f} retry passes per fixed point)")
+    return f"fixed points: {figures['fp_fixed_points']:,}; " + "; ".join(parts) + f"; {figures['fp_non_finite']:,} non-finite"
+
+
+def budget_line(budget: dict[str, Any]) -> str:
+    """``Task.budget``'s budget as a table's first line."""
+    if "implicit" in budget:
+        return "budget: one pass of the stack (an explicit model)"
+    whence = "as given" if budget["given"] else "the checkpoint's default"
+    if budget.get("passes"):
+        return f"budget: {budget['passes']} passes per solve, no tolerance ({whence})"
+    within = budget.get("max_iter", "each row's max_iter")
+    return f"budget: to tolerance {budget['tol']:g} within {within} passes per solve ({whence})"

@@ -32,7 +32,7 @@ from ..core.errors import DataError, OptionError
 from ..data.catbabi import SHARD_SPLITS, read_answers
 from ..data.shards import TokenShards
 from ..deq import warn_not_converged
-from .base import EVALUATIONS, Figure, FolderTask, TaskRecord, forward_seconds
+from .base import EVALUATIONS, Figure, FolderTask, TaskRecord, convergence_line, forward_seconds
 
 
 def window_starts(positions: np.ndarray, stream_length: int, sequence_length: int, stride: int) -> np.ndarray:
@@ -182,7 +182,7 @@ class CatbabiTask(FolderTask):
                                -(-windows // self.batch_size))
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
-        return "\n".join(format_task_table(row) for row in rows)
+        return "\n".join(filter(None, (text for row in rows for text in (format_task_table(row), convergence_line(row)))))
 
     def length_record(self, rows, mode) -> TaskRecord:
         """``catbabi``: answer accuracy overall and per bAbI task (``task_01`` ...), with the

@@ -24,6 +24,7 @@ from ..core.duration import require_time, seconds_of
 from ..core.errors import DataError, OptionError
 from ..core.json_file import check_regular
 from ..core.targets import exclusive_target
+from ..deq import ConvergenceTally
 from ..models import ImplicitCausalLM, load_model
 from ..models.implicit_lm import MODES
 from ..models.inputs import MIN_TEMPERATURE
@@ -132,6 +133,7 @@ def generate_text(
     overwrite: bool = False,
     echo_prompt: bool = False,
     cuda_graphs: bool | None = None,
+    convergence: ConvergenceTally | None = None,
 ) -> list[str]:
     """The continuations of ``prompt`` (``decoding.num_return_sequences`` of them) by ``model``
     (a checkpoint or run folder, or a loaded model), without the prompt.
@@ -144,7 +146,8 @@ def generate_text(
     anything is generated, unless ``overwrite``). ``echo_prompt``: what ``on_text`` and ``out``
     get starts each text with the prompt, as a reader of the text expects. ``cuda_graphs``: as
     the model's ``generate`` takes it (default: each token's fixed passes replayed from a
-    captured graph on a CUDA device)."""
+    captured graph on a CUDA device). ``convergence``: a tally that counts the fixed points of
+    every sequence (no warning is then logged: its holder reports them)."""
     if not isinstance(prompt, str) or not prompt:
         raise OptionError("the prompt is empty: give the text to continue")
     if mode not in MODES:
@@ -159,7 +162,7 @@ def generate_text(
         tokenizer = model_tokenizer(model, tokenizer)
         shown = prompt if echo_prompt else ""
         texts = _generate(model, tokenizer, _prompt_ids(prompt, tokenizer, model), decoding, mode, on_text, shown,
-                          cuda_graphs)
+                          cuda_graphs, convergence)
         if out is not None:
             written = format_texts([shown + text for text in texts])
             atomic_write(out, lambda temporary: temporary.write_text(written, encoding="utf-8"))
@@ -184,10 +187,11 @@ def _prompt_ids(prompt: str, tokenizer, model: ImplicitCausalLM) -> torch.Tensor
 @torch.no_grad()
 def _generate(
     model, tokenizer, ids: torch.Tensor, decoding: Decoding, mode: str, on_text: OnText | None, shown: str = "",
-    cuda_graphs: bool | None = None,
+    cuda_graphs: bool | None = None, convergence: ConvergenceTally | None = None,
 ) -> list[str]:
     """One sequence at a time, so that each streams as it is decoded (transformers' streamers
-    take one row), ``shown`` before each; the seed's random state is this call's alone."""
+    take one row), ``shown`` before each; the seed's random state is this call's alone.
+    ``convergence``: counts the fixed points of the sequences (not of the timing probe's)."""
     options = {**decoding.generate_options(), "mode": mode, "attention_mask": torch.ones_like(ids),
                "cuda_graphs": cuda_graphs}
     # A model trained here stops at its tokenizer's end of text (tasks.lm.mark_end_of_text); one
@@ -198,7 +202,8 @@ def _generate(
     _require_time(model, ids, options, decoding.num_return_sequences)
     texts = []
     devices = [model.device] if model.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices, enabled=decoding.seed is not None):
+    tracked = contextlib.nullcontext() if convergence is None else model.track_convergence(convergence)
+    with torch.random.fork_rng(devices=devices, enabled=decoding.seed is not None), tracked:
         if decoding.seed is not None:
             torch.manual_seed(decoding.seed)
         for index in range(decoding.num_return_sequences):

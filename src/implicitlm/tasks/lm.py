@@ -19,7 +19,7 @@ from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
 from ..deq import warn_not_converged
 from ..models.loss import token_cross_entropy
-from .base import Figure, FolderTask, TaskRecord, forward_seconds, missed_cell
+from .base import Figure, FolderTask, TaskRecord, forward_seconds, missed_cell, missed_header, retries_cell
 
 # Tokens a convergence report counts unless --max-tokens says otherwise.
 CONVERGENCE_TOKENS = 4096
@@ -154,9 +154,12 @@ class LMTask(FolderTask):
         return forward_seconds(model, mode, min(self.batch_size, windows), test_set, -(-windows // self.batch_size))
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
-        lines = [f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'not converged':>15}"]
+        # "passes" per fixed point; "retries": of those, the passes retries spent.
+        lines = [f"{'length':>8}{'loss':>9}{'perplexity':>12}{'tokens':>11}{'passes':>9}{'retries':>9}{missed_header(rows)}"]
         for row in rows:
-            lines.append(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{missed_cell(row)}")
+            passes = f"{row['fp_passes_mean']:>9.1f}" if "fp_passes_mean" in row else f"{'-':>9}"
+            lines.append(f"{row['length']:>8}{row['loss']:>9.4f}{row['perplexity']:>12.2f}{row['tokens']:>11,}{passes}"
+                         f"{retries_cell(row)}{missed_cell(row)}")
         return "\n".join(lines)
 
     def length_record(self, rows, mode) -> TaskRecord:

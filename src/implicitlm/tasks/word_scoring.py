@@ -214,7 +214,11 @@ class WordScore:
             "accuracy": self.hits / (self.words * (self.length - 1)),
         }
         if self.tally.fixed_points:
-            row["max_iter"], row["tol"] = self.model.solver.options.budget(self.max_iter, self.tol, self.mode)
+            options = self.model.solver.options
+            if self.tally.in_passes:
+                row["passes"] = options.passes  # no max_iter nor tol: a fixed budget holds none
+            else:
+                row["max_iter"], row["tol"] = options.budget(self.max_iter, self.tol, self.mode)
             if self.mode == "simultaneous":
                 row["chunk_length"] = solved_at_once(self.model, self.length)
             row["fp_passes_mean"] = self.passes / self.tally.fixed_points

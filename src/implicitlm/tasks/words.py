@@ -20,7 +20,7 @@ from ..core.memory import require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
 from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
-from .base import Figure, Task, TaskRecord, missed_cell
+from .base import Figure, Task, TaskRecord, missed_cell, missed_header, retries_cell
 from .word_scoring import (
     evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, raise_word_budget, word_accuracy,
 )
@@ -180,12 +180,20 @@ class WordsTask(Task):
         return evaluation_seconds(model, test_set, mode, self.batch_size)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
-        # Token 1 is left out of "all": its label is its input.
-        lines = [f"{'length':>8}{'last10':>9}{'all':>9}{'passes':>10}{'not converged':>15}"]
+        # Token 1 is left out of "all": its label is its input. "retries": of the passes, those retries spent.
+        lines = [f"{'length':>8}{'last10':>9}{'all':>9}{'passes':>10}{'retries':>9}{missed_header(rows)}"]
         for row in rows:
             passes = f"{row['fp_passes_mean']:>10.1f}" if "fp_passes_mean" in row else f"{'-':>10}"
-            lines.append(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{passes}{missed_cell(row)}")
+            lines.append(f"{row['length']:>8}{row['accuracy_last10']:>9.1%}{row['accuracy']:>9.1%}{passes}"
+                         f"{retries_cell(row)}{missed_cell(row)}")
         return "\n".join(lines)
+
+    def budget(self, mode: str) -> dict[str, Any]:
+        budget = super().budget(mode)
+        if mode == "simultaneous" and "max_iter" in budget and "max_iter" not in self.fixed_point:
+            # Raised for each length's words (raise_word_budget): each row names its own.
+            del budget["max_iter"]
+        return budget
 
     def length_record(self, rows, mode) -> TaskRecord:
         return word_length_record(rows, self.group, mode, self.train_length)
