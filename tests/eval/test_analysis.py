@@ -4,7 +4,9 @@ report: bookkeeping checked against hand computations, and the commands' records
 from __future__ import annotations
 
 import json
+import re
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 
 from implicitlm.cli import main
 from implicitlm.data.words import generate_words
+from implicitlm.eval import plots
 from implicitlm.eval.budget import budget_curves, budget_metrics, budget_sweep
 from implicitlm.eval.convergence import convergence_summary, token_passes
 from implicitlm.tasks.lm import perplexity, perplexity_by_length
@@ -182,8 +185,6 @@ def test_a_record_written_before_passes_had_one_name_reads_under_it(tmp_path):
     assert "| run | model | params (M) | fp_passes_mean | passes L8 it4 |" in tables and "iterations" not in tables
 
 def test_report_bars_give_each_metric_its_own_scale_and_no_bar_where_a_run_lacks_it(tmp_path, monkeypatch):
-    from implicitlm.eval import plots
-
     saved = []
     monkeypatch.setattr(plots, "save_figure", lambda figure, path: saved.append(figure) or path)
     runs = {"explicit": {"accuracy": 0.76}, "implicit": {"accuracy": 0.91, "fp_passes_mean": 257.0}}
@@ -193,6 +194,22 @@ def test_report_bars_give_each_metric_its_own_scale_and_no_bar_where_a_run_lacks
     assert [[bar.get_width() for bar in axis.patches] for axis in axes] == [[0.76, 0.91], [257.0]]
     assert [tick.get_text() for tick in axes[1].get_yticklabels()] == ["implicit"]
     assert axes[0].get_xlim()[1] < 1.0 < 257.0 < axes[1].get_xlim()[1]  # accuracies not squashed by iterations
+
+
+@pytest.mark.parametrize("draw", ["histograms", "learning_curves"])
+def test_a_log_axis_reads_in_plain_numbers(tmp_path, monkeypatch, draw):
+    """Before: the convergence histogram's shares read 10^-2 and 5x10^-3, the training perplexity 5x10^1."""
+    saved = []
+    monkeypatch.setattr(plots, "save_figure", lambda figure, path: saved.append(figure) or path)
+    if draw == "histograms":
+        shares = [0.6, 0.3, 0.08, 0.015, 0.005]
+        plots.plot_histograms([{"label": "all", "x": [1, 2, 3, 4, 5], "y": shares}], tmp_path / "h.png", "passes", {})
+    else:
+        plots.plot_learning_curves({"run": [(1e5, 120.0), (2e5, 70.0), (4e5, 48.0)]}, tmp_path / "l.png", "ppl", "x", "y")
+    saved[0].canvas.draw()
+    labels = [text.get_text() for text in saved[0].axes[0].yaxis.get_ticklabels(which="both") if text.get_text()]
+    plt.close(saved[0])
+    assert labels and all(re.fullmatch(r"\d+(\.\d+)?", label) for label in labels), labels
 
 
 def test_report_errors_name_the_folder(tmp_path, capsys):

@@ -4,11 +4,15 @@ models scored on the same data."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
 from implicitlm.cli import main
 from implicitlm.data.shards import TokenShards
+from implicitlm.eval import plots
 from implicitlm.eval.budget import format_passes_table, time_curves
 
 from tests.support.contractive import make_contractive
@@ -55,6 +59,36 @@ def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards
     # Each K's answers by their last pass's residual, no share of misses of a tolerance no K holds.
     assert table[1].split()[-2:] == ["last", "residual"] and all("%" not in line for line in table)
     assert [line.split()[-1] for line in table[2:6]] == [f"{row['fp_last_residual_mean']:.2e}" for row in rows] + ["-"]
+
+
+def test_the_passes_figures_tell_the_explicit_lines_apart_and_read_their_log_axes_in_plain_numbers(
+        pair, shards, tmp_path, capsys, monkeypatch):
+    """Before: each explicit model's line was the same grey dash, and the log axes read 5x10^1."""
+    drawn = {}
+    monkeypatch.setattr(plots, "save_figure", lambda figure, path: drawn.setdefault(Path(path).name, figure))
+    implicit, explicit = pair
+    assert main(["eval", "budget", "--task", "lm", str(implicit), "--data", str(shards), "--lengths", "8,16",
+                 "--max-tokens", "64", "--no-progress", "--out", str(tmp_path / "out"), "--passes", "1,2",
+                 "--explicit", str(explicit)]) == 0
+    axis = drawn["lm_budget_passes.png"].axes[0]
+    references = [line for line in axis.get_lines() if line.get_label().startswith("explicit (one pass)")]
+    assert [line.get_label().split(":")[0] for line in references] == [
+        "explicit (one pass), length 8", "explicit (one pass), length 16"]
+    assert references[0].get_color() != references[1].get_color()
+    assert references[0].get_linestyle() != references[1].get_linestyle()
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert all(line.get_label() in legend for line in references)
+    try:
+        for name, figure in drawn.items():
+            figure.canvas.draw()  # tick labels are written at drawing time
+            for axis in figure.axes:
+                for ruler in (axis.xaxis, axis.yaxis):
+                    assert ruler.get_scale() == "log", name  # both figures are log-log
+                    labels = [text.get_text() for text in ruler.get_ticklabels(which="both") if text.get_text()]
+                    assert labels and all(re.fullmatch(r"\d+(\.\d+)?", label) for label in labels), (name, labels)
+    finally:
+        for figure in drawn.values():
+            plt.close(figure)
 
 
 def test_the_time_figure_puts_each_k_and_each_explicit_model_at_its_seconds():

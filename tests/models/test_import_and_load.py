@@ -480,15 +480,32 @@ def test_every_family_of_the_table_is_registered_loadable_and_importable(family,
     assert set(FAMILY_OPTIONS) == set(SOURCES) == {family.architecture for family in FAMILIES}
 
 
-def test_loading_shows_no_progress_bar_and_leaves_the_setting_as_it_was(saved, capsys):
-    """Before: transformers' "Loading weights" bar, under progress=False and --no-progress too."""
+@pytest.fixture
+def progress_bars_on():
+    """transformers' progress bars on, as a library caller has them (the command line turns
+    them off for good), then as they were."""
     enabled = transformers_logging.is_progress_bar_enabled()
     transformers_logging.enable_progress_bar()
-    try:
-        capsys.readouterr()
-        load_model(saved)
-        assert "Loading weights" not in capsys.readouterr().err
-        assert transformers_logging.is_progress_bar_enabled()
-    finally:
-        if not enabled:
-            transformers_logging.disable_progress_bar()
+    yield
+    if not enabled:
+        transformers_logging.disable_progress_bar()
+
+
+def test_loading_shows_no_progress_bar_and_leaves_the_setting_as_it_was(saved, capsys, progress_bars_on):
+    """Before: transformers' "Loading weights" bar, under progress=False and --no-progress too."""
+    capsys.readouterr()
+    load_model(saved)
+    assert "Loading weights" not in capsys.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()
+
+
+def test_saving_writes_nothing_to_stderr_and_leaves_the_bar_setting_as_it_was(tmp_path, capfd, progress_bars_on):
+    """Before: transformers' "Writing model shards" bar on every checkpoint of a run trained
+    with progress=False."""
+    capfd.readouterr()
+    model = tiny_model(0, **OPTIONS)
+    save_checkpoint(tmp_path / "checkpoint", model, training_state={"step": 1}, meta={"step": 1})
+    model.save_pretrained(tmp_path / "model")
+    assert capfd.readouterr().err == ""
+    assert (tmp_path / "checkpoint" / "model.safetensors").is_file() and (tmp_path / "model" / "model.safetensors").is_file()
+    assert transformers_logging.is_progress_bar_enabled()

@@ -26,6 +26,7 @@ from tests.support.documented_commands import check_block
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 RUN_AS = {"python": "python", "bash": "shell", "sh": "shell", "console": "shell"}
 NOT_CODE = {"text", "json", "yaml"}
@@ -154,6 +155,41 @@ def test_the_block_runs_twice_in_a_fresh_folder(block, tmp_path):
         assert done.returncode == 0, f"{block.name}, {attempt} run, exit {done.returncode}:\n{done.stderr[-3000:]}"
         if block.prints:
             assert re.search(block.prints, done.stdout, flags=re.MULTILINE), f"{block.name}: {done.stdout[-2000:]}"
+
+
+# The install block's lines whose time the pages state, and the command each runs after its setup,
+# as benchmarks/RESULTS.md records its CPU time ("| `COMMAND` ... | N s |"; a command's first row
+# is its time, a later one the same command under other conditions).
+TIMED = {"bash scripts/demo.sh ": "implicitlm demo --out DIR", 'bash scripts/test.sh -m "not slow" ': 'pytest -m "not slow"'}
+STATED = re.compile(r"(\d+) CPU-minutes")
+
+
+def recorded_cpu_seconds() -> list[tuple[str, float]]:
+    rows = re.findall(r"^\| `([^`]+)`[^|]*\| ([\d,]+) s \|", RESULTS.read_text(encoding="utf-8"), re.MULTILINE)
+    return [(command, float(seconds.replace(",", ""))) for command, seconds in rows if command in TIMED.values()]
+
+
+@pytest.mark.parametrize("page", [README, ROOT / "docs" / "getting-started.md"], ids=lambda page: page.name)
+def test_the_stated_times_are_the_measured_cpu_times(page):
+    """Before: "~5 min" and "about a minute", wall times of a quiet machine; beside other work the
+    demo took 45 minutes and the quick tests 18 (722 CPU-seconds). CPU time stated as measured,
+    and the reader sent to the progress line's estimate."""
+    first = {}
+    for command, seconds in recorded_cpu_seconds():
+        first.setdefault(command, seconds)
+    assert set(first) == set(TIMED.values()), first
+    text = page.read_text(encoding="utf-8")
+    for start, command in TIMED.items():
+        [line] = [line for line in text.splitlines() if line.startswith(start)]
+        assert STATED.findall(line) == [str(round(first[command] / 60))], line
+    assert not re.search(r"~\d+ min|about a minute", text)
+    assert "progress line" in " ".join(text.split())  # the estimate to trust, named
+
+
+def test_every_cpu_time_a_page_states_is_one_measured():
+    measured = {round(seconds / 60) for _, seconds in recorded_cpu_seconds()}
+    stated = {page.name: {int(n) for n in STATED.findall(page.read_text(encoding="utf-8"))} for page in PAGES}
+    assert all(minutes <= measured for minutes in stated.values()) and stated["README.md"], stated
 
 
 @pytest.mark.parametrize("page", [README, ROOT / "docs" / "getting-started.md"], ids=lambda page: page.name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -39,6 +40,9 @@ def test_demo_trains_both_models_and_reports_by_length(tmp_path, capsys):
     for row in implicit["by_length"] + implicit["sequential_by_length"]:
         assert 0.0 <= row["fp_not_converged_share"] <= 1.0 and row["fp_fixed_points"] > 0
     assert "fixed points above the tolerance:" in stdout
+    # What the run took, wall and CPU time, for the reader to set beside the documented figures.
+    assert 0 < results["wall_seconds"] and 0 < results["cpu_seconds"]
+    assert re.search(r"^took \d+ s, \d+ s of CPU time \(user \+ system\)$", stdout, flags=re.MULTILINE), stdout
     assert (out / "accuracy_by_length.png").stat().st_size > 0
     assert main(["report", str(out / "implicit"), str(out / "explicit"), "--out", str(tmp_path / "report")]) == 0
     assert "accuracy@12" in (tmp_path / "report" / "report.md").read_text()

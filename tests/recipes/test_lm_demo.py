@@ -30,7 +30,9 @@ def test_lm_demo_reports_held_out_perplexity_of_both_models(tmp_path, capsys):
         entry = results["models"][kind]
         assert 1 < entry["test_perplexity"] < 300 * 1.5 and entry["train_tokens"] == 4 * 4 * SEQUENCE
     assert results["corpus"]["test_tokens"] > 0 and (tmp_path / "out" / "perplexity.png").stat().st_size > 1000
-    assert "held-out ppl" in capsys.readouterr().out
+    stdout = capsys.readouterr().out
+    assert "held-out ppl" in stdout and "s of CPU time (user + system)" in stdout
+    assert 0 < results["wall_seconds"] and 0 < results["cpu_seconds"]
 
     # Each run's held-out curve is a record, which a report overlays for both runs.
     for kind in ("explicit", "implicit"):

@@ -169,14 +169,17 @@ def add_demo_command(commands, help_text: str, preset: str, run: Callable) -> No
 
 
 def report_demo(args, run_demo: Callable, format_table: Callable, plot: str) -> None:
-    """Run a demo command's library function and print its table and where its files are."""
+    """Run a demo command's library function and print its table, what it took and where its
+    files are."""
     from ..presets import load_preset
+    from ..train.loop import duration
 
     device = device_in_use(args)
     results = run_demo(load_preset(args.preset), args.out, progress=not args.no_progress, overwrite=args.overwrite,
                        device=device)
     print_device(device)
     print(format_table(results))
+    print(f"took {duration(results['wall_seconds'])}, {duration(results['cpu_seconds'])} of CPU time (user + system)")
     print(f"results: {args.out / 'results.json'}, plot: {args.out / plot}")
 
 

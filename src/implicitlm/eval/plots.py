@@ -10,11 +10,18 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures are written to files, never shown
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 
 from ..core.atomic_io import atomic_write  # noqa: E402
 
 if TYPE_CHECKING:  # read, never built, here: importing tasks/ would load torch into ``report``
     from ..tasks.base import Figure
+
+# Reference lines, each unlike the others and unlike the data (solid, marked, in the colour
+# cycle): a colour and a dash pattern of their own, the i-th line the i-th of each cycle, so
+# that 12 lines pass before a pair repeats.
+REFERENCE_COLOURS = ("black", "dimgrey", "saddlebrown")
+REFERENCE_DASHES = (":", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))
 
 
 def plot_curves(
@@ -77,24 +84,41 @@ def plot_figure(figure: Figure, path: str | Path) -> Path:
 
 
 def _reference_lines(axis, vertical: dict[str, float] | None, horizontal: dict[str, float] | None) -> None:
-    """Labelled grey lines at x values (the training length) and y values (chance)."""
-    for (label, value), style in zip((vertical or {}).items(), (":", "-.")):
-        axis.axvline(value, color="grey", linestyle=style, label=label)
-    for label, value in (horizontal or {}).items():
-        axis.axhline(value, color="grey", linestyle="--", linewidth=0.8, label=label)
+    """Labelled lines at x values (the training length) and y values (chance, an explicit
+    model's score), each in a style of its own (``REFERENCE_COLOURS``, ``REFERENCE_DASHES``)."""
+    lines = [(axis.axvline, label, value) for label, value in (vertical or {}).items()]
+    lines += [(axis.axhline, label, value) for label, value in (horizontal or {}).items()]
+    for i, (draw, label, value) in enumerate(lines):
+        draw(value, color=REFERENCE_COLOURS[i % len(REFERENCE_COLOURS)],
+             linestyle=REFERENCE_DASHES[i % len(REFERENCE_DASHES)], linewidth=1.0, label=label)
 
 
 def _set_scale(axis, which: str, scale: str, ticks: list[float]) -> None:
     if scale == "linear":
         return
-    if which == "x":
-        axis.set_xscale("log", base=2 if scale == "log2" else 10)
-    else:
-        axis.set_yscale("log", base=2 if scale == "log2" else 10)
+    base = 2 if scale == "log2" else 10
+    (axis.set_xscale if which == "x" else axis.set_yscale)("log", base=base)
+    scaled = axis.xaxis if which == "x" else axis.yaxis
+    # matplotlib writes 5x10^1 and 2^5 on a log axis; a reader wants 50 and 32.
+    scaled.set_major_formatter(PlainLogFormatter(base))
+    scaled.set_minor_formatter(PlainLogFormatter(base))
     if scale == "log2" and which == "x" and ticks:
-        # Powers of two read better as the values themselves than as 2^k.
-        axis.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        # Ticked at the data's values: the test lengths and budgets themselves.
+        axis.set_xticks(ticks, [plain_number(t) for t in ticks])
         axis.minorticks_off()
+
+
+def plain_number(value: float) -> str:
+    """``value`` as digits, to 6 significant ones, never in powers: 50, 0.005, 1000000."""
+    return np.format_float_positional(value, precision=6, fractional=False, trim="-")
+
+
+class PlainLogFormatter(LogFormatter):
+    """matplotlib's choice of which log-axis ticks to label (decades, and the ticks between
+    them where a decade or less is shown), each label a plain number (``plain_number``)."""
+
+    def __call__(self, x, pos=None) -> str:
+        return plain_number(x) if super().__call__(x, pos) else ""
 
 
 def save_figure(figure, path: str | Path) -> Path:
@@ -164,7 +188,7 @@ def plot_histograms(curves: list[dict[str, Any]], path: str | Path, title: str, 
         shown = [(x, y) for x, y in zip(curve["x"], curve["y"]) if y > 0]
         positions = [x + (i - (len(curves) - 1) / 2) * width for x, _ in shown]
         axis.bar(positions, [y for _, y in shown], width=width, label=curve["label"])
-    axis.set_yscale("log")
+    _set_scale(axis, "y", "log", [])
     axis.grid(alpha=0.3, axis="y")
     return _finish(figure, axis, path, title, axes, legend=bool(curves))
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.utils import logging as transformers_logging
 
 from ..core.atomic_io import following_umask, writing
 from ..core.errors import OptionError
@@ -60,6 +61,18 @@ def _without_right_padding_warning() -> Iterator[None]:
 
 def _not_the_right_padding_warning(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(RIGHT_PADDING_WARNING)
+
+
+@contextlib.contextmanager
+def without_progress_bar() -> Iterator[None]:
+    """transformers' progress bars off while inside, then as they were."""
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()
 
 
 class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
@@ -115,9 +128,11 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         """transformers' ``save_pretrained``, and the SHA-256 of the weights, the config and a
         tokenizer beside them, which ``load_model`` checks: whoever saves a model (a checkpoint,
         an import, a user) writes them. A file where the folder should be, or a folder that
-        links elsewhere (a training run's), is refused (``run_folder.refuse_model_target``)."""
+        links elsewhere (a training run's), is refused (``run_folder.refuse_model_target``).
+        Without transformers' "Writing model shards" bar: a save takes a moment, and a caller
+        that turned progress off (``progress=False``, ``--no-progress``) gets no bar from it."""
         refuse_model_target(save_directory)
-        with writing(save_directory, "the model"), following_umask(save_directory):
+        with writing(save_directory, "the model"), following_umask(save_directory), without_progress_bar():
             super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         if is_main_process:
             write_model_digests(save_directory)

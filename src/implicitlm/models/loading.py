@@ -26,7 +26,7 @@ from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_dige
 from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, DEFAULT_ARCHITECTURE, FAMILIES, architecture_choices
-from .implicit_lm import ImplicitCausalLM
+from .implicit_lm import ImplicitCausalLM, without_progress_bar
 from .locations import hub_model_folder, local_model_path
 from .weight_header import check_floating_weights, shape_mismatch
 
@@ -317,15 +317,13 @@ def silenced_load_report():
     in one line instead (``check_load_report``), so its table would only be noise before that
     line. Its "Loading weights" bar too, as the command line has it: a checkpoint loads at once,
     and a caller that turned progress off (``progress=False``) gets no bar from a load."""
-    level, bar = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
+    level = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()
-    transformers_logging.disable_progress_bar()
     try:
-        yield
+        with without_progress_bar():
+            yield
     finally:
         transformers_logging.set_verbosity(level)
-        if bar:
-            transformers_logging.enable_progress_bar()
 
 
 def _check_digests(path: Path) -> str | None:

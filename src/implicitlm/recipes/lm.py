@@ -27,7 +27,7 @@ from ..core.errors import DataError
 from ..core.options import Options
 from ..core.schema import at_least, between, check_known_keys
 from ..core.targets import staged_folder
-from . import DEMO_FOLDER
+from . import DEMO_FOLDER, clock, seconds_since
 from ..train.config import TrainConfig
 from ..train.held_out import held_out_curve
 from ..train.trainer import train
@@ -89,7 +89,8 @@ def run_lm_demo(
     ``out_dir``: built aside and renamed into place once complete; a folder already there is
     refused, before any of it, unless ``overwrite`` and it holds a demo's results (whose files
     it replaces, keeping any other). ``device``: where the models train and are scored
-    (``trainer.train``)."""
+    (``trainer.train``); ``results`` records the run's wall and CPU seconds."""
+    began = clock()
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     corpus = DemoCorpus.from_dict(preset.get("corpus", {}))
     # Every section is checked before the corpus is built and the first model trains.
@@ -112,6 +113,7 @@ def run_lm_demo(
             model = build_model(config_from_options(_model_options(preset, kind, train_shards.vocab_size)))
             results["models"][kind] = _train_and_score(model, configs[kind], data_dir, staging / kind, progress, device)
             curves[kind] = held_out_curve(staging / kind, configs[kind].batch_tokens)
+        results.update(seconds_since(began))
         write_json(staging / "results.json", results)
         plot_learning_curves(
             curves, staging / "perplexity.png", title="Python stdlib, held-out perplexity",

@@ -19,7 +19,7 @@ from ..core.schema import POSITIVE, Rule, at_least, check_known_keys
 from ..presets import KINDS
 from ..core.run_folder import latest_checkpoint
 from ..core.targets import staged_folder
-from . import DEMO_FOLDER
+from . import DEMO_FOLDER, clock, seconds_since
 from ..tasks.word_scoring import raise_word_budget
 from ..train.runs import word_model, word_train_config
 from ..train.trainer import train
@@ -51,7 +51,8 @@ def run_demo(
     built aside and renamed into place once complete; a folder already there is refused,
     before the training, unless ``overwrite`` and it holds a demo's results (whose files it
     replaces, keeping any other). ``device``: where the models train and are tested
-    (``trainer.train``)."""
+    (``trainer.train``); ``results`` records the run's wall and CPU seconds."""
+    began = clock()
     check_known_keys(preset, PRESET_SECTIONS, "preset section")
     evaluation = DemoEval.from_dict(preset.get("eval", {}))
     out_dir = Path(out_dir)
@@ -65,6 +66,7 @@ def run_demo(
             entry = _train_and_test(models[kind], configs[kind], evaluation, staging, out_dir, kind, progress, device)
             results["models"][kind] = entry
             results.update(group=configs[kind].group, train_length=configs[kind].sequence_length)
+        results.update(seconds_since(began))
         write_json(staging / "results.json", results)
         figure = accuracy_figure(
             {kind: entry["by_length"] for kind, entry in results["models"].items()},
