@@ -282,8 +282,11 @@ def refuse_saved_work(target: str | os.PathLike) -> None:
     what = saved_work(target)
     if what is not None and what != "a saved model":
         raise TargetExistsError(f"{target}: {what}; write into a folder of its own")
+    # A former word run's one checkpoint is a model with its training record; a model saved
+    # into a folder named "checkpoint" is no run's.
+    former = folder / migrations.FORMER_WORD_CHECKPOINT
     run = saved_work(folder / CHECKPOINTS) is not None or (folder / LATEST).is_symlink() \
-        or saved_work(folder / migrations.FORMER_WORD_CHECKPOINT) is not None
+        or (saved_work(former) is not None and (former / TRAINER_META).is_file())
     if run and target.name in (*RUN_ENTRIES, *RUN_LINKS):
         raise TargetExistsError(f"{target}: a training run's own {target.name}; write into a folder of its own")
 
