@@ -77,9 +77,11 @@ TRAINED_LENGTH = 12
 
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory) -> Path:
-    """Token shards of the trainer's source files, with a 300-token tokenizer."""
+    """Token shards of a frozen copy of the trainer's source files, with a 300-token tokenizer.
+    Frozen: the tests that train on it compare a few dozen steps of tiny models, whose outcome
+    would otherwise shift with every edit of the trainer's code."""
     root = tmp_path_factory.mktemp("corpus")
-    sources = sorted((Path(__file__).parents[1] / "src" / "implicitlm" / "train").glob("*.py"))
+    sources = sorted((Path(__file__).parent / "support" / "frozen_corpus").glob("*.py.txt"))
     tokenizer = train_tokenizer(read_documents(sources), 300, root / "tokenizer")
     write_shards(read_documents(sources), tokenizer, root / "data", test_fraction=0.2, progress=False)
     return root / "data"

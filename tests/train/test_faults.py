@@ -420,7 +420,7 @@ def test_resume_on_a_word_file_continues_its_epochs_exactly_and_refuses_other_wo
     assert main(["words", "generate", "--group", "S3", "--length", "6", "--count", "20", "--seed", "1", "--out", str(other)]) == 0
     capsys.readouterr()
     assert main([*resume, "--data", str(other)]) == 2
-    assert "inputs_sha256" in capsys.readouterr().err
+    assert "resume with --data FILE, the run's own" in capsys.readouterr().err
     assert main([*resume, *on_file]) == 0
     assert logged_losses(tmp_path / "run") == logged_losses(tmp_path / "whole")
     assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "whole"))
