@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import logging
 import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..core.errors import MissingFileError, OptionError
+from ..core.log_lines import without_log_lines
 from ..data.downstream_sets import LocalSet, MissingLocalSet, read_local_set
 from .plots import plot_metric_bars
 from .records import make_record, record_files, write_record
@@ -116,20 +116,10 @@ def task_manager(tasks: Sequence[str], include_path: str | Path | None):
 @contextlib.contextmanager
 def quiet_lm_eval_notes():
     """lm-eval's notes that are only noise before the results of our tasks (below)."""
-    with _quiet_custom_dataset_notes(), _quiet_git_hash():
+    # lm-eval logs, for every task whose documents come from a function, how to pass it
+    # options; ours take none, so the note is only noise before the results.
+    with without_log_lines("lm_eval.api.task", "Custom kwargs can be passed"), _quiet_git_hash():
         yield
-
-
-@contextlib.contextmanager
-def _quiet_custom_dataset_notes():
-    """lm-eval logs, for every task whose documents come from a function, how to pass it
-    options; ours take none, so the note is only noise before the results."""
-    logger = logging.getLogger("lm_eval.api.task")
-    logger.addFilter(_not_a_custom_dataset_note)
-    try:
-        yield
-    finally:
-        logger.removeFilter(_not_a_custom_dataset_note)
 
 
 @contextlib.contextmanager
@@ -168,10 +158,6 @@ def _git_commit_hash() -> str | None:
     except FileNotFoundError:  # no git on this machine
         return None
     return found.stdout.strip() if found.returncode == 0 else None
-
-
-def _not_a_custom_dataset_note(record: logging.LogRecord) -> bool:
-    return "Custom kwargs can be passed" not in record.getMessage()
 
 
 def read_local_sets(

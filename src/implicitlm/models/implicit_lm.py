@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from typing import Callable, Iterator
 
@@ -28,6 +27,7 @@ from transformers.utils import logging as transformers_logging
 from ..core.atomic_io import following_umask, writing
 from ..core.errors import OptionError
 from ..core.file_digests import write_model_digests
+from ..core.log_lines import without_log_lines
 from ..core.run_folder import refuse_model_target
 from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
@@ -47,20 +47,6 @@ from .weight_cache import weights_once
 # transformers' warning that a right-padded batch generates wrong text: here it does not, the
 # prefill reading each row with its padding moved to the left (prepare_inputs_for_generation).
 RIGHT_PADDING_WARNING = "A decoder-only architecture is being used, but right-padding was detected"
-
-
-@contextlib.contextmanager
-def _without_right_padding_warning() -> Iterator[None]:
-    logger = logging.getLogger("transformers.generation.utils")
-    logger.addFilter(_not_the_right_padding_warning)
-    try:
-        yield
-    finally:
-        logger.removeFilter(_not_the_right_padding_warning)
-
-
-def _not_the_right_padding_warning(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith(RIGHT_PADDING_WARNING)
 
 
 @contextlib.contextmanager
@@ -315,7 +301,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         # The weight-normalised weights once per generation, not once per token: a token's
         # step is small enough that computing them again was a twentieth of its time.
         decoding = self.decoding_graphs(capture=self.device.type == "cuda") if graphs else weights_once(self)
-        with self.track_convergence() as tally, decoding, _without_right_padding_warning():
+        with self.track_convergence() as tally, decoding, without_log_lines("transformers.generation.utils", RIGHT_PADDING_WARNING):
             output = super().generate(*args, **kwargs)
         if self.config.implicit:
             self.generation_convergence = tally.as_dict()

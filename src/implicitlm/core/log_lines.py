@@ -1,0 +1,23 @@
+"""Other libraries' log lines that would tell our users something untrue or nothing at all,
+dropped while the call that provokes them runs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def without_log_lines(logger_name: str, text: str) -> Iterator[None]:
+    """Inside, the records of the logger ``logger_name`` whose message holds ``text`` are dropped."""
+
+    def kept(record: logging.LogRecord) -> bool:
+        return text not in record.getMessage()
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(kept)
+    try:
+        yield
+    finally:
+        logger.removeFilter(kept)
