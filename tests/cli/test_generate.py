@@ -62,9 +62,15 @@ def test_seeded_sampling_repeats_and_leaves_the_callers_random_state_alone(run):
 
 @pytest.mark.slow
 def test_the_fixed_point_flags_reach_the_model(run, capsys, caplog):
-    model = load_model(run)
-    generate_text(model, PROMPT, Decoding(max_new_tokens=4, greedy=True), fixed_point={"max_iter": 2, "tol": 0.5})
-    assert (model.solver.options.max_iter, model.solver.options.tol) == (2, 0.5)
+    model, configured = load_model(run), load_model(run)
+    own = model.solver.options
+    decoding = Decoding(max_new_tokens=4, greedy=True)
+    texts = generate_text(model, PROMPT, decoding, fixed_point={"max_iter": 2, "tol": 0.5})
+    # The settings are the generation's, not the caller's model's (before: left set on it).
+    assert model.solver.options == own
+    configured.set_fixed_point_options(max_iter=2, tol=0.5)
+    assert generate_text(configured, PROMPT, decoding) == texts
+    assert model.generation_convergence == configured.generation_convergence
     assert model.generation_convergence["fp_fixed_points"] == 4  # the prefill and three decoded tokens
     caplog.clear()
     code, _, err = generate(capsys, str(run), "--prompt", PROMPT, "--max-new-tokens", "4", "--max-iter", "1",

@@ -9,7 +9,7 @@ import torch
 
 from implicitlm.core.errors import NumericalFault, OptionError
 from implicitlm.deq import InitialGuess
-from implicitlm.deq import solver as deq_solver
+from implicitlm.deq import row_tracker
 
 from tests.support.learned_solver import TOKENS, contractive
 
@@ -127,7 +127,7 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 def test_k_passes_run_no_tracker_and_compute_the_guess_once_per_solve(mode, monkeypatch):
     """The cost of K passes is K passes: no per-pass tracking of rows and residuals (the
-    tolerance solve's ``_RowTracker``), one guess per token (sequential) or sequence."""
+    tolerance solve's ``RowTracker``), one guess per token (sequential) or sequence."""
     model = guessing(contractive("mamba2"))
     guesses, passes = [], []
     original_guess, original_step = model.learned_guess.forward, model.stack.step
@@ -137,7 +137,7 @@ def test_k_passes_run_no_tracker_and_compute_the_guess_once_per_solve(mode, monk
     def tracked(*args, **kwargs):
         raise AssertionError("a K-pass solve tracked its rows")
 
-    monkeypatch.setattr(deq_solver, "_RowTracker", tracked)
+    monkeypatch.setattr(row_tracker, "RowTracker", tracked)
     answers(model, mode, 3)
     tokens = TOKENS.shape[1]
     assert len(guesses) == (tokens if mode == "sequential" else 1)

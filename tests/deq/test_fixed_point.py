@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from implicitlm.deq import FixedPointOptions, FixedPointSolver, OptionError
+from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver, OptionError
 from implicitlm.deq.kept_state import KeptState
 from tests.support.host_reads import HostReads
+from tests.support.solving import solved
 
 # Tiny tensors: a second intra-op thread only adds synchronisation cost on a shared CPU.
 
@@ -134,7 +135,7 @@ def test_solve_reaches_tolerance_per_sample(mode):
     solver = FixedPointSolver(FixedPointOptions(stop_mode=mode))
 
     with torch.no_grad():
-        z, stats = solver.solve(f, torch.zeros(3, DIM, dtype=torch.float64), max_iter=300, tol=tol)
+        z, stats = solver(f, torch.zeros(3, DIM, dtype=torch.float64), Budget.to_tolerance(tol, 300))
         abs_res, rel_res = residuals(f, z)
 
     true_res = abs_res if mode == "abs" else rel_res
@@ -153,7 +154,7 @@ def test_slowest_sample_iterations_match_hand_count(mode):
     f = batch_map([0.2, 0.9])
     z0 = torch.zeros(2, DIM, dtype=torch.float64)
     with torch.no_grad():
-        _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode)).solve(f, z0, 300, 1e-8)
+        _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode))(f, z0, Budget.to_tolerance(1e-8, 300))
         expected = first_step_under(f, z0, 1e-8, mode)
     assert stats.iterations[1].item() == expected[1] == stats.evaluations
 
@@ -163,7 +164,7 @@ def test_every_sample_iterations_match_hand_count(mode):
     f = batch_map([0.2, 0.6, 0.9])
     z0 = torch.zeros(3, DIM, dtype=torch.float64)
     with torch.no_grad():
-        _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode)).solve(f, z0, 300, 1e-8)
+        _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode))(f, z0, Budget.to_tolerance(1e-8, 300))
         expected = first_step_under(f, z0, 1e-8, mode)
     assert stats.iterations.tolist() == expected
 
@@ -182,8 +183,8 @@ def test_a_solve_reads_its_device_once_per_evaluation_and_once_per_sample_it_ret
                      lambda state, rows: [state[0].index_select(0, rows)],
                      lambda state, rows, new: [state[0].index_copy(0, rows, new[0])])
     with torch.no_grad(), HostReads() as reads:
-        _, stats = FixedPointSolver(FixedPointOptions(solver=solver)).solve(
-            kept.f if keeps_state else f, torch.zeros(3, DIM, dtype=torch.float64), 300, 1e-8,
+        _, stats = FixedPointSolver(FixedPointOptions(solver=solver))(
+            kept.f if keeps_state else f, torch.zeros(3, DIM, dtype=torch.float64), Budget.to_tolerance(1e-8, 300),
             restrict=kept.restrict if keeps_state else None, on_improved=kept.improved if keeps_state else None)
     assert stats.converged.all() and stats.evaluations >= 10
     # One read per evaluation, one per sample retired (at most the batch), one at the end.
@@ -200,7 +201,7 @@ def test_budget_caps_evaluations_and_reports_failure():
         return f_map(z, gain, bias)
 
     with torch.no_grad():
-        _, stats = FixedPointSolver(FixedPointOptions()).solve(f, torch.zeros(1, DIM, dtype=torch.float64), 3, 1e-12)
+        _, stats = FixedPointSolver(FixedPointOptions())(f, torch.zeros(1, DIM, dtype=torch.float64), Budget.to_tolerance(1e-12, 3))
     assert len(calls) == stats.evaluations == 3
     assert stats.iterations.tolist() == [3]
     assert not stats.converged.any()
@@ -216,7 +217,7 @@ def solve_with_fast_sample(slower_gains, tol):
     f = lambda z: f_map(z, gain, bias)  # noqa: E731
     z0 = torch.zeros(len(gain), DIM, dtype=torch.float64)
     with torch.no_grad():
-        z, stats = FixedPointSolver(FixedPointOptions()).solve(f, z0, 300, tol)
+        z, stats = FixedPointSolver(FixedPointOptions())(f, z0, Budget.to_tolerance(tol, 300))
     return z, stats, f
 
 
@@ -244,8 +245,8 @@ def test_adding_faster_samples_leaves_a_slow_sample_unchanged():
     z0 = torch.zeros(3, DIM, dtype=torch.float64)
     solver = FixedPointSolver(FixedPointOptions())
     with torch.no_grad():
-        z_alone, stats_alone = solver.solve(lambda z: f_map(z, gain[:1], bias[:1]), z0[:1], 300, 1e-8)
-        z_batch, stats_batch = solver.solve(lambda z: f_map(z, gain, bias), z0, 300, 1e-8)
+        z_alone, stats_alone = solver(lambda z: f_map(z, gain[:1], bias[:1]), z0[:1], Budget.to_tolerance(1e-8, 300))
+        z_batch, stats_batch = solver(lambda z: f_map(z, gain, bias), z0, Budget.to_tolerance(1e-8, 300))
     torch.testing.assert_close(z_batch[:1], z_alone, rtol=1e-14, atol=1e-14)
     assert stats_batch.iterations[0] == stats_alone.iterations[0]
 
@@ -262,7 +263,7 @@ def test_zero_budget_returns_start_without_calling_f():
     def f(z):
         raise AssertionError("f must not run with a zero budget")
 
-    z, stats = FixedPointSolver(FixedPointOptions()).solve(f, z0, max_iter=0, tol=1e-3)
+    z, stats = FixedPointSolver(FixedPointOptions())(f, z0, Budget.exactly(0, 1e-3))
     assert z is z0
     assert stats.evaluations == 0 and stats.iterations.tolist() == [0, 0]
     assert not stats.converged.any()
@@ -272,8 +273,8 @@ def test_anderson_converges_to_the_same_fixed_point():
     f = batch_map([0.3, 0.9])
     z0 = torch.zeros(2, DIM, dtype=torch.float64)
     with torch.no_grad():
-        z_and, stats_and = FixedPointSolver(FixedPointOptions(solver="anderson")).solve(f, z0, 100, 1e-10)
-        z_fp, _ = FixedPointSolver(FixedPointOptions()).solve(f, z0, 500, 1e-10)
+        z_and, stats_and = FixedPointSolver(FixedPointOptions(solver="anderson"))(f, z0, Budget.to_tolerance(1e-10, 100))
+        z_fp, _ = FixedPointSolver(FixedPointOptions())(f, z0, Budget.to_tolerance(1e-10, 500))
         _, rel_res = residuals(f, z_and)
     assert (rel_res < 1e-10).all() and stats_and.converged.all()
     assert stats_and.evaluations < 100
@@ -304,10 +305,10 @@ def test_phantom_gradient_is_autograd_through_damped_steps(tau, steps):
     options = FixedPointOptions(train_max_iter=6, train_tol=1e-12, phantom_steps=steps, tau=tau)
     solver = FixedPointSolver(options)
 
-    z, stats = solver(f, z0, training=True)
+    z, stats = solved(solver, f, z0, training=True)
     grads = parameter_grads(f_map, z, weights)
 
-    z_star, _ = solver.solve(f, z0, max_iter=6, tol=1e-12)
+    z_star, _ = solver(f, z0, Budget.to_tolerance(1e-12, 6))
     z_ref = z_star.detach()
     for _ in range(steps):
         z_ref = tau * f(z_ref) + (1 - tau) * z_ref
@@ -324,7 +325,7 @@ def test_damping_changes_the_phantom_gradient():
     def grads_for(tau):
         f_map, f, z0, weights = training_setup()
         options = FixedPointOptions(train_max_iter=6, train_tol=1e-12, phantom_steps=2, tau=tau)
-        z, _ = FixedPointSolver(options)(f, z0, training=True)
+        z, _ = solved(FixedPointSolver(options), f, z0, training=True)
         return parameter_grads(f_map, z, weights)
 
     assert not torch.allclose(grads_for(1.0)[0], grads_for(0.5)[0], rtol=1e-3)
@@ -334,7 +335,7 @@ def test_unroll_is_plain_autograd_through_n_steps():
     f_map, f, z0, weights = training_setup()
     solver = FixedPointSolver(FixedPointOptions(unroll_steps=3, train_max_iter=50))
 
-    z, stats = solver(f, z0, training=True)
+    z, stats = solved(solver, f, z0, training=True)
     grads = parameter_grads(f_map, z, weights)
 
     z_ref = z0
@@ -353,16 +354,16 @@ def test_unroll_is_plain_autograd_through_n_steps():
 def test_evaluation_uses_the_evaluation_budget_and_keeps_no_graph():
     f_map, f, z0, _ = training_setup()
     solver = FixedPointSolver(FixedPointOptions(train_max_iter=2, max_iter=5, tol=1e-14))
-    z, stats = solver(f, z0, training=False)
+    z, stats = solved(solver, f, z0)
     assert stats.evaluations == 5 and stats.tol == 1e-14
     assert not z.requires_grad
-    _, stats = solver(f, z0, training=False, max_iter=2, tol=1e-3)
+    _, stats = solved(solver, f, z0, max_iter=2, tol=1e-3)
     assert stats.evaluations == 2 and stats.tol == 1e-3
 
 
 def test_zero_solve_budget_in_training_takes_phantom_steps_from_z0():
     f_map, f, z0, weights = training_setup()
-    z, stats = FixedPointSolver(FixedPointOptions(train_max_iter=0, tau=1.0))(f, z0, training=True)
+    z, stats = solved(FixedPointSolver(FixedPointOptions(train_max_iter=0, tau=1.0)), f, z0, training=True)
     assert stats.evaluations == 0
     torch.testing.assert_close(z, f(z0), rtol=0, atol=0)
 

@@ -7,7 +7,7 @@ import torch
 from torch.autograd import gradgradcheck
 
 from implicitlm.deq import FixedPointOptions, OptionError, penalised
-from implicitlm.deq.solver import jacobian_frobenius
+from implicitlm.deq.solve import jacobian_frobenius
 from implicitlm.layers.causal_conv import causal_conv
 from implicitlm.layers.ssd import ssd_chunked
 from implicitlm.models import ImplicitMamba2ForCausalLM

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from implicitlm.core.errors import OptionError
-from implicitlm.deq import FixedPointOptions, FixedPointSolver, LearnedMixing
+from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver, LearnedMixing
 from implicitlm.deq.solvers.anderson import MEMORY, safeguarded_anderson
 
 from tests.support.learned_solver import TOKENS, active_mixing, contractive, run
@@ -25,7 +25,7 @@ def slow_map(dim: int = 16, factor: float = 0.97, seed: int = 0):
 
 def solve(f, solver: str, mixing: LearnedMixing | None = None, tol: float = 1e-10):
     z0 = torch.zeros(3, 16, dtype=torch.float64)
-    return FixedPointSolver(FixedPointOptions(solver=solver), mixing).solve(f, z0, 500, tol)
+    return FixedPointSolver(FixedPointOptions(solver=solver), mixing)(f, z0, Budget.to_tolerance(tol, 500))
 
 
 @pytest.mark.parametrize("architecture", sorted(SMALL))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.support.contractive import make_contractive
+from tests.support.solving import solved
 from implicitlm.cli import main
 from implicitlm.deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, FixedPointStats, OptionError
 from implicitlm.eval.convergence import convergence_metrics, convergence_summary
@@ -32,7 +33,7 @@ def solver(**options) -> FixedPointSolver:
 
 
 def solve(f, batch: int, training: bool = False, **options):
-    return solver(**options)(f, torch.zeros(batch, 3, 2), training=training)
+    return solved(solver(**options), f, torch.zeros(batch, 3, 2), training=training)
 
 
 # ---------------------------------------------------------------- divergence
@@ -47,9 +48,8 @@ def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_con
         rows_seen.append(rows.tolist())
         return affine(SLOPES[rows])
 
-    z, stats = solver(divergence_patience=8, stop_mode=stop_mode)(
-        affine(SLOPES), torch.zeros(4, 3, 2), training=False, restrict=restrict if restricted else None
-    )
+    z, stats = solved(solver(divergence_patience=8, stop_mode=stop_mode), affine(SLOPES), torch.zeros(4, 3, 2),
+                      restrict=restrict if restricted else None)
     # The step at evaluation n is 1.5^(n-1) per entry: above 100 times the first from n = 13
     # (1.5^12 = 130), so the 8th evaluation in a row that far out is the 20th.
     assert stats.iterations[DIVERGING].tolist() == [20, 20]
@@ -111,9 +111,8 @@ def test_a_converging_sample_whose_step_grows_for_its_whole_length_is_not_given_
     # rises are how such a sample converges, not a sign that it diverges.
     length = 32
     f = travelling_front(length, 1.1)
-    z, stats = FixedPointSolver(FixedPointOptions(max_iter=64, tol=1e-6, stop_mode="abs"))(
-        f, torch.zeros(2, length, 1), training=False
-    )
+    z, stats = solved(FixedPointSolver(FixedPointOptions(max_iter=64, tol=1e-6, stop_mode="abs")), f,
+                      torch.zeros(2, length, 1))
     assert stats.converged.all() and not stats.diverged.any() and stats.iterations.tolist() == [length + 1] * 2
     expected = torch.tensor([sum(1.1**k for k in range(t + 1)) for t in range(length)]).view(1, length, 1)
     torch.testing.assert_close(z, expected.expand(2, -1, -1))

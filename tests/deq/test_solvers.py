@@ -14,7 +14,7 @@ from tests.support.models import contractive_model, token_ids
 from tests.support.learned_solver import mixing_for
 from implicitlm.cli import main
 from implicitlm.data.words import generate_words
-from implicitlm.deq import FixedPointOptions, FixedPointSolver, solve_sequence
+from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver, solve_sequence
 from implicitlm.deq.options import SOLVERS
 from implicitlm.core.schema import OptionError
 from implicitlm.deq import solvers
@@ -51,7 +51,8 @@ class ToyProblem:
         rows = torch.tensor(rows)
         restrict = (lambda active: self.f(rows[active])) if restricted else None
         z0 = torch.zeros(len(rows), self.q.shape[0], dtype=torch.float64)
-        return FixedPointSolver(FixedPointOptions(solver=solver), mixing_for(solver)).solve(self.f(rows), z0, max_iter, tol, restrict)
+        return FixedPointSolver(FixedPointOptions(solver=solver), mixing_for(solver))(
+            self.f(rows), z0, Budget.to_tolerance(tol, max_iter), restrict=restrict)
 
 
 def evaluations_per_sample(problem: ToyProblem, samples: int) -> list[int]:
@@ -181,7 +182,7 @@ def run_toy_sequence(samples: list[int], solver: str = "fixed_point_iter"):
     state = ToyState(torch.zeros(len(samples), 6, dtype=torch.float64), torch.tensor(samples))
     fp_solver = FixedPointSolver(FixedPointOptions(solver=solver), mixing_for(solver))
     with torch.no_grad():
-        z, state, stats = solve_sequence(recurrence.step, injection, state, fp_solver, 6, 300, 1e-10,
+        z, state, stats = solve_sequence(recurrence.step, injection, state, fp_solver, 6, Budget.to_tolerance(1e-10, 300),
                                          select_toy_rows, replace_toy_rows)
     return z, state, stats, recurrence.steps
 
@@ -369,7 +370,7 @@ def test_an_unknown_mode_solver_is_refused_by_name():
     with pytest.raises(OptionError, match="fixed-point option 'sequential_solver' must be one of '', 'fixed_point_iter'"):
         FixedPointOptions(sequential_solver="newton")
     with pytest.raises(ValueError, match="phase must be one of training, simultaneous, sequential"):
-        FixedPointSolver(FixedPointOptions()).solve(lambda z: z, torch.zeros(1, 2), 3, 1e-3, phase="rnn")
+        FixedPointSolver(FixedPointOptions())(lambda z: z, torch.zeros(1, 2), Budget.to_tolerance(1e-3, 3), phase="rnn")
 
 
 def test_words_eval_takes_a_solver_for_every_solve(tmp_path):

@@ -16,7 +16,7 @@ from implicitlm.cli import main
 from implicitlm.core.errors import OptionError
 from implicitlm.core.targets import TargetExistsError
 from implicitlm.data.tokenizer import train_tokenizer
-from implicitlm.deq import FixedPointOptions, FixedPointSolver
+from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver
 from implicitlm.deq.options import MAX_EVALUATIONS
 from implicitlm.eval.harness import ImplicitLMHarness
 from implicitlm.models import config_from_options
@@ -255,8 +255,8 @@ def test_a_solver_call_above_the_limit_is_refused_in_every_phase():
     solver = FixedPointSolver(FixedPointOptions())
     z0 = torch.zeros(2, 3)
     for phase in ("training", "simultaneous", "sequential"):
-        refused(lambda: solver.solve(lambda z: 0.5 * z + 1, z0, HUGE, 1e-3, phase=phase), "'max_iter'")
-    z, stats = solver.solve(lambda z: 0.5 * z + 1, z0, MAX_EVALUATIONS, 1e-6)
+        refused(lambda: solver(lambda z: 0.5 * z + 1, z0, Budget.to_tolerance(1e-3, HUGE), phase=phase), "'max_iter'")
+    z, stats = solver(lambda z: 0.5 * z + 1, z0, Budget.to_tolerance(1e-6, MAX_EVALUATIONS))
     assert torch.allclose(z, torch.full_like(z0, 2.0), atol=1e-5) and int(stats.iterations.max()) < 30
 
 

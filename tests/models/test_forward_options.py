@@ -225,3 +225,24 @@ def test_generate_computes_the_prompts_last_logits_only(architecture, implicit):
         hook.remove()
     assert widths == [1, 1, 1]  # the prefill's last position, then one per new token
     assert torch.equal(model.generate(prompt, max_new_tokens=3, logits_to_keep=0), sequences)
+
+
+@pytest.mark.parametrize("architecture", ["mamba2", "llama"])
+def test_a_calls_fixed_point_options_are_its_own_and_the_models_stay(architecture):
+    """``fixed_point`` of one forward or one generation: what the model gives with those options
+    set, its own options unchanged for every other call."""
+    model, ids = make_model(architecture, True), tokens(2, 7, seed=12)
+    configured = make_model(architecture, True)
+    configured.load_state_dict(model.state_dict())
+    changes = {"solver": "anderson", "max_iter": 3, "tol": 1e-2, "chunk_length": 4, "retry_depth": 0}
+    configured.set_fixed_point_options(**changes)
+    own = model.solver.options
+    with torch.no_grad():
+        given, set_on_model = model(ids, fixed_point=changes), configured(ids)
+        assert torch.equal(given.logits, set_on_model.logits)
+        assert given.fixed_point.solver == "anderson" and int(given.fixed_point.iterations.max()) <= 6
+        assert model.solver.options == own and not torch.equal(model(ids).logits, given.logits)
+        generated = model.generate(ids, max_new_tokens=3, do_sample=False, fixed_point={"passes": 1})
+        configured.set_fixed_point_options(passes=1)
+        assert torch.equal(generated, configured.generate(ids, max_new_tokens=3, do_sample=False))
+    assert model.solver.options == own

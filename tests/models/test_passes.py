@@ -3,6 +3,8 @@ carried through generation token by token in any dtype."""
 
 from __future__ import annotations
 
+import copy
+
 import json
 
 import pytest
@@ -87,14 +89,26 @@ def test_a_calls_passes_outside_the_rule_is_refused_naming_it(passes):
         model.set_fixed_point_options(passes=passes)
 
 
-def test_a_training_forward_refuses_passes_it_cannot_honour():
-    """A training forward runs the curriculum's no-grad solve and phantom steps: a budget of K
-    passes there is refused in one line (before, dropped: the same loss for 1 and 50)."""
+def test_a_training_forward_of_k_passes_is_the_unroll_of_k_passes_without_the_penalty():
+    """A training forward given K passes differentiates through K passes from z = 0 (the
+    few-pass stage's forward), the phase's Jacobian penalty left out: the loss and gradients of
+    a model whose options unroll K passes, and the options of the model given it unchanged
+    (before, the stage set them on the live model and put them back)."""
     model = contractive("mamba2").train()
-    for passes in (1, 50):
-        with pytest.raises(OptionError, match=rf"passes={passes} is an inference budget: .*model.eval\(\)"):
-            model(TOKENS, labels=TOKENS, passes=passes)
+    model.set_fixed_point_options(jacobian_penalty=0.5)
+    phase = model.solver.options
+    unrolling = copy.deepcopy(model)
+    unrolling.set_fixed_point_options(unroll_steps=3, jacobian_penalty=0.0)
+    given, unrolled = model(TOKENS, labels=TOKENS, passes=3), unrolling(TOKENS, labels=TOKENS)
+    given.loss.backward()
+    unrolled.loss.backward()
+    assert given.fixed_point.solver == "unroll" and given.fixed_point.jacobian_penalty is None
+    assert torch.equal(given.loss, unrolled.loss)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), unrolling.parameters()))
+    assert model.solver.options == phase
+    assert not torch.equal(model(TOKENS, labels=TOKENS, passes=1).loss, given.loss)
     # Solving to the tolerance is what training does: passes 0 asks for nothing else.
+    model.set_fixed_point_options(jacobian_penalty=0.0)
     assert torch.equal(model(TOKENS, labels=TOKENS, passes=0).loss, model(TOKENS, labels=TOKENS).loss)
 
 

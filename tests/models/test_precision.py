@@ -9,7 +9,7 @@ float32 1.2e-7), so one bound serves all three dtypes:
 - explicit models: one pass, every operation rounded once; measured at most 2.6 epsilons,
   bound 6;
 - implicit models: the solve stops at a relative residual of the precision's floor (two
-  epsilons, ``deq.solver.residual_floor``: a half-precision map cannot get much closer), and an
+  epsilons, ``deq.residuals.residual_floor``: a half-precision map cannot get much closer), and an
   iterate that close to the fixed point is off by about that residual over one minus the map's
   contraction rate; these test models contract at about 0.7 per iteration, so a few floors:
   measured at most 12 epsilons (float32 Mamba2), bound 24.
@@ -31,14 +31,15 @@ import implicitlm.models  # noqa: F401  (registers the Auto classes)
 from implicitlm.cli import main
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.deq import FixedPointOptions, FixedPointSolver
-from implicitlm.deq import solver as deq_solver
-from implicitlm.deq.solver import residual_floor
+from implicitlm.deq import residuals
+from implicitlm.deq.residuals import residual_floor
 from implicitlm.layers.ssd import ssd_chunked, ssd_reference
 from implicitlm.layers.ssd_kernel import fused_ssd_kernel
 from implicitlm.models import build_model, config_from_options
 from implicitlm.models.loss import token_cross_entropy
 
 from tests.support.contractive import make_contractive
+from tests.support.solving import solved
 
 FAMILIES = {
     "mamba2": dict(state_size=8, head_dim=8, chunk_size=4),
@@ -304,7 +305,7 @@ def test_residual_norms_are_float32_sums_where_a_float16_sum_of_squares_overflow
     diverged."""
     z0 = torch.zeros(2, 70_000, dtype=torch.float16)
     solver = FixedPointSolver(FixedPointOptions(max_iter=64))
-    z, stats = solver.solve_for_inference(lambda z: 0.5 * z + 1, z0, tol=1e-3)
+    z, stats = solved(solver, lambda z: 0.5 * z + 1, z0, tol=1e-3)
     assert stats.rel_residual.dtype == torch.float32 and bool(torch.isfinite(stats.abs_residual).all())
     assert bool(stats.converged.all()) and not bool(stats.diverged.any())
     assert z.dtype == torch.float16 and relative_error(z, torch.full_like(z, 2.0)) <= residual_floor(torch.float16)
@@ -322,18 +323,18 @@ def test_a_tolerance_below_the_precisions_floor_is_raised_to_it_and_the_solve_st
     the stats say which tolerance was held, and one line (once, not at every solve) says why."""
     solver = FixedPointSolver(FixedPointOptions(max_iter=200))
     z0 = torch.zeros(4, 512, dtype=dtype)
-    monkeypatch.setattr(deq_solver, "_RAISED_TOLERANCES", set())  # as in a fresh process
+    monkeypatch.setattr(residuals, "_RAISED_TOLERANCES", set())  # as in a fresh process
     with caplog.at_level("WARNING", logger="implicitlm"):
-        z, stats = solver.solve_for_inference(contraction, z0, tol=1e-6)
-        solver.solve_for_inference(contraction, z0, tol=1e-6)
+        z, stats = solved(solver, contraction, z0, tol=1e-6)
+        solved(solver, contraction, z0, tol=1e-6)
     [line] = [record.getMessage() for record in caplog.records]
     assert "below what a" in line and f"{residual_floor(dtype):.3g}" in line
     assert stats.tol == residual_floor(dtype) == 2 * torch.finfo(dtype).eps
     assert bool(stats.converged.all()) and int(stats.iterations.max()) < 40
-    exact, _ = solver.solve_for_inference(contraction, z0.double(), tol=1e-12)
+    exact, _ = solved(solver, contraction, z0.double(), tol=1e-12)
     assert relative_error(z, exact) < 8 * torch.finfo(dtype).eps
     # A float64 map keeps the tolerance it was given.
-    assert solver.solve_for_inference(contraction, z0.double(), tol=1e-6)[1].tol == 1e-6
+    assert solved(solver, contraction, z0.double(), tol=1e-6)[1].tol == 1e-6
 
 
 def test_under_autocast_the_floor_is_the_autocast_dtypes():
@@ -342,7 +343,7 @@ def test_under_autocast_the_floor_is_the_autocast_dtypes():
     weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) / 64
     solver = FixedPointSolver(FixedPointOptions(train_max_iter=200))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        z, stats = solver(lambda z: torch.tanh(z @ weight + 1), torch.zeros(2, 64), training=True, tol=1e-6)
+        z, stats = solved(solver, lambda z: torch.tanh(z @ weight + 1), torch.zeros(2, 64), training=True, tol=1e-6)
     assert stats.tol == residual_floor(torch.bfloat16) and bool(stats.converged.all())
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from implicitlm.deq import InitialGuess
+from implicitlm.deq import Budget, InitialGuess
 from implicitlm.models.stack_passes import StackPasses
 
 from tests.support.learned_solver import active_mixing
@@ -44,7 +44,8 @@ def test_k_simultaneous_passes_are_k_applications_of_the_stack_map_from_the_firs
     passes = model.stack_passes
     with torch.no_grad():
         embedded, injection = solve_inputs(model, tokens())
-        z, stats, _ = passes.simultaneous(embedded, injection, None, None, False, None, None, chunk_length=0, passes=3)
+        z, stats, _ = passes.simultaneous(embedded, injection, None, None, False, passes.call_budget("simultaneous", passes=3),
+                                          chunk_length=0)
         first = model.learned_start.first_iterate(model.solver.options, model.stack, embedded)
         stack_map = passes.stack_map(injection, None, None)
         by_hand = first
@@ -61,9 +62,11 @@ def test_the_model_s_forward_is_its_passes_then_its_head():
     with torch.no_grad():
         output = model(ids, use_cache=True)
         embedded, injection = solve_inputs(model, ids)
-        z, stats, state = model.stack_passes.simultaneous(embedded, injection, None, None, True, None, None, 0)
+        budget = model.stack_passes.call_budget("simultaneous")
+        z, stats, state = model.stack_passes.simultaneous(embedded, injection, None, None, True, budget, 0)
         sequential = model(ids, mode="sequential")
-        z_sequential, _, _ = model.stack_passes.sequential(embedded, injection, None, None, None)
+        z_sequential, _, _ = model.stack_passes.sequential(embedded, injection, None,
+                                                           model.stack_passes.call_budget("sequential"))
     assert torch.equal(output.logits, model._logits(z))
     assert torch.equal(sequential.logits, model._logits(z_sequential))
     assert torch.equal(output.fixed_point.iterations, stats.iterations)
@@ -77,25 +80,26 @@ def test_probing_stops_each_solve_at_one_evaluation_and_restores_the_budget_even
     ids = tokens()
     with torch.no_grad():
         embedded, injection = solve_inputs(model, ids)
-        solved = passes.simultaneous(embedded, injection, None, None, False, *passes.call_budget(None, None)[:2], 0)[1]
+        solved = passes.simultaneous(embedded, injection, None, None, False, passes.call_budget("simultaneous"), 0)[1]
         assert solved.evaluations > 1
         with pytest.raises(RuntimeError, match="inside the probe"):
             with passes.probing():
-                max_iter, tol, k = passes.call_budget(None, None, passes=4)
-                assert (max_iter, tol, k) == (1, float("inf"), 0)
-                probed = passes.simultaneous(embedded, injection, None, None, False, max_iter, tol, 0, k)[1]
+                budget = passes.call_budget("simultaneous", passes=4)
+                assert budget == Budget.to_tolerance(float("inf"), 1)
+                probed = passes.simultaneous(embedded, injection, None, None, False, budget, 0)[1]
                 assert probed.evaluations == 1 and bool(probed.converged.all())
                 assert model(ids, mode="sequential").fixed_point.iterations.max() == 1
                 raise RuntimeError("inside the probe")
-        assert passes.call_budget(None, None, passes=4) == (None, None, 4)
+        assert passes.call_budget("simultaneous", passes=4) == Budget.exactly(4, model.solver.options.tol)
         assert model(ids).fixed_point.evaluations == solved.evaluations
 
 
 def test_the_model_s_probing_is_its_passes_probing():
     model = small_model()
     with model.probing():
-        assert model.stack_passes.call_budget(None, None)[:2] == (1, float("inf"))
-    assert model.stack_passes.call_budget(None, None)[:2] == (None, None)
+        assert model.stack_passes.call_budget("sequential") == Budget.to_tolerance(float("inf"), 1)
+    options = model.solver.options
+    assert model.stack_passes.call_budget("sequential") == Budget.to_tolerance(options.tol, options.max_iter)
 
 
 @pytest.mark.parametrize("architecture", list(SMALL))

@@ -1,15 +1,17 @@
-"""Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
+"""Model-agnostic fixed-point machinery: options, budgets, the one solve, phantom gradient, sequential mode."""
 
 from ..core.schema import OptionError
+from .budget import Budget
 from .initial_guess import InitialGuess
 from .kept_state import KeptState
 from .learned_mixing import LearnedMixing
 from .options import FixedPointOptions
 from .sequential import solve_sequence
-from .solver import FixedPointSolver
+from .solve import FixedPointSolver
 from .stats import ConvergenceTally, FixedPointStats, chain_chunks, penalised, warn_not_converged, with_retried_rows
 
 __all__ = [
+    "Budget",
     "ConvergenceTally",
     "FixedPointOptions",
     "FixedPointSolver",

@@ -22,7 +22,7 @@ ReplaceRowsFn = Callable[[Any, torch.Tensor, Any], Any]
 
 
 class KeptState:
-    """``f`` and ``restrict`` for ``FixedPointSolver.solve``, and its ``on_improved``
+    """``f`` and ``restrict`` for ``FixedPointSolver``, and its ``on_improved``
     callback, which keeps each sample's state from the pass that gave its best image.
 
     ``select_rows(state, rows)``: those batch rows of a state; ``replace_rows(state, rows,
@@ -53,7 +53,11 @@ class KeptState:
 
     def improved(self, rows: torch.Tensor, better: torch.Tensor | None) -> None:
         """The last pass ran on ``rows`` (or on the whole batch, of which the solver kept
-        ``rows``); ``better``: a mask of those whose image improved (None: all of them)."""
+        ``rows``; None: the whole batch, the answer of every row, as a solve of K passes says);
+        ``better``: a mask of those whose image improved (None: all of them)."""
+        if rows is None:
+            self.state = self._last
+            return
         whole_pass = self._last_rows is None
         # The first pass runs on every sample. One it did not improve (a NaN image) keeps
         # that pass's state only until a finite image replaces it; with none, the solve raises.

@@ -32,7 +32,7 @@ class FixedPointStats:
     computed and dropped. ``solver``: the
     name of the solver that produced them. ``jacobian_penalty``: in training with the
     option of that name, the term to add to the loss (with its graph; see ``penalised``).
-    ``passes``: K for a solve of exactly K passes (``deq/fixed_passes.py``), whose residual is
+    ``passes``: K for a solve of exactly K passes (``deq/passes.py``), whose residual is
     its last pass's step and whose samples above the tolerance are answers short of a fixed
     point by design, not failures; 0: a solve to the tolerance.
     ``retry_iterations``: of each sample's ``iterations``, those spent solving it again after
@@ -106,10 +106,10 @@ def penalised(loss: torch.Tensor, stats: FixedPointStats | None) -> torch.Tensor
 def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:
     """One sample's solves of consecutive chunks of its sequence, as one solve of the whole.
 
-    Iterations and evaluations add up; residuals are the worst chunk's, so a sample counts as converged exactly when every chunk did; diverged
-    and non-finite when any chunk was."""
-    first = chunks[0]
-    return FixedPointStats(
+    Passes add up; residuals are the worst chunk's, so a sample counts as converged exactly
+    when every chunk did; diverged and non-finite when any chunk was."""
+    return dataclasses.replace(
+        chunks[0],
         iterations=torch.stack([c.iterations for c in chunks]).sum(dim=0),
         abs_residual=torch.stack([c.abs_residual for c in chunks]).amax(dim=0),
         rel_residual=torch.stack([c.rel_residual for c in chunks]).amax(dim=0),
@@ -117,12 +117,23 @@ def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:
         non_finite=torch.stack([c.non_finite for c in chunks]).any(dim=0),
         evaluations=sum(c.evaluations for c in chunks),
         row_evaluations=sum(c.row_evaluations for c in chunks),
-        tol=first.tol,
-        stop_mode=first.stop_mode,
-        solver=first.solver,
-        passes=first.passes,
         retry_iterations=None if all(c.retry_iterations is None for c in chunks) else
         torch.stack([c.retried for c in chunks]).sum(dim=0),
+    )
+
+
+def per_token(tokens: list[FixedPointStats]) -> FixedPointStats:
+    """The solves of a sequence's tokens one by one (sequential mode), as stats of shape
+    (batch, tokens); the tolerance the last one held (every token's, raised to the same floor)."""
+    return dataclasses.replace(
+        tokens[-1],
+        iterations=torch.stack([t.iterations for t in tokens], dim=1),
+        abs_residual=torch.stack([t.abs_residual for t in tokens], dim=1),
+        rel_residual=torch.stack([t.rel_residual for t in tokens], dim=1),
+        diverged=torch.stack([t.diverged for t in tokens], dim=1),
+        non_finite=torch.stack([t.non_finite for t in tokens], dim=1),
+        evaluations=sum(t.evaluations for t in tokens),
+        row_evaluations=sum(t.row_evaluations for t in tokens),
     )
 
 

@@ -230,10 +230,10 @@ def _token_jacobian(
 
 def _solve_token(model, state: list, injection: torch.Tensor, max_iter: int | None, tol: float | None):
     """The token's fixed point with the model's evaluation budget, as sequential mode finds it."""
-    return model.solver.solve(
+    return model.solver(
         lambda z: model.stack.step(z, injection, state)[0],
         injection.new_zeros(injection.shape[0], model.config.hidden_size),
-        *model.solver.options.budget(max_iter, tol),
+        model.solver.options.solve_budget("sequential", max_iter, tol, passes=0),
         phase="sequential",
     )
 

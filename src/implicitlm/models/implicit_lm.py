@@ -29,7 +29,7 @@ from ..core.errors import OptionError
 from ..core.file_digests import write_model_digests
 from ..core.log_lines import without_log_lines
 from ..core.run_folder import refuse_model_target
-from ..deq import ConvergenceTally, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
+from ..deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
 from ..layers import RMSNorm
 from .inputs import (
     MODES, check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
@@ -39,7 +39,7 @@ from .learned_start import LearnedStart
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack
-from .stack_passes import EXPLICIT_PASSES, StackPasses
+from .stack_passes import StackPasses, checked_options
 from .token_graphs import TokenGraphs
 from .weight_cache import weights_once
 
@@ -149,11 +149,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         return self.stack_passes.probing()
 
     def set_fixed_point_options(self, **changes) -> None:
-        """Change solver options in place (curriculum phases, evaluation budgets). A budget of
+        """Change the model's fixed-point options, the default of every call (a curriculum phase's,
+        a checkpoint's as shipped); one call's own are its ``fixed_point`` argument. A budget of
         passes is refused on an explicit model, which has none to spend."""
-        options = self.solver.options.replace(**changes)
-        if options.passes and not self.config.implicit:
-            raise OptionError(f"passes={options.passes}: {EXPLICIT_PASSES}", arguments=("passes",))
+        options = checked_options(self.config, self.solver.options.replace(**changes))
         self.config.fixed_point = options.to_dict()
         self.stack_passes.solver = self.learned_start.solver(options)
 
@@ -164,10 +163,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         the tolerance whatever ``passes`` says: what a learned solver is fitted to."""
         self._require_fixed_point(input_ids)
         stack_passes = self.stack_passes
-        max_iter, tol, _ = stack_passes.call_budget(max_iter, tol, passes=0)
+        budget = stack_passes.call_budget("simultaneous", max_iter, tol, passes=0)
         with weights_once(self):
             embedded = self.embeddings(input_ids)
-            z, stats, _ = stack_passes.simultaneous(embedded, self._injected(embedded), None, None, False, max_iter, tol,
+            z, stats, _ = stack_passes.simultaneous(embedded, self._injected(embedded), None, None, False, budget,
                                                     stack_passes.chunk_length(None))
         return embedded, z, stats
 
@@ -294,8 +293,13 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         convergence around this call reports it itself). ``cuda_graphs``: decode each token
         from a captured graph where its passes are fixed (``decoding_graphs``; default: on a
         CUDA model; True on a CPU runs the graphs' buffers eagerly). A batch of prompts padded
-        on either side gives each prompt's text alone (``prepare_inputs_for_generation``)."""
+        on either side gives each prompt's text alone (``prepare_inputs_for_generation``).
+        ``fixed_point``: the options of every forward of this generation, as ``forward`` takes
+        them; the model's own are left as they are."""
         check_generation_arguments(self.generation_config, args, kwargs)
+        if isinstance(kwargs.get("fixed_point"), dict):
+            # Checked once, not at every token's forward.
+            kwargs["fixed_point"] = self.stack_passes.with_options(kwargs["fixed_point"]).solver.options
         caller_tracks = bool(self._tallies)
         graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         # The weight-normalised weights once per generation, not once per token: a token's
@@ -333,12 +337,14 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         chunk_length: int | None = None,
         passes: int | None = None,
+        fixed_point: FixedPointOptions | dict | None = None,
         **kwargs,
     ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
         token, as an RNN). ``max_iter`` / ``tol`` override the solver budget of this call;
         ``passes``: exactly that many passes per solve instead (0: to ``tol``; default the
-        solver options' ``passes``; ``deq/fixed_passes.py``).
+        solver options' ``passes``; ``deq/passes.py``); in training, an unroll of that many
+        passes from z = 0 in place of the phase's solve (the few-pass stage's forward).
         ``state``: the recurrent state to continue from (a previous output's ``state``);
         ``use_cache``: return the state after the last token (sequential mode always does).
         ``return_dict=False``: a tuple instead, as transformers' convention has it.
@@ -350,16 +356,19 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         transformers' models take it; ``generate`` asks for the last one.
         ``chunk_length``: in an evaluation in simultaneous mode, solve in chunks of this
         many tokens, carrying the state (0: the whole sequence; default the solver options'
-        ``chunk_length``). ``fixed_point`` then describes each sample's chunks together.
+        ``chunk_length``); the output's ``fixed_point`` then describes each sample's chunks together.
+        ``fixed_point``: this call's fixed-point options, whole or as changes to the model's
+        (``FixedPointOptions`` fields: ``solver``, ``initial_guess``, ``retry_depth`` ...); the
+        model's own are left as they are.
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = transformers_options(kwargs)
         check_forward_inputs(self, input_ids, inputs_embeds, attention_mask, state, labels)
-        stack_passes = self.stack_passes
-        max_iter, tol, passes = stack_passes.call_budget(max_iter, tol, passes)
+        stack_passes = self.stack_passes.with_options(fixed_point)
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
+        budget = stack_passes.call_budget(mode, max_iter, tol, passes)
         if mode == "sequential" and self.training and torch.is_grad_enabled():
             raise OptionError("sequential mode is for inference; training runs in simultaneous mode")
         if mode == "sequential" and padding is not None:
@@ -375,7 +384,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         graphed = None
         if self._token_graphs is not None and mode == "sequential" and not (output_hidden_states or labels is not None
                                                                               or inputs_embeds is not None):
-            graphed = self._token_graphs.token(self, input_ids, state, (max_iter, tol, passes))
+            graphed = self._token_graphs.token(self, stack_passes, input_ids, state, budget)
         if graphed is not None:
             (logits, stats, new_state), hidden_states = graphed, None
         else:
@@ -383,11 +392,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
                 embedded = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
                 injection = self._injected(embedded)
                 if mode == "sequential":
-                    z, stats, new_state = stack_passes.sequential(embedded, injection, state, max_iter, tol, passes)
+                    z, stats, new_state = stack_passes.sequential(embedded, injection, state, budget)
                 else:
                     z, stats, new_state = stack_passes.simultaneous(
-                        embedded, injection, state, padding, use_cache, max_iter, tol,
-                        stack_passes.chunk_length(chunk_length), passes)
+                        embedded, injection, state, padding, use_cache, budget, stack_passes.chunk_length(chunk_length))
                 hidden_states = stack_passes.hidden_states(embedded, injection, z, state, padding) if output_hidden_states else None
                 logits = self._logits(z[:, kept_positions(logits_to_keep, labels)])
         if stats is not None:
@@ -421,6 +429,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         chunk_length: int | None = None,
         passes: int | None = None,
+        fixed_point: FixedPointOptions | dict | None = None,
         **unused,
     ) -> dict:
         """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
@@ -431,12 +440,13 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         the ones after it, fed in sequential mode. A prompt padded on the right (or with gaps)
         is read with its padding moved to the left (``left_aligned``), as each row alone; the
         sequences returned keep it where it was given. ``max_iter`` / ``tol`` / ``passes`` set the
-        solver budget (the evaluation budget by default); ``use_cache=False`` re-reads the whole
+        solver budget (the evaluation budget by default), ``fixed_point`` the options of every
+        forward (as ``forward`` takes them); ``use_cache=False`` re-reads the whole
         sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
         forward (transformers' convention), ``input_ids`` for it afterwards. ``chunk_length``:
         the prefill's, as ``forward`` takes it."""
-        budget = dict(max_iter=max_iter, tol=tol, passes=passes, use_cache=use_cache, output_hidden_states=output_hidden_states,
-                      logits_to_keep=logits_to_keep)
+        budget = dict(max_iter=max_iter, tol=tol, passes=passes, fixed_point=fixed_point, use_cache=use_cache,
+                      output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
         if state is None:
             name, prompt = ("input_ids", input_ids) if inputs_embeds is None or not is_first_iteration else ("inputs_embeds", inputs_embeds)
             attention_mask, prompt = left_aligned(attention_mask, prompt)

@@ -2,24 +2,33 @@
 an explicit model's one pass; an implicit model's fixed point over the whole sequence at once
 (in training with phantom gradients, in evaluation optionally in chunks, retrying the rows
 that missed the tolerance in shorter chunks, ``retry_depth`` times at most) or token by
-token, as an RNN; or, in an evaluation with ``passes``, exactly that many passes per solve in
-either mode (``deq/fixed_passes.py``)."""
+token, as an RNN; each solve one call of the model's solver with the call's ``Budget``: to a
+tolerance, or exactly K passes (in an evaluation, per solve in either mode; in training, the
+unroll)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from typing import Iterator
 
 import torch
 
 from ..core.errors import OptionError
-from ..deq import FixedPointOptions, FixedPointSolver, KeptState, chain_chunks, solve_sequence, with_retried_rows
-from ..deq.fixed_passes import sequence_in_passes, solve_in_passes
+from ..deq import Budget, FixedPointOptions, FixedPointSolver, KeptState, chain_chunks, solve_sequence, with_retried_rows
 from .learned_start import LearnedStart
 
 # Why an explicit model takes no budget of passes.
 EXPLICIT_PASSES = "an explicit model makes one pass of its stack, there is nothing to iterate"
+
+
+def checked_options(config, options: FixedPointOptions) -> FixedPointOptions:
+    """``options`` for a model of ``config``: a budget of passes refused on an explicit model,
+    which has none to spend."""
+    if options.passes and not config.implicit:
+        raise OptionError(f"passes={options.passes}: {EXPLICIT_PASSES}", arguments=("passes",))
+    return options
 
 
 class StackPasses:
@@ -35,41 +44,54 @@ class StackPasses:
 
     def __init__(self, stack, config, learned_start: LearnedStart, solver: FixedPointSolver) -> None:
         self.stack, self.config, self.learned_start, self.solver = stack, config, learned_start, solver
-        self._probe_budget: tuple | None = None
+        self._probing = False
 
     @property
     def training(self) -> bool:
         return self.stack.training
+
+    def with_options(self, fixed_point: FixedPointOptions | dict | None) -> StackPasses:
+        """These passes with the fixed-point options of one call: ``fixed_point`` whole, or the
+        model's changed by those fields (None or empty: these passes themselves). The model's own
+        options, the default of every other call, are left as they are."""
+        if not fixed_point:
+            return self
+        options = fixed_point if isinstance(fixed_point, FixedPointOptions) else self.solver.options.replace(**fixed_point)
+        call = copy.copy(self)
+        call.solver = self.learned_start.solver(checked_options(self.config, options))
+        return call
 
     @contextlib.contextmanager
     def probing(self) -> Iterator[None]:
         """Inside the block every forward probes the memory its batch takes: each solve stops at
         its first evaluation (a solve without gradients holds as much whatever its iterations),
         to an infinite tolerance, so that it counts as converged and no convergence check
-        fails a probe. A caller's own budget cannot ask for that (``call_budget``)."""
-        self._probe_budget = (1, math.inf)
+        fails a probe. A caller's own budget cannot ask for that (``call_budget``). An unroll
+        keeps its passes: its graph holds every one."""
+        self._probing = True
         try:
             yield
         finally:
-            self._probe_budget = None
+            self._probing = False
 
-    def call_budget(self, max_iter, tol, passes=None) -> tuple:
-        """A call's ``(max_iter, tol, passes)``, each held to the rule ``set_fixed_point_options``
-        holds the option it stands in for to; ``passes`` None: the options' own. Training and
-        ``probing`` (one evaluation) solve to a tolerance: their ``passes`` is 0. A ``passes`` of
-        K asked of a forward that has no K passes to make is refused, not dropped: an explicit
-        model's (one pass, nothing to iterate) or a forward in training mode (the curriculum's
-        solve and phantom steps)."""
+    def call_budget(self, mode: str, max_iter=None, tol=None, passes=None) -> Budget:
+        """The ``Budget`` of a call in ``mode`` given its ``max_iter``, ``tol`` and ``passes`` (None:
+        the options' own), each held to the rule ``set_fixed_point_options`` holds the option it
+        stands in for to. In training, ``passes`` K is an unroll of K passes from z = 0 without
+        the phase's Jacobian penalty (the few-pass stage's forward); else the phase's own solve.
+        A ``passes`` asked of an explicit model, which has nothing to iterate, is refused."""
         FixedPointOptions.check_call_budget(max_iter, tol, training=self.training, passes=passes)
-        if passes:
-            if not self.config.implicit:
-                raise OptionError(f"passes={passes}: {EXPLICIT_PASSES}")
-            if self.training:
-                raise OptionError(f"passes={passes} is an inference budget: a forward in training mode runs the "
-                                  "curriculum's solve (train_max_iter) and phantom steps; call model.eval() first")
-        if self._probe_budget or self.training:
-            return (*(self._probe_budget or (max_iter, tol)), 0)
-        return max_iter, tol, self.solver.options.passes if passes is None else passes
+        if passes and not self.config.implicit:
+            raise OptionError(f"passes={passes}: {EXPLICIT_PASSES}")
+        options = self.solver.options
+        if self.training:
+            budget = Budget.unrolled(passes, options.train_tol) if passes else options.solve_budget(
+                "training", max_iter, tol)
+        else:
+            budget = options.solve_budget(mode, max_iter, tol, passes)
+        if self._probing and budget.kind != "unrolled":
+            return Budget.to_tolerance(math.inf, 1, budget.jacobian_penalty)
+        return budget
 
     def chunk_length(self, chunk_length: int | None) -> int:
         """The chunk length of this call's simultaneous solve; 0: the whole sequence. Only an
@@ -80,27 +102,22 @@ class StackPasses:
             raise OptionError(f"chunk_length must be a non-negative integer (0: the whole sequence); got {chunk_length!r}")
         return chunk_length if self.config.implicit and not self.training else 0
 
-    def simultaneous(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
-        passes: int = 0,
-    ):
+    def simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, budget: Budget,
+                     chunk_length: int):
         """(z, the solve's stats, the state after the tokens) of the tokens ``embedded`` (an
         implicit model's injection ``injection``) from ``state``, all at once: the stack's one pass
-        (explicit) or its fixed point to ``tol`` within ``max_iter``, in chunks of ``chunk_length``
-        (0: the whole sequence); ``passes``: that many passes per solve (each chunk's), never checked
-        nor retried (0: to ``tol``). The state (with ``use_cache``, else None) carries the last
-        fixed point where a learned guess starts the next call (``LearnedStart``)."""
+        (explicit) or its fixed point within ``budget``, in chunks of ``chunk_length`` (0: the
+        whole sequence), each chunk's solve with the whole budget; a budget of passes is never
+        checked nor retried. The state (with ``use_cache``, else None) carries the last fixed
+        point where a learned guess starts the next call (``LearnedStart``)."""
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
-        z, stats, state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol, chunk_length,
-                                             passes=passes)
+        z, stats, state = self._simultaneous(embedded, injection, state, padding, use_cache, budget, chunk_length)
         return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
 
-    def _simultaneous(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
-        depth: int = 0, passes: int = 0,
-    ):
+    def _simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, budget: Budget,
+                      chunk_length: int, depth: int = 0):
         """An implicit model's ``simultaneous``. ``depth``: 0, or how many halvings of the chunk
         length down this solve is, a retry inside a chunked solve whose convergence the outer
         solve checks once all its retries are done (``nonconvergence="error"``)."""
@@ -108,36 +125,32 @@ class StackPasses:
         # the previous chunk's last one, or the one a state this model returned carries.
         previous = getattr(state, "last_fixed_point", None)
         if not chunk_length:
-            return self._solve(embedded, injection, state, padding, use_cache, max_iter, tol, previous=previous,
-                               passes=passes)
+            return self._solve(embedded, injection, state, padding, use_cache, budget, check=True, previous=previous)
         # The fixed point is causal: a chunk's tokens are settled by what precedes them, which
         # the state read off the previous chunk's fixed point carries. Chunks are counted
         # back from the end (the first one is the partial one): under left padding, every
         # row's real tokens then fall into the same chunks as they would alone, whatever the
         # padding, so a row's answer does not depend on its batch.
         length = embedded.shape[1]
-        max_iter, tol = self.solver.options.budget(max_iter, tol, "simultaneous")
         bounds = [0, *range(length % chunk_length or chunk_length, length + 1, chunk_length)]
         pieces, chunk_stats = [], []
         for start, end in zip(bounds, bounds[1:]):
             part = slice(start, end)
             chunk = (embedded[:, part], injection[:, part], None if padding is None else padding[:, part])
             keep_state = use_cache or end < length
-            z, stats, next_state = self._solve(*chunk[:2], state, chunk[2], keep_state, max_iter, tol, check=False,
-                                               previous=previous, passes=passes)
-            if not passes and depth < self.solver.options.retry_depth:
-                z, stats, next_state = self._retry_missed(chunk, state, (z, stats, next_state), keep_state, max_iter,
-                                                          tol, depth + 1)
-            state = next_state
+            solved = self._solve(*chunk[:2], state, chunk[2], keep_state, budget, check=False, previous=previous)
+            if not budget.fixed and depth < self.solver.options.retry_depth:
+                solved = self._retry_missed(chunk, state, solved, keep_state, budget, depth + 1)
+            z, stats, state = solved
             pieces.append(z)
             previous = z[:, -1]
             chunk_stats.append(stats)
         stats = chain_chunks(chunk_stats)
-        if not (depth or passes):
-            self.solver.require_convergence(stats, max_iter, "samples")
+        if not (depth or budget.fixed):
+            self.solver.require_convergence(stats, budget.passes, "samples")
         return torch.cat(pieces, dim=1), stats, state
 
-    def _retry_missed(self, chunk, state, solved, keep_state: bool, max_iter, tol, depth: int):
+    def _retry_missed(self, chunk, state, solved, keep_state: bool, budget: Budget, depth: int):
         """The rows of a chunk that missed the tolerance, solved again from the same state in
         chunks of half its length (the retry at ``depth``), those that miss again at half that
         while ``retry_depth`` allows, down to single tokens at most (where a simultaneous solve
@@ -153,7 +166,7 @@ class StackPasses:
         rows = [None if t is None else t.index_select(0, missed) for t in (embedded, injection, padding)]
         z_rows, retry, state_rows = self._simultaneous(
             rows[0], rows[1], None if state is None else self.stack.select_state(state, missed), rows[2],
-            keep_state, max_iter, tol, chunk_length=length // 2, depth=depth,
+            keep_state, budget, chunk_length=length // 2, depth=depth,
         )
         better = retry.residual < stats.residual.index_select(0, missed)
         improved = missed[better]
@@ -162,33 +175,28 @@ class StackPasses:
             next_state = self.stack.replace_state_rows(next_state, improved, kept)
         return z.index_copy(0, improved, z_rows[better]), with_retried_rows(stats, missed, retry, better), next_state
 
-    def _solve(
-        self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, check: bool = True,
-        previous: torch.Tensor | None = None, passes: int = 0,
-    ):
-        """One simultaneous solve over the given tokens, from ``state``. ``check=False``: an
-        evaluation solve whose convergence its caller checks (a chunk, which may be retried).
-        ``previous``: the fixed point before the first token, where it is known (a learned
-        guess reads it). ``passes``: an evaluation of exactly that many passes instead.
-        With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
-        the pass that gave each sample's answer, as sequential mode does per token; training
-        reads it off the fixed point in one more pass, after the phantom-gradient steps."""
+    def _solve(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, budget: Budget, check: bool,
+               previous: torch.Tensor | None = None):
+        """One simultaneous solve over the given tokens, from ``state``, within ``budget``.
+        ``check=False``: an evaluation solve whose convergence its caller checks (a chunk, which
+        may be retried). ``previous``: the fixed point before the first token, where it is known
+        (a learned guess reads it). With ``use_cache``, the state the tokens leave behind: an
+        evaluation keeps it from the pass that gave each sample's answer, as sequential mode does
+        per token; training reads it off the fixed point in one more pass, after the
+        phantom-gradient steps."""
         z0 = torch.zeros_like(embedded) if self.training else self.learned_start.first_iterate(
             self.solver.options, self.stack, embedded, previous, state)
-        if passes:
-            tol = self.solver.options.budget(max_iter, tol, "simultaneous")[1]
-            z, stats, next_state = solve_in_passes(self.stack_map(injection, state, padding), z0, passes, tol,
-                                                   self.solver.options)
-            return z, stats, next_state if use_cache else None
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
                          self.stack.replace_state_rows)
         if self.training:
-            z, stats = self.solver(kept.f, z0, training=True, max_iter=max_iter, tol=tol, restrict=kept.restrict)
+            z, stats = self.solver(kept.f, z0, budget, phase="training", restrict=kept.restrict)
             if use_cache:
                 state = self.stack(z, injection, state, padding)[1]
             return z, stats, state if use_cache else None
-        z, stats = self.solver.solve_for_inference(kept.f, z0, max_iter, tol, kept.restrict, check=check,
-                                                   on_improved=kept.improved if use_cache else None)
+        z, stats = self.solver(kept.f, z0, budget, phase="simultaneous", restrict=kept.restrict,
+                               on_improved=kept.improved if use_cache else None)
+        if check and not budget.fixed:
+            self.solver.require_convergence(stats, budget.passes, "samples")
         return z, stats, kept.state if use_cache else None
 
     def _stack_state_map(self, injection: torch.Tensor, state, padding):
@@ -216,10 +224,9 @@ class StackPasses:
 
         return f
 
-    def sequential(self, embedded: torch.Tensor, injection, state, max_iter: int | None, tol: float | None,
-                   passes: int = 0):
+    def sequential(self, embedded: torch.Tensor, injection, state, budget: Budget):
         """``simultaneous``'s (z, stats, state after the tokens), token by token, as an RNN: each
-        token's own fixed point (or ``passes`` steps) from the state the previous one left."""
+        token's own solve within ``budget`` from the state the previous one left."""
         batch, length, _ = embedded.shape
         # A state this model returned carries its last token's fixed point, which a learned
         # guess reads for the first token here (a decoding step's one token).
@@ -232,17 +239,11 @@ class StackPasses:
                 z_t, state = self.stack.step(embedded[:, t], None, state)
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
-        max_iter, tol = self.solver.options.budget(max_iter, tol)
         token_guess = self.learned_start.token_guess(self.solver.options, self.stack, embedded, previous)
-        if passes:
-            z, state, stats = sequence_in_passes(self.stack.step, injection, state, self.config.hidden_size, passes, tol,
-                                                 self.solver.options, token_guess)
-        else:
-            z, state, stats = solve_sequence(
-                self.stack.step, injection, state, self.solver, self.config.hidden_size, max_iter=max_iter, tol=tol,
-                select_rows=self.stack.select_state, replace_rows=self.stack.replace_state_rows,
-                initial_guess=token_guess,
-            )
+        z, state, stats = solve_sequence(
+            self.stack.step, injection, state, self.solver, self.config.hidden_size, budget,
+            select_rows=self.stack.select_state, replace_rows=self.stack.replace_state_rows, initial_guess=token_guess,
+        )
         return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
 
     def hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:

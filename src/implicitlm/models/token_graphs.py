@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..deq import Budget
 from .stack import StackState
 
 # Runs before capture, on a side stream, as torch's own ``make_graphed_callables`` does: the
@@ -41,21 +42,22 @@ class TokenGraphs:
         self.capture = capture
         self._steps: dict[tuple, _TokenStep | None] = {}
 
-    def token(self, model, input_ids: torch.Tensor | None, state: Any, budget: tuple):
+    def token(self, model, stack_passes, input_ids: torch.Tensor | None, state: Any, budget: Budget):
         """(logits, stats, state) of ``model``'s forward of one token in sequential mode from
-        ``state`` at ``budget`` (``max_iter``, ``tol``, ``passes``), through the step kept for
-        it, where its work is fixed; None: the forward runs as usual."""
-        passes = budget[2]
+        ``state`` within ``budget`` (a ``deq.Budget``) by the call's ``stack_passes`` (those of its
+        options), through the step kept for it, where its work is fixed; None: the forward runs as
+        usual."""
         if (state is None or input_ids is None or input_ids.shape[1] != 1 or torch.is_grad_enabled()
-                or (model.config.implicit and not passes) or torch.is_autocast_enabled(input_ids.device.type)):
+                or (model.config.implicit and not budget.fixed) or torch.is_autocast_enabled(input_ids.device.type)):
             return None
 
         def token_forward(ids: torch.Tensor, before: Any):
             embedded = model.embeddings(ids)
-            z, stats, after = model.stack_passes.sequential(embedded, model._injected(embedded), before, *budget)
+            z, stats, after = stack_passes.sequential(embedded, model._injected(embedded), before, budget)
             return model._logits(z), stats, after
 
-        key = (input_ids.shape[0], input_ids.device, model.dtype, budget, isinstance(state, StackState))
+        key = (input_ids.shape[0], input_ids.device, model.dtype, budget, stack_passes.solver.options,
+               isinstance(state, StackState))
         return self(key, token_forward, input_ids, state)
 
     def __call__(self, key: tuple, forward: TokenForward, ids: torch.Tensor, state: Any):

@@ -140,7 +140,8 @@ def generate_text(
 
     ``tokenizer``: a folder, hub name or tokenizer (default: the one saved with the
     checkpoint). ``mode``: how the prompt is solved. ``fixed_point``: ``FixedPointOptions``
-    fields set on the model (``max_iter``, ``tol``, ``solver``, ``chunk_length``).
+    fields that every forward of the generation runs with (``max_iter``, ``tol``, ``solver``,
+    ``chunk_length``); a model given keeps its own options.
     ``on_text``: called with each piece of text as it is decoded. ``out``: a file the texts
     are also written to, as ``format_texts`` joins them (an existing one is refused before
     anything is generated, unless ``overwrite``). ``echo_prompt``: what ``on_text`` and ``out``
@@ -157,12 +158,10 @@ def generate_text(
         if isinstance(model, (str, Path)):
             model = load_model(model, dtype=dtype)
         model.to(device=device, dtype=torch_dtype(dtype)).eval()
-        if fixed_point:
-            model.set_fixed_point_options(**fixed_point)
         tokenizer = model_tokenizer(model, tokenizer)
         shown = prompt if echo_prompt else ""
         texts = _generate(model, tokenizer, _prompt_ids(prompt, tokenizer, model), decoding, mode, on_text, shown,
-                          cuda_graphs, convergence)
+                          cuda_graphs, convergence, fixed_point)
         if out is not None:
             written = format_texts([shown + text for text in texts])
             atomic_write(out, lambda temporary: temporary.write_text(written, encoding="utf-8"))
@@ -188,12 +187,14 @@ def _prompt_ids(prompt: str, tokenizer, model: ImplicitCausalLM) -> torch.Tensor
 def _generate(
     model, tokenizer, ids: torch.Tensor, decoding: Decoding, mode: str, on_text: OnText | None, shown: str = "",
     cuda_graphs: bool | None = None, convergence: ConvergenceTally | None = None,
+    fixed_point: dict[str, Any] | None = None,
 ) -> list[str]:
     """One sequence at a time, so that each streams as it is decoded (transformers' streamers
     take one row), ``shown`` before each; the seed's random state is this call's alone.
-    ``convergence``: counts the fixed points of the sequences (not of the timing probe's)."""
+    ``convergence``: counts the fixed points of the sequences (not of the timing probe's);
+    ``fixed_point``: the options of every forward (the model's own left as they are)."""
     options = {**decoding.generate_options(), "mode": mode, "attention_mask": torch.ones_like(ids),
-               "cuda_graphs": cuda_graphs}
+               "cuda_graphs": cuda_graphs, "fixed_point": fixed_point}
     # A model trained here stops at its tokenizer's end of text (tasks.lm.mark_end_of_text); one
     # imported may name none, and transformers would then warn at every call.
     for setting in ("eos_token_id", "pad_token_id"):

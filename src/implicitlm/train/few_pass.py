@@ -54,9 +54,11 @@ def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss
     elif loss.distance:
         with torch.no_grad():
             teacher = model(input_ids, output_hidden_states=True).hidden_states[-1]
-    with contextlib.nullcontext() if sync else accelerator.no_sync(model), _unrolled(core, loss.passes):
-        # The hidden states' one more pass over z_K is what gives z_K itself: the head reads it.
-        output = model(input_ids, output_hidden_states=teacher is not None)
+    with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+        # K passes from z = 0 with autograd (the unroll), without the phase's Jacobian penalty,
+        # which belongs at the fixed point. The hidden states' one more pass over z_K is what
+        # gives z_K itself: the head reads it.
+        output = model(input_ids, passes=loss.passes, output_hidden_states=teacher is not None)
         cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
         distance = None if teacher is None else relative_distance(output.hidden_states[-1], teacher)
         objective = cross_entropy if distance is None else cross_entropy + loss.distance * distance
@@ -71,14 +73,3 @@ def relative_distance(z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     squares = lambda x: x.float().pow(2).flatten(1).sum(dim=1)
     return (squares(z - target) / squares(target).clamp_min(1e-12)).mean()
 
-
-@contextlib.contextmanager
-def _unrolled(core, passes: int):
-    """The model's training forward as ``passes`` passes from z = 0 with autograd (the
-    unroll), without the phase's Jacobian penalty, which belongs at the fixed point."""
-    phase_options = core.solver.options
-    core.set_fixed_point_options(unroll_steps=passes, jacobian_penalty=0.0)
-    try:
-        yield
-    finally:
-        core.set_fixed_point_options(**phase_options.to_dict())
