@@ -9,7 +9,7 @@ import pytest
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory
 from implicitlm.deq import InitialGuess, LearnedMixing
-from implicitlm.deq.anderson import MEMORY
+from implicitlm.deq.solvers.anderson import MEMORY
 from tests.support.models import tiny_model
 
 

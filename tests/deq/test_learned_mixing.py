@@ -9,7 +9,7 @@ import torch
 
 from implicitlm.core.errors import OptionError
 from implicitlm.deq import FixedPointOptions, FixedPointSolver, LearnedMixing
-from implicitlm.deq.anderson import MEMORY, safeguarded_anderson
+from implicitlm.deq.solvers.anderson import MEMORY, safeguarded_anderson
 
 from tests.support.learned_solver import TOKENS, active_mixing, contractive, run
 from tests.support.models import SMALL

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from implicitlm.core.weights_digest import file_sha256
 from implicitlm.deq import InitialGuess, LearnedMixing
-from implicitlm.deq.anderson import MEMORY
+from implicitlm.deq.solvers.anderson import MEMORY
 from implicitlm.deq.initial_guess import GUESS_FILE
 from implicitlm.deq.learned_mixing import MIXING_FILE
 from implicitlm.models import load_model

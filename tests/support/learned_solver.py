@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from implicitlm.deq import LearnedMixing
-from implicitlm.deq.anderson import MEMORY
+from implicitlm.deq.solvers.anderson import MEMORY
 
 from tests.support.models import SMALL, contractive_model, token_ids
 

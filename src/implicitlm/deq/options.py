@@ -25,7 +25,7 @@ from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
 from .solvers import solver_names
 
-# The solver table's names (deq/solvers.py): plain iteration, torchdeq's Anderson and
+# The solver table's names (deq/solvers/): plain iteration, torchdeq's Anderson and
 # Broyden, our safeguarded Anderson, and the same with the checkpoint's learned mixing.
 SOLVERS = solver_names()
 STOP_MODES = ("rel", "abs")

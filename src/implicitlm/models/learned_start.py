@@ -17,7 +17,7 @@ import torch
 
 from ..core.errors import DataError, OptionError
 from ..deq import FixedPointOptions, FixedPointSolver, InitialGuess, LearnedMixing
-from ..deq.anderson import MEMORY
+from ..deq.solvers.anderson import MEMORY
 from ..deq.initial_guess import GUESS_FILE
 from ..deq.learned_mixing import MIXING_FILE
 from .errors import ModelLoadError

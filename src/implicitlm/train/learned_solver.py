@@ -32,7 +32,7 @@ from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
 from ..core.targets import TargetExistsError, exclusive_target
 from ..core.weights_digest import weights_sha256
 from ..deq import InitialGuess, LearnedMixing
-from ..deq.anderson import MEMORY
+from ..deq.solvers.anderson import MEMORY
 from ..models import load_model
 from ..models.convert import MODEL_FOLDER
 from ..tasks import TRAINING_BATCHES

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..deq import InitialGuess, LearnedMixing
-from ..deq.anderson import safeguarded_anderson
+from ..deq.solvers.anderson import safeguarded_anderson
 from .guess_fit import decay, relative_distance
 from .solver_progress import FitState
 

@@ -18,10 +18,10 @@ from typing import Callable
 
 from torchdeq import solver as torchdeq_solvers
 
-from ..core.errors import OptionError
+from ...core.errors import OptionError
+from ..learned_mixing import LearnedMixing
 from .anderson import safeguarded_anderson
 from .learned_anderson import learned_anderson
-from .learned_mixing import LearnedMixing
 from .plain_iteration import plain_iteration
 
 _solvers: dict[str, Callable] = {}

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .learned_mixing import LearnedMixing
+from ..learned_mixing import LearnedMixing
 
 MEMORY = 5  # history length m: the usual choice for DEQs, and beyond it gains were nil here
 # A learned step must cut the residual below this share of the one before it, or its sample

@@ -8,9 +8,9 @@ from typing import Callable
 
 import torch
 
-from ..core.errors import OptionError
+from ...core.errors import OptionError
+from ..learned_mixing import LearnedMixing
 from .anderson import safeguarded_anderson
-from .learned_mixing import LearnedMixing
 
 
 def learned_anderson(f: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, max_iter: int,
