@@ -243,6 +243,7 @@ def test_every_task_of_the_table_is_its_class_and_takes_the_evaluations_whose_re
     assert task.entry is entry and task.name == name
     assert task.EVALUATIONS == tuple(entry.records) == tuple(e for e in EVALUATIONS if e in entry.records)
     assert (task.experiment, task.budget_experiment) == (entry.records["length"], entry.records["budget"])
+    assert task.BATCH_SIZE == entry.batch_size
     assert entry.records.get("convergence", EXPERIMENT) == EXPERIMENT
 
 
@@ -260,7 +261,8 @@ def test_the_shortcuts_of_a_task_s_group_are_its_entry_s(name, capsys):
 class TabledSquaresTask(SquaresTask):
     """Squares as a line of the table names them: its class path is this module's."""
 
-    entry = TaskEntry("squares", f"{__name__}:TabledSquaresTask", {"length": "squares_by_length", "budget": "squares_budget"})
+    entry = TaskEntry("squares", f"{__name__}:TabledSquaresTask", {"length": "squares_by_length", "budget": "squares_budget"},
+                      batch_size=1)
 
     def __init__(self, checkpoint, batch_size=None):
         super().__init__(checkpoint, "bars")
@@ -274,6 +276,9 @@ def test_a_task_added_to_the_table_is_a_choice_of_eval_and_writes_the_record_its
         main(argv)
     assert "argument --task: invalid choice: 'squares'" in capsys.readouterr().err
     monkeypatch.setitem(TASKS, "squares", TabledSquaresTask.entry)
+    with pytest.raises(SystemExit):
+        main(["eval", "length", "--help"])
+    assert "(default: 256 for words, 8 for lm and catbabi, 1 for squares)" in " ".join(capsys.readouterr().out.split())
     code, printed, records = outputs(capsys, tmp_path, "out", argv)
     assert code == 0 and printed.splitlines()[-3:] == ["2 4", "3 9", "results: OUT/squares_by_length.json, plot: OUT/squares_by_length.png"]
     assert list(records) == ["squares_by_length.json"] and records["squares_by_length.json"]["metrics"] == {"square@3": 9.0}

@@ -200,12 +200,19 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
         p.add_argument("--stride", type=positive_int, default=None,
                        help=f"{catbabi}window step; every answer sees at least sequence-length - stride tokens before it "
                             "(default: half the window)")
-    batch = {"words": "256", "lm": "8", "catbabi": "8"}
     p.add_argument("--batch-size", type=positive_int, default=None,
-                   help=f"sequences per batch (default: {batch[task] if task else '256 for words, 8 for lm and catbabi'})")
+                   help=f"sequences per batch (default: {TASKS[task].batch_size if task else _batch_sizes(TASKS)})")
     add_device_option(p)
     add_dtype_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _batch_sizes(tasks) -> str:
+    """Each task's default batch size, tasks of the same one together: "256 for words, 8 for lm and catbabi"."""
+    by_size: dict[int, list[str]] = {}
+    for name, entry in tasks.items():
+        by_size.setdefault(entry.batch_size, []).append(name)
+    return ", ".join(f"{size} for {' and '.join(names)}" for size, names in by_size.items())
 
 
 def _out_help(evaluation: str, task: str | None = None) -> str:

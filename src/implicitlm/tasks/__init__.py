@@ -48,12 +48,13 @@ class TaskEntry(NamedTuple):
     """A task's line of the table: its ``name`` (the value of ``--task``), its class
     (``class_path``, "<module>:<class>"; the class names this entry back), the record each of
     its evaluations writes (``records``, in ``EVALUATIONS``' order: the evaluations it takes),
-    the shortcuts of its command group (``aliases``: command, evaluation, help) and, if it
-    trains, its ``training``."""
+    the sequences per batch it evaluates by default (``batch_size``), the shortcuts of its
+    command group (``aliases``: command, evaluation, help) and, if it trains, its ``training``."""
 
     name: str
     class_path: str
     records: Mapping[str, str]
+    batch_size: int
     aliases: tuple[tuple[str, str, str], ...] = ()
     training: Training | None = None
 
@@ -65,6 +66,7 @@ TASKS: dict[str, TaskEntry] = {entry.name: entry for entry in (
     TaskEntry(
         "words", ".words:WordsTask",
         {"length": "word_length", "budget": "word_budget", "convergence": "convergence"},
+        batch_size=256,
         aliases=(
             ("eval", "length", "per-token accuracy of a checkpoint by test length (length extrapolation)"),
             ("convergence", "convergence", "passes each token needs in sequential mode; hard vs easy tokens"),
@@ -79,6 +81,7 @@ TASKS: dict[str, TaskEntry] = {entry.name: entry for entry in (
     TaskEntry(
         "lm", ".lm:LMTask",
         {"length": "lm_length", "budget": "lm_budget", "convergence": "convergence"},
+        batch_size=8,
         aliases=(("eval", "length", "held-out perplexity of a checkpoint by context length (length extrapolation)"),),
         # The paper's language-model settings are ``TrainConfig``'s own defaults.
         training=Training(".lm:TokenBatches", own_fields=("eval_every", "eval_batches")),
@@ -86,6 +89,7 @@ TASKS: dict[str, TaskEntry] = {entry.name: entry for entry in (
     TaskEntry(
         "catbabi", ".catbabi:CatbabiTask",
         {"length": "catbabi", "budget": "catbabi_budget"},
+        batch_size=8,
         aliases=(("eval", "length", "answer accuracy of a checkpoint, overall and per task"),),
     ),
 )}

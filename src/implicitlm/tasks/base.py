@@ -72,8 +72,8 @@ class TaskRecord:
 class Task(ABC):
     """A task an evaluation runs on. Subclasses set the class attributes below and take their
     options (``OPTIONS``) as keywords; an option left out (None) takes the task's default. A task
-    of the table (``tasks.TASKS``) names its ``entry``, which sets its name, its evaluations and
-    the names of their records."""
+    of the table (``tasks.TASKS``) names its ``entry``, which sets its name, its evaluations, the
+    names of their records and its batch size."""
 
     entry: ClassVar[TaskEntry]
     name: ClassVar[str]  # "words", "lm", "catbabi": the value of --task
@@ -97,6 +97,7 @@ class Task(ABC):
         if "entry" in vars(cls):
             cls.name, cls.EVALUATIONS = cls.entry.name, tuple(cls.entry.records)
             cls.experiment, cls.budget_experiment = cls.entry.records["length"], cls.entry.records["budget"]
+            cls.BATCH_SIZE = cls.entry.batch_size
 
     def __init__(self, checkpoint: str | Path, batch_size: int | None = None):
         self.checkpoint = Path(checkpoint)

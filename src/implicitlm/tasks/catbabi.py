@@ -143,7 +143,6 @@ class CatbabiTask(FolderTask):
     entry = TASKS["catbabi"]
     FOLDER = "implicitlm catbabi build"
     OPTIONS = ("data", "split", "sequence_length", "stride", "batch_size")
-    BATCH_SIZE = 8
     quality = "accuracy"
 
     def __init__(

@@ -117,7 +117,6 @@ class LMTask(FolderTask):
     entry = TASKS["lm"]
     FOLDER = "token shards"
     OPTIONS = ("data", "split", "lengths", "multiples", "batch_size", "max_tokens")
-    BATCH_SIZE = 8
     quality = "perplexity"
     quality_scale = "log"
 

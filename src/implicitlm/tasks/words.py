@@ -112,7 +112,6 @@ class WordsTask(Task):
 
     entry = TASKS["words"]
     OPTIONS = ("data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "batch_size")
-    BATCH_SIZE = 256
     quality = "accuracy_last10"
 
     def __init__(
