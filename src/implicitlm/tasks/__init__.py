@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from ..core.errors import OptionError
 
+# The evaluations ``eval/`` runs over a task; an entry's records name those it takes, in this order.
 EVALUATIONS = ("length", "budget", "convergence")
 
 
@@ -118,11 +119,12 @@ TRAINING_BATCHES = TrainingBatches()
 
 def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, device: str | None = None,
               **options: Any):
-    """Task ``name`` on ``checkpoint`` with ``options`` (None: the task's default), which must
-    all be the task's own: another task's option is refused in one line. ``dtype``: the
-    model's, for any task (None: as saved); ``device``: where it runs (``usable_device``'s
-    names; None: the CPU). How it solves (the budget ``max_iter``, ``tol``,
+    """The task ``name`` (a ``tasks.base.Task``) on ``checkpoint`` with ``options`` (None: the
+    task's default), which must all be the task's own: another task's option is refused in one
+    line. ``dtype``: the model's, for any task (None: as saved); ``device``: where it runs
+    (``usable_device``'s names; None: the CPU). How it solves (the budget ``max_iter``, ``tol``,
     ``solver`` ...) is ``Task.solve_with``'s."""
+    # torch comes with these, so with a task made, not with the table.
     from ..core.devices import usable_device
     from ..models.loading import torch_dtype
 
