@@ -17,6 +17,7 @@ from implicitlm.recipes.words import DemoEval
 from implicitlm.models import ImplicitLlamaConfig, config_from_options
 from implicitlm.models.loading import model_option_names
 from implicitlm.core.schema import UNIT_INTERVAL, OptionError, at_least, check_field, conforms, expectation, one_of
+from implicitlm.tasks import TRAINING
 from implicitlm.train.config import TrainConfig
 from implicitlm.train.runs import word_train_config
 
@@ -142,6 +143,26 @@ def test_the_tasks_defaults_differ_where_the_tasks_do():
     assert (words.sequence_length, words.batch_size, words.batch_tokens, words.betas) == (16, 128, 0, (0.9, 0.999))
     assert (lm.sequence_length, lm.batch_size, lm.batch_tokens, lm.betas) == (2048, 8, 2**20, (0.9, 0.95))
     assert words.accumulation_steps(world_size=2) == 1 and lm.accumulation_steps(world_size=2) == 2**20 // (2048 * 8 * 2)
+
+
+# A value other than its default for each field that only one task reads.
+OWN_FIELD_VALUES = {"group": "S5", "hard_prob": 0.5, "eval_every": 3, "eval_batches": 3}
+
+
+@pytest.mark.parametrize("task", TRAINING)
+def test_a_task_that_trains_takes_its_defaults_and_its_own_fields_from_its_entry_in_the_table(task):
+    """The table of tasks (``tasks.TASKS``) is the one home of what a task trains with."""
+    config = TrainConfig.for_task(task)
+    assert {name: getattr(config, name) for name in TRAINING[task].defaults} == dict(TRAINING[task].defaults)
+    assert {name for training in TRAINING.values() for name in training.own_fields} == set(OWN_FIELD_VALUES)
+    for other, training in TRAINING.items():
+        for name in training.own_fields:
+            changed = {name: OWN_FIELD_VALUES[name]}
+            if other == task:
+                assert getattr(TrainConfig.for_task(task, **changed), name) == changed[name]
+            else:
+                with pytest.raises(OptionError, match=f"^training option '{name}' is for the {other} task, not {task}$"):
+                    TrainConfig.for_task(task, **changed)
 
 
 @pytest.mark.parametrize(

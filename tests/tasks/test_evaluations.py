@@ -16,7 +16,7 @@ from implicitlm.data.catbabi import build_catbabi
 from implicitlm.data.shards import TokenShards
 from implicitlm.eval.length import evaluate_by_length
 from implicitlm.models import build_model, config_from_options
-from implicitlm.tasks import TASKS, make_task
+from implicitlm.tasks import TASKS, TaskEntry, make_task
 from implicitlm.core.errors import OptionError
 from implicitlm.eval.plots import DRAW_FIGURE
 from implicitlm.tasks.base import EVALUATIONS, FIGURE_KINDS, Figure, Task, TaskRecord
@@ -234,10 +234,54 @@ def test_every_kind_of_figure_is_drawn_and_no_other_is_described():
         Figure("pie", "title", [], {})
 
 
-def test_every_task_takes_the_evaluations_it_names():
-    assert set(TASKS) == {"words", "lm", "catbabi"}
-    assert TASKS["words"].EVALUATIONS == TASKS["lm"].EVALUATIONS == EVALUATIONS
-    assert TASKS["catbabi"].EVALUATIONS == ("length", "budget")
+@pytest.mark.parametrize("name", TASKS)
+def test_every_task_of_the_table_is_its_class_and_takes_the_evaluations_whose_records_it_names(name):
+    from implicitlm.eval.convergence import EXPERIMENT
+
+    entry = TASKS[name]
+    task = entry.task_class()
+    assert task.entry is entry and task.name == name
+    assert task.EVALUATIONS == tuple(entry.records) == tuple(e for e in EVALUATIONS if e in entry.records)
+    assert (task.experiment, task.budget_experiment) == (entry.records["length"], entry.records["budget"])
+    assert task.BATCH_SIZE == entry.batch_size
+    assert entry.records.get("convergence", EXPERIMENT) == EXPERIMENT
+
+
+@pytest.mark.parametrize("name", [name for name, entry in TASKS.items() if entry.aliases])
+def test_the_shortcuts_of_a_task_s_group_are_its_entry_s(name, capsys):
+    for command, evaluation, help in TASKS[name].aliases:
+        with pytest.raises(SystemExit):
+            main([name, command, "--help"])
+        printed = " ".join(capsys.readouterr().out.split())
+        assert f"{help}; same as implicitlm eval {evaluation} --task {name}" in printed
+        record = TASKS[name].records[evaluation]
+        assert f"folder for {record}.json and {record}.png" in printed
+
+
+class TabledSquaresTask(SquaresTask):
+    """Squares as a line of the table names them: its class path is this module's."""
+
+    entry = TaskEntry("squares", f"{__name__}:TabledSquaresTask", {"length": "squares_by_length", "budget": "squares_budget"},
+                      batch_size=1)
+
+    def __init__(self, checkpoint, batch_size=None):
+        super().__init__(checkpoint, "bars")
+
+
+def test_a_task_added_to_the_table_is_a_choice_of_eval_and_writes_the_record_its_entry_names(monkeypatch, tmp_path,
+                                                                                              capsys):
+    scoring_model(6, "aligned").save_pretrained(tmp_path / "model")
+    argv = ["eval", "length", "--task", "squares", str(tmp_path / "model"), "--max-iter", "3"]
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "argument --task: invalid choice: 'squares'" in capsys.readouterr().err
+    monkeypatch.setitem(TASKS, "squares", TabledSquaresTask.entry)
+    with pytest.raises(SystemExit):
+        main(["eval", "length", "--help"])
+    assert "(default: 256 for words, 8 for lm and catbabi, 1 for squares)" in " ".join(capsys.readouterr().out.split())
+    code, printed, records = outputs(capsys, tmp_path, "out", argv)
+    assert code == 0 and printed.splitlines()[-3:] == ["2 4", "3 9", "results: OUT/squares_by_length.json, plot: OUT/squares_by_length.png"]
+    assert list(records) == ["squares_by_length.json"] and records["squares_by_length.json"]["metrics"] == {"square@3": 9.0}
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -295,7 +339,7 @@ def test_a_sweep_past_the_time_limit_is_refused_with_its_estimate_before_it_star
                                                                                    lm_checkpoint):
     """Before: ``eval budget --passes 1,...,10000`` started a months-long run; only a words
     length evaluation estimated its time."""
-    monkeypatch.setattr(TASKS[task], "evaluate", lambda *args, **kwargs: pytest.fail("the sweep started"))
+    monkeypatch.setattr(TASKS[task].task_class(), "evaluate", lambda *args, **kwargs: pytest.fail("the sweep started"))
     checkpoint = SHIPPED_S5 if task == "words" else lm_checkpoint
     options = [str(catbabi_folder) if option == "DATA" else option for option in options]
     code = main(["eval", "budget", "--task", task, str(checkpoint), *options, "--passes", PASSES_TO_10000,

@@ -14,34 +14,15 @@ from .shared import (
     fixed_point_settings, print_device, refuse_beside_passes, tolerance_flags_given,
 )
 
-TASKS = ("words", "lm", "catbabi")
 # The options of the tasks, as the library names them; one not given (None) takes the task's default.
 TASK_OPTIONS = (
     "data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "split", "max_tokens", "sequence_length",
     "stride", "batch_size",
 )
-# The record each evaluation writes with --out, per task.
-RECORDS = {
-    "length": {"words": "word_length", "lm": "lm_length", "catbabi": "catbabi"},
-    "budget": {"words": "word_budget", "lm": "lm_budget", "catbabi": "catbabi_budget"},
-    "convergence": {"words": "convergence", "lm": "convergence"},
-}
 HELP = {
     "length": "quality by test length (length extrapolation): word accuracy, perplexity by context, catbAbI answers",
     "budget": "test-time compute: quality by budget of passes, a curve per test length",
     "convergence": "passes each token needs in sequential mode; hard vs easy tokens (words, lm)",
-}
-
-
-# The task-group shortcuts, per task: (command name, evaluation, the command's help). A budget
-# sweep, and an LM's convergence report, are ``eval budget|convergence --task`` alone.
-ALIASES = {
-    "words": (
-        ("eval", "length", "per-token accuracy of a checkpoint by test length (length extrapolation)"),
-        ("convergence", "convergence", "passes each token needs in sequential mode; hard vs easy tokens"),
-    ),
-    "lm": (("eval", "length", "held-out perplexity of a checkpoint by context length (length extrapolation)"),),
-    "catbabi": (("eval", "length", "answer accuracy of a checkpoint, overall and per task"),),
 }
 
 
@@ -97,9 +78,12 @@ def add_convergence(commands, name: str = "convergence", task: str | None = None
 
 
 def add_aliases(commands, task: str) -> None:
-    """The shortcuts for ``task``'s evaluations in its command group (``words eval`` ...)."""
+    """The shortcuts for ``task``'s evaluations in its command group (``words eval`` ...); a
+    budget sweep, and an LM's convergence report, are ``eval budget|convergence --task`` alone."""
+    from ..tasks import TASKS  # the table alone, without torch
+
     adders = {"length": add_length, "convergence": add_convergence}
-    for name, evaluation, help in ALIASES[task]:
+    for name, evaluation, help in TASKS[task].aliases:
         adders[evaluation](commands, name, task, help)
 
 
@@ -159,9 +143,11 @@ def _report(result, task) -> None:
 
 
 def _parser(commands, name: str, evaluation: str, task: str | None = None, help: str | None = None):
+    from ..tasks import TASKS  # the table alone, without torch
+
     if task is None:
         p = commands.add_parser(name, help=HELP[evaluation], description=HELP[evaluation])
-        p.add_argument("--task", required=True, choices=TASKS, help="what the checkpoint is evaluated on")
+        p.add_argument("--task", required=True, choices=tuple(TASKS), help="what the checkpoint is evaluated on")
     else:
         same = f"same as implicitlm eval {evaluation} --task {task}"
         p = commands.add_parser(name, help=f"{help}; {same}", description=f"{help}; {same}")
@@ -173,6 +159,7 @@ def _parser(commands, name: str, evaluation: str, task: str | None = None, help:
 
 def _add_task_options(p, task: str | None, evaluation: str) -> None:
     """The options of ``task`` (of every task when None, each help naming the tasks it is for)."""
+    from ..tasks import TASKS  # the table alone, without torch
 
     def takes(*tasks: str) -> str | None:
         """The help's prefix for an option of ``tasks``, or None when ``task`` is not one."""
@@ -213,16 +200,26 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
         p.add_argument("--stride", type=positive_int, default=None,
                        help=f"{catbabi}window step; every answer sees at least sequence-length - stride tokens before it "
                             "(default: half the window)")
-    batch = {"words": "256", "lm": "8", "catbabi": "8"}
     p.add_argument("--batch-size", type=positive_int, default=None,
-                   help=f"sequences per batch (default: {batch[task] if task else '256 for words, 8 for lm and catbabi'})")
+                   help=f"sequences per batch (default: {TASKS[task].batch_size if task else _batch_sizes(TASKS)})")
     add_device_option(p)
     add_dtype_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _batch_sizes(tasks) -> str:
+    """Each task's default batch size, tasks of the same one together: "256 for words, 8 for lm and catbabi"."""
+    by_size: dict[int, list[str]] = {}
+    for name, entry in tasks.items():
+        by_size.setdefault(entry.batch_size, []).append(name)
+    return ", ".join(f"{size} for {' and '.join(names)}" for size, names in by_size.items())
+
+
 def _out_help(evaluation: str, task: str | None = None) -> str:
-    records = RECORDS[evaluation]
+    """The help of --out, naming the record ``evaluation`` writes (of ``task``, or of each task)."""
+    from ..tasks import TASKS  # the table alone, without torch
+
+    records = {name: entry.records[evaluation] for name, entry in TASKS.items() if evaluation in entry.records}
     if task is not None:
         return f"folder for {records[task]}.json and {records[task]}.png"
     names = list(dict.fromkeys(records.values()))

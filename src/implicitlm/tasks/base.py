@@ -23,8 +23,8 @@ from ..core.errors import OptionError
 from ..core.run_folder import training_settings
 from ..deq.options import FixedPointOptions
 from ..models import load_model
+from . import EVALUATIONS, TaskEntry
 
-EVALUATIONS = ("length", "budget", "convergence")
 # What needs an implicit model, in an error's words: a sweep of its budget, its passes per token.
 NEEDS_IMPLICIT = {"budget": "a budget sweep", "convergence": "convergence statistics"}
 # The fixed-point settings that set a budget: any of them given, the checkpoint's is not the one used.
@@ -71,8 +71,11 @@ class TaskRecord:
 
 class Task(ABC):
     """A task an evaluation runs on. Subclasses set the class attributes below and take their
-    options (``OPTIONS``) as keywords; an option left out (None) takes the task's default."""
+    options (``OPTIONS``) as keywords; an option left out (None) takes the task's default. A task
+    of the table (``tasks.TASKS``) names its ``entry``, which sets its name, its evaluations, the
+    names of their records and its batch size."""
 
+    entry: ClassVar[TaskEntry]
     name: ClassVar[str]  # "words", "lm", "catbabi": the value of --task
     OPTIONS: ClassVar[tuple[str, ...]]  # the options it takes besides the checkpoint
     EVALUATIONS: ClassVar[tuple[str, ...]] = EVALUATIONS  # the evaluations that make sense for it
@@ -86,6 +89,15 @@ class Task(ABC):
     dtype: torch.dtype | None = None
     # The device it is evaluated on (None: where it loads, the CPU), taken as the dtype is.
     device: torch.device | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The table is read before the classes are (the command line's choices and helps): what
+        # it names is taken from it, not written again beside it.
+        if "entry" in vars(cls):
+            cls.name, cls.EVALUATIONS = cls.entry.name, tuple(cls.entry.records)
+            cls.experiment, cls.budget_experiment = cls.entry.records["length"], cls.entry.records["budget"]
+            cls.BATCH_SIZE = cls.entry.batch_size
 
     def __init__(self, checkpoint: str | Path, batch_size: int | None = None):
         self.checkpoint = Path(checkpoint)

@@ -32,7 +32,8 @@ from ..core.errors import DataError, OptionError
 from ..data.catbabi import SHARD_SPLITS, read_answers
 from ..data.shards import TokenShards
 from ..deq import warn_not_converged
-from .base import EVALUATIONS, Figure, FolderTask, TaskRecord, convergence_line, forward_seconds
+from . import TASKS
+from .base import Figure, FolderTask, TaskRecord, convergence_line, forward_seconds
 
 
 def window_starts(positions: np.ndarray, stream_length: int, sequence_length: int, stride: int) -> np.ndarray:
@@ -139,13 +140,9 @@ class CatbabiTask(FolderTask):
     whose row is ``answer_accuracy``'s with the window length as its ``length``. Per-token
     convergence is not counted here: the folder is token shards, which ``--task lm`` reads."""
 
-    name = "catbabi"
+    entry = TASKS["catbabi"]
     FOLDER = "implicitlm catbabi build"
     OPTIONS = ("data", "split", "sequence_length", "stride", "batch_size")
-    EVALUATIONS = tuple(evaluation for evaluation in EVALUATIONS if evaluation != "convergence")
-    BATCH_SIZE = 8
-    experiment = "catbabi"
-    budget_experiment = "catbabi_budget"
     quality = "accuracy"
 
     def __init__(

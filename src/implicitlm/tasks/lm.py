@@ -19,6 +19,7 @@ from ..data.token_windows import TokenSampler, evaluation_windows
 from ..data.tokenizer import load_tokenizer
 from ..deq import warn_not_converged
 from ..models.loss import token_cross_entropy
+from . import TASKS
 from .base import Figure, FolderTask, TaskRecord, forward_seconds, missed_cell, missed_header, retries_cell
 
 # Tokens a convergence report counts unless --max-tokens says otherwise.
@@ -113,12 +114,9 @@ class LMTask(FolderTask):
     ``lengths`` tokens (default: the training context, or ``multiples`` of it), scoring at
     most ``max_tokens`` per length (default: the whole split); rows are ``perplexity``'s."""
 
-    name = "lm"
+    entry = TASKS["lm"]
     FOLDER = "token shards"
     OPTIONS = ("data", "split", "lengths", "multiples", "batch_size", "max_tokens")
-    BATCH_SIZE = 8
-    experiment = "lm_length"
-    budget_experiment = "lm_budget"
     quality = "perplexity"
     quality_scale = "log"
 

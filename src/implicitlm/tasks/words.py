@@ -20,6 +20,7 @@ from ..core.memory import require
 from ..data.groups import get_group
 from ..data.word_storage import load_words
 from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, generate_words, hard_token_mask
+from . import TASKS
 from .base import Figure, Task, TaskRecord, missed_cell, missed_header, retries_cell
 from .word_scoring import (
     evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, raise_word_budget, word_accuracy,
@@ -109,11 +110,8 @@ class WordsTask(Task):
     test words of ``lengths`` (or ``multiples`` of the training length), ``count`` per length
     from ``seed``, or the words of the ``data`` files; rows are ``word_accuracy``'s."""
 
-    name = "words"
+    entry = TASKS["words"]
     OPTIONS = ("data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "batch_size")
-    BATCH_SIZE = 256
-    experiment = "word_length"
-    budget_experiment = "word_budget"
     quality = "accuracy_last10"
 
     def __init__(

@@ -1,8 +1,9 @@
 """The one set of training options, for every task (word problems and language modelling).
 
 The class defaults are the paper's language-model settings; a task replaces some of them
-with its own (``TASK_DEFAULTS``: word problems train short words in large batches, without
-weight decay). A preset's values go on top of those, the command line's on top of the preset's.
+with its own (its ``Training.defaults`` in the table of tasks, ``tasks.TASKS``: word problems
+train short words in large batches, without weight decay). A preset's values go on top of
+those, the command line's on top of the preset's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_known_keys, field_names, one_of,
 )
 from ..deq.options import evaluations
+from ..tasks import TRAINING
 from .curriculum import Curriculum, Phase
 from .few_pass import FewPassLoss
 
-TASKS = ("words", "lm")
 DISTRIBUTED = ("ddp", "fsdp")
 PRECISIONS = ("auto", "no", "bf16")
 
@@ -73,7 +74,7 @@ class TrainConfig(Options):
 
     WHAT = "training option"
     FIELD_RULES = {
-        "task": one_of(*TASKS), "sequence_length": at_least(1), "batch_size": at_least(1),
+        "task": one_of(*TRAINING), "sequence_length": at_least(1), "batch_size": at_least(1),
         "batch_tokens": NON_NEGATIVE, "total_steps": at_least(1), "lr": POSITIVE, "min_lr": NON_NEGATIVE,
         "betas": Rule("in [0, 1)", lambda betas: all(0 <= beta < 1 for beta in betas)),
         "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "decay_fraction": UNIT_INTERVAL,
@@ -160,7 +161,7 @@ class TrainConfig(Options):
         check_known_keys(values, field_names(cls), cls.WHAT)
         if values.get("task", task) != task:
             raise OptionError(f"training option 'task' is {values['task']!r}, but this command trains {task!r}")
-        return cls(**{**TASK_DEFAULTS.get(task, {}), **values, "task": task})
+        return cls(**{**task_defaults(task), **values})
 
     def tokens_per_micro_batch(self) -> int:
         return self.sequence_length * self.batch_size
@@ -226,19 +227,12 @@ class TrainConfig(Options):
                 "train_tol": self.free_tol}
 
 
-# Where a task's settings differ from the class defaults (the paper's LM settings).
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "words": {
-        "sequence_length": 16, "batch_size": 128, "batch_tokens": 0, "total_steps": 500, "betas": (0.9, 0.999),
-        "weight_decay": 0.0, "warmup_steps": 50, "decay_fraction": 0.0, "bounded_fraction": 1.0,
-        "log_every": 25, "checkpoint_every": 0, "keep_checkpoints": 1,
-    },
-    "lm": {},
-}
-# Fields that only one task reads; the other task refuses them.
-OTHER_TASKS_FIELDS = {"group": "words", "hard_prob": "words", "eval_every": "lm", "eval_batches": "lm"}
+# Fields that only one task reads (its ``Training.own_fields``); the other task refuses them.
+OTHER_TASKS_FIELDS = {name: task for task, training in TRAINING.items() for name in training.own_fields}
+
 
 def task_defaults(task: str) -> dict[str, Any]:
     """Every field's default for ``task``."""
     defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
-    return {**defaults, **TASK_DEFAULTS.get(task, {}), "task": task}
+    own = TRAINING[task].defaults if task in TRAINING else {}
+    return {**defaults, **own, "task": task}
