@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from implicitlm.core.errors import OptionError
-from implicitlm.deq import FixedPointOptions, FixedPointSolver, LearnedMixing
+from implicitlm.deq import FixedPointOptions, FixedPointSolver
 from implicitlm.deq.solvers.anderson import MEMORY, safeguarded_anderson
+from implicitlm.models.learned_solver import LearnedMixing
 
 from tests.support.learned_solver import TOKENS, active_mixing, contractive, run
 from tests.support.models import SMALL

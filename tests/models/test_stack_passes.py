@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from implicitlm.deq import InitialGuess
+from implicitlm.models.learned_solver import InitialGuess
 from implicitlm.models.stack_passes import StackPasses
 
 from tests.support.learned_solver import active_mixing
@@ -45,7 +45,7 @@ def test_k_simultaneous_passes_are_k_applications_of_the_stack_map_from_the_firs
     with torch.no_grad():
         embedded, injection = solve_inputs(model, tokens())
         z, stats, _ = passes.simultaneous(embedded, injection, None, None, False, None, None, chunk_length=0, passes=3)
-        first = model.learned_start.first_iterate(model.solver.options, model.stack, embedded)
+        first = model.learned_solver.first_iterate(model.solver.options, model.stack, embedded)
         stack_map = passes.stack_map(injection, None, None)
         by_hand = first
         for _ in range(3):

@@ -1,9 +1,7 @@
 """Model-agnostic fixed-point machinery: options, solve, phantom gradient, sequential mode."""
 
 from ..core.schema import OptionError
-from .initial_guess import InitialGuess
 from .kept_state import KeptState
-from .learned_mixing import LearnedMixing
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solver import FixedPointSolver
@@ -14,9 +12,7 @@ __all__ = [
     "FixedPointOptions",
     "FixedPointSolver",
     "FixedPointStats",
-    "InitialGuess",
     "KeptState",
-    "LearnedMixing",
     "OptionError",
     "chain_chunks",
     "penalised",

@@ -42,9 +42,9 @@ from torchdeq.grad import backward_factory
 from torchdeq.loss import jac_reg
 
 from ..core.errors import NumericalFault, OptionError
-from .learned_mixing import LearnedMixing
 from .options import FixedPointOptions
 from .solvers import get_solver
+from .solvers.anderson import Mixing
 from .stats import LOGGER, FixedPointStats
 
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
@@ -63,8 +63,8 @@ class FixedPointSolver:
     ``__call__`` in evaluation: no-grad solve with the evaluation budget.
     """
 
-    def __init__(self, options: FixedPointOptions, mixing: LearnedMixing | None = None) -> None:
-        """``mixing``: the learned mixing the solver "learned_anderson" uses."""
+    def __init__(self, options: FixedPointOptions, mixing: Mixing | None = None) -> None:
+        """``mixing``: the model's learned mixing, for the solvers that mix their steps by it."""
         self.options = options
         self._solvers = {phase: get_solver(options.solver_for(phase), mixing) for phase in PHASES}
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.

@@ -210,7 +210,7 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     config = _config_to_load(cls, path, options)
     model, report, unchecked = load_checked_folder(BY_MODEL_TYPE[config.model_type].model_class, path, config,
                                                    model_args, options)
-    model.learned_start.load(model, path)
+    model.learned_solver.load(model, path)
     if unchecked:
         LOGGER.warning(unchecked)
     return model, report

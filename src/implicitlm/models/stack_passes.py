@@ -16,7 +16,7 @@ import torch
 from ..core.errors import OptionError
 from ..deq import FixedPointOptions, FixedPointSolver, KeptState, chain_chunks, solve_sequence, with_retried_rows
 from ..deq.fixed_passes import sequence_in_passes, solve_in_passes
-from .learned_start import LearnedStart
+from .learned_solver import LearnedSolver
 
 # Why an explicit model takes no budget of passes.
 EXPLICIT_PASSES = "an explicit model makes one pass of its stack, there is nothing to iterate"
@@ -27,14 +27,14 @@ class StackPasses:
     it, so its weights and their names are the model's alone.
 
     It holds what it reads and nothing else: the ``stack`` it runs, the model's ``config``, the
-    ``learned_start`` its inference solves start from and the ``solver``, which the model hands
+    ``learned_solver`` its inference solves start from and the ``solver``, which the model hands
     it anew whenever it replaces its own (``ImplicitCausalLM.solver`` is this one). The training
     flag is the stack's: ``train()`` / ``eval()`` of the model set it on every submodule. No
     reference back to the model: none keeps a dropped model alive, and a deep copy of a model
     copies its passes onto the copy's stack. A caller that swaps a model's stack swaps it here too."""
 
-    def __init__(self, stack, config, learned_start: LearnedStart, solver: FixedPointSolver) -> None:
-        self.stack, self.config, self.learned_start, self.solver = stack, config, learned_start, solver
+    def __init__(self, stack, config, learned_solver: LearnedSolver, solver: FixedPointSolver) -> None:
+        self.stack, self.config, self.learned_solver, self.solver = stack, config, learned_solver, solver
         self._probe_budget: tuple | None = None
 
     @property
@@ -89,13 +89,13 @@ class StackPasses:
         (explicit) or its fixed point to ``tol`` within ``max_iter``, in chunks of ``chunk_length``
         (0: the whole sequence); ``passes``: that many passes per solve (each chunk's), never checked
         nor retried (0: to ``tol``). The state (with ``use_cache``, else None) carries the last
-        fixed point where a learned guess starts the next call (``LearnedStart``)."""
+        fixed point where a learned guess starts the next call (``LearnedSolver``)."""
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
         z, stats, state = self._simultaneous(embedded, injection, state, padding, use_cache, max_iter, tol, chunk_length,
                                              passes=passes)
-        return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
+        return z, stats, self.learned_solver.with_last_fixed_point(self.solver.options, state, z)
 
     def _simultaneous(
         self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, max_iter, tol, chunk_length: int,
@@ -173,7 +173,7 @@ class StackPasses:
         With ``use_cache``, the state the tokens leave behind: an evaluation keeps it from
         the pass that gave each sample's answer, as sequential mode does per token; training
         reads it off the fixed point in one more pass, after the phantom-gradient steps."""
-        z0 = torch.zeros_like(embedded) if self.training else self.learned_start.first_iterate(
+        z0 = torch.zeros_like(embedded) if self.training else self.learned_solver.first_iterate(
             self.solver.options, self.stack, embedded, previous, state)
         if passes:
             tol = self.solver.options.budget(max_iter, tol, "simultaneous")[1]
@@ -233,7 +233,7 @@ class StackPasses:
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
         max_iter, tol = self.solver.options.budget(max_iter, tol)
-        token_guess = self.learned_start.token_guess(self.solver.options, self.stack, embedded, previous)
+        token_guess = self.learned_solver.token_guess(self.solver.options, self.stack, embedded, previous)
         if passes:
             z, state, stats = sequence_in_passes(self.stack.step, injection, state, self.config.hidden_size, passes, tol,
                                                  self.solver.options, token_guess)
@@ -243,7 +243,7 @@ class StackPasses:
                 select_rows=self.stack.select_state, replace_rows=self.stack.replace_state_rows,
                 initial_guess=token_guess,
             )
-        return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
+        return z, stats, self.learned_solver.with_last_fixed_point(self.solver.options, state, z)
 
     def hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
         """Every block's input and the stack's output, from one more pass of the stack: at

@@ -1,4 +1,4 @@
-"""``LearnedStart``: the one home of a model's learned initial guess and learned mixing, kept out
+"""``LearnedSolver``: the one home of a model's learned initial guess and learned mixing, kept out
 of its weights and on its device, giving each mode's first iterate as the options say and the
 last fixed point a state carries, and loading both from beside the weights."""
 
@@ -9,10 +9,8 @@ import functools
 import pytest
 import torch
 
-from implicitlm.deq import InitialGuess
-from implicitlm.deq.learned_mixing import MIXING_FILE
 from implicitlm.models.errors import ModelLoadError
-from implicitlm.models.learned_start import LearnedStart
+from implicitlm.models.learned_solver import MIXING_FILE, InitialGuess, LearnedSolver
 from implicitlm.models.stack import StackState
 
 from tests.support.learned_solver import active_mixing
@@ -34,8 +32,8 @@ def test_the_guess_is_held_by_the_model_s_start_out_of_its_module_tree_and_weigh
     weights = set(model.state_dict())
     guess = InitialGuess(16)
     model.attach_learned_guess(guess)
-    assert isinstance(model.learned_start, LearnedStart)
-    assert model.learned_guess is guess and model.learned_start.guess is guess
+    assert isinstance(model.learned_solver, LearnedSolver)
+    assert model.learned_guess is guess and model.learned_solver.guess is guess
     assert set(model.state_dict()) == weights
     assert not {id(parameter) for parameter in guess.parameters()} & {id(parameter) for parameter in model.parameters()}
     model.attach_learned_guess(None)
@@ -44,7 +42,7 @@ def test_the_guess_is_held_by_the_model_s_start_out_of_its_module_tree_and_weigh
 
 def test_each_mode_starts_from_the_guess_only_where_its_options_ask_for_it():
     model = guessing_model(fixed_point=dict(simultaneous_initial_guess="learned", sequential_initial_guess="zero"))
-    start, guess = model.learned_start, model.learned_guess
+    start, guess = model.learned_solver, model.learned_guess
     with torch.no_grad():
         embedded = model.embeddings(token_ids(2, 5, seed=1, vocab=VOCAB))
         assert torch.equal(start.first_iterate(model.solver.options, model.stack, embedded), guess(embedded))
@@ -65,9 +63,9 @@ def test_a_returned_state_carries_the_last_fixed_point_only_where_a_guess_starts
     with torch.no_grad():
         state = model(tokens, use_cache=True).state
         assert not isinstance(state, StackState)
-        assert model.learned_start.with_last_fixed_point(model.solver.options, state, z) is state
+        assert model.learned_solver.with_last_fixed_point(model.solver.options, state, z) is state
         model.set_fixed_point_options(sequential_initial_guess="learned")
-        carried = model.learned_start.with_last_fixed_point(model.solver.options, state, z)
+        carried = model.learned_solver.with_last_fixed_point(model.solver.options, state, z)
         assert list(carried) == list(state) and torch.equal(carried.last_fixed_point, z[:, -1])
         assert isinstance(model(tokens, use_cache=True).state, StackState)
 
@@ -84,7 +82,7 @@ def test_the_mixing_is_held_by_the_model_s_start_out_of_its_module_tree_and_solv
         model.attach_learned_mixing(mixing)
         model.use_solver("learned_anderson")
         mixed = model(tokens).fixed_point.iterations
-    assert model.learned_mixing is mixing and model.learned_start.mixing is mixing
+    assert model.learned_mixing is mixing and model.learned_solver.mixing is mixing
     assert "learned_mixing" not in vars(model) and set(model.state_dict()) == weights
     assert not torch.equal(mixed, plain)  # the mixing moves every step: the solver uses it
     model.attach_learned_mixing(None)
@@ -113,7 +111,7 @@ def test_the_start_loads_what_lies_beside_the_weights_and_refuses_what_the_optio
     model.save_pretrained(tmp_path / "m")
     fresh = family_model("mamba2", True, VOCAB, torch.float32, fixed_point=dict(simultaneous_solver="learned_anderson"))
     options = fresh.solver.options
-    fresh.learned_start.load(fresh, tmp_path / "m")
+    fresh.learned_solver.load(fresh, tmp_path / "m")
     assert fresh.solver.options == options
     for network, loaded in ((model.learned_guess, fresh.learned_guess), (model.learned_mixing, fresh.learned_mixing)):
         assert network.state_dict().keys() == loaded.state_dict().keys()
@@ -121,8 +119,8 @@ def test_the_start_loads_what_lies_beside_the_weights_and_refuses_what_the_optio
     (tmp_path / "m" / MIXING_FILE).unlink()
     with pytest.raises(ModelLoadError, match="missing, but the config's fixed_point names solver 'learned_anderson'") \
             as refused:
-        fresh.learned_start.load(fresh, tmp_path / "m")
+        fresh.learned_solver.load(fresh, tmp_path / "m")
     assert "\n" not in str(refused.value)
     explicit = family_model("mamba2", False, VOCAB, torch.float32)
-    explicit.learned_start.load(explicit, tmp_path / "m")
+    explicit.learned_solver.load(explicit, tmp_path / "m")
     assert explicit.learned_guess is None and explicit.learned_mixing is None
