@@ -1,6 +1,7 @@
 """``LearnedSolver``: the one home of a model's learned initial guess and learned mixing, kept out
 of its weights and on its device, giving each mode's first iterate as the options say and the
-last fixed point a state carries, and loading both from beside the weights."""
+last fixed point a state carries, and loading both from beside the weights; and
+``without_learned_solver``, how a model solves without them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import functools
 import pytest
 import torch
 
+from implicitlm.deq import FixedPointOptions, solvers
 from implicitlm.models.errors import ModelLoadError
-from implicitlm.models.learned_solver import MIXING_FILE, InitialGuess, LearnedSolver
+from implicitlm.models.learned_solver import MIXING_FILE, InitialGuess, LearnedSolver, without_learned_solver
 from implicitlm.models.stack import StackState
 
 from tests.support.learned_solver import active_mixing
@@ -124,3 +126,32 @@ def test_the_start_loads_what_lies_beside_the_weights_and_refuses_what_the_optio
     explicit = family_model("mamba2", False, VOCAB, torch.float32)
     explicit.learned_solver.load(explicit, tmp_path / "m")
     assert explicit.learned_guess is None and explicit.learned_mixing is None
+
+
+def test_without_a_learned_solver_and_what_a_load_requires_follow_the_solver_table(tmp_path, monkeypatch):
+    """A run or fit without the learned solver solves from z = 0 by what the table says stands
+    in for each solver that mixes by a learned mixing, and a load requires the mixing file where
+    the table says a solver the config names needs it: no branch on "learned_anderson" (before:
+    one in each of the warm start, ``solver train`` and the loader). A table that said otherwise
+    would be followed as surely."""
+    options = FixedPointOptions(solver="learned_anderson", sequential_solver="anderson", initial_guess="learned",
+                                simultaneous_initial_guess="learned")
+    unguessed = {"initial_guess": "zero", "simultaneous_initial_guess": "", "sequential_initial_guess": ""}
+    assert without_learned_solver(options) == {**unguessed, "solver": "safeguarded_anderson", "sequential_solver": "anderson"}
+    saved = family_model("mamba2", True, VOCAB, torch.float32)
+    saved.save_pretrained(tmp_path / "m")  # no mixing file
+
+    def load(solver: str):
+        fresh = family_model("mamba2", True, VOCAB, torch.float32, fixed_point=dict(sequential_solver=solver))
+        fresh.learned_solver.load(fresh, tmp_path / "m")
+        return fresh
+
+    with pytest.raises(ModelLoadError, match="learned_mixing.safetensors: missing, but the config's fixed_point names "
+                                             "solver 'learned_anderson'"):
+        load("learned_anderson")
+    assert load("anderson").learned_mixing is None
+    monkeypatch.setattr(solvers, "_without_mixing", {"anderson": "fixed_point_iter"})
+    assert without_learned_solver(options) == {**unguessed, "solver": "learned_anderson", "sequential_solver": "fixed_point_iter"}
+    assert load("learned_anderson").learned_mixing is None
+    with pytest.raises(ModelLoadError, match="missing, but the config's fixed_point names solver 'anderson'"):
+        load("anderson")

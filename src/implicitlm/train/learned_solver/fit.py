@@ -31,11 +31,10 @@ from ...core.memory import activation_bytes, require
 from ...core.run_folder import TRAINER_META, model_folder, read_trainer_meta
 from ...core.targets import TargetExistsError, exclusive_target
 from ...core.weights_digest import weights_sha256
-from ...deq.solvers import without_mixing
 from ...deq.solvers.anderson import MEMORY
 from ...models import load_model
 from ...models.convert import MODEL_FOLDER
-from ...models.learned_solver import InitialGuess, LearnedMixing
+from ...models.learned_solver import InitialGuess, LearnedMixing, without_learned_solver
 from ...tasks import TRAINING_BATCHES
 from ..config import TrainConfig
 from .guess_fit import fit_guess
@@ -135,10 +134,11 @@ def train_learned_solver(
 
 
 def _own_solvers(model) -> dict[str, str]:
-    """The checkpoint's solver per mode, without a learned mixing: where it mixed by one
-    already, the solver the table runs in its place."""
+    """The checkpoint's solver per mode as it solves without a learned solver: where it mixed
+    by a learned mixing already, the solver that solves in its place."""
     options = model.solver.options
-    return {mode: without_mixing(options.solver_for(mode)) for mode in MODES}
+    without = options.replace(**without_learned_solver(options))
+    return {mode: without.solver_for(mode) for mode in MODES}
 
 
 def _parameters(network: torch.nn.Module) -> int:
