@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from implicitlm.core.atomic_io import atomic_write, staged_directory
-from implicitlm.deq import InitialGuess, LearnedMixing
 from implicitlm.deq.solvers.anderson import MEMORY
+from implicitlm.models.learned_solver import InitialGuess, LearnedMixing
 from tests.support.models import tiny_model
 
 

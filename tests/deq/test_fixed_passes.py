@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from implicitlm.core.errors import NumericalFault, OptionError
-from implicitlm.deq import InitialGuess
 from implicitlm.deq import row_tracker
+from implicitlm.models.learned_solver import InitialGuess
 
 from tests.support.learned_solver import TOKENS, contractive
 
@@ -27,7 +27,7 @@ def simultaneous_by_hand(model, passes: int) -> torch.Tensor:
     with torch.no_grad():
         embedded = model.embeddings(TOKENS)
         stack_map = model.stack_passes.stack_map(model._injected(embedded), None, None)
-        z = model.learned_start.first_iterate(model.solver.options, model.stack, embedded)
+        z = model.learned_solver.first_iterate(model.solver.options, model.stack, embedded)
         for _ in range(passes):
             z = stack_map(z)[0]
     return z

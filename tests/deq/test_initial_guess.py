@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from implicitlm.core.errors import OptionError
-from implicitlm.deq import InitialGuess
+from implicitlm.models.learned_solver import InitialGuess
 
 from tests.support.learned_solver import TOKENS, contractive, run
 from tests.support.models import SMALL

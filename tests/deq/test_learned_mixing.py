@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from implicitlm.core.errors import OptionError
-from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver, LearnedMixing
+from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver
+from implicitlm.deq.options import every_solve_by
 from implicitlm.deq.solvers.anderson import MEMORY, safeguarded_anderson
+from implicitlm.models.learned_solver import LearnedMixing
 
 from tests.support.learned_solver import TOKENS, active_mixing, contractive, run
 from tests.support.models import SMALL
@@ -34,7 +36,7 @@ def test_a_learned_mixing_reaches_the_fixed_point_of_safeguarded_anderson(archit
     model = contractive(architecture)
     reference, reference_stats = run(model, mode)
     model.attach_learned_mixing(active_mixing())
-    model.use_solver("learned_anderson")
+    model.set_fixed_point_options(**every_solve_by("learned_anderson"))
     logits, stats = run(model, mode)
     assert bool(stats.converged.all()) and bool(reference_stats.converged.all())
     assert stats.solver == "learned_anderson" and reference_stats.solver == "safeguarded_anderson"
@@ -107,7 +109,7 @@ def test_the_mixing_learns_from_each_steps_distance_to_the_fixed_point():
 
 def test_learned_anderson_without_a_mixing_is_refused_when_it_solves():
     model = contractive("mamba2")
-    model.use_solver("learned_anderson")  # accepted: a loaded model gets its mixing after its options
+    model.set_fixed_point_options(**every_solve_by("learned_anderson"))  # accepted: a loaded model gets its mixing after its options
     with pytest.raises(OptionError, match="no learned mixing"):
         run(model, "simultaneous")
 
@@ -115,7 +117,7 @@ def test_learned_anderson_without_a_mixing_is_refused_when_it_solves():
 def test_a_mixing_follows_the_models_dtype():
     model = contractive("mamba2")
     model.attach_learned_mixing(active_mixing())
-    model.use_solver("learned_anderson")
+    model.set_fixed_point_options(**every_solve_by("learned_anderson"))
     model.to(torch.bfloat16)
     for mode in ("simultaneous", "sequential"):
         logits, stats = run(model, mode)

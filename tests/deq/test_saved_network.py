@@ -8,12 +8,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from implicitlm.core.weights_digest import file_sha256
-from implicitlm.deq import InitialGuess, LearnedMixing
 from implicitlm.deq.solvers.anderson import MEMORY
-from implicitlm.deq.initial_guess import GUESS_FILE
-from implicitlm.deq.learned_mixing import MIXING_FILE
 from implicitlm.models import load_model
 from implicitlm.models.errors import ModelLoadError
+from implicitlm.models.learned_solver import GUESS_FILE, MIXING_FILE, InitialGuess, LearnedMixing
 
 from tests.support.learned_solver import active_mixing, contractive, run
 

@@ -92,6 +92,26 @@ def test_a_registered_solver_is_got_by_its_name_with_the_mixing(monkeypatch):
     assert "newton" in solvers.solver_names() and get_solver("newton", mixing)(None, None, 1) is mixing
 
 
+def test_the_table_records_which_solvers_need_a_mixing_and_what_solves_in_their_place(monkeypatch):
+    """A solver registered with ``without_mixing`` gets the model's mixing, is refused at its
+    first solve without one (not when it is got: a model is built before its mixing is loaded),
+    and names the solver that stands in for it; the others stand for themselves."""
+    monkeypatch.setattr(solvers, "_solvers", dict(solvers._solvers))
+    monkeypatch.setattr(solvers, "_without_mixing", dict(solvers._without_mixing))
+    solvers.register_solver("learned_plain", lambda f, x0, max_iter, **options: options["learned_mixing"],
+                            without_mixing="fixed_point_iter")
+    assert [name for name in solvers.solver_names() if solvers.needs_mixing(name)] == ["learned_anderson", "learned_plain"]
+    assert [solvers.without_mixing(name) for name in ("learned_plain", "learned_anderson", "broyden")] == [
+        "fixed_point_iter", "safeguarded_anderson", "broyden"]
+    mixing = mixing_for("learned_anderson")
+    assert get_solver("learned_plain", mixing)(None, None, 1) is mixing
+    unmixed = get_solver("learned_plain")
+    with pytest.raises(OptionError, match="^solver 'learned_plain', but this model has no learned mixing"):
+        unmixed(None, None, 1)
+    with pytest.raises(OptionError, match="unknown solver 'newton'"):
+        solvers.without_mixing("newton")
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_converged_samples_are_frozen_and_not_evaluated_again(solver):
     problem = ToyProblem([0.3, 0.9, 0.6, 0.8])

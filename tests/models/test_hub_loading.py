@@ -15,8 +15,8 @@ import torch
 
 from implicitlm.core import hub
 from implicitlm.core.errors import ImplicitLMError
-from implicitlm.deq import InitialGuess
 from implicitlm.models import ImplicitCausalLM, ImplicitLlamaForCausalLM, ModelLoadError, load_model
+from implicitlm.models.learned_solver import InitialGuess
 
 from tests.models.test_import_and_load import tiny_model
 from tests.models.test_untrusted import flip_low_bytes

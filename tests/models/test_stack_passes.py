@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from implicitlm.deq import Budget, InitialGuess
+from implicitlm.deq import Budget
+from implicitlm.deq.options import every_solve_by
+from implicitlm.models.learned_solver import InitialGuess
 from implicitlm.models.stack_passes import StackPasses
 
 from tests.support.learned_solver import active_mixing
@@ -46,7 +48,7 @@ def test_k_simultaneous_passes_are_k_applications_of_the_stack_map_from_the_firs
         embedded, injection = solve_inputs(model, tokens())
         z, stats, _ = passes.simultaneous(embedded, injection, None, None, False, passes.call_budget("simultaneous", passes=3),
                                           chunk_length=0)
-        first = model.learned_start.first_iterate(model.solver.options, model.stack, embedded)
+        first = model.learned_solver.first_iterate(model.solver.options, model.stack, embedded)
         stack_map = passes.stack_map(injection, None, None)
         by_hand = first
         for _ in range(3):
@@ -120,7 +122,7 @@ def test_the_solver_the_model_replaces_is_the_one_its_passes_solve_with():
     model.set_fixed_point_options(max_iter=7)
     assert model.stack_passes.solver.options.max_iter == 7 and model.solver is model.stack_passes.solver
     model.attach_learned_mixing(active_mixing())
-    model.use_solver("learned_anderson")
+    model.set_fixed_point_options(**every_solve_by("learned_anderson"))
     assert model.solver is model.stack_passes.solver and model.solver.options.solver == "learned_anderson"
     with torch.no_grad():
         assert model(tokens()).fixed_point.solver == "learned_anderson"

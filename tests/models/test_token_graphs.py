@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from implicitlm.core.errors import OptionError
-from implicitlm.deq import InitialGuess
+from implicitlm.models.learned_solver import InitialGuess
 from implicitlm.models.token_graphs import _tensors
 
 from tests.support.models import family_model, token_ids

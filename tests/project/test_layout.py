@@ -76,7 +76,7 @@ def test_imports_run_the_way_the_layout_says():
 def test_the_layout_table_is_read_and_the_import_check_can_fail():
     assert MAY_IMPORT["core"] == set() and MAY_IMPORT["deq"] == {"core"} and MAY_IMPORT["layers"] == {"core"}
     assert len(MAY_IMPORT) >= 12
-    module = SOURCE / "deq" / "solver.py"
+    module = SOURCE / "deq" / "solve.py"
     assert "core" in implicitlm_imports(module)
     # The models import deq and layers, which neither of those may import back.
     assert implicitlm_imports(SOURCE / "models" / "implicit_lm.py") >= {"deq", "layers"}
@@ -243,7 +243,7 @@ def test_help_of_every_command_imports_no_torch():
 
 def test_the_module_level_import_check_can_fail():
     assert "..deq" in module_level_imports(SOURCE / "models" / "implicit_lm.py")
-    assert "torch" in module_level_imports(SOURCE / "deq" / "solver.py")
+    assert "torch" in module_level_imports(SOURCE / "deq" / "solve.py")
 
 
 def test_every_error_derives_from_one_base():
@@ -331,6 +331,35 @@ def test_only_the_tasks_branch_on_a_task_name():
     assert not found, f"move these branches on a task's name into the task: {', '.join(found)}"
     source = 'if config.task == "lm": pass\nif task in ("lm", "words"): pass\nif task.name != "catbabi": pass\nif task == other: pass'
     assert task_name_comparisons(source) == [1, 2, 3]
+
+
+def solver_name_comparisons(source: str, names: set[str]) -> list[int]:
+    """Lines comparing anything with one of the solver names ``names`` (a string literal, or a
+    tuple, list or set holding one): a branch on a solver's name."""
+
+    def names_a_solver(node) -> bool:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(item, ast.Constant) and isinstance(item.value, str) and item.value in names
+                   for item in items)
+
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Compare) and any(map(names_a_solver, [node.left, *node.comparators])))
+
+
+def test_nothing_branches_on_a_solver_name():
+    """Which solvers mix their steps by a learned mixing, and what solves in their place without
+    one, is the solver table's record (``deq.solvers.register_solver``), read by the loader, a
+    warm start and ``solver train`` alike (before: the fallback from "learned_anderson" to
+    "safeguarded_anderson" was a branch on the name in three modules)."""
+    from implicitlm.deq.solvers import solver_names
+
+    names = set(solver_names())
+    found = [f"{path.relative_to(SOURCE)}:{line}" for path in sorted(SOURCE.rglob("*.py"))
+             for line in solver_name_comparisons(path.read_text(), names)]
+    assert not found, f"ask the solver table instead: {', '.join(found)}"
+    source = ('if options.solver_for(mode) == "learned_anderson": pass\n'
+              'x = "a" if name in ("broyden", "newton") else "b"\nif solver == other: pass\nif mode != "sequential": pass')
+    assert solver_name_comparisons(source, names) == [1, 2]
 
 
 def task_class_uses(source: str, classes: set[str]) -> list[int]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from implicitlm.deq import LearnedMixing
+from implicitlm.deq.solvers import needs_mixing
 from implicitlm.deq.solvers.anderson import MEMORY
+from implicitlm.models.learned_solver import LearnedMixing
 
 from tests.support.models import SMALL, contractive_model, token_ids
 
@@ -39,5 +40,5 @@ def active_mixing(seed: int = 0, scale: float = 0.3) -> LearnedMixing:
 
 
 def mixing_for(solver: str) -> LearnedMixing | None:
-    """What a solver by this name needs: an active mixing for "learned_anderson", else none."""
-    return active_mixing() if solver == "learned_anderson" else None
+    """What a solver by this name needs: an active mixing for one that mixes by it, else none."""
+    return active_mixing() if needs_mixing(solver) else None

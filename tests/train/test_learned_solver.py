@@ -15,12 +15,11 @@ from safetensors.torch import load_file
 
 from implicitlm.cli import main
 from implicitlm.core.targets import TargetExistsError
-from implicitlm.deq.initial_guess import GUESS_FILE
 from implicitlm.models import load_model
-from implicitlm.deq.learned_mixing import MIXING_FILE
+from implicitlm.models.learned_solver import GUESS_FILE, MIXING_FILE
 from implicitlm.train.learned_solver import RECORD, train_learned_solver
-from implicitlm.train.mixing_fit import mixing_improved
-from implicitlm.train.solver_comparison import CONFIGURATIONS, choose_per_mode, solver_name
+from implicitlm.train.learned_solver.comparison import CONFIGURATIONS, choose_per_mode, solver_name
+from implicitlm.train.learned_solver.mixing_fit import mixing_improved
 
 from tests.support.contractive import make_contractive
 from tests.support.lm_run import train_tiny_lm
@@ -33,7 +32,7 @@ def tiny_run(shards, tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_fitted_solver_is_saved_with_the_model_and_changes_no_answer(tiny_run, shards, tmp_path, monkeypatch):
-    import implicitlm.train.learned_solver as fitting
+    import implicitlm.train.learned_solver.fit as fitting
 
     # The map trained for two steps does not contract: its tight solves, not the fit, would take the time.
     monkeypatch.setattr(fitting, "TIGHT_MAX_ITER", 24)
@@ -113,8 +112,8 @@ def test_an_explicit_checkpoint_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_a_word_problem_run_gets_a_solver_on_fresh_words_and_scores_the_same(trained_s3, tmp_path, monkeypatch):
-    import implicitlm.train.learned_solver as fitting
-    import implicitlm.train.solver_comparison as comparison
+    import implicitlm.train.learned_solver.fit as fitting
+    import implicitlm.train.learned_solver.comparison as comparison
     from implicitlm.tasks.word_scoring import word_accuracy
     from implicitlm.tasks.words import held_out_words
 
@@ -160,10 +159,10 @@ def test_a_word_problem_run_gets_a_solver_on_fresh_words_and_scores_the_same(tra
 
 @pytest.mark.slow
 def test_an_interrupted_fit_resumes_to_the_solver_an_uninterrupted_one_gives(tiny_run, shards, tmp_path, monkeypatch):
-    import implicitlm.train.learned_solver as fitting
+    import implicitlm.train.learned_solver.fit as fitting
     from implicitlm.core.errors import DataError
-    from implicitlm.deq.initial_guess import GUESS_FILE
-    from implicitlm.train.solver_progress import progress_folder
+    from implicitlm.models.learned_solver import GUESS_FILE
+    from implicitlm.train.learned_solver.progress import progress_folder
 
     # The map trained for two steps does not contract: its tight solves, not the fit, would take the time.
     monkeypatch.setattr(fitting, "TIGHT_MAX_ITER", 24)
@@ -276,7 +275,7 @@ def test_a_crafted_record_is_refused_before_the_fit(tmp_path, capsys, monkeypatc
     """Before: "measured": 5 passed every loader and raised TypeError in the card, after the fit
     (86 s on a shipped checkpoint); "step": "x" a format error there; a line break in a measured
     line a fake section of the new card."""
-    import implicitlm.train.learned_solver as fitting
+    import implicitlm.train.learned_solver.fit as fitting
     from dataclasses import asdict
 
     from implicitlm.models import build_model, config_from_options

@@ -79,6 +79,8 @@ def fixed_point_settings(args) -> dict[str, Any]:
     a flag of a solve to the tolerance (``TOLERANCE_FLAGS``) asks for one, passes 0, and beside
     a ``--passes`` above 0 is refused: it would be dropped, a budget of K passes holding no
     tolerance; a ``--solver`` starts from z = 0, unless ``--initial-guess`` says otherwise."""
+    from ..deq.options import every_solve_by
+
     given = tolerance_flags_given(args)
     passes = getattr(args, "passes", None)
     if passes:
@@ -95,7 +97,7 @@ def fixed_point_settings(args) -> dict[str, Any]:
     if getattr(args, "chunk_length", None) is not None:
         settings["chunk_length"] = args.chunk_length
     if getattr(args, "solver", None) is not None:
-        settings.update(solver=args.solver, simultaneous_solver="", sequential_solver="")
+        settings.update(every_solve_by(args.solver))
     # A solver named on its own is measured on its own: from z = 0, whatever start the
     # checkpoint chose per mode, so that its passes compare with another solver's and its
     # records name it alone (not "+learned_guess"); --initial-guess learned adds the guess.

@@ -16,7 +16,7 @@ from __future__ import annotations
 MAX_EVALUATIONS = 10_000
 
 # Where an inference solve starts (``deq.options``): z = 0, or a small network's guess saved
-# with the checkpoint (deq/initial_guess.py; implicitlm solver train). Here, so that the
+# with the checkpoint (models/learned_solver.py; implicitlm solver train). Here, so that the
 # parser offers them as ``--initial-guess``'s choices without torch.
 INITIAL_GUESSES = ("zero", "learned")
 

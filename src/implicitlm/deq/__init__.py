@@ -2,9 +2,7 @@
 
 from ..core.schema import OptionError
 from .budget import Budget
-from .initial_guess import InitialGuess
 from .kept_state import KeptState
-from .learned_mixing import LearnedMixing
 from .options import FixedPointOptions
 from .sequential import solve_sequence
 from .solve import FixedPointSolver
@@ -16,9 +14,7 @@ __all__ = [
     "FixedPointOptions",
     "FixedPointSolver",
     "FixedPointStats",
-    "InitialGuess",
     "KeptState",
-    "LearnedMixing",
     "OptionError",
     "chain_chunks",
     "penalised",

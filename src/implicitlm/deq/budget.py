@@ -25,6 +25,9 @@ KINDS = ("tolerance", "passes", "unrolled")
 
 @dataclass(frozen=True)
 class Budget:
+    """One solve's budget: its ``kind`` (one of ``KINDS``), its ``passes`` (the cap of a solve to
+    a tolerance, the number of the others), its ``tol`` and its ``jacobian_penalty``."""
+
     kind: str
     passes: int
     tol: float

@@ -32,6 +32,13 @@ SOLVERS = solver_names()
 STOP_MODES = ("rel", "abs")
 
 
+def every_solve_by(solver: str) -> dict[str, str]:
+    """The options that make every solve one by ``solver``: training and both inference modes,
+    whatever the per-mode solvers said (a model's ``set_fixed_point_options`` or one call's
+    ``fixed_point`` takes them)."""
+    return {"solver": solver, "simultaneous_solver": "", "sequential_solver": ""}
+
+
 def evaluations(minimum: int) -> Rule:
     """A number of evaluations of the map: at least ``minimum``, at most ``MAX_EVALUATIONS``."""
     return between(minimum, MAX_EVALUATIONS)

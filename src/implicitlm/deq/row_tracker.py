@@ -78,15 +78,10 @@ def solve_to_tolerance(
         )
     return tracker.best.to(z0.dtype), FixedPointStats(
         iterations=tracker.iterations(),
-        abs_residual=tracker.best_abs,
-        rel_residual=tracker.best_rel,
-        diverged=tracker.diverged,
-        non_finite=tracker.non_finite,
-        evaluations=tracker.calls,
-        row_evaluations=tracker.row_evaluations,
-        tol=tol,
-        stop_mode=stop_mode,
-        solver=described,
+        abs_residual=tracker.best_abs, rel_residual=tracker.best_rel,
+        diverged=tracker.diverged, non_finite=tracker.non_finite,
+        evaluations=tracker.calls, row_evaluations=tracker.row_evaluations,
+        tol=tol, stop_mode=stop_mode, solver=described,
     )
 
 

@@ -19,11 +19,11 @@ from torchdeq.loss import jac_reg
 
 from ..core.errors import NumericalFault, OptionError
 from .budget import Budget
-from .learned_mixing import LearnedMixing
 from .options import FixedPointOptions
 from .passes import solve_in_passes
 from .row_tracker import FixedPointFn, ImprovedFn, RestrictFn, solve_to_tolerance
 from .solvers import get_solver
+from .solvers.anderson import Mixing
 from .stats import FixedPointStats
 
 # What a solve is for; each may run its own solver (FixedPointOptions.solver_for).
@@ -35,8 +35,8 @@ class FixedPointSolver:
     solve to a tolerance without gradients and the phantom-gradient steps, or an unroll; in
     inference, no gradients."""
 
-    def __init__(self, options: FixedPointOptions, mixing: LearnedMixing | None = None) -> None:
-        """``mixing``: the learned mixing the solver "learned_anderson" uses."""
+    def __init__(self, options: FixedPointOptions, mixing: Mixing | None = None) -> None:
+        """``mixing``: the model's learned mixing, for the solvers that mix their steps by it."""
         self.options = options
         self._solvers = {phase: get_solver(options.solver_for(phase), mixing) for phase in PHASES}
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.

@@ -1,5 +1,5 @@
 """Reading an SSM's state before every token with a query, all tokens at once: what a learned
-initial guess is fitted on (``deq/initial_guess.py``), shared by the Mamba1 and Mamba2 mixers.
+initial guess is fitted on (``models/learned_solver.py``), shared by the Mamba1 and Mamba2 mixers.
 
 A scan outputs y_t = C_t h_t, the state after token t read by that token's C. The state
 *before* token t + 1 is h_t, so the same scan over tokens 0 .. l - 2 with C_t replaced by

@@ -22,20 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.utils import logging as transformers_logging
 
 from ..core.atomic_io import following_umask, writing
 from ..core.errors import OptionError
 from ..core.file_digests import write_model_digests
-from ..core.log_lines import without_log_lines
+from ..core.log_lines import without_log_lines, without_progress_bar
 from ..core.run_folder import refuse_model_target
-from ..deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, InitialGuess, LearnedMixing, warn_not_converged
+from ..deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, warn_not_converged
 from ..layers import RMSNorm
 from .inputs import (
     MODES, check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
     left_aligned, pads_after_real_tokens, transformers_options,
 )
-from .learned_start import LearnedStart
+from .learned_solver import InitialGuess, LearnedMixing, LearnedSolver
 from .loss import token_cross_entropy
 from .output import ImplicitLMOutput
 from .stack import BlockStack
@@ -47,18 +46,6 @@ from .weight_cache import weights_once
 # transformers' warning that a right-padded batch generates wrong text: here it does not, the
 # prefill reading each row with its padding moved to the left (prepare_inputs_for_generation).
 RIGHT_PADDING_WARNING = "A decoder-only architecture is being used, but right-padding was detected"
-
-
-@contextlib.contextmanager
-def without_progress_bar() -> Iterator[None]:
-    """transformers' progress bars off while inside, then as they were."""
-    shown = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            transformers_logging.enable_progress_bar()
 
 
 class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
@@ -85,10 +72,10 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             self.injection = nn.Linear(config.hidden_size, self.stack.layers[0].injection_size, bias=False)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
-        # A plain object, not a module: the guess and mixing it holds stay out of the weights (learned_start.py).
-        self.learned_start = LearnedStart()
+        # A plain object, not a module: the guess and mixing it holds stay out of the weights (learned_solver.py).
+        self.learned_solver = LearnedSolver()
         # The stack's passes in each mode, a plain object too: it adds no weights (stack_passes.py).
-        self.stack_passes = StackPasses(stack, config, self.learned_start, self.learned_start.solver(config.fixed_point_options))
+        self.stack_passes = StackPasses(stack, config, self.learned_solver, self.learned_solver.solver(config.fixed_point_options))
         self._tallies: list[ConvergenceTally] = []
         # The token steps of the ``decoding_graphs`` block the model is in (None: none).
         self._token_graphs: TokenGraphs | None = None
@@ -122,7 +109,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
             super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         if is_main_process:
             write_model_digests(save_directory)
-            self.learned_start.save(save_directory)
+            self.learned_solver.save(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
@@ -154,7 +141,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         passes is refused on an explicit model, which has none to spend."""
         options = checked_options(self.config, self.solver.options.replace(**changes))
         self.config.fixed_point = options.to_dict()
-        self.stack_passes.solver = self.learned_start.solver(options)
+        self.stack_passes.solver = self.learned_solver.solver(options)
 
     @torch.no_grad()
     def solve_fixed_point(self, input_ids: torch.Tensor, max_iter: int | None = None, tol: float | None = None):
@@ -226,33 +213,28 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
     def _apply(self, fn, *args, **kwargs):
         # Every move of the model (``to``, ``cuda``, ...) takes its learned guess and mixing along.
         super()._apply(fn, *args, **kwargs)
-        self.learned_start.to(self.device)
+        self.learned_solver.to(self.device)
         return self
 
     @property
     def learned_guess(self) -> InitialGuess | None:
-        """The learned initial guess the model holds (``learned_start``; None: none)."""
-        return self.learned_start.guess
+        """The learned initial guess the model holds (``learned_solver``; None: none)."""
+        return self.learned_solver.guess
 
     @property
     def learned_mixing(self) -> LearnedMixing | None:
-        """The learned mixing the model holds (``learned_start``; None: none)."""
-        return self.learned_start.mixing
+        """The learned mixing the model holds (``learned_solver``; None: none)."""
+        return self.learned_solver.mixing
 
     def attach_learned_guess(self, guess: InitialGuess | None, use: bool | None = True) -> None:
         """Keep ``guess`` with the model (saved beside its weights; None: none) and, with ``use``,
-        start every inference solve from it; None: as the options say (``LearnedStart.attach_guess``)."""
-        self.learned_start.attach_guess(self, guess, use)
+        start every inference solve from it; None: as the options say (``LearnedSolver.attach_guess``)."""
+        self.learned_solver.attach_guess(self, guess, use)
 
     def attach_learned_mixing(self, mixing: LearnedMixing | None) -> None:
-        """Keep ``mixing`` with the model (saved beside its weights; None: none), the mixing
-        of every solve by "learned_anderson" (``use_solver`` or the per-mode solvers pick it)."""
-        self.learned_start.attach_mixing(self, mixing)
-
-    def use_solver(self, name: str) -> None:
-        """Every solve by solver ``name`` (one of ``deq.options.SOLVERS``): training and both
-        inference modes, whatever the per-mode options said."""
-        self.set_fixed_point_options(solver=name, simultaneous_solver="", sequential_solver="")
+        """Keep ``mixing`` with the model (saved beside its weights; None: none), the mixing of
+        every solve by a solver that mixes by one, such as "learned_anderson"."""
+        self.learned_solver.attach_mixing(self, mixing)
 
     @contextlib.contextmanager
     def track_convergence(self, tally: ConvergenceTally | None = None) -> Iterator[ConvergenceTally]:

@@ -18,6 +18,7 @@ from ..core.devices import DTYPES
 from ..core.errors import DataError, first_line, quoted
 from ..core.file_digests import FILES_DIGEST, check_files_digest
 from ..core.json_file import read_json_object
+from ..core.log_lines import without_progress_bar
 from ..deq.options import FixedPointOptions
 from ..core.memory import FLOAT_BYTES, require
 from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
@@ -26,7 +27,7 @@ from ..core.weights_digest import WEIGHTS, WEIGHTS_DIGEST, recorded_weights_dige
 from .configuration import ImplicitLMConfig
 from .errors import ModelLoadError
 from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, DEFAULT_ARCHITECTURE, FAMILIES, architecture_choices
-from .implicit_lm import ImplicitCausalLM, without_progress_bar
+from .implicit_lm import ImplicitCausalLM
 from .locations import hub_model_folder, local_model_path
 from .weight_header import check_floating_weights, shape_mismatch
 
@@ -210,7 +211,7 @@ def _load_folder(cls, path: Path, model_args: tuple, options: dict[str, Any]):
     config = _config_to_load(cls, path, options)
     model, report, unchecked = load_checked_folder(BY_MODEL_TYPE[config.model_type].model_class, path, config,
                                                    model_args, options)
-    model.learned_start.load(model, path)
+    model.learned_solver.load(model, path)
     if unchecked:
         LOGGER.warning(unchecked)
     return model, report

@@ -21,7 +21,7 @@ from .configuration import ImplicitLMConfig
 
 class StackState(list):
     """The per-block states, and the fixed point of the last token they have read: what a
-    learned initial guess reads for the next token (``deq/initial_guess.py``). A state
+    learned initial guess reads for the next token (``models/learned_solver.py``). A state
     rebuilt from its rows (``select_state``, a beam's reordering) is a plain list again,
     whose next token's guess then reads no previous fixed point."""
 

@@ -17,7 +17,7 @@ import torch
 
 from ..core.errors import OptionError
 from ..deq import Budget, FixedPointOptions, FixedPointSolver, KeptState, chain_chunks, solve_sequence, with_retried_rows
-from .learned_start import LearnedStart
+from .learned_solver import LearnedSolver
 
 # Why an explicit model takes no budget of passes.
 EXPLICIT_PASSES = "an explicit model makes one pass of its stack, there is nothing to iterate"
@@ -36,14 +36,14 @@ class StackPasses:
     it, so its weights and their names are the model's alone.
 
     It holds what it reads and nothing else: the ``stack`` it runs, the model's ``config``, the
-    ``learned_start`` its inference solves start from and the ``solver``, which the model hands
+    ``learned_solver`` its inference solves start from and the ``solver``, which the model hands
     it anew whenever it replaces its own (``ImplicitCausalLM.solver`` is this one). The training
     flag is the stack's: ``train()`` / ``eval()`` of the model set it on every submodule. No
     reference back to the model: none keeps a dropped model alive, and a deep copy of a model
     copies its passes onto the copy's stack. A caller that swaps a model's stack swaps it here too."""
 
-    def __init__(self, stack, config, learned_start: LearnedStart, solver: FixedPointSolver) -> None:
-        self.stack, self.config, self.learned_start, self.solver = stack, config, learned_start, solver
+    def __init__(self, stack, config, learned_solver: LearnedSolver, solver: FixedPointSolver) -> None:
+        self.stack, self.config, self.learned_solver, self.solver = stack, config, learned_solver, solver
         self._probing = False
 
     @property
@@ -58,7 +58,7 @@ class StackPasses:
             return self
         options = fixed_point if isinstance(fixed_point, FixedPointOptions) else self.solver.options.replace(**fixed_point)
         call = copy.copy(self)
-        call.solver = self.learned_start.solver(checked_options(self.config, options))
+        call.solver = self.learned_solver.solver(checked_options(self.config, options))
         return call
 
     @contextlib.contextmanager
@@ -109,12 +109,12 @@ class StackPasses:
         (explicit) or its fixed point within ``budget``, in chunks of ``chunk_length`` (0: the
         whole sequence), each chunk's solve with the whole budget; a budget of passes is never
         checked nor retried. The state (with ``use_cache``, else None) carries the last fixed
-        point where a learned guess starts the next call (``LearnedStart``)."""
+        point where a learned guess starts the next call (``LearnedSolver``)."""
         if not self.config.implicit:
             z, state = self.stack(embedded, None, state, padding)
             return z, None, state
         z, stats, state = self._simultaneous(embedded, injection, state, padding, use_cache, budget, chunk_length)
-        return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
+        return z, stats, self.learned_solver.with_last_fixed_point(self.solver.options, state, z)
 
     def _simultaneous(self, embedded: torch.Tensor, injection, state, padding, use_cache: bool, budget: Budget,
                       chunk_length: int, depth: int = 0):
@@ -184,7 +184,7 @@ class StackPasses:
         evaluation keeps it from the pass that gave each sample's answer, as sequential mode does
         per token; training reads it off the fixed point in one more pass, after the
         phantom-gradient steps."""
-        z0 = torch.zeros_like(embedded) if self.training else self.learned_start.first_iterate(
+        z0 = torch.zeros_like(embedded) if self.training else self.learned_solver.first_iterate(
             self.solver.options, self.stack, embedded, previous, state)
         kept = KeptState(self._stack_state_map(injection, state, padding), self.stack.select_state,
                          self.stack.replace_state_rows)
@@ -239,12 +239,12 @@ class StackPasses:
                 z_t, state = self.stack.step(embedded[:, t], None, state)
                 outputs.append(z_t)
             return torch.stack(outputs, dim=1), None, state
-        token_guess = self.learned_start.token_guess(self.solver.options, self.stack, embedded, previous)
+        token_guess = self.learned_solver.token_guess(self.solver.options, self.stack, embedded, previous)
         z, state, stats = solve_sequence(
             self.stack.step, injection, state, self.solver, self.config.hidden_size, budget,
             select_rows=self.stack.select_state, replace_rows=self.stack.replace_state_rows, initial_guess=token_guess,
         )
-        return z, stats, self.learned_start.with_last_fixed_point(self.solver.options, state, z)
+        return z, stats, self.learned_solver.with_last_fixed_point(self.solver.options, state, z)
 
     def hidden_states(self, embedded, injection, z, state, padding) -> tuple[torch.Tensor, ...]:
         """Every block's input and the stack's output, from one more pass of the stack: at

@@ -28,6 +28,7 @@ from ..core.run_folder import (
     step_directories, step_in_name,
 )
 from ..models import ImplicitCausalLM, load_model
+from ..models.learned_solver import without_learned_solver
 from .model_card import MODEL_CARD, write_model_card
 from .run_log import stopped_before_first_checkpoint
 
@@ -203,7 +204,8 @@ def warm_start(model: ImplicitCausalLM, source: str | Path) -> WarmStart:
     checkpoint = model_folder(source)
     source_model = load_model(checkpoint)
     initialise_from(model, source_model)
-    _solve_without_learned_solver(model)
+    if model.config.implicit:  # the source's learned solver was fitted to its weights, not this run's
+        model.set_fixed_point_options(**without_learned_solver(model.solver.options))
     position = load_training_state(checkpoint).get("sampler") if (checkpoint / TRAINING_STATE).is_file() else None
     return WarmStart(checkpoint, position, _lineage(checkpoint, source_model.config.implicit))
 
@@ -215,17 +217,3 @@ def _lineage(checkpoint: Path, implicit: bool) -> list[dict[str, Any]]:
         return []
     own = {key: meta[key] for key in STAGE_KEYS if key in meta}
     return [*meta.get("lineage", []), {**own, "implicit": implicit}]
-
-
-def _solve_without_learned_solver(model: ImplicitCausalLM) -> None:
-    """A learned guess and mixing are fitted to one model's weights and travel with its
-    checkpoint only: a run from those weights solves from z = 0 with the safeguarded
-    Anderson solver where the source's options named them (``implicitlm solver train``
-    fits new ones to the run's result)."""
-    if not model.config.implicit:
-        return
-    options = model.solver.options
-    learned_solvers = {name: "safeguarded_anderson" for name in ("solver", "simultaneous_solver", "sequential_solver")
-                       if getattr(options, name) == "learned_anderson"}
-    model.set_fixed_point_options(initial_guess="zero", simultaneous_initial_guess="", sequential_initial_guess="",
-                                  **learned_solvers)

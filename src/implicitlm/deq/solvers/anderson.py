@@ -23,8 +23,6 @@ from typing import Callable
 
 import torch
 
-from ..learned_mixing import LearnedMixing
-
 MEMORY = 5  # history length m: the usual choice for DEQs, and beyond it gains were nil here
 # A learned step must cut the residual below this share of the one before it, or its sample
 # falls back to the least-squares step: a mixing that stalls (damping near 0) is caught as
@@ -32,6 +30,10 @@ MEMORY = 5  # history length m: the usual choice for DEQs, and beyond it gains w
 # shipped WikiText-2 models.
 SUFFICIENT_DECREASE = 0.9
 REGULARISATION = 1e-6  # relative to max_i |g_i|^2, per sample
+# A learned mixing of a step (a model's, ``models/learned_solver.py``): per sample, (normalised
+# Gram matrix, history mask, least-squares weights, log residual fall), each newest entry
+# first -> (the step's weights, summing to 1, and its damping).
+Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def safeguarded_anderson(
@@ -40,7 +42,7 @@ def safeguarded_anderson(
     max_iter: int,
     memory: int = MEMORY,
     regularisation: float = REGULARISATION,
-    mixing: LearnedMixing | None = None,
+    mixing: Mixing | None = None,
     on_proposed: Callable[[torch.Tensor], None] | None = None,
     **unused,
 ) -> torch.Tensor:
@@ -48,7 +50,7 @@ def safeguarded_anderson(
     tracker does once every sample is done); returns the last image f(x). It has no stop
     test of its own: stopping, per sample, is the caller's.
 
-    ``mixing``: a learned correction of each step (``learned_mixing``), which a sample stops
+    ``mixing``: a learned correction of each step (``Mixing``), which a sample stops
     using once a learned step fails to cut its residual below ``SUFFICIENT_DECREASE`` times
     the one before. ``on_proposed(x)``: each mixed iterate, with the mixing's graph (what
     fitting the mixing reads); the next evaluation gets it detached."""
@@ -108,7 +110,7 @@ def _least_squares_weights(xs: torch.Tensor, fs: torch.Tensor, history: torch.Te
     return weights, gram, valid
 
 
-def _learned_step(mixing: LearnedMixing, xs: torch.Tensor, fs: torch.Tensor, least_squares, slot: int,
+def _learned_step(mixing: Mixing, xs: torch.Tensor, fs: torch.Tensor, least_squares, slot: int,
                   residual_fall: torch.Tensor, fallen: torch.Tensor) -> torch.Tensor:
     """sum_i a_i (b f(x_i) + (1 - b) x_i) with the mixing's weights a and damping b, or the
     least-squares weights and b = 1 where a sample has ``fallen`` back. The mixing reads

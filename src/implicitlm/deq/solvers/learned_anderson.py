@@ -1,6 +1,7 @@
 """Learned Anderson, the solver "learned_anderson": safeguarded Anderson (``anderson``) whose
-steps the checkpoint's learned mixing (``learned_mixing``, fitted by implicitlm solver train)
-corrects."""
+steps the model's learned mixing (``models/learned_solver.py``, fitted by implicitlm solver
+train) corrects. The table records it as needing that mixing, and safeguarded Anderson as what
+solves in its place without one (``register_solver``'s ``without_mixing``)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,10 @@ from typing import Callable
 
 import torch
 
-from ...core.errors import OptionError
-from ..learned_mixing import LearnedMixing
-from .anderson import safeguarded_anderson
+from .anderson import Mixing, safeguarded_anderson
 
 
 def learned_anderson(f: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, max_iter: int,
-                     learned_mixing: LearnedMixing | None = None, **options) -> torch.Tensor:
-    """Safeguarded Anderson with ``learned_mixing``. Without one, refused here, at the first
-    solve, not when the solver is chosen: a model is built before its mixing is loaded."""
-    if learned_mixing is None:
-        raise OptionError("solver 'learned_anderson', but this model has no learned mixing (implicitlm solver train "
-                          "makes one)", arguments=("solver",))
+                     learned_mixing: Mixing, **options) -> torch.Tensor:
+    """Safeguarded Anderson with ``learned_mixing``."""
     return safeguarded_anderson(f, x0, max_iter, mixing=learned_mixing, **options)

@@ -1,4 +1,4 @@
-"""Where a fit of a learned solver (``learned_solver.train_learned_solver``) stands, kept
+"""Where a fit of a learned solver (``fit.train_learned_solver``) stands, kept
 beside its target every ``PROGRESS_EVERY`` batches so that an interrupted fit continues
 (``resume=True``) exactly where it stopped: each network (the guess, the mixing), its
 AdamW moments, the batches' position and the losses so far. A resume checks that it
@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..core.atomic_io import atomic_write, remove_entry, staged_directory, write_json
-from ..core.errors import DataError
-from ..core.json_file import read_json_object
+from ...core.atomic_io import atomic_write, remove_entry, staged_directory, write_json
+from ...core.errors import DataError
+from ...core.json_file import read_json_object
 
 PROGRESS_EVERY = 10  # batches between two saves of the progress
 TENSORS, META = "progress.safetensors", "progress.json"

@@ -1,8 +1,8 @@
 """Training a learned solver for a trained implicit checkpoint, the model frozen, on the
 batches of the run's own task (token shards, or words): a learned initial guess
-(``deq.InitialGuess``) and a learned mixing of safeguarded Anderson's steps
-(``deq.LearnedMixing``, the solver "learned_anderson"), after Bai, Koltun and Kolter's
-*Neural Deep Equilibrium Solvers*.
+(``models.learned_solver.InitialGuess``) and a learned mixing of safeguarded Anderson's steps
+(``models.learned_solver.LearnedMixing``, the solver "learned_anderson"), after Bai, Koltun and
+Kolter's *Neural Deep Equilibrium Solvers*.
 
 Each step draws a batch as the run's training did and solves its fixed point tightly
 (``TIGHT_TOL``, from z = 0); the guess is fitted to those fixed points (``guess_fit``), then
@@ -10,7 +10,7 @@ the mixing to the batch's maps (``mixing_fit``).
 
 The output is a new checkpoint folder: the model as it was, both networks beside its weights
 and, per mode, where the solve starts and which solver mixes its steps, chosen on a held-out
-batch (``solver_comparison``). ``learned_solver.json`` records the fit and that comparison.
+batch (``comparison``). ``learned_solver.json`` records the fit and that comparison.
 """
 
 from __future__ import annotations
@@ -24,25 +24,25 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..core.atomic_io import staged_directory, write_json
-from ..core.devices import usable_device
-from ..core.errors import DataError, OptionError
-from ..core.memory import activation_bytes, require
-from ..core.run_folder import TRAINER_META, model_folder, read_trainer_meta
-from ..core.targets import TargetExistsError, exclusive_target
-from ..core.weights_digest import weights_sha256
-from ..deq import InitialGuess, LearnedMixing
-from ..deq.solvers.anderson import MEMORY
-from ..models import load_model
-from ..models.convert import MODEL_FOLDER
-from ..tasks import TRAINING_BATCHES
-from .config import TrainConfig
+from ...core.atomic_io import staged_directory, write_json
+from ...core.devices import usable_device
+from ...core.errors import DataError, OptionError
+from ...core.memory import activation_bytes, require
+from ...core.run_folder import TRAINER_META, model_folder, read_trainer_meta
+from ...core.targets import TargetExistsError, exclusive_target
+from ...core.weights_digest import weights_sha256
+from ...deq.solvers.anderson import MEMORY
+from ...models import load_model
+from ...models.convert import MODEL_FOLDER
+from ...models.learned_solver import InitialGuess, LearnedMixing, without_learned_solver
+from ...tasks import TRAINING_BATCHES
+from ..config import TrainConfig
 from .guess_fit import fit_guess
 from .mixing_fit import MIXING_LOSSES, fit_mixing, mixing_improved
-from .model_card import write_model_card
-from .solver_comparison import MODES, choose_per_mode, compare_configurations, solver_name
-from .solver_progress import PROGRESS_EVERY, FitState, discard_progress, progress_folder, restore_progress, save_progress
-from .trainer import checkpoint_config
+from ..model_card import write_model_card
+from .comparison import MODES, choose_per_mode, compare_configurations, solver_name
+from .progress import PROGRESS_EVERY, FitState, discard_progress, progress_folder, restore_progress, save_progress
+from ..trainer import checkpoint_config
 
 TIGHT_TOL = 1e-4  # the fixed points the solver learns: well below any inference tolerance in use
 TIGHT_MAX_ITER = 400
@@ -70,9 +70,9 @@ def train_learned_solver(
     fresh words as the run drew them). ``sequence_length``: of each batch's sequences
     (default: the run's training length; a checkpoint without training settings, such as an
     imported one, is a language model read ``DEFAULT_SEQUENCE_LENGTH`` tokens at a time).
-    ``resume``: continue the fit an interruption left (``solver_progress``).
+    ``resume``: continue the fit an interruption left (``progress``).
     ``guess_reads_state``: the guess also reads each block's recurrent state before the token
-    (``deq.InitialGuess``'s ``readouts``), not only the previous fixed point.
+    (``InitialGuess``'s ``readouts``), not only the previous fixed point.
     ``mixing_loss``: what each learned step is fitted to minimise (``MIXING_LOSSES``).
     ``device``: where the model and the fit run (``usable_device``'s names; None: the CPU)."""
     if steps < 1 or batch_size < 1:
@@ -134,10 +134,11 @@ def train_learned_solver(
 
 
 def _own_solvers(model) -> dict[str, str]:
-    """The checkpoint's solver per mode, the learned mixing's base where it had one already."""
+    """The checkpoint's solver per mode as it solves without a learned solver: where it mixed
+    by a learned mixing already, the solver that solves in its place."""
     options = model.solver.options
-    return {mode: "safeguarded_anderson" if options.solver_for(mode) == "learned_anderson" else options.solver_for(mode)
-            for mode in MODES}
+    without = options.replace(**without_learned_solver(options))
+    return {mode: without.solver_for(mode) for mode in MODES}
 
 
 def _parameters(network: torch.nn.Module) -> int:

@@ -1,5 +1,5 @@
-"""Fitting a learned initial guess (``deq.InitialGuess``) to a frozen model's fixed points,
-one batch's tight solve at a time (``learned_solver``'s fit).
+"""Fitting a learned initial guess (``models.learned_solver.InitialGuess``) to a frozen model's
+fixed points, one batch's tight solve at a time (``fit``).
 
 The guess gets ``UPDATES_PER_BATCH`` updates on each token's distance to its fixed point
 relative to the fixed point's norm (the initial-guess loss of Bai, Koltun and Kolter's *Neural
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..deq import InitialGuess
-from .solver_progress import FitState
+from ...models.learned_solver import InitialGuess
+from .progress import FitState
 
 # Updates of the guess per batch solved: a tight solve costs a dozen passes of the model, an
 # update of the guess a small fraction of one.

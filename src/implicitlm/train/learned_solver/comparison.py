@@ -3,7 +3,7 @@ its steps (``CONFIGURATIONS``), and choosing per mode (``choose_per_mode``) the 
 configuration among those that led no token to another fixed point than the model's own
 solver from z = 0 (a map may have several, and the model's answers are those of the one z = 0
 leads to; word problems are also checked on words 16 times their training length) and left no
-more solves above the tolerance (``learned_solver``'s last step before the save).
+more solves above the tolerance (``fit``'s last step before the save).
 """
 
 from __future__ import annotations

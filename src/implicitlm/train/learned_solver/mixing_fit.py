@@ -1,5 +1,5 @@
-"""Fitting a learned mixing of safeguarded Anderson's steps (``deq.LearnedMixing``, the solver
-"learned_anderson") to a frozen model's maps, one batch at a time (``learned_solver``'s fit).
+"""Fitting a learned mixing of safeguarded Anderson's steps (``models.learned_solver.LearnedMixing``,
+the solver "learned_anderson") to a frozen model's maps, one batch at a time (``fit``).
 
 The mixing runs ``MIXING_PASSES`` steps of learned Anderson on the batch's simultaneous map
 and on a few of its tokens' sequential maps (from z = 0 on even batches, from the guess on
@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from ..deq import InitialGuess, LearnedMixing
-from ..deq.solvers.anderson import safeguarded_anderson
+from ...deq.solvers.anderson import safeguarded_anderson
+from ...models.learned_solver import InitialGuess, LearnedMixing
 from .guess_fit import decay, relative_distance
-from .solver_progress import FitState
+from .progress import FitState
 
 LOGGER = logging.getLogger("implicitlm")
 
@@ -105,7 +105,7 @@ class _ReusedEvaluation:
 def mixing_improved(loss: dict[str, float], mixing_loss: str) -> bool:
     """Whether the mixing's fit lowered its loss (``loss``: its first update's and the mean of
     its last ones, as the record keeps them). A fit that raised it is said in a warning line,
-    and its mixing, saved all the same, is chosen for no mode (``solver_comparison.choose_per_mode``)."""
+    and its mixing, saved all the same, is chosen for no mode (``comparison.choose_per_mode``)."""
     if loss["last"] <= loss["first"]:
         return True
     LOGGER.warning(f"learned mixing: its fit raised the mean {mixing_loss} loss over its steps ({loss['first']:.2f} -> "

@@ -1,6 +1,7 @@
-"""``LearnedStart``: the one home of a model's learned initial guess and learned mixing, kept out
+"""``LearnedSolver``: the one home of a model's learned initial guess and learned mixing, kept out
 of its weights and on its device, giving each mode's first iterate as the options say and the
-last fixed point a state carries, and loading both from beside the weights."""
+last fixed point a state carries, and loading both from beside the weights; and
+``without_learned_solver``, how a model solves without them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import functools
 import pytest
 import torch
 
-from implicitlm.deq import InitialGuess
-from implicitlm.deq.learned_mixing import MIXING_FILE
+from implicitlm.deq import FixedPointOptions, solvers
+from implicitlm.deq.options import every_solve_by
 from implicitlm.models.errors import ModelLoadError
-from implicitlm.models.learned_start import LearnedStart
+from implicitlm.models.learned_solver import MIXING_FILE, InitialGuess, LearnedSolver, without_learned_solver
 from implicitlm.models.stack import StackState
 
 from tests.support.learned_solver import active_mixing
@@ -34,8 +35,8 @@ def test_the_guess_is_held_by_the_model_s_start_out_of_its_module_tree_and_weigh
     weights = set(model.state_dict())
     guess = InitialGuess(16)
     model.attach_learned_guess(guess)
-    assert isinstance(model.learned_start, LearnedStart)
-    assert model.learned_guess is guess and model.learned_start.guess is guess
+    assert isinstance(model.learned_solver, LearnedSolver)
+    assert model.learned_guess is guess and model.learned_solver.guess is guess
     assert set(model.state_dict()) == weights
     assert not {id(parameter) for parameter in guess.parameters()} & {id(parameter) for parameter in model.parameters()}
     model.attach_learned_guess(None)
@@ -44,7 +45,7 @@ def test_the_guess_is_held_by_the_model_s_start_out_of_its_module_tree_and_weigh
 
 def test_each_mode_starts_from_the_guess_only_where_its_options_ask_for_it():
     model = guessing_model(fixed_point=dict(simultaneous_initial_guess="learned", sequential_initial_guess="zero"))
-    start, guess = model.learned_start, model.learned_guess
+    start, guess = model.learned_solver, model.learned_guess
     with torch.no_grad():
         embedded = model.embeddings(token_ids(2, 5, seed=1, vocab=VOCAB))
         assert torch.equal(start.first_iterate(model.solver.options, model.stack, embedded), guess(embedded))
@@ -65,9 +66,9 @@ def test_a_returned_state_carries_the_last_fixed_point_only_where_a_guess_starts
     with torch.no_grad():
         state = model(tokens, use_cache=True).state
         assert not isinstance(state, StackState)
-        assert model.learned_start.with_last_fixed_point(model.solver.options, state, z) is state
+        assert model.learned_solver.with_last_fixed_point(model.solver.options, state, z) is state
         model.set_fixed_point_options(sequential_initial_guess="learned")
-        carried = model.learned_start.with_last_fixed_point(model.solver.options, state, z)
+        carried = model.learned_solver.with_last_fixed_point(model.solver.options, state, z)
         assert list(carried) == list(state) and torch.equal(carried.last_fixed_point, z[:, -1])
         assert isinstance(model(tokens, use_cache=True).state, StackState)
 
@@ -78,13 +79,13 @@ def test_the_mixing_is_held_by_the_model_s_start_out_of_its_module_tree_and_solv
     weights = set(model.state_dict())
     tokens = token_ids(2, 5, seed=1, vocab=VOCAB)
     with torch.no_grad():
-        model.use_solver("safeguarded_anderson")
+        model.set_fixed_point_options(**every_solve_by("safeguarded_anderson"))
         plain = model(tokens).fixed_point.iterations
         mixing = active_mixing()
         model.attach_learned_mixing(mixing)
-        model.use_solver("learned_anderson")
+        model.set_fixed_point_options(**every_solve_by("learned_anderson"))
         mixed = model(tokens).fixed_point.iterations
-    assert model.learned_mixing is mixing and model.learned_start.mixing is mixing
+    assert model.learned_mixing is mixing and model.learned_solver.mixing is mixing
     assert "learned_mixing" not in vars(model) and set(model.state_dict()) == weights
     assert not torch.equal(mixed, plain)  # the mixing moves every step: the solver uses it
     model.attach_learned_mixing(None)
@@ -113,7 +114,7 @@ def test_the_start_loads_what_lies_beside_the_weights_and_refuses_what_the_optio
     model.save_pretrained(tmp_path / "m")
     fresh = family_model("mamba2", True, VOCAB, torch.float32, fixed_point=dict(simultaneous_solver="learned_anderson"))
     options = fresh.solver.options
-    fresh.learned_start.load(fresh, tmp_path / "m")
+    fresh.learned_solver.load(fresh, tmp_path / "m")
     assert fresh.solver.options == options
     for network, loaded in ((model.learned_guess, fresh.learned_guess), (model.learned_mixing, fresh.learned_mixing)):
         assert network.state_dict().keys() == loaded.state_dict().keys()
@@ -121,8 +122,37 @@ def test_the_start_loads_what_lies_beside_the_weights_and_refuses_what_the_optio
     (tmp_path / "m" / MIXING_FILE).unlink()
     with pytest.raises(ModelLoadError, match="missing, but the config's fixed_point names solver 'learned_anderson'") \
             as refused:
-        fresh.learned_start.load(fresh, tmp_path / "m")
+        fresh.learned_solver.load(fresh, tmp_path / "m")
     assert "\n" not in str(refused.value)
     explicit = family_model("mamba2", False, VOCAB, torch.float32)
-    explicit.learned_start.load(explicit, tmp_path / "m")
+    explicit.learned_solver.load(explicit, tmp_path / "m")
     assert explicit.learned_guess is None and explicit.learned_mixing is None
+
+
+def test_without_a_learned_solver_and_what_a_load_requires_follow_the_solver_table(tmp_path, monkeypatch):
+    """A run or fit without the learned solver solves from z = 0 by what the table says stands
+    in for each solver that mixes by a learned mixing, and a load requires the mixing file where
+    the table says a solver the config names needs it: no branch on "learned_anderson" (before:
+    one in each of the warm start, ``solver train`` and the loader). A table that said otherwise
+    would be followed as surely."""
+    options = FixedPointOptions(solver="learned_anderson", sequential_solver="anderson", initial_guess="learned",
+                                simultaneous_initial_guess="learned")
+    unguessed = {"initial_guess": "zero", "simultaneous_initial_guess": "", "sequential_initial_guess": ""}
+    assert without_learned_solver(options) == {**unguessed, "solver": "safeguarded_anderson", "sequential_solver": "anderson"}
+    saved = family_model("mamba2", True, VOCAB, torch.float32)
+    saved.save_pretrained(tmp_path / "m")  # no mixing file
+
+    def load(solver: str):
+        fresh = family_model("mamba2", True, VOCAB, torch.float32, fixed_point=dict(sequential_solver=solver))
+        fresh.learned_solver.load(fresh, tmp_path / "m")
+        return fresh
+
+    with pytest.raises(ModelLoadError, match="learned_mixing.safetensors: missing, but the config's fixed_point names "
+                                             "solver 'learned_anderson'"):
+        load("learned_anderson")
+    assert load("anderson").learned_mixing is None
+    monkeypatch.setattr(solvers, "_without_mixing", {"anderson": "fixed_point_iter"})
+    assert without_learned_solver(options) == {**unguessed, "solver": "learned_anderson", "sequential_solver": "fixed_point_iter"}
+    assert load("learned_anderson").learned_mixing is None
+    with pytest.raises(ModelLoadError, match="missing, but the config's fixed_point names solver 'anderson'"):
+        load("anderson")
