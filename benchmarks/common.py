@@ -61,6 +61,14 @@ def median_seconds(run: Callable[[], object], repeats: int, warmup: int = 1) -> 
     return statistics.median(times)
 
 
+def first_and_median_seconds(run: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """The first call's seconds and the median of ``repeats`` calls after it: the first call
+    compiles and tunes the kernels it meets, which is what a user's first call costs."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start, median_seconds(run, repeats, warmup=0)
+
+
 @dataclass
 class Paired:
     """Two runs timed in alternation: their median times and the median of the per-pair

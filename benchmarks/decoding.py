@@ -38,12 +38,19 @@ def decode_latency(model, position: int, tokens: int, repeats: int, device: str)
     new_tokens = torch.randint(0, 256, (1, tokens), device=device)
 
     def decode() -> None:
-        state = prefilled
-        for t in range(tokens):
-            state = model(new_tokens[:, t : t + 1], state=state, mode="sequential", max_iter=ITERATIONS, tol=1e-12).state
+        decode_tokens(model, new_tokens, prefilled, max_iter=ITERATIONS, tol=1e-12)
         synchronize(device)
 
     return median_seconds(decode, repeats) / tokens
+
+
+def decode_tokens(model, tokens: torch.Tensor, state, **budget):
+    """The state after ``tokens`` (batch x n), read from ``state`` one forward a token in
+    sequential mode, each with ``budget`` (its fixed-point options): decoding's token step
+    alone, without ``generate()``'s choice of the next token around it."""
+    for t in range(tokens.shape[1]):
+        state = model(tokens[:, t : t + 1], state=state, mode="sequential", **budget).state
+    return state
 
 
 def run(quick: bool, device: str = "cpu") -> Table:

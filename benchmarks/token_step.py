@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from decoding import decode_tokens
 
 import implicitlm
 from implicitlm.data.shards import TokenShards
@@ -57,8 +58,7 @@ def main() -> None:
             state = model(prompt, use_cache=True).state
             steps[0] = 0
             start = time.perf_counter()
-            for t in range(TOKENS):
-                state = model(tokens[:, t : t + 1], state=state, mode="sequential", tol=args.tol).state
+            decode_tokens(model, tokens, state, tol=args.tol)
             return (time.perf_counter() - start) / TOKENS * 1e3
 
     decode()
