@@ -41,6 +41,7 @@ from common import Table, median_seconds, paired_median_seconds, ratio
 
 from implicitlm.core.weights_digest import weights_sha256
 from implicitlm.data.shards import TokenShards
+from implicitlm.deq.options import every_solve_by
 from implicitlm.models import load_model
 
 PROMPT, WINDOW = 64, 256
@@ -64,58 +65,63 @@ class EvaluationCounter:
             setattr(stack, name, counted)
 
 
-def generating(model, prompt: torch.Tensor, count: int) -> Callable[[], None]:
+# Every run below takes the fixed-point options it runs with as an argument (None: the model's
+# own, as shipped): a row's settings are that row's, never left on the model for the next.
+
+
+def generating(model, prompt: torch.Tensor, count: int, fixed_point: dict | None = None) -> Callable[[], None]:
     """A run of greedy ``generate()`` of ``count`` tokens after ``prompt``."""
     @torch.no_grad()
     def run() -> None:
         with model.track_convergence():
-            model.generate(prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False)
+            model.generate(prompt, max_new_tokens=count, min_new_tokens=count, do_sample=False, fixed_point=fixed_point)
     return run
 
 
-def decode(model, prompt: torch.Tensor, tokens: int, repeats: int) -> tuple[float, float]:
+def decode(model, prompt: torch.Tensor, tokens: int, repeats: int, fixed_point: dict | None = None) -> tuple[float, float]:
     """(ms per token, stack passes per token) of greedy ``generate()`` after ``prompt``."""
-    one = median_seconds(generating(model, prompt, 1), repeats)
-    many = median_seconds(generating(model, prompt, tokens + 1), repeats)
-    return (many - one) / tokens * 1e3, passes_per_token(model, prompt, tokens)
+    one = median_seconds(generating(model, prompt, 1, fixed_point), repeats)
+    many = median_seconds(generating(model, prompt, tokens + 1, fixed_point), repeats)
+    return (many - one) / tokens * 1e3, passes_per_token(model, prompt, tokens, fixed_point)
 
 
-def passes_per_token(model, prompt: torch.Tensor, tokens: int) -> float:
+def passes_per_token(model, prompt: torch.Tensor, tokens: int, fixed_point: dict | None = None) -> float:
     """The stack passes of each token that greedy ``generate()`` decodes after ``prompt``."""
     counter = getattr(model, "_counter", None) or EvaluationCounter(model)
     model._counter = counter
     counter.count = 0
-    generating(model, prompt, 1)()
+    generating(model, prompt, 1, fixed_point)()
     first = counter.count
     counter.count = 0
-    generating(model, prompt, tokens + 1)()
+    generating(model, prompt, tokens + 1, fixed_point)()
     return (counter.count - first) / tokens
 
 
-def scoring(model, windows: torch.Tensor, results: dict) -> Callable[[], None]:
+def scoring(model, windows: torch.Tensor, results: dict, fixed_point: dict | None = None) -> Callable[[], None]:
     """A run of one simultaneous pass over ``windows``, leaving its held-out loss and its share of
     windows short of the tolerance in ``results`` (a K-pass answer's last step held to it too, read
     off the stats: a tally counts no misses of a fixed budget, which holds no tolerance)."""
     @torch.no_grad()
     def run() -> None:
-        output = model(windows[:, :-1])
+        output = model(windows[:, :-1], fixed_point=fixed_point)
         results["loss"] = F.cross_entropy(output.logits.flatten(0, 1).float(), windows[:, 1:].flatten()).item()
         results["missed"] = float((~output.fixed_point.converged).float().mean()) if output.fixed_point else 0.0
     return run
 
 
-def score(model, windows: torch.Tensor, repeats: int) -> tuple[float, float, float]:
+def score(model, windows: torch.Tensor, repeats: int, fixed_point: dict | None = None) -> tuple[float, float, float]:
     """(seconds, held-out loss, share of windows short of the tolerance) of one simultaneous pass."""
     results: dict = {}
-    seconds = median_seconds(scoring(model, windows, results), repeats)
+    seconds = median_seconds(scoring(model, windows, results, fixed_point), repeats)
     return seconds, results["loss"], results["missed"]
 
 
-def paired_decode(explicit, implicit, prompt: torch.Tensor, tokens: int, repeats: int) -> tuple[float, float]:
+def paired_decode(explicit, implicit, prompt: torch.Tensor, tokens: int, repeats: int,
+                  fixed_point: dict | None = None) -> tuple[float, float]:
     """(explicit, implicit) ms per decoded token, each ``generate()`` timed in alternation with the other's."""
-    one = paired_median_seconds(generating(explicit, prompt, 1), generating(implicit, prompt, 1), repeats)
-    many = paired_median_seconds(generating(explicit, prompt, tokens + 1), generating(implicit, prompt, tokens + 1),
-                                 repeats)
+    one = paired_median_seconds(generating(explicit, prompt, 1), generating(implicit, prompt, 1, fixed_point), repeats)
+    many = paired_median_seconds(generating(explicit, prompt, tokens + 1),
+                                 generating(implicit, prompt, tokens + 1, fixed_point), repeats)
     return (many.baseline - one.baseline) / tokens * 1e3, (many.candidate - one.candidate) / tokens * 1e3
 
 
@@ -152,8 +158,8 @@ def main() -> None:
     base_score = score(explicit, windows, repeats)
     # The checkpoint's own options and guess, for the row of the model run as shipped (no flags).
     shipped, shipped_guess = implicit.solver.options, implicit.learned_guess
-    implicit.set_fixed_point_options(tol=TIGHT_TOL, max_iter=400, passes=0, initial_guess="zero", simultaneous_initial_guess="")
-    tight_loss = score(implicit, windows, 1)[1]
+    tight = dict(tol=TIGHT_TOL, max_iter=400, passes=0, initial_guess="zero", simultaneous_initial_guess="")
+    tight_loss = score(implicit, windows, 1, tight)[1]
     table = Table(
         f"Trained pair {args.implicit} vs {args.explicit}: decoding after {PROMPT} tokens and scoring "
         f"{count} x {WINDOW} held-out tokens, {torch.get_num_threads()} torch threads",
@@ -165,13 +171,10 @@ def main() -> None:
     for solver in solvers:
         for start, guess in starts.items():
             for tol in (float(t) for t in args.tols.split(",") if t):
-                implicit.use_solver(solver)
                 implicit.attach_learned_guess(guess, use=None)
-                implicit.set_fixed_point_options(tol=tol, max_iter=64,
-                                                 initial_guess="zero" if start == "zero" else "learned",
-                                                 simultaneous_initial_guess="", sequential_initial_guess="")
-                ms, passes = decode(implicit, prompt, tokens, repeats)
-                seconds, loss, missed = score(implicit, windows, repeats)
+                row = {**every_solve_by(solver), **started(start), "tol": tol, "max_iter": 64}
+                ms, passes = decode(implicit, prompt, tokens, repeats, row)
+                seconds, loss, missed = score(implicit, windows, repeats, row)
                 table.add("implicit", solver, start, f"{tol:g}", f"{ms:.2f}", ratio(ms, base_decode[0]),
                           f"{passes:.2f}", f"{seconds:.2f}", ratio(seconds, base_score[0]),
                           *quality_cells(loss, missed, tight_loss))
@@ -179,12 +182,10 @@ def main() -> None:
         for start, guess in starts.items():
             implicit.attach_learned_guess(guess, use=None)
             # A K-pass answer's last step is held to the checkpoint's own tolerance in "not converged".
-            implicit.set_fixed_point_options(passes=passes, tol=shipped.tol, initial_guess="zero" if start == "zero" else "learned",
-                                             simultaneous_initial_guess="", sequential_initial_guess="")
+            row = {**started(start), "passes": passes, "tol": shipped.tol}
             table.add("implicit", f"{passes} passes", start, "-",
-                      *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
+                      *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss, row))
     implicit.attach_learned_guess(shipped_guess, use=None)
-    implicit.set_fixed_point_options(**shipped.to_dict())
     table.add("implicit, as shipped", shipped.described_solver("simultaneous"), "its own",
               "-" if shipped.passes else f"{shipped.tol:g}",
               *paired_cells(explicit, implicit, prompt, windows, tokens, repeats, tight_loss))
@@ -194,17 +195,24 @@ def main() -> None:
 
 
 def paired_cells(explicit, implicit, prompt: torch.Tensor, windows: torch.Tensor, tokens: int, repeats: int,
-                 tight_loss: float) -> list[str]:
-    """A row's cells from decode ms/token on, the implicit model as its options stand, each of its
-    runs timed in alternation with the explicit model's (decoding: the ratio of the per-token
-    medians; scoring: the median of the per-pair ratios)."""
-    base_ms, ms = paired_decode(explicit, implicit, prompt, tokens, repeats)
-    per_token = passes_per_token(implicit, prompt, tokens)
+                 tight_loss: float, fixed_point: dict | None = None) -> list[str]:
+    """A row's cells from decode ms/token on, the implicit model run with ``fixed_point`` (None:
+    its own options), each of its runs timed in alternation with the explicit model's (decoding:
+    the ratio of the per-token medians; scoring: the median of the per-pair ratios)."""
+    base_ms, ms = paired_decode(explicit, implicit, prompt, tokens, repeats, fixed_point)
+    per_token = passes_per_token(implicit, prompt, tokens, fixed_point)
     results: dict = {}
-    scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results), repeats)
+    scored = paired_median_seconds(scoring(explicit, windows, {}), scoring(implicit, windows, results, fixed_point),
+                                   repeats)
     loss, missed = results["loss"], results["missed"]
     return [f"{ms:.2f}", ratio(ms, base_ms), f"{per_token:.2f}", f"{scored.candidate:.2f}", f"{scored.ratio:.2f}x",
             *quality_cells(loss, missed, tight_loss)]
+
+
+def started(start: str) -> dict[str, str]:
+    """The options of a row's start: z = 0, or the learned guess attached, in both modes."""
+    return {"initial_guess": "zero" if start == "zero" else "learned", "simultaneous_initial_guess": "",
+            "sequential_initial_guess": ""}
 
 
 def quality_cells(loss: float, missed: float, tight_loss: float) -> list[str]:

@@ -35,7 +35,8 @@ import transformers
 from common import Table, paired_median_seconds
 
 from implicitlm.data.tokenizer import load_tokenizer
-from implicitlm.deq import solver
+from implicitlm.deq import residuals
+from implicitlm.deq.options import every_solve_by
 from implicitlm.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,11 +239,11 @@ def floors(quick: bool, device: str = "cpu") -> Table:
         return table
     _, windows = held_out(device)
     cases = (("simultaneous", windows[:, :128]), ("sequential", windows[:2, :32]))
-    with mock.patch.object(solver, "RESIDUAL_FLOOR_EPSILONS", 0.0):
+    with mock.patch.object(residuals, "RESIDUAL_FLOOR_EPSILONS", 0.0):
         for dtype in DTYPES:
             model = load("implicit", dtype, device)
             for name in FLOOR_SOLVERS:
-                model.use_solver(name)
+                model.set_fixed_point_options(**every_solve_by(name))
                 for mode, ids in cases:
                     table.add(*floor_row(model, dtype, name, mode, ids))
     table.notes += [

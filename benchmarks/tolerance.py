@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from common import Table
 
+from implicitlm.deq.options import every_solve_by
 from implicitlm.eval.downstream import PAPER_TASKS, read_local_sets, run_tasks
 from implicitlm.models import load_model
 
@@ -84,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     model = load_model(args.checkpoint).eval()
     if args.solver:
-        model.use_solver(args.solver)
+        model.set_fixed_point_options(**every_solve_by(args.solver))
     local_sets, _ = read_local_sets(list(PAPER_TASKS), args.data_dir, skip_missing=True)
     tasks = list(local_sets)
     tols = [float(t) for t in args.tols.split(",")]
