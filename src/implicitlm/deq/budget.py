@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.errors import OptionError
+
 KINDS = ("tolerance", "passes", "unrolled")
 
 
@@ -32,6 +34,10 @@ class Budget:
     passes: int
     tol: float
     jacobian_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise OptionError(f"a budget's kind is one of {', '.join(KINDS)}; got {self.kind!r}")
 
     @classmethod
     def to_tolerance(cls, tol: float, max_passes: int, jacobian_penalty: float = 0.0) -> Budget:
