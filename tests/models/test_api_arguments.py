@@ -20,7 +20,7 @@ from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver
 from implicitlm.deq.options import MAX_PASSES
 from implicitlm.eval.harness import ImplicitLMHarness
 from implicitlm.models import config_from_options
-from implicitlm.models.inputs import MIN_TEMPERATURE
+from implicitlm.models.argument_checks import MIN_TEMPERATURE
 from implicitlm.train.config import TrainConfig
 
 from tests.models.test_generation import VOCAB, make_model, tokens
