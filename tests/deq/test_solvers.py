@@ -152,7 +152,7 @@ def test_every_solver_keeps_to_the_budget(solver):
     assert stats.passes.tolist() == [3, 3] and not stats.converged.any()
 
 
-def test_safeguarded_anderson_needs_far_fewer_evaluations_on_a_slow_map():
+def test_safeguarded_anderson_needs_far_fewer_passes_on_a_slow_map():
     problem = ToyProblem([1.0, 0.99])
     with torch.no_grad():
         z_plain, plain = problem.solve("fixed_point_iter", [0, 1], restricted=False, max_iter=2000)
