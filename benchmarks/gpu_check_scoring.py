@@ -30,7 +30,7 @@ def run(rehearse: bool, limit_s: float) -> None:
         figures[f"{variant} first call s"] = round(first, 2)
         figures[f"{variant} tokens/s"] = round(batch * length / seconds)
         if model.config.implicit:
-            figures[f"{variant} solver passes"] = int(scored["output"].fixed_point.evaluations)
+            figures[f"{variant} solver passes"] = int(scored["output"].fixed_point.batch_passes)
         print(f"{variant}: {seconds:.3f} s per forward of {batch} x {length} tokens", flush=True)
         report_figures(figures)
         del model, scored

@@ -32,7 +32,7 @@ def run(rehearse: bool, limit_s: float) -> None:
                 figures[f"{variant} peak GiB"] = round(peak_memory(model, ids), 2)
             if variant != "explicit":
                 with torch.no_grad():
-                    figures[f"{variant} solver passes"] = int(model(ids).fixed_point.evaluations)
+                    figures[f"{variant} solver passes"] = int(model(ids).fixed_point.batch_passes)
         print(f"{variant}: {seconds:.3f} s per step of {batch} x {length} tokens", flush=True)
         report_figures(figures)
         del model

@@ -3,8 +3,8 @@ shipped WikiText-2 pair from a 64-token prompt's state, with the checks and with
 
     python benchmarks/input_checks.py [--checkpoints checkpoints/wikitext2] [--repeats 15]
 
-Every forward checks its ids, mask and state (``models/inputs.py``: a mask of values other than
-0 and 1, a state of another model). The baseline in the same run is the same forward with
+Every forward checks its ids, mask and state (``models/argument_checks.py``: a mask of values
+other than 0 and 1, a state of another model). The baseline in the same run is the same forward with
 ``check_forward_inputs`` replaced by a no-op, timed in alternation with it; the implicit row
 also gives the cost of a pass, so the checks' share of a token's work shows beside the passes.
 """

@@ -100,7 +100,7 @@ def score(model, windows: torch.Tensor) -> dict:
     result = {"logits": logits, "ppl": loss.exp().item()}
     stats = output.fixed_point
     if stats is not None:
-        result.update(passes=stats.iterations.float().mean().item(), batch_passes=stats.evaluations,
+        result.update(passes=stats.passes.float().mean().item(), batch_passes=stats.batch_passes,
                       tol=stats.tol, missed=(~stats.converged).float().mean().item())
     return result
 
@@ -119,7 +119,7 @@ def decode(model, prompt: torch.Tensor) -> dict:
     result = {"sequence": sequence}
     if model.config.implicit:
         steps = seen[1:]  # the first forward is the prompt's prefill
-        result.update(passes=sum(s.iterations.float().mean().item() for s in steps) / len(steps),
+        result.update(passes=sum(s.passes.float().mean().item() for s in steps) / len(steps),
                       missed=model.generation_convergence["fp_not_converged_share"])
     return result
 
@@ -221,7 +221,7 @@ def floor_row(model, dtype: str, name: str, mode: str, ids: torch.Tensor) -> lis
     reached = stats.rel_residual.float().flatten() / eps
     return [dtype, f"{eps:.3g}", name, f"{mode} {' x '.join(map(str, ids.shape))}", f"{reached.numel()}",
             f"{int((reached == 0).sum())}", f"{reached.median().item():.2f}", f"{reached.max().item():.2f}",
-            f"{stats.iterations.float().mean().item():.0f}"]
+            f"{stats.passes.float().mean().item():.0f}"]
 
 
 def floors(quick: bool, device: str = "cpu") -> Table:

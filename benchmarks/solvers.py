@@ -80,7 +80,7 @@ def run(quick: bool, device: str = "cpu") -> Table:
             stats, seconds = measure(model, ids, solver, mode, repeats, device)
             add_row(table, mode, solver, stats, seconds, plain, plain_seconds)
     # ``plain`` is now sequential mode's: what leaving frozen samples out of the steps saved.
-    every_row = batch * plain.evaluations
+    every_row = batch * plain.batch_passes
     table.notes += [
         f"model: {source}",
         "row passes: passes of a sample (simultaneous) or token step (sequential) actually computed; a "
@@ -88,7 +88,7 @@ def run(quick: bool, device: str = "cpu") -> Table:
         "further steps, which also count each token's one commit step. Batch passes: calls of f, "
         "each a pass over the samples still running",
         f"sequential plain iteration computing every sample at every call instead: {every_row} row "
-        f"passes, {ratio(every_row, plain.row_evaluations)} the {plain.row_evaluations} of leaving frozen samples out",
+        f"passes, {ratio(every_row, plain.row_passes)} the {plain.row_passes} of leaving frozen samples out",
         "anderson and broyden are torchdeq's; safeguarded_anderson is implicitlm.deq.anderson "
         "(history 5, regularisation relative to each sample's residuals, restart when the residual "
         "rises). torchdeq's anderson regularises with an absolute 1e-4, which swamps residuals at "
@@ -99,9 +99,9 @@ def run(quick: bool, device: str = "cpu") -> Table:
 
 
 def add_row(table: Table, mode: str, solver: str, stats, seconds: float, plain, plain_seconds: float) -> None:
-    fewer = plain.row_evaluations / stats.row_evaluations
+    fewer = plain.row_passes / stats.row_passes
     table.add(
-        mode, solver, stats.evaluations, stats.row_evaluations, f"{stats.converged.float().mean().item():.0%}",
-        f"{seconds:.3f}", ratio(stats.row_evaluations, plain.row_evaluations), ratio(seconds, plain_seconds),
+        mode, solver, stats.batch_passes, stats.row_passes, f"{stats.converged.float().mean().item():.0%}",
+        f"{seconds:.3f}", ratio(stats.row_passes, plain.row_passes), ratio(seconds, plain_seconds),
         "baseline" if solver == BASELINE else verdict(fewer >= TARGET),
     )

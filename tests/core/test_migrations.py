@@ -160,6 +160,33 @@ def test_a_config_naming_an_option_under_both_names_is_refused():
         config_from_options({"hidden_size": 16, "head_dim": 8, "fixed_point": {"eval_f_max_iter": 8, "max_iter": 9}})
 
 
+def test_a_model_size_file_spelling_free_iterations_gives_the_presets_of_todays_free_passes(tmp_path, monkeypatch):
+    """Size files written before the one vocabulary named the free variant's training budget
+    ``free_iterations``; one dropped among the presets reads as today's ``free_passes``."""
+    from implicitlm.presets import model_presets
+
+    model = {"architecture": "mamba", "vocab_size": 64, "num_hidden_layers": 1, "hidden_size": 16}
+    (tmp_path / "models").mkdir()
+    for stem, budget in (("old-tiny", "free_iterations"), ("new-tiny", "free_passes"), ("both-tiny", None)):
+        keys = {"free_iterations": 20, "free_passes": 20} if budget is None else {budget: 20}
+        size = {"model": model, **keys, "parameters": {"explicit": 1, "implicit": 2}}
+        (tmp_path / "models" / f"{stem}.json").write_text(json.dumps(size))
+    monkeypatch.setattr(model_presets, "resources", SimpleNamespace(files=lambda package: tmp_path))
+    model_presets._size_files.cache_clear()
+    try:
+        with pytest.raises(OptionError, match="^model size file key given twice: 'free_iterations' is the former name "
+                                              "of 'free_passes'$"):
+            model_presets.model_preset("old-tiny-free")
+        (tmp_path / "models" / "both-tiny.json").unlink()
+        model_presets._size_files.cache_clear()
+        for variant in model_presets.VARIANTS:
+            assert model_presets.model_preset(f"old-tiny-{variant}") == model_presets.model_preset(f"new-tiny-{variant}")
+        fixed_point = model_presets.model_preset("old-tiny-free")["fixed_point"]
+        assert (fixed_point["train_max_iter"], fixed_point["max_iter"], fixed_point["phantom_steps"]) == (20, 80, 4)
+    finally:
+        model_presets._size_files.cache_clear()
+
+
 def test_phase_budgets_saved_as_iters_resume_as_max_iter_and_are_refused_in_a_preset(tmp_path, capsys):
     """Runs saved before the one vocabulary recorded ``bounded_iters`` / ``free_iters``."""
     settings = {**FORMER_LM_SETTINGS, "task": "lm", "batch_size": 4, "unroll_steps": 0, "unroll_depth": 16,

@@ -65,7 +65,7 @@ def test_k_passes_in_simultaneous_mode_are_k_applications_of_the_map(start, pass
         guessing(model)
     z, stats = answers(model, "simultaneous", passes)
     assert torch.equal(z, simultaneous_by_hand(model, passes))
-    assert stats.evaluations == passes and stats.iterations.tolist() == [passes] * TOKENS.shape[0]
+    assert stats.batch_passes == passes and stats.passes.tolist() == [passes] * TOKENS.shape[0]
     assert stats.solver == f"{passes}_passes" + ("+learned_guess" if start == "learned" else "")
 
 
@@ -77,8 +77,8 @@ def test_k_passes_in_sequential_mode_are_k_steps_per_token(start, architecture):
     for passes in (1, 2, 3):
         z, stats = answers(model, "sequential", passes)
         torch.testing.assert_close(z, sequential_by_hand(model, passes, guess), atol=1e-6, rtol=0)
-        assert stats.iterations.shape == TOKENS.shape and bool((stats.iterations == passes).all())
-        assert stats.evaluations == passes * TOKENS.shape[1]
+        assert stats.passes.shape == TOKENS.shape and bool((stats.passes == passes).all())
+        assert stats.batch_passes == passes * TOKENS.shape[1]
 
 
 def test_the_first_pass_from_zero_is_f_of_zero_and_the_guess_changes_the_answer():
@@ -109,7 +109,7 @@ def test_k_passes_neither_raise_nor_retry_where_the_tolerance_is_missed():
     model.stack.forward = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     with torch.no_grad(), model.track_convergence() as tally:
         output = model(TOKENS, passes=2)
-    assert len(calls) == 3 * 2 and output.fixed_point.evaluations == 3 * 2
+    assert len(calls) == 3 * 2 and output.fixed_point.batch_passes == 3 * 2
     assert not bool(output.fixed_point.converged.any())
     # Reports give the budget for what it is, K passes and their last pass's residual, never a
     # share "not converged" (before: 100%): there was no tolerance to reach, and no warning.

@@ -143,10 +143,10 @@ def test_solve_reaches_tolerance_per_sample(mode):
     assert stats.converged.all() and stats.stop_mode == mode and stats.tol == tol
     reported = stats.abs_residual if mode == "abs" else stats.rel_residual
     assert (reported < tol).all()
-    assert stats.iterations.shape == (3,)
+    assert stats.passes.shape == (3,)
     # The slowest sample decides how many times f ran; faster samples need fewer steps.
-    assert stats.evaluations == stats.iterations.max().item() < 300
-    assert stats.iterations[0] < stats.iterations[1] < stats.iterations[2]
+    assert stats.batch_passes == stats.passes.max().item() < 300
+    assert stats.passes[0] < stats.passes[1] < stats.passes[2]
 
 
 @pytest.mark.parametrize("mode", ["rel", "abs"])
@@ -156,7 +156,7 @@ def test_slowest_sample_iterations_match_hand_count(mode):
     with torch.no_grad():
         _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode))(f, z0, Budget.to_tolerance(1e-8, 300))
         expected = first_step_under(f, z0, 1e-8, mode)
-    assert stats.iterations[1].item() == expected[1] == stats.evaluations
+    assert stats.passes[1].item() == expected[1] == stats.batch_passes
 
 
 @pytest.mark.parametrize("mode", ["rel", "abs"])
@@ -166,7 +166,7 @@ def test_every_sample_iterations_match_hand_count(mode):
     with torch.no_grad():
         _, stats = FixedPointSolver(FixedPointOptions(stop_mode=mode))(f, z0, Budget.to_tolerance(1e-8, 300))
         expected = first_step_under(f, z0, 1e-8, mode)
-    assert stats.iterations.tolist() == expected
+    assert stats.passes.tolist() == expected
 
 
 @pytest.mark.parametrize("solver", ["fixed_point_iter", "safeguarded_anderson"])
@@ -186,9 +186,9 @@ def test_a_solve_reads_its_device_once_per_evaluation_and_once_per_sample_it_ret
         _, stats = FixedPointSolver(FixedPointOptions(solver=solver))(
             kept.f if keeps_state else f, torch.zeros(3, DIM, dtype=torch.float64), Budget.to_tolerance(1e-8, 300),
             restrict=kept.restrict if keeps_state else None, on_improved=kept.improved if keeps_state else None)
-    assert stats.converged.all() and stats.evaluations >= 10
+    assert stats.converged.all() and stats.batch_passes >= 10
     # One read per evaluation, one per sample retired (at most the batch), one at the end.
-    assert reads.count <= stats.evaluations + 3 + 1
+    assert reads.count <= stats.batch_passes + 3 + 1
 
 
 def test_budget_caps_evaluations_and_reports_failure():
@@ -202,8 +202,8 @@ def test_budget_caps_evaluations_and_reports_failure():
 
     with torch.no_grad():
         _, stats = FixedPointSolver(FixedPointOptions())(f, torch.zeros(1, DIM, dtype=torch.float64), Budget.to_tolerance(1e-12, 3))
-    assert len(calls) == stats.evaluations == 3
-    assert stats.iterations.tolist() == [3]
+    assert len(calls) == stats.batch_passes == 3
+    assert stats.passes.tolist() == [3]
     assert not stats.converged.any()
 
 
@@ -226,7 +226,7 @@ def test_adding_slower_samples_leaves_a_fast_sample_frozen_where_it_converged():
     z_alone, stats_alone, _ = solve_with_fast_sample([], tol)
     z_batch, stats_batch, f = solve_with_fast_sample([0.9, 0.8], tol)
 
-    assert stats_batch.evaluations > stats_alone.evaluations  # the others really are slower
+    assert stats_batch.batch_passes > stats_alone.batch_passes  # the others really are slower
     with torch.no_grad():
         _, rel_res = residuals(f, z_batch)
     assert rel_res[0] < tol  # meets the tolerance ...
@@ -248,13 +248,13 @@ def test_adding_faster_samples_leaves_a_slow_sample_unchanged():
         z_alone, stats_alone = solver(lambda z: f_map(z, gain[:1], bias[:1]), z0[:1], Budget.to_tolerance(1e-8, 300))
         z_batch, stats_batch = solver(lambda z: f_map(z, gain, bias), z0, Budget.to_tolerance(1e-8, 300))
     torch.testing.assert_close(z_batch[:1], z_alone, rtol=1e-14, atol=1e-14)
-    assert stats_batch.iterations[0] == stats_alone.iterations[0]
+    assert stats_batch.passes[0] == stats_alone.passes[0]
 
 
 def test_adding_slower_samples_keeps_a_fast_sample_iteration_count():
     _, stats_alone, _ = solve_with_fast_sample([], 1e-6)
     _, stats_batch, _ = solve_with_fast_sample([0.9, 0.8], 1e-6)
-    assert stats_batch.iterations[0] == stats_alone.iterations[0]
+    assert stats_batch.passes[0] == stats_alone.passes[0]
 
 
 def test_zero_budget_returns_start_without_calling_f():
@@ -265,7 +265,7 @@ def test_zero_budget_returns_start_without_calling_f():
 
     z, stats = FixedPointSolver(FixedPointOptions())(f, z0, Budget.exactly(0, 1e-3))
     assert z is z0
-    assert stats.evaluations == 0 and stats.iterations.tolist() == [0, 0]
+    assert stats.batch_passes == 0 and stats.passes.tolist() == [0, 0]
     assert not stats.converged.any()
 
 
@@ -277,7 +277,7 @@ def test_anderson_converges_to_the_same_fixed_point():
         z_fp, _ = FixedPointSolver(FixedPointOptions())(f, z0, Budget.to_tolerance(1e-10, 500))
         _, rel_res = residuals(f, z_and)
     assert (rel_res < 1e-10).all() and stats_and.converged.all()
-    assert stats_and.evaluations < 100
+    assert stats_and.batch_passes < 100
     torch.testing.assert_close(z_and, z_fp, rtol=0, atol=1e-8)
 
 
@@ -314,7 +314,7 @@ def test_phantom_gradient_is_autograd_through_damped_steps(tau, steps):
         z_ref = tau * f(z_ref) + (1 - tau) * z_ref
     grads_ref = parameter_grads(f_map, z_ref, weights)
 
-    assert stats.evaluations == 6  # the no-grad solve used its whole budget
+    assert stats.batch_passes == 6  # the no-grad solve used its whole budget
     torch.testing.assert_close(z, z_ref, rtol=1e-14, atol=1e-14)
     for g, g_ref in zip(grads, grads_ref):
         assert g.abs().max() > 1e-3
@@ -343,7 +343,7 @@ def test_unroll_is_plain_autograd_through_n_steps():
         z_prev, z_ref = z_ref, f(z_ref)
     grads_ref = parameter_grads(f_map, z_ref, weights)
 
-    assert stats.evaluations == 3 and stats.iterations.tolist() == [3, 3]
+    assert stats.batch_passes == 3 and stats.passes.tolist() == [3, 3]
     with torch.no_grad():
         torch.testing.assert_close(stats.abs_residual, (z_ref - z_prev).norm(dim=1), rtol=1e-6, atol=0)
     torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
@@ -355,16 +355,16 @@ def test_evaluation_uses_the_evaluation_budget_and_keeps_no_graph():
     f_map, f, z0, _ = training_setup()
     solver = FixedPointSolver(FixedPointOptions(train_max_iter=2, max_iter=5, tol=1e-14))
     z, stats = solved(solver, f, z0)
-    assert stats.evaluations == 5 and stats.tol == 1e-14
+    assert stats.batch_passes == 5 and stats.tol == 1e-14
     assert not z.requires_grad
     _, stats = solved(solver, f, z0, max_iter=2, tol=1e-3)
-    assert stats.evaluations == 2 and stats.tol == 1e-3
+    assert stats.batch_passes == 2 and stats.tol == 1e-3
 
 
 def test_zero_solve_budget_in_training_takes_phantom_steps_from_z0():
     f_map, f, z0, weights = training_setup()
     z, stats = solved(FixedPointSolver(FixedPointOptions(train_max_iter=0, tau=1.0)), f, z0, training=True)
-    assert stats.evaluations == 0
+    assert stats.batch_passes == 0
     torch.testing.assert_close(z, f(z0), rtol=0, atol=0)
 
 

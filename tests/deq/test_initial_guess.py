@@ -55,7 +55,7 @@ def test_a_close_guess_saves_passes():
     model = contractive("mamba2")
     zero_stats = run(model, "simultaneous")[1]
     model.attach_learned_guess(fitted_guess(model))
-    assert run(model, "simultaneous")[1].iterations.float().mean() < 0.9 * zero_stats.iterations.float().mean()
+    assert run(model, "simultaneous")[1].passes.float().mean() < 0.9 * zero_stats.passes.float().mean()
 
 
 def test_a_guess_follows_the_models_dtype():
@@ -158,11 +158,11 @@ def test_a_guess_that_reads_the_state_saves_passes_where_decoding_and_keeps_the_
     model = contractive("mamba2")
     plain = fitted_guess(model)
     model.attach_learned_guess(plain)
-    plain_passes = run(model, "sequential")[1].iterations.float().mean()
+    plain_passes = run(model, "sequential")[1].passes.float().mean()
     model.attach_learned_guess(fitted_guess(model, reads_state=True))
     logits, stats = run(model, "sequential")
     # Not a law: on this stack, the state holds what the previous fixed point does not.
-    assert stats.iterations.float().mean() < plain_passes
+    assert stats.passes.float().mean() < plain_passes
     model.to(torch.bfloat16)
     in_bfloat16, stats = run(model, "sequential")
     assert in_bfloat16.dtype == torch.bfloat16 and bool(stats.converged.all())

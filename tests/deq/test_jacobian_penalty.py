@@ -153,7 +153,7 @@ def test_penalty_makes_the_map_contract():
         jacobians[penalty] = torch.stack(
             [jacobian_frobenius(stack_map(model, ids), z_star).detach() for _ in range(50)]
         ).mean().item()
-        iterations[penalty] = solved.fixed_point.iterations.float().mean().item()
+        iterations[penalty] = solved.fixed_point.passes.float().mean().item()
     assert jacobians[2.0] < 0.7 * jacobians[0.0]
     assert iterations[2.0] < iterations[0.0]
 

@@ -42,14 +42,14 @@ def test_a_learned_mixing_reaches_the_fixed_point_of_safeguarded_anderson(archit
     assert stats.solver == "learned_anderson" and reference_stats.solver == "safeguarded_anderson"
     # Both within the tolerance (1e-5) of the one fixed point: the logits agree to its order.
     torch.testing.assert_close(logits, reference, atol=1e-3, rtol=1e-3)
-    assert not torch.equal(stats.iterations, reference_stats.iterations) or not torch.equal(logits, reference)
+    assert not torch.equal(stats.passes, reference_stats.passes) or not torch.equal(logits, reference)
 
 
 def test_an_untrained_mixing_is_safeguarded_anderson_exactly():
     f = slow_map()
     z_anderson, anderson = solve(f, "safeguarded_anderson")
     z_learned, learned = solve(f, "learned_anderson", LearnedMixing(MEMORY))
-    assert torch.equal(z_learned, z_anderson) and torch.equal(learned.iterations, anderson.iterations)
+    assert torch.equal(z_learned, z_anderson) and torch.equal(learned.passes, anderson.passes)
 
 
 @pytest.mark.parametrize("damping_bias", [-30.0, 30.0])  # damping ~0 (a stall) and ~2 (overshoot)
@@ -62,7 +62,7 @@ def test_a_mixing_whose_steps_fail_falls_back_to_the_least_squares_step(damping_
     z_bad, fell_back = solve(f, "learned_anderson", bad)
     assert bool(fell_back.converged.all()) and bool(anderson.converged.all())
     # One failed learned step, then the least-squares steps from there: a pass or two more at most.
-    assert (fell_back.iterations <= anderson.iterations + 2).all(), (fell_back.iterations, anderson.iterations)
+    assert (fell_back.passes <= anderson.passes + 2).all(), (fell_back.passes, anderson.passes)
     torch.testing.assert_close(z_bad, z_anderson, atol=1e-8, rtol=0)
     # Without the fallback the stalled mixing would not have converged in the budget: it is what saved it.
     if damping_bias < 0:

@@ -52,7 +52,7 @@ def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_con
                       restrict=restrict if restricted else None)
     # The step at evaluation n is 1.5^(n-1) per entry: above 100 times the first from n = 13
     # (1.5^12 = 130), so the 8th evaluation in a row that far out is the 20th.
-    assert stats.iterations[DIVERGING].tolist() == [20, 20]
+    assert stats.passes[DIVERGING].tolist() == [20, 20]
     assert stats.diverged.tolist() == [True, False, True, False]
     assert stats.converged.tolist() == [False, True, False, True] and not stats.unconverged.any()
     # The image kept is the stop mode's lowest-residual one: in abs mode the first, f(0) = 1;
@@ -60,19 +60,19 @@ def test_diverging_rows_stop_once_far_beyond_their_first_step_and_the_others_con
     kept = 1.0 if stop_mode == "abs" else 2 * (1.5**20 - 1)
     torch.testing.assert_close(z[DIVERGING], torch.full((2, 3, 2), kept))
     alone_z, alone = solve(affine(SLOPES[[1, 3]]), 2, divergence_patience=8, stop_mode=stop_mode)
-    assert torch.equal(z[[1, 3]], alone_z) and torch.equal(stats.iterations[[1, 3]], alone.iterations)
-    assert stats.evaluations == max(20, alone.evaluations)
+    assert torch.equal(z[[1, 3]], alone_z) and torch.equal(stats.passes[[1, 3]], alone.passes)
+    assert stats.batch_passes == max(20, alone.batch_passes)
     if restricted:
         # Each row computed exactly as often as it was evaluated: the diverging ones 20 times.
         assert rows_seen[-1] == [3]  # the slowest to converge (x0.8 to 1e-6) runs last, alone
-        assert stats.row_evaluations == stats.iterations.sum() == 40 + alone.iterations.sum()
+        assert stats.row_passes == stats.passes.sum() == 40 + alone.passes.sum()
     summary = stats.summary()
     assert summary["fp_diverged"] == 2.0 and summary["fp_unconverged"] == 0.0
 
 
 def test_patience_zero_lets_diverging_rows_spend_the_budget():
     z, stats = solve(affine(SLOPES), 4, divergence_patience=0, max_iter=80, stop_mode="abs")
-    assert stats.iterations[DIVERGING].tolist() == [80, 80] and not stats.diverged.any()
+    assert stats.passes[DIVERGING].tolist() == [80, 80] and not stats.diverged.any()
     assert stats.unconverged.tolist() == [True, False, True, False]
     assert torch.equal(z[DIVERGING], torch.ones(2, 3, 2))  # still the lowest-residual image
     assert stats.summary()["fp_unconverged"] == 2.0 and stats.summary()["fp_diverged"] == 0.0
@@ -81,16 +81,16 @@ def test_patience_zero_lets_diverging_rows_spend_the_budget():
 def test_growth_within_the_bound_is_not_divergence_and_the_bound_is_an_option():
     # The step length 1 + tanh(z / 10) / 2 rises at every step, but only from 1 towards 1.5.
     _, stats = solve(lambda z: z + 1 + torch.tanh(z / 10) / 2, 1, stop_mode="abs")
-    assert not stats.diverged.any() and stats.iterations.tolist() == [100] and stats.unconverged.all()
+    assert not stats.diverged.any() and stats.passes.tolist() == [100] and stats.unconverged.all()
     # Slow but geometric: 5% per step is 100 times the first step from evaluation 96
     # (1.05^95 = 103), so patience 8 gives up at 103, past a budget of 100 but not of 200.
     _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8)
     assert not stats.diverged.any() and stats.unconverged.all()
     _, stats = solve(affine(torch.tensor([1.05])), 1, divergence_patience=8, max_iter=200)
-    assert stats.diverged.all() and stats.iterations.tolist() == [103]
+    assert stats.diverged.all() and stats.passes.tolist() == [103]
     # A bound of 10: x1.5 is beyond it from evaluation 7 (1.5^6 = 11.4); patience 12 ends at 18.
     _, stats = solve(affine(torch.tensor([1.5])), 1, divergence_patience=12, divergence_growth=10.0)
-    assert stats.diverged.all() and stats.iterations.tolist() == [18]
+    assert stats.diverged.all() and stats.passes.tolist() == [18]
 
 
 def travelling_front(length: int, gain: float):
@@ -113,7 +113,7 @@ def test_a_converging_sample_whose_step_grows_for_its_whole_length_is_not_given_
     f = travelling_front(length, 1.1)
     z, stats = solved(FixedPointSolver(FixedPointOptions(max_iter=64, tol=1e-6, stop_mode="abs")), f,
                       torch.zeros(2, length, 1))
-    assert stats.converged.all() and not stats.diverged.any() and stats.iterations.tolist() == [length + 1] * 2
+    assert stats.converged.all() and not stats.diverged.any() and stats.passes.tolist() == [length + 1] * 2
     expected = torch.tensor([sum(1.1**k for k in range(t + 1)) for t in range(length)]).view(1, length, 1)
     torch.testing.assert_close(z, expected.expand(2, -1, -1))
 
@@ -129,7 +129,7 @@ def test_the_divergence_options_are_validated():
 
 def test_a_sample_diverging_at_the_last_evaluation_has_hit_the_budget():
     _, stats = solve(affine(SLOPES), 4, divergence_patience=8, max_iter=20)
-    assert stats.iterations.tolist() == [20, 20, 20, 20]
+    assert stats.passes.tolist() == [20, 20, 20, 20]
     assert not stats.diverged.any() and stats.unconverged[DIVERGING].all()
 
 
@@ -157,12 +157,12 @@ def test_a_nan_image_freezes_its_sample_at_the_last_finite_one(name):
     # Call 3: every solver still iterating (Anderson and Broyden solve this linear map at that call).
     z, stats = solve(nan_after(3, [0, 2]), 4, solver=name, divergence_patience=8)
     assert torch.isfinite(z).all()
-    assert stats.diverged.tolist() == [True, False, True, False] and stats.iterations[[0, 2]].tolist() == [3, 3]
+    assert stats.diverged.tolist() == [True, False, True, False] and stats.passes[[0, 2]].tolist() == [3, 3]
     assert torch.isfinite(stats.abs_residual).all() and not stats.converged[[0, 2]].any()
     # The lowest-residual finite image: the second, f(1) = 1.5 (residual 0.5; the first's is 1).
     torch.testing.assert_close(z[[0, 2]], torch.full((2, 3, 2), 1.5))
     good_z, good = solve(nan_after(3, []), 4, solver=name)
-    assert torch.equal(z[[1, 3]], good_z[[1, 3]]) and torch.equal(stats.iterations[[1, 3]], good.iterations[[1, 3]])
+    assert torch.equal(z[[1, 3]], good_z[[1, 3]]) and torch.equal(stats.passes[[1, 3]], good.passes[[1, 3]])
     assert stats.summary()["fp_diverged"] == 2.0 and stats.non_finite.tolist() == [True, False, True, False]
     assert good.summary()["fp_non_finite"] == 0.0
 
@@ -179,9 +179,9 @@ def test_non_finite_residuals_never_count_as_converged():
     residual = torch.tensor([float("nan"), float("inf"), 1e-9])
     for stop_mode in ("rel", "abs"):
         stats = FixedPointStats(
-            iterations=torch.ones(3, dtype=torch.long), abs_residual=residual, rel_residual=residual,
-            diverged=torch.zeros(3, dtype=torch.bool), non_finite=torch.zeros(3, dtype=torch.bool), evaluations=1,
-            row_evaluations=3, tol=1e-3,
+            passes=torch.ones(3, dtype=torch.long), abs_residual=residual, rel_residual=residual,
+            diverged=torch.zeros(3, dtype=torch.bool), non_finite=torch.zeros(3, dtype=torch.bool), batch_passes=1,
+            row_passes=3, tol=1e-3,
             stop_mode=stop_mode, solver="fixed_point_iter",
         )
         assert stats.converged.tolist() == [False, False, True]
@@ -252,7 +252,7 @@ def test_sequential_mode_counts_per_token():
     assert converged.diverged.shape == (3, 5) and converged.converged.all()
     assert converged.summary()["fp_unconverged"] == 0.0 and converged.summary()["fp_diverged"] == 0.0
     short = model(TOKENS, mode="sequential", max_iter=2).fixed_point
-    assert short.summary()["fp_unconverged"] == 15.0 and (short.iterations == 2).all()
+    assert short.summary()["fp_unconverged"] == 15.0 and (short.passes == 2).all()
     simultaneous = model(TOKENS, max_iter=2).fixed_point
     assert simultaneous.summary()["fp_unconverged"] == 3.0  # per sample in simultaneous mode
 
@@ -265,7 +265,7 @@ def test_a_model_that_does_not_settle_spends_the_budget_and_is_counted_as_such()
     with model.track_convergence() as tally:
         stats = model(TOKENS, mode="sequential").fixed_point
     missed = stats.unconverged
-    assert missed.any() and not stats.diverged.any() and (stats.iterations[missed] == 60).all()
+    assert missed.any() and not stats.diverged.any() and (stats.passes[missed] == 60).all()
     assert tally.as_dict() == {
         "fp_fixed_points": 15, "fp_not_converged": int(missed.sum()), "fp_not_converged_share": int(missed.sum()) / 15,
         "fp_stopped_at_budget": int(missed.sum()), "fp_diverged": 0, "fp_non_finite": 0, "fp_retried": 0,
@@ -333,9 +333,9 @@ def test_the_convergence_command_fails_on_nonconvergence_only_when_asked(tmp_pat
 def test_the_tally_counts_each_fixed_point_under_one_reason():
     tally = ConvergenceTally()
     stats = FixedPointStats(
-        iterations=torch.tensor([[3, 9], [9, 4]]), abs_residual=torch.tensor([[0.0, 1.0], [float("nan"), 2.0]]),
+        passes=torch.tensor([[3, 9], [9, 4]]), abs_residual=torch.tensor([[0.0, 1.0], [float("nan"), 2.0]]),
         rel_residual=torch.tensor([[0.0, 1.0], [float("nan"), 2.0]]), diverged=torch.tensor([[False, False], [True, True]]),
-        non_finite=torch.tensor([[False, False], [True, False]]), evaluations=9, row_evaluations=18, tol=1e-3,
+        non_finite=torch.tensor([[False, False], [True, False]]), batch_passes=9, row_passes=18, tol=1e-3,
         stop_mode="rel", solver="fixed_point_iter",
     )
     assert tally.warning("nothing yet") is None

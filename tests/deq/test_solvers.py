@@ -120,15 +120,15 @@ def test_converged_samples_are_frozen_and_not_evaluated_again(solver):
         evaluated = evaluations_per_sample(problem, 4)
         z_full, stats_full = problem.solve(solver, [0, 1, 2, 3], restricted=False)
     assert stats.converged.all() and stats.solver == solver
-    assert len(set(stats.iterations.tolist())) > 1  # different speeds: freezing matters
+    assert len(set(stats.passes.tolist())) > 1  # different speeds: freezing matters
     # Each sample was computed exactly until it converged, then left out of the calls ...
-    assert evaluated == stats.iterations.tolist()
-    assert stats.row_evaluations == stats.iterations.sum().item()
-    assert stats.evaluations == stats.iterations.max().item()  # ... and the batch stopped with the last
+    assert evaluated == stats.passes.tolist()
+    assert stats.row_passes == stats.passes.sum().item()
+    assert stats.batch_passes == stats.passes.max().item()  # ... and the batch stopped with the last
     # Computed on the whole batch and dropped instead: the same answers, at the full cost.
     torch.testing.assert_close(z_full, z, rtol=0, atol=0)
-    assert stats_full.iterations.tolist() == stats.iterations.tolist()
-    assert stats_full.row_evaluations == 4 * stats_full.evaluations
+    assert stats_full.passes.tolist() == stats.passes.tolist()
+    assert stats_full.row_passes == 4 * stats_full.batch_passes
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -139,7 +139,7 @@ def test_a_sample_gets_the_same_answer_alone_as_in_a_batch(solver):
         for i in range(4):
             z_alone, stats_alone = problem.solve(solver, [i], restricted=False)
             torch.testing.assert_close(z[i : i + 1], z_alone, rtol=1e-13, atol=1e-13)
-            assert stats.iterations[i] == stats_alone.iterations[0]
+            assert stats.passes[i] == stats_alone.passes[0]
             assert stats.rel_residual[i].item() == pytest.approx(stats_alone.rel_residual[0].item(), rel=1e-9)
 
 
@@ -148,17 +148,17 @@ def test_every_solver_keeps_to_the_budget(solver):
     problem = ToyProblem([0.95, 0.3])
     with torch.no_grad():
         _, stats = problem.solve(solver, [0, 1], restricted=True, max_iter=3, tol=1e-14)
-    assert len(problem.evaluated) == stats.evaluations == 3
-    assert stats.iterations.tolist() == [3, 3] and not stats.converged.any()
+    assert len(problem.evaluated) == stats.batch_passes == 3
+    assert stats.passes.tolist() == [3, 3] and not stats.converged.any()
 
 
-def test_safeguarded_anderson_needs_far_fewer_evaluations_on_a_slow_map():
+def test_safeguarded_anderson_needs_far_fewer_passes_on_a_slow_map():
     problem = ToyProblem([1.0, 0.99])
     with torch.no_grad():
         z_plain, plain = problem.solve("fixed_point_iter", [0, 1], restricted=False, max_iter=2000)
         z_anderson, anderson = problem.solve("safeguarded_anderson", [0, 1], restricted=False)
     assert plain.converged.all() and anderson.converged.all()
-    assert anderson.evaluations * 3 < plain.evaluations  # 30 against 117
+    assert anderson.batch_passes * 3 < plain.batch_passes  # 30 against 117
     # Both within tol / (1 - c) of the fixed point.
     torch.testing.assert_close(z_anderson, z_plain, rtol=0, atol=1e-7)
 
@@ -213,13 +213,13 @@ def test_sequential_steps_only_the_samples_still_running(solver):
     per_sample = torch.bincount(torch.cat(steps), minlength=4)
     # Each token: its own iterations (the state comes from the last of them: no commit
     # step); nothing for frozen samples.
-    assert per_sample.tolist() == stats.iterations.sum(dim=1).tolist()
-    assert stats.row_evaluations == per_sample.sum().item() < 4 * stats.evaluations
+    assert per_sample.tolist() == stats.passes.sum(dim=1).tolist()
+    assert stats.row_passes == per_sample.sum().item() < 4 * stats.batch_passes
     for i in range(4):
         z_alone, state_alone, stats_alone, _ = run_toy_sequence([i], solver)
         torch.testing.assert_close(z[i : i + 1], z_alone, rtol=0, atol=1e-14)
         torch.testing.assert_close(state.h[i : i + 1], state_alone.h, rtol=0, atol=1e-14)
-        assert torch.equal(stats.iterations[i : i + 1], stats_alone.iterations)
+        assert torch.equal(stats.passes[i : i + 1], stats_alone.passes)
 
 
 def test_the_kept_state_is_the_answers_own_pass():
@@ -285,7 +285,7 @@ def test_a_sequences_answer_does_not_depend_on_its_batch(solver, mode):
             # Equal up to rounding (float64 products of another batch size; Broyden's secant
             # updates amplify it most): far below the ~1e-5 that one more iteration changes.
             torch.testing.assert_close(batch.logits[i : i + 1], alone.logits, rtol=0, atol=1e-10)
-            assert torch.equal(batch.fixed_point.iterations[i : i + 1], alone.fixed_point.iterations)
+            assert torch.equal(batch.fixed_point.passes[i : i + 1], alone.fixed_point.passes)
 
 
 def test_sequential_model_steps_only_the_rows_still_running():
@@ -301,7 +301,7 @@ def test_sequential_model_steps_only_the_rows_still_running():
     with torch.no_grad():
         stats = model(ids, mode="sequential").fixed_point
     # The solve's own steps (iterations), no commit step: the state comes from the answer's own pass.
-    assert sum(rows_per_call) == stats.row_evaluations == stats.iterations.sum().item()
+    assert sum(rows_per_call) == stats.row_passes == stats.passes.sum().item()
     assert min(rows_per_call) < 4  # some calls ran on the unconverged rows only
 
 
@@ -326,8 +326,8 @@ def test_simultaneous_model_passes_only_the_samples_still_running():
             alone = model(ids[i : i + 1], attention_mask=mask[i : i + 1])
             torch.testing.assert_close(batch.logits[i : i + 1], alone.logits, rtol=0, atol=1e-10)
     stats = batch.fixed_point
-    assert sum(rows_per_call) == stats.row_evaluations == stats.iterations.sum().item()
-    assert min(rows_per_call) < 4 and stats.row_evaluations < 4 * stats.evaluations
+    assert sum(rows_per_call) == stats.row_passes == stats.passes.sum().item()
+    assert min(rows_per_call) < 4 and stats.row_passes < 4 * stats.batch_passes
 
 
 # ---------------------------------------------------------------- the solver in the metrics
@@ -373,14 +373,14 @@ def test_each_mode_runs_its_own_solver_and_training_keeps_f_solver():
             return {mode: model(ids, mode=mode).fixed_point for mode in MODES}
 
     plain, anderson = solves(), solves(solver="safeguarded_anderson")
-    assert anderson["sequential"].evaluations < plain["sequential"].evaluations  # the two differ here
+    assert anderson["sequential"].batch_passes < plain["sequential"].batch_passes  # the two differ here
     mixed = solves(sequential_solver="safeguarded_anderson")
     assert mixed["sequential"].solver == "safeguarded_anderson" and mixed["simultaneous"].solver == "fixed_point_iter"
-    assert torch.equal(mixed["sequential"].iterations, anderson["sequential"].iterations)
-    assert torch.equal(mixed["simultaneous"].iterations, plain["simultaneous"].iterations)
+    assert torch.equal(mixed["sequential"].passes, anderson["sequential"].passes)
+    assert torch.equal(mixed["simultaneous"].passes, plain["simultaneous"].passes)
     swapped = solves(simultaneous_solver="safeguarded_anderson")
-    assert torch.equal(swapped["simultaneous"].iterations, anderson["simultaneous"].iterations)
-    assert torch.equal(swapped["sequential"].iterations, plain["sequential"].iterations)
+    assert torch.equal(swapped["simultaneous"].passes, anderson["simultaneous"].passes)
+    assert torch.equal(swapped["sequential"].passes, plain["sequential"].passes)
     # Training solves with solver whatever the evaluation solvers say.
     assert FixedPointOptions(simultaneous_solver="anderson", sequential_solver="broyden").solver_for("training") \
         == "fixed_point_iter"

@@ -224,7 +224,7 @@ def test_mode_and_budget_reach_the_model(tokenizer):
     lm.generate_until(requests("g", ("The sun", {"max_gen_toks": 2, "until": []})))
     assert [kwargs["mode"] for kwargs, _ in seen] == ["sequential"] * 3  # a score, a prompt, one more token
     assert all(kwargs["max_iter"] == 2 and kwargs["tol"] == 1e-9 for kwargs, _ in seen)
-    assert all(int(out.fixed_point.iterations.max()) == 2 for _, out in seen)  # tol 1e-9 is out of reach in 2
+    assert all(int(out.fixed_point.passes.max()) == 2 for _, out in seen)  # tol 1e-9 is out of reach in 2
 
 
 def test_a_checkpoint_loads_in_the_dtype_asked_as_every_loader_loads_it(tokenizer, tmp_path):
@@ -252,7 +252,7 @@ def test_passes_from_model_args_reach_every_forward_and_the_results_config(token
     lm.loglikelihood(requests("l", ("The sun", " rises"), ("The sun", " sets")))
     lm.generate_until(requests("g", ("The sun", {"max_gen_toks": 2, "until": []})))
     assert seen and all(kwargs["passes"] == 2 for kwargs, _ in seen)
-    assert all(out.fixed_point.solver == "2_passes" and bool((out.fixed_point.iterations == 2).all()) for _, out in seen)
+    assert all(out.fixed_point.solver == "2_passes" and bool((out.fixed_point.passes == 2).all()) for _, out in seen)
     assert lm.get_model_info()["passes"] == 2 and model.solver.options.passes == 0
     with pytest.raises(OptionError, match="argument 'passes' must be"):
         ImplicitLMHarness(model, tokenizer=tokenizer, passes=-1)

@@ -17,10 +17,10 @@ from implicitlm.core.errors import OptionError
 from implicitlm.core.targets import TargetExistsError
 from implicitlm.data.tokenizer import train_tokenizer
 from implicitlm.deq import Budget, FixedPointOptions, FixedPointSolver
-from implicitlm.deq.options import MAX_EVALUATIONS
+from implicitlm.deq.options import MAX_PASSES
 from implicitlm.eval.harness import ImplicitLMHarness
 from implicitlm.models import config_from_options
-from implicitlm.models.inputs import MIN_TEMPERATURE
+from implicitlm.models.argument_checks import MIN_TEMPERATURE
 from implicitlm.train.config import TrainConfig
 
 from tests.models.test_generation import VOCAB, make_model, tokens
@@ -61,7 +61,7 @@ def test_an_attention_mask_of_another_shape_is_refused(model):
 @pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
 @pytest.mark.parametrize("budget, name", [
     (dict(max_iter=-5), "'max_iter'"), (dict(max_iter=0), "'max_iter'"), (dict(max_iter=1.5), "'max_iter'"),
-    (dict(max_iter=HUGE), f"[1, {MAX_EVALUATIONS}]"),
+    (dict(max_iter=HUGE), f"[1, {MAX_PASSES}]"),
     (dict(tol=math.nan), "'tol'"), (dict(tol=-1.0), "'tol'"), (dict(tol="1e-3"), "'tol'"),
 ])
 def test_a_call_budget_out_of_range_is_refused(model, mode, budget, name):
@@ -79,8 +79,8 @@ def test_a_probe_stops_every_solve_at_its_first_evaluation(model):
             stats = model(tokens(2, 5, seed=1)).fixed_point
     finally:
         model.set_fixed_point_options(nonconvergence="report")
-    assert stats.iterations.tolist() == [1, 1] and bool(stats.converged.all())
-    assert int(model(tokens(2, 5, seed=1)).fixed_point.iterations.max()) > 1  # the probe's budget ends with it
+    assert stats.passes.tolist() == [1, 1] and bool(stats.converged.all())
+    assert int(model(tokens(2, 5, seed=1)).fixed_point.passes.max()) > 1  # the probe's budget ends with it
 
 
 @pytest.mark.parametrize("tol", [0, 0.0, math.inf])
@@ -217,26 +217,26 @@ def test_save_pretrained_onto_a_file_is_refused_and_leaves_it(model, tmp_path):
 @pytest.mark.parametrize("field", ["train_max_iter", "max_iter", "unroll_steps", "phantom_steps"])
 def test_a_config_budget_above_the_limit_is_refused(field):
     """Before: max_iter 10**30 in a config ran without end."""
-    assert FixedPointOptions(**{field: MAX_EVALUATIONS}).to_dict()[field] == MAX_EVALUATIONS
-    for budget in (MAX_EVALUATIONS + 1, HUGE):
+    assert FixedPointOptions(**{field: MAX_PASSES}).to_dict()[field] == MAX_PASSES
+    for budget in (MAX_PASSES + 1, HUGE):
         refused(lambda: config_from_options(dict(architecture="mamba2", fixed_point={field: budget})),
-                f"'{field}'", str(MAX_EVALUATIONS))
+                f"'{field}'", str(MAX_PASSES))
 
 
 def test_a_training_budget_above_the_limit_is_refused_before_the_run(tmp_path, capsys):
     """The curriculum's iterations are train_max_iter: refused before anything is written."""
-    refused(lambda: TrainConfig.for_task("words", free_max_iter=HUGE).curriculum(implicit=True), str(MAX_EVALUATIONS))
+    refused(lambda: TrainConfig.for_task("words", free_max_iter=HUGE).curriculum(implicit=True), str(MAX_PASSES))
     out = tmp_path / "run"
     code = main(["words", "train", "--out", str(out), "--train", f"free_max_iter={HUGE}", "--train", "total_steps=1",
                  "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and str(MAX_EVALUATIONS) in err[0] and "'free_max_iter'" in err[0], err
+    assert code == 2 and len(err) == 1 and str(MAX_PASSES) in err[0] and "'free_max_iter'" in err[0], err
     assert not out.exists()
 
 
 @pytest.mark.parametrize("argv", [
     ["words", "eval", "CHECKPOINT", "--max-iter", str(HUGE)],
-    ["lm", "eval", "CHECKPOINT", "--max-iter", str(MAX_EVALUATIONS + 1)],
+    ["lm", "eval", "CHECKPOINT", "--max-iter", str(MAX_PASSES + 1)],
     ["jacobian", "CHECKPOINT", "--out", "o", "--max-iter", str(HUGE)],
     ["eval", "budget", "--task", "words", "CHECKPOINT", "--out", "o", "--max-iter", f"1,2,{HUGE}"],
 ])
@@ -247,7 +247,7 @@ def test_a_command_line_budget_above_the_limit_is_refused_naming_the_option(argv
     err = capsys.readouterr().err.strip().splitlines()
     option = argv[-2]
     assert exit_info.value.code == 2 and len(err) == 1, err
-    assert f"argument {option}" in err[0] and str(MAX_EVALUATIONS) in err[0]
+    assert f"argument {option}" in err[0] and str(MAX_PASSES) in err[0]
 
 
 def test_a_solver_call_above_the_limit_is_refused_in_every_phase():
@@ -256,8 +256,8 @@ def test_a_solver_call_above_the_limit_is_refused_in_every_phase():
     z0 = torch.zeros(2, 3)
     for phase in ("training", "simultaneous", "sequential"):
         refused(lambda: solver(lambda z: 0.5 * z + 1, z0, Budget.to_tolerance(1e-3, HUGE), phase=phase), "'max_iter'")
-    z, stats = solver(lambda z: 0.5 * z + 1, z0, Budget.to_tolerance(1e-6, MAX_EVALUATIONS))
-    assert torch.allclose(z, torch.full_like(z0, 2.0), atol=1e-5) and int(stats.iterations.max()) < 30
+    z, stats = solver(lambda z: 0.5 * z + 1, z0, Budget.to_tolerance(1e-6, MAX_PASSES))
+    assert torch.allclose(z, torch.full_like(z0, 2.0), atol=1e-5) and int(stats.passes.max()) < 30
 
 
 # The lm-eval adapter.

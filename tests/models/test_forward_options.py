@@ -240,7 +240,7 @@ def test_a_calls_fixed_point_options_are_its_own_and_the_models_stay(architectur
     with torch.no_grad():
         given, set_on_model = model(ids, fixed_point=changes), configured(ids)
         assert torch.equal(given.logits, set_on_model.logits)
-        assert given.fixed_point.solver == "anderson" and int(given.fixed_point.iterations.max()) <= 6
+        assert given.fixed_point.solver == "anderson" and int(given.fixed_point.passes.max()) <= 6
         assert model.solver.options == own and not torch.equal(model(ids).logits, given.logits)
         generated = model.generate(ids, max_new_tokens=3, do_sample=False, fixed_point={"passes": 1})
         configured.set_fixed_point_options(passes=1)

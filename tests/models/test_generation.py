@@ -154,7 +154,7 @@ def test_solver_budget_reaches_every_decoding_step():
     model.generate(prompt, max_new_tokens=3, max_iter=2)
     assert [kwargs["mode"] for kwargs, _ in calls] == ["simultaneous", "sequential", "sequential"]
     assert all(kwargs["max_iter"] == 2 for kwargs, _ in calls)
-    assert all(int(output.fixed_point.iterations.max()) <= 2 for _, output in calls)
+    assert all(int(output.fixed_point.passes.max()) <= 2 for _, output in calls)
 
 
 @pytest.mark.parametrize("architecture, implicit", VARIANTS, ids=IDS)
@@ -296,7 +296,7 @@ def test_chunked_simultaneous_solve_equals_the_whole_sequence_solve(architecture
     real = mask.bool()
     torch.testing.assert_close(chunked.logits[real], whole.logits[real], atol=1e-5, rtol=0)
     torch.testing.assert_close(after_chunked.logits, after_whole.logits, atol=1e-5, rtol=0)
-    assert chunked.fixed_point.iterations.shape == (2,)
+    assert chunked.fixed_point.passes.shape == (2,)
 
 
 def test_a_left_padded_row_is_chunked_as_it_is_alone():
@@ -309,7 +309,7 @@ def test_a_left_padded_row_is_chunked_as_it_is_alone():
         in_padding = model(padded, attention_mask=mask, chunk_length=3, tol=1e-3)
     torch.testing.assert_close(in_padding.logits[:, 3:], alone.logits, atol=1e-10, rtol=0)
     # The one more: the chunk of padding alone, settled at its first evaluation.
-    assert torch.equal(in_padding.fixed_point.iterations, alone.fixed_point.iterations + 1)
+    assert torch.equal(in_padding.fixed_point.passes, alone.fixed_point.passes + 1)
 
 
 @pytest.mark.slow
@@ -322,7 +322,7 @@ def test_chunked_solve_stats_add_up_the_chunks_solves():
         second = model(ids[:, 2:6], state=first.state, use_cache=True)
         third = model(ids[:, 6:], state=second.state)
     parts = [first.fixed_point, second.fixed_point, third.fixed_point]
-    assert torch.equal(chunked.iterations, sum(part.iterations for part in parts))
+    assert torch.equal(chunked.passes, sum(part.passes for part in parts))
     # A chunk reads a slice of the whole sequence's inputs, the separate call its own
     # contiguous copy: the same sums, in another memory layout, may round differently in
     # the last bit, and a residual of 1e-7 (a difference of two iterates) carries that
@@ -330,8 +330,8 @@ def test_chunked_solve_stats_add_up_the_chunks_solves():
     worst = torch.stack([part.rel_residual for part in parts]).amax(dim=0)
     torch.testing.assert_close(chunked.rel_residual, worst, rtol=1e-8, atol=0)
     # No pass beyond the solves': each chunk's state is kept from the pass that gave its answer.
-    assert chunked.evaluations == sum(part.evaluations for part in parts)
-    assert chunked.row_evaluations == sum(part.row_evaluations for part in parts)
+    assert chunked.batch_passes == sum(part.batch_passes for part in parts)
+    assert chunked.row_passes == sum(part.row_passes for part in parts)
 
 
 def test_chunk_length_reaches_the_prefill_of_generate_and_defaults_to_the_options():
@@ -346,9 +346,9 @@ def test_chunk_length_reaches_the_prefill_of_generate_and_defaults_to_the_option
     with torch.no_grad():
         by_hand = [model(prompt, chunk_length=c, use_cache=True, logits_to_keep=1).fixed_point for c in (0, 3)]
     for prefill, expected in zip((calls[0], calls[3]), by_hand):
-        assert prefill.fixed_point.evaluations == expected.evaluations
-        assert torch.equal(prefill.fixed_point.iterations, expected.iterations)
-    assert by_hand[0].evaluations != by_hand[1].evaluations
+        assert prefill.fixed_point.batch_passes == expected.batch_passes
+        assert torch.equal(prefill.fixed_point.passes, expected.passes)
+    assert by_hand[0].batch_passes != by_hand[1].batch_passes
 
 
 def test_chunk_length_is_checked_and_training_solves_the_whole_sequence():
@@ -403,7 +403,7 @@ def test_chunk_rows_that_miss_the_tolerance_are_solved_again_in_smaller_chunks()
     assert bool(chunked.fixed_point.converged.all())
     torch.testing.assert_close(chunked.logits, exact.logits, atol=1e-4, rtol=1e-5)
     # Both attempts of each chunk are counted: two of 4 tokens at the full budget, then the retries.
-    assert bool((chunked.fixed_point.iterations > 2 * 25).all())
+    assert bool((chunked.fixed_point.passes > 2 * 25).all())
 
 
 def test_a_chunked_solve_fails_on_nonconvergence_only_after_its_retries():
@@ -433,6 +433,6 @@ def test_retries_are_bounded_by_the_retry_depth_and_counted_apart(depth, budgets
     ids = tokens(2, 16, seed=24)
     with torch.no_grad(), model.track_convergence() as tally:
         stats = model(ids, chunk_length=16, max_iter=3, tol=1e-12).fixed_point
-    assert stats.iterations.tolist() == [3 * budgets] * 2 and stats.retried.tolist() == [3 * budgets - 3] * 2
+    assert stats.passes.tolist() == [3 * budgets] * 2 and stats.retried.tolist() == [3 * budgets - 3] * 2
     figures = tally.as_dict()
     assert figures["fp_retried"] == (2 if budgets > 1 else 0) and figures["fp_retry_passes_mean"] == 3 * budgets - 3

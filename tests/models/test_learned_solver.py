@@ -80,11 +80,11 @@ def test_the_mixing_is_held_by_the_model_s_start_out_of_its_module_tree_and_solv
     tokens = token_ids(2, 5, seed=1, vocab=VOCAB)
     with torch.no_grad():
         model.set_fixed_point_options(**every_solve_by("safeguarded_anderson"))
-        plain = model(tokens).fixed_point.iterations
+        plain = model(tokens).fixed_point.passes
         mixing = active_mixing()
         model.attach_learned_mixing(mixing)
         model.set_fixed_point_options(**every_solve_by("learned_anderson"))
-        mixed = model(tokens).fixed_point.iterations
+        mixed = model(tokens).fixed_point.passes
     assert model.learned_mixing is mixing and model.learned_solver.mixing is mixing
     assert "learned_mixing" not in vars(model) and set(model.state_dict()) == weights
     assert not torch.equal(mixed, plain)  # the mixing moves every step: the solver uses it

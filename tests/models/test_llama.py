@@ -63,7 +63,7 @@ def converging_model(tol: float) -> ImplicitLlamaForCausalLM:
 def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     model = converging_model(tol=1e-10).to(device)
     ids = token_ids(2, 7, seed=7, vocab=VOCAB).to(device)
-    _, sequential = assert_modes_agree(model, ids, relative=1e-6, evaluations=10)
+    _, sequential = assert_modes_agree(model, ids, relative=1e-6, batch_passes=10)
     assert all(cache.length == 7 for cache in sequential.state)
 
 

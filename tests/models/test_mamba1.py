@@ -55,7 +55,7 @@ def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     model = converging_model(tol=1e-8).to(device)
     ids = token_ids(2, 7, seed=2, vocab=VOCAB).to(device)
     # Two solves of one fixed point to a relative residual of 1e-8: measured 4e-8 apart.
-    assert_modes_agree(model, ids, relative=1e-6, evaluations=10)
+    assert_modes_agree(model, ids, relative=1e-6, batch_passes=10)
 
 
 def test_parallel_prefill_then_recurrent_decoding_equals_a_sequential_run():

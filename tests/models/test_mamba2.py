@@ -48,8 +48,8 @@ def test_simultaneous_and_sequential_reach_the_same_fixed_point(device):
     ids = token_ids(2, 7, seed=1, vocab=VOCAB).to(device)
     # Each solution is within |f(z) - z| / (1 - c) of z*, and this pre-norm residual map
     # contracts slowly (c ~ 0.95): 1e-3 of the logit scale leaves a margin over 20 * tol.
-    parallel, _ = assert_modes_agree(model, ids, relative=1e-3, evaluations=20)
-    assert parallel.fixed_point.iterations.shape == (2,)
+    parallel, _ = assert_modes_agree(model, ids, relative=1e-3, batch_passes=20)
+    assert parallel.fixed_point.passes.shape == (2,)
 
 
 @pytest.mark.device
@@ -79,7 +79,7 @@ def test_sequential_stop_is_per_sample():
     # Every token of every sample meets the tolerance on its own residual, whatever the
     # rest of the batch does ...
     assert batch.fixed_point.converged.all() and alone.fixed_point.converged.all()
-    assert batch.fixed_point.iterations.shape == (3, 6)
+    assert batch.fixed_point.passes.shape == (3, 6)
     # ... so a sample's logits change only by the refinement of extra steps: within
     # tol / (1 - c) ~ 20 * tol of the fixed point either way (see the test above).
     assert_logits_close(batch.logits[:1], alone.logits, relative=1e-3)
@@ -98,7 +98,7 @@ def test_budget_of_one_step_is_one_application_of_the_stack_from_zero():
         model.set_fixed_point_options(max_iter=1)
         configured = model(ids)
 
-    assert one_step.fixed_point.evaluations == 1 and configured.fixed_point.evaluations == 1
+    assert one_step.fixed_point.batch_passes == 1 and configured.fixed_point.batch_passes == 1
     assert model.config.fixed_point["max_iter"] == 1
     torch.testing.assert_close(one_step.logits, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(configured.logits, expected, rtol=1e-12, atol=1e-12)
@@ -183,8 +183,8 @@ def test_training_reduces_loss_on_a_fixed_batch(implicit):
     assert losses[-1] < 0.7 * losses[0]
     if implicit:
         # A tolerance no iterate meets: the solve spends its whole training budget.
-        assert out.fixed_point.evaluations == 4
-        assert out.fixed_point.iterations.tolist() == [4] * 4
+        assert out.fixed_point.batch_passes == 4
+        assert out.fixed_point.passes.tolist() == [4] * 4
     else:
         assert out.fixed_point is None
 

@@ -60,9 +60,9 @@ def test_a_checkpoint_declares_its_passes_and_a_call_overrides_them(tmp_path):
         declared = loaded(TOKENS).fixed_point
         tight = loaded(TOKENS, passes=0).fixed_point
         sequential = loaded(TOKENS, mode="sequential").fixed_point
-    assert declared.evaluations == 2 and declared.solver == "2_passes"
-    assert tight.evaluations > 2 and bool(tight.converged.all()) and tight.solver == "safeguarded_anderson"
-    assert bool((sequential.iterations == 2).all())
+    assert declared.batch_passes == 2 and declared.solver == "2_passes"
+    assert tight.batch_passes > 2 and bool(tight.converged.all()) and tight.solver == "safeguarded_anderson"
+    assert bool((sequential.passes == 2).all())
     steps = counted_steps(loaded)
     loaded.generate(TOKENS[:, :4], max_new_tokens=3, do_sample=False)
     assert len(steps) == 2 * 2  # the two decoded tokens read by a step, two passes each

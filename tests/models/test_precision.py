@@ -330,7 +330,7 @@ def test_a_tolerance_below_the_precisions_floor_is_raised_to_it_and_the_solve_st
     [line] = [record.getMessage() for record in caplog.records]
     assert "below what a" in line and f"{residual_floor(dtype):.3g}" in line
     assert stats.tol == residual_floor(dtype) == 2 * torch.finfo(dtype).eps
-    assert bool(stats.converged.all()) and int(stats.iterations.max()) < 40
+    assert bool(stats.converged.all()) and int(stats.passes.max()) < 40
     exact, _ = solved(solver, contraction, z0.double(), tol=1e-12)
     assert relative_error(z, exact) < 8 * torch.finfo(dtype).eps
     # A float64 map keeps the tolerance it was given.

@@ -54,7 +54,7 @@ def test_k_simultaneous_passes_are_k_applications_of_the_stack_map_from_the_firs
         for _ in range(3):
             by_hand = stack_map(by_hand)[0]
     assert torch.equal(z, by_hand)
-    assert stats.evaluations == 3
+    assert stats.batch_passes == 3
     assert bool(first.any()) == (start == "learned")
 
 
@@ -71,7 +71,7 @@ def test_the_model_s_forward_is_its_passes_then_its_head():
                                                            model.stack_passes.call_budget("sequential"))
     assert torch.equal(output.logits, model._logits(z))
     assert torch.equal(sequential.logits, model._logits(z_sequential))
-    assert torch.equal(output.fixed_point.iterations, stats.iterations)
+    assert torch.equal(output.fixed_point.passes, stats.passes)
     assert all(torch.equal(a, b) for old, new in zip(output.state, state)
                for a, b in zip(vars(old).values(), vars(new).values()) if isinstance(a, torch.Tensor))
 
@@ -83,17 +83,17 @@ def test_probing_stops_each_solve_at_one_evaluation_and_restores_the_budget_even
     with torch.no_grad():
         embedded, injection = solve_inputs(model, ids)
         solved = passes.simultaneous(embedded, injection, None, None, False, passes.call_budget("simultaneous"), 0)[1]
-        assert solved.evaluations > 1
+        assert solved.batch_passes > 1
         with pytest.raises(RuntimeError, match="inside the probe"):
             with passes.probing():
                 budget = passes.call_budget("simultaneous", passes=4)
                 assert budget == Budget.to_tolerance(float("inf"), 1)
                 probed = passes.simultaneous(embedded, injection, None, None, False, budget, 0)[1]
-                assert probed.evaluations == 1 and bool(probed.converged.all())
-                assert model(ids, mode="sequential").fixed_point.iterations.max() == 1
+                assert probed.batch_passes == 1 and bool(probed.converged.all())
+                assert model(ids, mode="sequential").fixed_point.passes.max() == 1
                 raise RuntimeError("inside the probe")
         assert passes.call_budget("simultaneous", passes=4) == Budget.exactly(4, model.solver.options.tol)
-        assert model(ids).fixed_point.evaluations == solved.evaluations
+        assert model(ids).fixed_point.batch_passes == solved.batch_passes
 
 
 def test_the_model_s_probing_is_its_passes_probing():

@@ -74,21 +74,21 @@ def test_models_list_builds_no_model_and_imports_no_torch():
 def test_variants_carry_the_authors_budgets():
     bounded = config_from_options(model_preset("mamba2-130m-bounded")).fixed_point_options
     assert (bounded.train_max_iter, bounded.phantom_steps, bounded.tau, bounded.max_iter) == (4, 1, 0.8, 16)
-    for name, iterations in [("mamba2-370m-free", 24), ("llama-370m-free", 32)]:
+    for name, passes in [("mamba2-370m-free", 24), ("llama-370m-free", 32)]:
         free = config_from_options(model_preset(name)).fixed_point_options
-        assert (free.train_max_iter, free.phantom_steps, free.train_tol, free.stop_mode) == (iterations, 4, 0.05, "rel")
-        assert free.max_iter == 4 * iterations
+        assert (free.train_max_iter, free.phantom_steps, free.train_tol, free.stop_mode) == (passes, 4, 0.05, "rel")
+        assert free.max_iter == 4 * passes
     words = config_from_options(model_preset("mamba2-words-a5-free")).fixed_point_options
     assert (words.train_max_iter, words.max_iter) == (32, 2048)
 
 
-def test_a_size_file_of_any_family_gives_its_free_variant_its_own_iterations(monkeypatch):
+def test_a_size_file_of_any_family_gives_its_free_variant_its_own_passes(monkeypatch):
     """Before: the free budget came from a table keyed by mamba2 and llama only, so a size file of
     another family (Mamba1 here) failed with a KeyError."""
     from implicitlm.presets import model_presets
 
     mamba = {"model": {"architecture": "mamba", "vocab_size": 64, "num_hidden_layers": 1, "hidden_size": 16},
-             "free_iterations": 20, "parameters": {"explicit": 1, "implicit": 2}}
+             "free_passes": 20, "parameters": {"explicit": 1, "implicit": 2}}
     monkeypatch.setattr(model_presets, "_size_files", lambda: {"mamba-tiny": mamba})
     free = config_from_options(model_preset("mamba-tiny-free")).fixed_point_options
     assert (free.train_max_iter, free.phantom_steps, free.max_iter, free.train_tol) == (20, 4, 80, 0.05)
@@ -156,7 +156,7 @@ def test_catbabi_preset_gives_both_kinds_the_same_size(vocab_size):
         sizes[kind] = sum(p.numel() for p in build_model(config_from_options(options)).parameters())
     assert sizes["explicit"] == pytest.approx(sizes["implicit"], rel=0.03)
     # One layer, as the paper's catbAbI anchor; the evaluation budget covers a whole window
-    # in simultaneous mode, where a solve needs about the window's length in iterations.
+    # in simultaneous mode, where a solve needs about the window's length in passes.
     assert preset["model"]["num_hidden_layers"] == 1
     assert preset["model"]["fixed_point"]["max_iter"] > preset["train"]["sequence_length"]
 

@@ -67,15 +67,15 @@ def assert_logits_close(actual: torch.Tensor, expected: torch.Tensor, relative: 
     assert torch.equal(actual.argmax(-1), expected.argmax(-1))
 
 
-def assert_modes_agree(model, ids: torch.Tensor, relative: float, evaluations: int):
+def assert_modes_agree(model, ids: torch.Tensor, relative: float, batch_passes: int):
     """Solved simultaneously and token by token, ``model`` converges on ``ids`` both ways,
-    after more than ``evaluations`` passes (a genuine iteration, not a one-step map), to
+    after more than ``batch_passes`` passes (a genuine iteration, not a one-step map), to
     logits within ``relative``; returns the two outputs (simultaneous, sequential)."""
     with torch.no_grad():
         simultaneous = model(ids, mode="simultaneous")
         sequential = model(ids, mode="sequential")
     assert simultaneous.fixed_point.converged.all() and sequential.fixed_point.converged.all()
-    assert sequential.fixed_point.iterations.shape == ids.shape
-    assert simultaneous.fixed_point.evaluations > evaluations
+    assert sequential.fixed_point.passes.shape == ids.shape
+    assert simultaneous.fixed_point.batch_passes > batch_passes
     assert_logits_close(sequential.logits, simultaneous.logits, relative)
     return simultaneous, sequential

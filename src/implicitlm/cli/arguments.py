@@ -172,19 +172,19 @@ def positive_int(text: str) -> int:
     return _number(text, int, 0, True, "a positive integer")
 
 
-def iteration_budget(text: str) -> int:
+def max_iter_budget(text: str) -> int:
     """A fixed-point budget: a number of passes (evaluations of the map), within the solver's limit."""
-    from ..core.option_names import MAX_EVALUATIONS  # deq.options' own, without torch
+    from ..core.option_names import MAX_PASSES  # deq.options' own, without torch
 
-    return _number(text, int, 1, False, f"a budget of 1 to {MAX_EVALUATIONS} passes", MAX_EVALUATIONS)
+    return _number(text, int, 1, False, f"a budget of 1 to {MAX_PASSES} passes", MAX_PASSES)
 
 
 def pass_budget(text: str) -> int:
     """A budget of passes per solve: 0 (solve to the tolerance) to the solver's limit."""
-    from ..core.option_names import MAX_EVALUATIONS
+    from ..core.option_names import MAX_PASSES
 
-    return _number(text, int, 0, False, f"a number of passes from 0 (solve to the tolerance) to {MAX_EVALUATIONS}",
-                   MAX_EVALUATIONS)
+    return _number(text, int, 0, False, f"a number of passes from 0 (solve to the tolerance) to {MAX_PASSES}",
+                   MAX_PASSES)
 
 
 def non_negative_int(text: str) -> int:
@@ -267,15 +267,15 @@ def int_list(text: str) -> list[int]:
 
 
 def budget_list(text: str) -> list[int]:
-    from ..core.option_names import MAX_EVALUATIONS
+    from ..core.option_names import MAX_PASSES
 
-    return _list_of(text, iteration_budget, f"budgets of 1 to {MAX_EVALUATIONS} passes")
+    return _list_of(text, max_iter_budget, f"budgets of 1 to {MAX_PASSES} passes")
 
 
 def passes_list(text: str) -> list[int]:
-    from ..core.option_names import MAX_EVALUATIONS
+    from ..core.option_names import MAX_PASSES
 
-    return _list_of(text, iteration_budget, f"numbers of passes of 1 to {MAX_EVALUATIONS}")
+    return _list_of(text, max_iter_budget, f"numbers of passes of 1 to {MAX_PASSES}")
 
 
 def position_list(text: str) -> list[int]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .arguments import (
-    add_overwrite_option, device_name, dtype_name, iteration_budget, non_negative_int, pass_budget, positive_float,
+    add_overwrite_option, device_name, dtype_name, max_iter_budget, non_negative_int, pass_budget, positive_float,
     preset_name,
 )
 
@@ -16,7 +16,7 @@ from .arguments import (
 def add_budget_options(p, passes: bool = True) -> None:
     """``--max-iter`` and ``--tol``; with ``passes``, ``--passes`` too (an evaluation that measures
     the solve to the tolerance itself, as convergence statistics do, takes none)."""
-    p.add_argument("--max-iter", type=iteration_budget, default=None, help="fixed-point budget (default: the model's max_iter)")
+    p.add_argument("--max-iter", type=max_iter_budget, default=None, help="fixed-point budget (default: the model's max_iter)")
     p.add_argument("--tol", type=positive_float, default=None, help="fixed-point tolerance (default: the model's)")
     if passes:
         p.add_argument("--passes", type=pass_budget, default=None,

@@ -2,7 +2,8 @@
 
 The readers call these and hold no history themselves. It sits in ``core`` because the old
 forms are read at every layer: a shard index in ``data``, a checkpoint's training settings
-in ``presets`` and ``tasks``, a checkpoint's folder, training state and data in ``train``.
+in ``presets`` and ``tasks``, a model preset's size file in ``presets``, a checkpoint's
+folder, training state and data in ``train``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ RENAMED_FIXED_POINT_OPTIONS = {
     "eval_nonconvergence": "nonconvergence",
 }
 RENAMED_PHASE_BUDGETS = {"bounded_iters": "bounded_max_iter", "free_iters": "free_max_iter"}
+
+# A model preset's size file (``presets/models/*.json``) named its free variant's training
+# budget in iterations before a solve's cost had the one name, passes.
+RENAMED_SIZE_FILE_KEYS = {"free_iterations": "free_passes"}
 
 # Training options the former trainers spelt otherwise; a preset or command that still
 # spells them so is refused with today's name.
@@ -69,6 +74,12 @@ def fixed_point_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """A config's ``fixed_point`` with today's names: a config saved before the one
     vocabulary spelt them as torchdeq does. A key given under both names is refused."""
     return _renamed(values, RENAMED_FIXED_POINT_OPTIONS, "fixed-point option")
+
+
+def model_size_file(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A model preset's size file with today's keys: one written before the one vocabulary
+    spelt ``free_passes`` ``free_iterations``. A key given under both names is refused."""
+    return _renamed(values, RENAMED_SIZE_FILE_KEYS, "model size file key")
 
 
 def _renamed(values: Mapping[str, Any], renamed: Mapping[str, str], what: str) -> dict[str, Any]:

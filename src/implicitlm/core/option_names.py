@@ -9,11 +9,11 @@ and import torch; the names are needed below them (every reader of a checkpoint'
 
 from __future__ import annotations
 
-# The most evaluations of the map that one solve, unroll or phantom gradient may spend
+# The most passes (evaluations of the map) that one solve, unroll or phantom gradient may spend
 # (``deq.options``): well above any budget a model here has needed (the shipped presets'
 # largest is 2,048), and low enough that a slip of the keyboard (10**30) is refused at once
 # rather than run without end. Here, so that the parser holds a budget to it without torch.
-MAX_EVALUATIONS = 10_000
+MAX_PASSES = 10_000
 
 # Where an inference solve starts (``deq.options``): z = 0, or a small network's guess saved
 # with the checkpoint (models/learned_solver.py; implicitlm solver train). Here, so that the

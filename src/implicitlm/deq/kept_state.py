@@ -1,9 +1,9 @@
-"""The recurrent state a solve leaves behind, kept from the evaluation whose image it returns.
+"""The recurrent state a solve leaves behind, kept from the pass whose image it returns.
 
 A map of an implicit recurrence gives two things at once: the image f(z) and the state its
 pass reached. The solve returns each sample's best image f(z_k) (``FixedPointSolver``); the
 state of that same pass is the one to carry on. Kept as the solve goes, it replaces a
-"commit" pass at the solution, which computed both again: one evaluation in every
+"commit" pass at the solution, which computed both again: one pass more in every
 token's 3-10 in sequential mode, and one per chunk or prefilled context in simultaneous mode.
 The pair (image, state) then comes from one pass; both are within the tolerance of the
 fixed point's, as the commit pass's were.

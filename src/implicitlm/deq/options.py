@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.errors import OptionError
-from ..core.option_names import INITIAL_GUESSES, MAX_EVALUATIONS
+from ..core.option_names import INITIAL_GUESSES, MAX_PASSES
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
 from .budget import Budget
@@ -39,9 +39,9 @@ def every_solve_by(solver: str) -> dict[str, str]:
     return {"solver": solver, "simultaneous_solver": "", "sequential_solver": ""}
 
 
-def evaluations(minimum: int) -> Rule:
-    """A number of evaluations of the map: at least ``minimum``, at most ``MAX_EVALUATIONS``."""
-    return between(minimum, MAX_EVALUATIONS)
+def pass_count(minimum: int) -> Rule:
+    """A number of passes: at least ``minimum``, at most ``MAX_PASSES``."""
+    return between(minimum, MAX_PASSES)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class FixedPointOptions(Options):
 
     ``divergence_patience`` / ``divergence_growth``: a sample whose absolute residual
     (step length) has been above ``divergence_growth`` times its first one at
-    ``divergence_patience`` evaluations in a row is given up as diverged (patience 0:
+    ``divergence_patience`` passes in a row is given up as diverged (patience 0:
     never). A converging sample's step may grow for a while (in simultaneous mode, while
     its later tokens catch up), but not a hundredfold beyond where it started.
     ``nonconvergence``: "report" (count the samples short of the tolerance in the
@@ -64,12 +64,12 @@ class FixedPointOptions(Options):
     ``simultaneous_solver`` / ``sequential_solver``: the solver of an evaluation in
     simultaneous mode (one fixed point per sequence or chunk) and in sequential mode (one
     per token); empty: ``solver``. Which solver pays differs by mode: an accelerated
-    solver's per-iteration cost is a small linear solve per sample, which a token step of
+    solver's per-pass cost is a small linear solve per sample, which a token step of
     a few small matrix products hardly notices and a short chunk of a small model may.
     ``jacobian_penalty``: in training, this weight times an estimate of
     ``||df/dz||_F^2 / numel(z)`` at the solution is added to the loss (Bai et al. 2021,
     "Stabilizing Equilibrium Models by Jacobian Regularization"): a map whose Jacobian is
-    smaller contracts faster, so every later solve needs fewer evaluations. 0: off.
+    smaller contracts faster, so every later solve needs fewer passes. 0: off.
     Every tolerance (``train_tol``, ``tol``, a call's ``tol``) is raised to the
     residual floor of the precision the map computes in (``solver.residual_floor``: twice
     its machine epsilon, 1.6e-2 in bfloat16, 2.0e-3 in float16): a half-precision map's
@@ -80,17 +80,17 @@ class FixedPointOptions(Options):
     chunks of this many tokens, each from the state the previous chunk's fixed point left
     (0: the whole sequence at once). The fixed point is causal, so the answer is the same
     to the tolerance; the cost is not: a whole-sequence solve needs about as many
-    iterations as the sequence has tokens, and re-solves settled tokens in every one.
+    passes as the sequence has tokens, and re-solves settled tokens in every one.
     ``retry_depth``: a chunk's rows that missed the tolerance are solved again in chunks of
     half its length, those that miss again at half that, at most this many times (down to
     single tokens at most; 0: never): each level may spend the budget once per piece, so a
     chunk's retries cost at most ``2^(depth+1) - 2`` times its budget (3: 14 times).
-    ``passes``: an inference budget of exactly this many evaluations per solve instead of a
+    ``passes``: an inference budget of exactly this many passes per solve instead of a
     tolerance (the test-time compute a checkpoint ships for): plain iteration z <- f(z) from
     the start ``initial_guess`` says, in both modes, never checked nor retried
     (``deq/passes.py``); 0: solve to ``tol`` within ``max_iter``.
     Every budget (``train_max_iter``, ``max_iter``, ``unroll_steps``, ``phantom_steps``,
-    ``passes``, a call's ``max_iter`` or ``passes``) is at most ``MAX_EVALUATIONS`` (10,000) evaluations.
+    ``passes``, a call's ``max_iter`` or ``passes``) is at most ``MAX_PASSES`` (10,000) passes.
     """
 
     solver: str = "fixed_point_iter"
@@ -122,8 +122,8 @@ class FixedPointOptions(Options):
         "stop_mode": one_of(*STOP_MODES), "nonconvergence": one_of("report", "error"),
         "initial_guess": one_of(*INITIAL_GUESSES), "simultaneous_initial_guess": one_of("", *INITIAL_GUESSES),
         "sequential_initial_guess": one_of("", *INITIAL_GUESSES),
-        "train_max_iter": evaluations(0), "max_iter": evaluations(1), "simultaneous_max_iter": evaluations(0), "phantom_steps": evaluations(1),
-        "unroll_steps": evaluations(0), "passes": evaluations(0), "retry_depth": at_least(0),
+        "train_max_iter": pass_count(0), "max_iter": pass_count(1), "simultaneous_max_iter": pass_count(0), "phantom_steps": pass_count(1),
+        "unroll_steps": pass_count(0), "passes": pass_count(0), "retry_depth": at_least(0),
         "divergence_patience": at_least(0), "chunk_length": at_least(0),
         "train_tol": POSITIVE, "tol": POSITIVE, "jacobian_penalty": NON_NEGATIVE,
         "divergence_growth": Rule("> 1", lambda growth: growth > 1), "tau": Rule("in (0, 1]", lambda tau: 0 < tau <= 1),
@@ -170,11 +170,11 @@ class FixedPointOptions(Options):
     def check_budget(cls, max_iter: int | None, tol: float | None, training: bool) -> None:
         """A call's ``max_iter`` and ``tol`` (None: the options' own). ``max_iter`` is held to
         the rule of the field it stands in for: ``train_max_iter`` in training (where 0
-        evaluations leave the phantom steps alone), ``max_iter`` in an evaluation,
+        passes leave the phantom steps alone), ``max_iter`` in an evaluation,
         which needs at least one. ``tol`` is a number >= 0 or infinite: 0 asks for the
         tightest the map's precision allows (its floor, ``solver.held_tolerance``); every
-        residual meets an infinite one, so each solve stops at its first evaluation and counts
-        as converged (a memory probe's one evaluation, which no convergence check should fail)."""
+        residual meets an infinite one, so each solve stops at its first pass and counts
+        as converged (a memory probe's one pass, which no convergence check should fail)."""
         if max_iter is not None:
             field = "train_max_iter" if training else "max_iter"
             check_field("argument", "max_iter", max_iter, int, cls.FIELD_RULES[field])

@@ -1,5 +1,5 @@
 """A solve of exactly K passes, the one loop of a fixed number of passes: test-time compute as
-a budget of evaluations (without gradients), or training's unroll (with autograd through every
+a budget of passes (without gradients), or training's unroll (with autograd through every
 pass).
 
 Without gradients it is plain iteration z <- f(z), K times, from the start the caller gives
@@ -10,7 +10,7 @@ pass's, the one that gave the answer.
 
 The stats still say how far from a fixed point the answer is: the residual of the last step,
 ``|z_K - z_(K-1)|`` (relative to ``|z_K|`` in "rel" stop mode), read off the last two iterates
-once the solve is done, with no further evaluation. A fixed budget holds no tolerance, so
+once the solve is done, with no further pass. A fixed budget holds no tolerance, so
 reports give that residual for what it is (``ConvergenceTally.in_passes``), never a share "not
 converged": nothing is retried, nothing raises for it and no warning is logged (a non-finite
 answer is still counted as one).
@@ -30,7 +30,7 @@ def solve_in_passes(
     f: FixedPointFn, z0: torch.Tensor, budget: Budget, stop_mode: str, described: str,
     on_improved: ImprovedFn | None = None,
 ) -> tuple[torch.Tensor, FixedPointStats]:
-    """(z_K, stats) of ``budget.passes`` evaluations of ``f`` from ``z0``, differentiated through
+    """(z_K, stats) of ``budget.passes`` passes of ``f`` from ``z0``, differentiated through
     for an unrolled budget (where autograd is on), without gradients otherwise. ``described``:
     what the stats call the solve. ``on_improved(None, None)`` once at the end, the last pass
     being every sample's answer (``KeptState`` keeps that pass's state). 0 passes: ``z0`` itself,
@@ -50,15 +50,15 @@ def solve_in_passes(
             abs_residual = rel_residual = torch.full((z0.shape[0],), float("nan"), device=z0.device)
             non_finite = torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device)
     return z, FixedPointStats(
-        iterations=torch.full((z0.shape[0],), budget.passes, dtype=torch.long, device=z0.device),
+        passes=torch.full((z0.shape[0],), budget.passes, dtype=torch.long, device=z0.device),
         abs_residual=abs_residual,
         rel_residual=rel_residual,
         diverged=torch.zeros(z0.shape[0], dtype=torch.bool, device=z0.device),
         non_finite=non_finite,
-        evaluations=budget.passes,
-        row_evaluations=budget.passes * z0.shape[0],
+        batch_passes=budget.passes,
+        row_passes=budget.passes * z0.shape[0],
         tol=held_tolerance(budget.tol, computed_dtype(z0)),
         stop_mode=stop_mode,
         solver=described,
-        passes=budget.passes if budget.kind == "passes" else 0,
+        fixed_passes=budget.passes if budget.kind == "passes" else 0,
     )

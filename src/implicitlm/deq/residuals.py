@@ -15,9 +15,9 @@ def row_norms(x: torch.Tensor) -> torch.Tensor:
 
 # The lowest relative residual a solve is held to, in units of the map's machine epsilon.
 # f(z) is rounded at every element, so |f(z) - z| / |f(z)| stalls at the rounding of one
-# evaluation: measured 0.2-0.4 eps in bfloat16 and float16 and up to 0.9 eps in float32, for
+# pass: measured 0.2-0.4 eps in bfloat16 and float16 and up to 0.9 eps in float32, for
 # 1- and 2-block models of every family (benchmarks/RESULTS.md, "Half precision"); twice
-# the epsilon leaves room for deeper stacks, which round more often per evaluation.
+# the epsilon leaves room for deeper stacks, which round more often per pass.
 RESIDUAL_FLOOR_EPSILONS = 2.0
 
 

@@ -1,7 +1,7 @@
 """A solve to a tolerance, per sample: ``RowTracker`` is the ``f`` a solver iterates.
 
 A solver only proposes iterates; the tracker decides per sample. A sample whose residual is
-under the tolerance is frozen at that evaluation's image f(z) and never evaluated again: from
+under the tolerance is frozen at that pass's image f(z) and never evaluated again: from
 then on its rows of ``f`` are the identity (the solver sees it as solved and its later iterates
 are dropped) while the others continue, and the tracker ends the solve when the last sample is
 frozen or the budget is spent. The solvers' own stop tests are switched off (tol 0): they are
@@ -13,7 +13,7 @@ lowest-residual image.
 
 A sample may also be given up before the budget is spent, counted as diverged and frozen at its
 lowest-residual image: when its absolute residual (its step length) has stayed above
-``divergence_growth`` times its first one for ``divergence_patience`` evaluations in a row, or
+``divergence_growth`` times its first one for ``divergence_patience`` passes in a row, or
 at once when its image f(z) is not finite. Rises alone are no sign: in simultaneous mode a
 sample's step grows for as long as its later tokens catch up (for about as many passes as the
 sequence has tokens), and safeguarded Anderson and Broyden rise and fall on their way; only a
@@ -42,7 +42,7 @@ from .stats import FixedPointStats
 FixedPointFn = Callable[[torch.Tensor], torch.Tensor]
 # rows -> f on those rows only: (len(rows), ...) -> (len(rows), ...).
 RestrictFn = Callable[[torch.Tensor], FixedPointFn]
-# (rows evaluated, mask of those whose best image this evaluation became, or None: all).
+# (rows evaluated, mask of those whose best image this pass became, or None: all).
 ImprovedFn = Callable[["torch.Tensor | None", "torch.Tensor | None"], None]
 
 
@@ -51,14 +51,14 @@ def solve_to_tolerance(
     described: str, restrict: RestrictFn | None = None, on_improved: ImprovedFn | None = None,
 ) -> tuple[torch.Tensor, FixedPointStats]:
     """No-grad solve from ``z0`` by the iterate generator ``solver`` (``deq/solvers``): at most
-    ``max_passes`` evaluations of ``f``, each sample stopped under ``tol`` (raised to the map's
+    ``max_passes`` passes (evaluations of ``f``), each sample stopped under ``tol`` (raised to the map's
     precision floor). ``described``: what the stats call the solve.
 
     ``restrict(rows)``: ``f`` on those batch rows only; given, frozen samples are no longer
     evaluated (it is called each time the set of running samples shrinks).
-    ``on_improved(rows, better)``: after each evaluation, the batch rows it ran on and a mask of
+    ``on_improved(rows, better)``: after each pass, the batch rows it ran on and a mask of
     those whose image became their best, the one the solve returns (None: all of them); what a
-    caller needs to keep more of that evaluation (``KeptState``)."""
+    caller needs to keep more of that pass (``KeptState``)."""
     stop_mode = options.stop_mode
     tol = held_tolerance(tol, computed_dtype(z0))
     # The solver's iterates, and so its residual norms and its small linear solves (Anderson,
@@ -77,10 +77,10 @@ def solve_to_tolerance(
             f"of {never_finite.numel()} samples; there is no finite iterate to return"
         )
     return tracker.best.to(z0.dtype), FixedPointStats(
-        iterations=tracker.iterations(),
+        passes=tracker.passes(),
         abs_residual=tracker.best_abs, rel_residual=tracker.best_rel,
         diverged=tracker.diverged, non_finite=tracker.non_finite,
-        evaluations=tracker.calls, row_evaluations=tracker.row_evaluations,
+        batch_passes=tracker.calls, row_passes=tracker.row_passes,
         tol=tol, stop_mode=stop_mode, solver=described,
     )
 
@@ -108,21 +108,21 @@ class RowTracker:
     retired when the budget is spent.
 
     The residual of an evaluated point z is ``||f(z) - z||`` (divided by ``||f(z)||`` in
-    rel mode), as the solvers define it. Diverged: before the budget's last evaluation,
+    rel mode), as the solvers define it. Diverged: before the budget's last pass,
     a non-finite residual, or an absolute residual above ``divergence_growth`` times the
-    sample's first one at ``divergence_patience`` evaluations in a row (0: never); at the
-    last evaluation every sample still running has simply hit the budget.
+    sample's first one at ``divergence_patience`` passes in a row (0: never); at the
+    last pass every sample still running has simply hit the budget.
     """
 
     def __init__(
-        self, f: FixedPointFn, restrict: RestrictFn | None, max_iter: int, tol: float, stop_mode: str,
+        self, f: FixedPointFn, restrict: RestrictFn | None, max_passes: int, tol: float, stop_mode: str,
         options: FixedPointOptions, on_improved: ImprovedFn | None = None,
     ) -> None:
         self.f, self.restrict, self.on_improved = f, restrict, on_improved
-        self.max_iter, self.tol, self.relative = max_iter, tol, stop_mode == "rel"
+        self.max_passes, self.tol, self.relative = max_passes, tol, stop_mode == "rel"
         self.patience, self.growth = options.divergence_patience, options.divergence_growth
         self.calls = 0
-        self.row_evaluations = 0
+        self.row_passes = 0
         self.active: torch.Tensor | None = None  # indices of the samples still running
         self._f_active = f  # f on exactly the active rows (when restricted)
 
@@ -137,12 +137,12 @@ class RowTracker:
         residual = rel_res if self.relative else abs_res
         finite = torch.isfinite(residual)
         converged = residual < self.tol  # False for NaN: a non-finite residual never converges
-        # At the budget's last evaluation, a sample still running has hit the budget, whatever its residual.
-        budget_left = self.calls < self.max_iter
+        # At the budget's last pass, a sample still running has hit the budget, whatever its residual.
+        budget_left = self.calls < self.max_passes
         diverged = ~converged & (~finite | self._ran_away(rows, abs_res)) & budget_left
         done = converged | diverged | (not budget_left)
         better = residual < self._best_residual(rows)  # never NaN: the best stays finite
-        # The one read of the device per evaluation (a host sync on a GPU), three answers in one
+        # The one read of the device per pass (a host sync on a GPU), three answers in one
         # transfer: whether a sample is done, which changes the rows to run; and whether every
         # image improved and every residual is finite, the usual case, whose bookkeeping is a
         # plain copy. Otherwise it is decided on the device, by masks.
@@ -165,8 +165,8 @@ class RowTracker:
         # Samples frozen at earlier calls: the identity, so they stay where the solver put them.
         return fz_rows if rows.numel() == z.shape[0] else z.index_copy(0, rows, fz_rows)
 
-    def iterations(self) -> torch.Tensor:
-        """Evaluations each sample had: until it converged or diverged, else all of them."""
+    def passes(self) -> torch.Tensor:
+        """Passes each sample had: until it converged or diverged, else all of them."""
         return torch.where(self.stopped_at > 0, self.stopped_at, self.calls)
 
     def _start(self, z: torch.Tensor) -> None:
@@ -180,27 +180,27 @@ class RowTracker:
         self.best_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
         self.best_rel = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
         # Divergence watch, on the absolute residual: the first one, and how many
-        # evaluations in a row it has been far above that.
+        # passes in a row it has been far above that.
         self.first_abs = torch.full((batch,), float("inf"), dtype=dtype, device=z.device)
         self.far_run = torch.zeros(batch, dtype=torch.long, device=z.device)
 
     def _evaluate(self, z: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(z, f(z)) on ``rows``, counting the rows actually computed."""
         if rows.numel() == z.shape[0]:
-            self.row_evaluations += rows.numel()
+            self.row_passes += rows.numel()
             return z, self._f_active(z)
         z_rows = z.index_select(0, rows)
         if self.restrict is not None:
-            self.row_evaluations += rows.numel()
+            self.row_passes += rows.numel()
             return z_rows, self._f_active(z_rows)
-        self.row_evaluations += z.shape[0]
+        self.row_passes += z.shape[0]
         return z_rows, self.f(z).index_select(0, rows)
 
     def _best_residual(self, rows: torch.Tensor) -> torch.Tensor:
         return self._rows_of(self.best_rel if self.relative else self.best_abs, rows)
 
     def _rows_of(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        # Every evaluation runs this: on the whole batch (the usual case until the first
+        # Every pass runs this: on the whole batch (the usual case until the first
         # sample freezes) it is the tensor itself, without a gather.
         return tensor if rows.numel() == tensor.shape[0] else tensor.index_select(0, rows)
 
@@ -225,12 +225,12 @@ class RowTracker:
 
     def _ran_away(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """Whether each row's absolute residual (its step length) has now been above
-        ``growth`` times its first one at ``patience`` evaluations in a row. Not the
+        ``growth`` times its first one at ``patience`` passes in a row. Not the
         relative residual, whatever the stop mode: it stays bounded (|a - 1| / |a| for
         z -> a z + b) while the iterate runs off."""
         if self.patience == 0:
             return torch.zeros_like(residual, dtype=torch.bool)
-        if self.calls == 1:  # every sample is running at the first evaluation
+        if self.calls == 1:  # every sample is running at the first pass
             self.first_abs.copy_(residual)
         if rows.numel() == self.first_abs.numel():
             run = torch.where(residual > self.growth * self.first_abs, self.far_run + 1, 0)

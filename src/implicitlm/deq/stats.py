@@ -16,47 +16,46 @@ class FixedPointStats:
     """Per-sample outcome of one fixed-point solve.
 
     What a solve spends is counted in passes, a pass being one evaluation of ``f`` (one pass
-    of the stack over the tokens). ``iterations``: the passes each sample had until it got
-    under the tolerance or was given up as diverged (the budget where neither happened); a
-    sample is frozen from then on. ``abs_residual`` / ``rel_residual``: ``||f(z) - z||`` and
+    of the stack over the tokens). ``passes``: the passes each sample had until it got under
+    the tolerance or was given up as diverged (the budget where neither happened); a sample
+    is frozen from then on. ``abs_residual`` / ``rel_residual``: ``||f(z) - z||`` and
     ``||f(z) - z|| / ||f(z)||`` at the iterate z whose image f(z) is returned.
-    ``diverged``: given up before the budget was spent (residual growing at every
-    evaluation for a while, or not finite); such a sample returns its lowest-residual
-    finite image; ``non_finite``: those of them whose image f(z) was NaN or infinite at some
-    evaluation. Every sample is exactly one of ``converged``, ``diverged`` and
-    ``unconverged`` (the budget spent, the tolerance not reached). ``evaluations``: calls
-    of ``f`` (passes of the batch), each on the samples still running (the batch runs until
-    its slowest sample is done); ``row_evaluations``: samples computed over all those calls
-    (one sample's pass each): the honest cost where frozen samples are left out of the calls
-    (as both modes of the models do), the batch size times ``evaluations`` where they are
-    computed and dropped. ``solver``: the
-    name of the solver that produced them. ``jacobian_penalty``: in training with the
-    option of that name, the term to add to the loss (with its graph; see ``penalised``).
-    ``passes``: K for a solve of exactly K passes (``deq/passes.py``), whose residual is
-    its last pass's step and whose samples above the tolerance are answers short of a fixed
-    point by design, not failures; 0: a solve to the tolerance.
-    ``retry_iterations``: of each sample's ``iterations``, those spent solving it again after
-    it missed the tolerance (a chunk's rows re-solved in shorter chunks; None: none).
+    ``diverged``: given up before the budget was spent (residual growing at every pass for a
+    while, or not finite); such a sample returns its lowest-residual finite image;
+    ``non_finite``: those of them whose image f(z) was NaN or infinite at some pass. Every
+    sample is exactly one of ``converged``, ``diverged`` and ``unconverged`` (the budget
+    spent, the tolerance not reached). ``batch_passes``: calls of ``f`` (passes of the
+    batch), each on the samples still running (the batch runs until its slowest sample is
+    done); ``row_passes``: samples computed over all those calls (one sample's pass each):
+    the honest cost where frozen samples are left out of the calls (as both modes of the
+    models do), the batch size times ``batch_passes`` where they are computed and dropped.
+    ``solver``: the name of the solver that produced them. ``jacobian_penalty``: in training
+    with the option of that name, the term to add to the loss (with its graph; see
+    ``penalised``). ``fixed_passes``: K for a solve of exactly K passes (``deq/passes.py``),
+    whose residual is its last pass's step and whose samples above the tolerance are
+    answers short of a fixed point by design, not failures; 0: a solve to the tolerance.
+    ``retry_passes``: of each sample's ``passes``, those spent solving it again after it
+    missed the tolerance (a chunk's rows re-solved in shorter chunks; None: none).
     """
 
-    iterations: torch.Tensor
+    passes: torch.Tensor
     abs_residual: torch.Tensor
     rel_residual: torch.Tensor
     diverged: torch.Tensor
     non_finite: torch.Tensor
-    evaluations: int
-    row_evaluations: int
+    batch_passes: int
+    row_passes: int
     tol: float
     stop_mode: str
     solver: str
     jacobian_penalty: torch.Tensor | None = None
-    passes: int = 0
-    retry_iterations: torch.Tensor | None = None
+    fixed_passes: int = 0
+    retry_passes: torch.Tensor | None = None
 
     @property
     def retried(self) -> torch.Tensor:
-        """Each sample's passes spent in retries (``retry_iterations``, zeros where none)."""
-        return torch.zeros_like(self.iterations) if self.retry_iterations is None else self.retry_iterations
+        """Each sample's passes spent in retries (``retry_passes``, zeros where none)."""
+        return torch.zeros_like(self.passes) if self.retry_passes is None else self.retry_passes
 
     @property
     def residual(self) -> torch.Tensor:
@@ -75,15 +74,15 @@ class FixedPointStats:
 
     def summary(self) -> dict[str, float | str]:
         """Batch means, extremes and failure counts, and the solver's name, for logs; what the
-        solve spent in passes: each sample's (``fp_passes_mean``/``_max``, from ``iterations``),
-        the calls of ``f`` (``fp_batch_passes``, from ``evaluations``) and the samples they
-        computed (``fp_row_passes``, from ``row_evaluations``)."""
+        solve spent in passes: each sample's (``fp_passes_mean``/``_max``, from ``passes``),
+        the calls of ``f`` (``fp_batch_passes``, from ``batch_passes``) and the samples they
+        computed (``fp_row_passes``, from ``row_passes``)."""
         penalty = {} if self.jacobian_penalty is None else {"fp_jacobian_penalty": self.jacobian_penalty.item()}
         return {
             **penalty,
             "fp_solver": self.solver,
-            "fp_passes_mean": self.iterations.float().mean().item(),
-            "fp_passes_max": self.iterations.max().item(),
+            "fp_passes_mean": self.passes.float().mean().item(),
+            "fp_passes_max": self.passes.max().item(),
             "fp_rel_residual_mean": self.rel_residual.mean().item(),
             "fp_rel_residual_max": self.rel_residual.max().item(),
             "fp_abs_residual_mean": self.abs_residual.mean().item(),
@@ -91,8 +90,8 @@ class FixedPointStats:
             "fp_unconverged": float(self.unconverged.sum().item()),
             "fp_diverged": float(self.diverged.sum().item()),
             "fp_non_finite": float(self.non_finite.sum().item()),
-            "fp_batch_passes": float(self.evaluations),
-            "fp_row_passes": float(self.row_evaluations),
+            "fp_batch_passes": float(self.batch_passes),
+            "fp_row_passes": float(self.row_passes),
         }
 
 
@@ -110,14 +109,14 @@ def chain_chunks(chunks: list[FixedPointStats]) -> FixedPointStats:
     when every chunk did; diverged and non-finite when any chunk was."""
     return dataclasses.replace(
         chunks[0],
-        iterations=torch.stack([c.iterations for c in chunks]).sum(dim=0),
+        passes=torch.stack([c.passes for c in chunks]).sum(dim=0),
         abs_residual=torch.stack([c.abs_residual for c in chunks]).amax(dim=0),
         rel_residual=torch.stack([c.rel_residual for c in chunks]).amax(dim=0),
         diverged=torch.stack([c.diverged for c in chunks]).any(dim=0),
         non_finite=torch.stack([c.non_finite for c in chunks]).any(dim=0),
-        evaluations=sum(c.evaluations for c in chunks),
-        row_evaluations=sum(c.row_evaluations for c in chunks),
-        retry_iterations=None if all(c.retry_iterations is None for c in chunks) else
+        batch_passes=sum(c.batch_passes for c in chunks),
+        row_passes=sum(c.row_passes for c in chunks),
+        retry_passes=None if all(c.retry_passes is None for c in chunks) else
         torch.stack([c.retried for c in chunks]).sum(dim=0),
     )
 
@@ -127,13 +126,13 @@ def per_token(tokens: list[FixedPointStats]) -> FixedPointStats:
     (batch, tokens); the tolerance the last one held (every token's, raised to the same floor)."""
     return dataclasses.replace(
         tokens[-1],
-        iterations=torch.stack([t.iterations for t in tokens], dim=1),
+        passes=torch.stack([t.passes for t in tokens], dim=1),
         abs_residual=torch.stack([t.abs_residual for t in tokens], dim=1),
         rel_residual=torch.stack([t.rel_residual for t in tokens], dim=1),
         diverged=torch.stack([t.diverged for t in tokens], dim=1),
         non_finite=torch.stack([t.non_finite for t in tokens], dim=1),
-        evaluations=sum(t.evaluations for t in tokens),
-        row_evaluations=sum(t.row_evaluations for t in tokens),
+        batch_passes=sum(t.batch_passes for t in tokens),
+        row_passes=sum(t.row_passes for t in tokens),
     )
 
 
@@ -141,21 +140,21 @@ def with_retried_rows(
     stats: FixedPointStats, rows: torch.Tensor, retry: FixedPointStats, taken: torch.Tensor
 ) -> FixedPointStats:
     """``stats`` after samples ``rows`` were solved again (``retry``, of those rows only):
-    where ``taken`` (a mask over ``rows``), their outcome is the retry's; their iterations,
-    and the evaluations, add up both solves, the retry's iterations counted as retries too."""
+    where ``taken`` (a mask over ``rows``), their outcome is the retry's; their passes, and
+    the batch's, add up both solves, the retry's passes counted as retries too."""
     def replaced(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
         return mine.index_copy(0, rows[taken], theirs[taken].to(mine.dtype))
 
     return dataclasses.replace(
         stats,
-        iterations=stats.iterations.index_add(0, rows, retry.iterations.to(stats.iterations.dtype)),
-        retry_iterations=stats.retried.index_add(0, rows, retry.iterations.to(stats.iterations.dtype)),
+        passes=stats.passes.index_add(0, rows, retry.passes.to(stats.passes.dtype)),
+        retry_passes=stats.retried.index_add(0, rows, retry.passes.to(stats.passes.dtype)),
         abs_residual=replaced(stats.abs_residual, retry.abs_residual),
         rel_residual=replaced(stats.rel_residual, retry.rel_residual),
         diverged=replaced(stats.diverged, retry.diverged),
         non_finite=replaced(stats.non_finite, retry.non_finite),
-        evaluations=stats.evaluations + retry.evaluations,
-        row_evaluations=stats.row_evaluations + retry.row_evaluations,
+        batch_passes=stats.batch_passes + retry.batch_passes,
+        row_passes=stats.row_passes + retry.row_passes,
     )
 
 
@@ -188,12 +187,12 @@ class ConvergenceTally:
     passes: int = 0
 
     def add(self, stats: FixedPointStats) -> None:
-        count = stats.iterations.numel()
+        count = stats.passes.numel()
         self.fixed_points += count
         self.non_finite += int(stats.non_finite.sum())
-        if stats.passes:
+        if stats.fixed_passes:
             self.in_passes += count
-            self.passes = max(self.passes, stats.passes)
+            self.passes = max(self.passes, stats.fixed_passes)
             residual = stats.residual.double()
             finite = residual[torch.isfinite(residual)]
             self.finite_in_passes += finite.numel()

@@ -48,7 +48,7 @@ def token_passes(
     for start in tqdm(range(0, len(inputs), batch_size), desc="sequential", disable=not progress):
         batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)
         stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol, passes=0).fixed_point
-        passes.append(stats.iterations.cpu().numpy())
+        passes.append(stats.passes.cpu().numpy())
         # float64 holds every dtype's residual exactly: no rounding across the tolerance.
         residuals.append(stats.residual.double().cpu().numpy())
     return np.concatenate(passes), np.concatenate(residuals), max_iter, tol

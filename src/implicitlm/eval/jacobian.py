@@ -222,7 +222,7 @@ def _token_jacobian(
         step = _token_step(model.stack, state, injection, layer, chosen)
         z_star, stats = _solve_token(model, state, injection, max_iter, tol)
         if method == "unroll":
-            jacobian = jacrev(_unrolled(step, torch.zeros_like(z_star[0]), int(stats.iterations[0])))(h)
+            jacobian = jacrev(_unrolled(step, torch.zeros_like(z_star[0]), int(stats.passes[0])))(h)
         else:
             jacobian = _implicit_function_jacobian(step, z_star[0], h)
         return jacobian, stats.rel_residual[0].item()

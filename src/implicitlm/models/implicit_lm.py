@@ -30,7 +30,7 @@ from ..core.log_lines import without_log_lines, without_progress_bar
 from ..core.run_folder import refuse_model_target
 from ..deq import ConvergenceTally, FixedPointOptions, FixedPointSolver, warn_not_converged
 from ..layers import RMSNorm
-from .inputs import (
+from .argument_checks import (
     MODES, check_forward_inputs, check_generation_arguments, check_position_ids, check_token_ids, kept_positions,
     left_aligned, pads_after_real_tokens, transformers_options,
 )

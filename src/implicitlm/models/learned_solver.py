@@ -51,7 +51,7 @@ from ..deq import FixedPointOptions, FixedPointSolver
 from ..deq.solvers import needs_mixing, without_mixing
 from ..deq.solvers.anderson import MEMORY
 from .errors import ModelLoadError
-from .inputs import MODES
+from .argument_checks import MODES
 from .stack import StackState
 
 GUESS_FILE = "initial_guess.safetensors"

@@ -64,7 +64,7 @@ class StackPasses:
     @contextlib.contextmanager
     def probing(self) -> Iterator[None]:
         """Inside the block every forward probes the memory its batch takes: each solve stops at
-        its first evaluation (a solve without gradients holds as much whatever its iterations),
+        its first pass (a solve without gradients holds as much whatever its passes),
         to an infinite tolerance, so that it counts as converged and no convergence check
         fails a probe. A caller's own budget cannot ask for that (``call_budget``). An unroll
         keeps its passes: its graph holds every one."""

@@ -1,16 +1,17 @@
 """The paper's models as presets: one JSON file per model size, three training variants each.
 
 A size file (``implicitlm/presets/models/<stem>.json``) holds, under "model", the options
-of ``config_from_options`` that fix the architecture, and under "free_iterations" the training
-iterations of its free variant (the paper's: 24 for Mamba2, 32 for Llama; a size file says its
-own, so that a family needs no entry here). A variant adds the fixed-point budget:
+of ``config_from_options`` that fix the architecture, and under "free_passes" the training
+passes of its free variant (the paper's: 24 for Mamba2, 32 for Llama; a size file says its
+own, so that a family needs no entry here; one that spells it "free_iterations", as size files
+once did, reads the same: ``core/migrations.py``). A variant adds the fixed-point budget:
 
 - ``explicit``: one pass through the stack, no fixed point;
-- ``bounded``, "(4+1)": 4 iterations without gradient, then 1 phantom step;
-- ``free``, "(24+4)" for Mamba2 and "(32+4)" for Llama: up to "free_iterations" iterations,
+- ``bounded``, "(4+1)": 4 passes without gradient, then 1 phantom step;
+- ``free``, "(24+4)" for Mamba2 and "(32+4)" for Llama: up to "free_passes" passes,
   stopped once the relative residual is under 0.05, then 4 phantom steps.
 
-Both implicit variants use tau = 0.8 and evaluate with 4 times their training iterations
+Both implicit variants use tau = 0.8 and evaluate with 4 times their training passes
 (the authors' eval_factor). A size file may list its own "variants", each with the
 fixed-point options that differ from these defaults; it then has only those variants.
 
@@ -29,6 +30,7 @@ from importlib import resources
 from typing import Any
 
 from ..core.errors import OptionError
+from ..core.migrations import model_size_file
 
 VARIANTS = ("explicit", "bounded", "free")
 FREE_TOL = 0.05
@@ -44,20 +46,20 @@ def model_preset(name: str) -> dict[str, Any]:
     """The options of a preset, ready for ``config_from_options``."""
     stem, variant = _split(name)
     size = _size_files()[stem]
-    fixed_point = variant_fixed_point(variant, size["free_iterations"]) | _variants(size)[variant]
+    fixed_point = variant_fixed_point(variant, size["free_passes"]) | _variants(size)[variant]
     return {**size["model"], "implicit": variant != "explicit", "fixed_point": fixed_point}
 
 
-def variant_fixed_point(variant: str, free_iterations: int) -> dict[str, Any]:
-    """The fixed-point options of a variant before a size file's own changes; ``free_iterations``:
-    the size file's training iterations of the free variant."""
+def variant_fixed_point(variant: str, free_passes: int) -> dict[str, Any]:
+    """The fixed-point options of a variant before a size file's own changes; ``free_passes``:
+    the size file's training passes of the free variant."""
     if variant == "explicit":
         return {}
     if variant == "bounded":
         # The paper names no stopping tolerance for the bounded phase: the package default
         # (1e-3) stays, and stopping there changes z* by about that much.
-        return _budget(iterations=4, phantom_steps=1)
-    free = _budget(iterations=free_iterations, phantom_steps=4)
+        return _budget(passes=4, phantom_steps=1)
+    free = _budget(passes=free_passes, phantom_steps=4)
     return free | {"train_tol": FREE_TOL, "tol": FREE_TOL}
 
 
@@ -98,13 +100,13 @@ def count_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _budget(iterations: int, phantom_steps: int) -> dict[str, Any]:
+def _budget(passes: int, phantom_steps: int) -> dict[str, Any]:
     return {
-        "train_max_iter": iterations,
+        "train_max_iter": passes,
         "phantom_steps": phantom_steps,
         "tau": TAU,
         "stop_mode": "rel",
-        "max_iter": EVAL_FACTOR * iterations,
+        "max_iter": EVAL_FACTOR * passes,
     }
 
 
@@ -127,7 +129,7 @@ def _size_files() -> dict[str, dict[str, Any]]:
     """Stem -> size file, by family, then smallest first."""
     folder = resources.files("implicitlm.presets").joinpath("models")
     files = [p for p in folder.iterdir() if p.name.endswith(".json")]
-    sizes = {p.name.removesuffix(".json"): json.loads(p.read_text()) for p in files}
+    sizes = {p.name.removesuffix(".json"): model_size_file(json.loads(p.read_text())) for p in files}
     return dict(sorted(sizes.items(), key=lambda item: _size_key(item[1]["model"])))
 
 

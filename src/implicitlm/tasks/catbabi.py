@@ -98,7 +98,7 @@ def answer_accuracy(
                 columns = answers.positions[scored] - 1 - starts[scored]
                 correct[scored] = predictions[rows, columns] == expected[scored]
                 if output.fixed_point is not None:
-                    passes.append(output.fixed_point.iterations.float().mean().item())
+                    passes.append(output.fixed_point.passes.float().mean().item())
     finally:
         model.train(was_training)
     result = {**_summary(correct, answers.tasks, passes), "stride": stride, "windows": len(unique_starts)}

@@ -27,7 +27,7 @@ from ..core.targets import exclusive_target
 from ..deq import ConvergenceTally
 from ..models import ImplicitCausalLM, load_model
 from ..models.implicit_lm import MODES
-from ..models.inputs import MIN_TEMPERATURE
+from ..models.argument_checks import MIN_TEMPERATURE
 from ..models.loading import torch_dtype
 from .lm import model_tokenizer
 

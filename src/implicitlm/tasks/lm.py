@@ -55,7 +55,7 @@ def perplexity(
                 total_loss += token_cross_entropy(output.logits, targets, "aligned").item() * targets.numel()
                 total_tokens += targets.numel()
                 if output.fixed_point is not None:
-                    passes.append(output.fixed_point.iterations.float().flatten().cpu())
+                    passes.append(output.fixed_point.passes.float().flatten().cpu())
     finally:
         model.train(was_training)
     if total_tokens == 0:

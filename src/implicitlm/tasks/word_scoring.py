@@ -15,7 +15,7 @@ from ..core.errors import OptionError
 from ..core.memory import activation_bytes, peak_growth, return_freed_memory, tensor_bytes
 from ..data.words import StoredWords, WordWindows
 from ..deq import ConvergenceTally, FixedPointStats, chain_chunks, warn_not_converged
-from ..deq.options import MAX_EVALUATIONS
+from ..deq.options import MAX_PASSES
 from ..models.implicit_lm import MODES
 from .base import one_forward
 
@@ -44,7 +44,7 @@ def raise_word_budget(model, longest: int) -> None:
     ``max_iter`` may be a training length's."""
     if model.config.implicit:
         # Held to the solver's limit: words that need more are refused by the memory check first.
-        model.set_fixed_point_options(simultaneous_max_iter=min(simultaneous_budget(model, longest), MAX_EVALUATIONS))
+        model.set_fixed_point_options(simultaneous_max_iter=min(simultaneous_budget(model, longest), MAX_PASSES))
 
 
 def solved_at_once(model, length: int) -> int:
@@ -200,7 +200,7 @@ class WordScore:
                 self.chained[batch] = stats
         if stats is not None and not (self.mode == "simultaneous" and more):
             self.tally.add(stats)
-            self.passes += float(stats.iterations.double().sum())
+            self.passes += float(stats.passes.double().sum())
             self.rel_residual += float(stats.rel_residual.double().sum())
         return predicted
 

@@ -17,7 +17,7 @@ from ..core.options import Options
 from ..core.schema import (
     NON_NEGATIVE, POSITIVE, SEED, UNIT_INTERVAL, OptionError, Rule, at_least, check_known_keys, field_names, one_of,
 )
-from ..deq.options import evaluations
+from ..deq.options import pass_count
 from ..tasks import TRAINING
 from .curriculum import Curriculum, Phase
 from .few_pass import FewPassLoss
@@ -79,10 +79,10 @@ class TrainConfig(Options):
         "betas": Rule("in [0, 1)", lambda betas: all(0 <= beta < 1 for beta in betas)),
         "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "decay_fraction": UNIT_INTERVAL,
         "grad_clip": POSITIVE, "unroll_steps": NON_NEGATIVE, "unroll_depth": at_least(1),
-        "bounded_fraction": UNIT_INTERVAL, "bounded_max_iter": evaluations(0),
-        "bounded_phantom_steps": evaluations(1), "free_max_iter": evaluations(0), "free_phantom_steps": evaluations(1), "free_tol": POSITIVE,
+        "bounded_fraction": UNIT_INTERVAL, "bounded_max_iter": pass_count(0),
+        "bounded_phantom_steps": pass_count(1), "free_max_iter": pass_count(0), "free_phantom_steps": pass_count(1), "free_tol": POSITIVE,
         "contraction_steps": NON_NEGATIVE, "contraction_jacobian": POSITIVE,
-        "few_pass_steps": NON_NEGATIVE, "few_pass_passes": evaluations(1), "few_pass_distance": NON_NEGATIVE,
+        "few_pass_steps": NON_NEGATIVE, "few_pass_passes": pass_count(1), "few_pass_distance": NON_NEGATIVE,
         "few_pass_fixed_point": NON_NEGATIVE, "few_pass_jacobian": NON_NEGATIVE,
         "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
         "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),

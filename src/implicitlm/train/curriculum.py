@@ -1,9 +1,19 @@
 """Training curriculum: which fixed-point regime holds at each step.
 
-The authors' schedule is unroll (optional, fully differentiable warm-up) -> bounded
-(few no-grad iterations + one phantom step, e.g. 4+1) -> free (larger budget with an
-early-stop tolerance, e.g. 24+4 at tol 0.05). Each phase is a set of
-``FixedPointOptions`` overrides applied to the model when the phase begins.
+An implicit model's phases, in order, each left out where it has no steps
+(``TrainConfig.curriculum``):
+
+- ``unroll``: a fully differentiable warm-up through ``unroll_depth`` passes;
+- ``bounded``: a few no-grad passes and phantom steps, e.g. the authors' 4+1;
+- ``free``: a larger budget with an early-stop tolerance, e.g. their 24+4 at tol 0.05;
+- ``contraction``: the free phase's solves with a penalty on the map's Jacobian at their
+  solution, so that the map contracts there;
+- ``few_pass``: the output of K passes from z = 0 trained as well as the fixed point, still
+  solved on the free phase's budget (``few_pass.py``).
+
+The first three are the authors' schedule (``Curriculum.unroll_bounded_free``); the last two
+are this package's stages after it. An explicit model has one phase, ``explicit``. Each phase
+is a set of ``FixedPointOptions`` overrides applied to the model when the phase begins.
 """
 
 from __future__ import annotations
@@ -76,7 +86,7 @@ class Curriculum:
         free: tuple[int, int] = (24, 4),
         free_tol: float = 0.05,
     ) -> "Curriculum":
-        """The three-phase schedule; (iterations, phantom steps) pairs as in the paper's "(4+1)"."""
+        """The authors' three phases; (passes, phantom steps) pairs as in the paper's "(4+1)"."""
         return cls(
             (
                 Phase("unroll", unroll_steps, {"unroll_steps": unroll_depth}),

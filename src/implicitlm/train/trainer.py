@@ -5,8 +5,9 @@ micro-step, accumulated over as many micro-steps as ``batch_tokens`` asks (one w
 0). Under torchrun the same code runs data-parallel: accelerate sets up the process group
 and wraps the model; each process reads its own rows of every global batch.
 
-The curriculum is the unroll warm-up (if any), then bounded (4+1) for ``bounded_fraction``
-of the remaining steps, then free, then the few-pass stage (if any, ``few_pass.py``). A run resumes exactly from its latest checkpoint:
+The curriculum (``curriculum.py``) is the unroll warm-up (if any), then bounded (4+1) for
+``bounded_fraction`` of the remaining steps, then free, then the contraction and few-pass
+stages (if any, ``few_pass.py``). A run resumes exactly from its latest checkpoint:
 weights, optimiser, scheduler, batch position and RNG state are all restored, so the
 losses after a resume are those the uninterrupted run would have produced.
 """

@@ -53,7 +53,7 @@ def safeguarded_anderson(
     ``mixing``: a learned correction of each step (``Mixing``), which a sample stops
     using once a learned step fails to cut its residual below ``SUFFICIENT_DECREASE`` times
     the one before. ``on_proposed(x)``: each mixed iterate, with the mixing's graph (what
-    fitting the mixing reads); the next evaluation gets it detached."""
+    fitting the mixing reads); the next pass gets it detached."""
     shape = x0.shape
     x = x0.reshape(shape[0], -1)
     xs = x.new_zeros(shape[0], memory, x.shape[1])
@@ -76,7 +76,7 @@ def safeguarded_anderson(
             continue
         if first is None:
             first = residual.clamp_min(1e-30)
-        else:  # this evaluation's point was a learned step's, where the sample had not fallen back
+        else:  # this pass's point was a learned step's, where the sample had not fallen back
             fallen = fallen | ~(residual < SUFFICIENT_DECREASE * last)
         last = residual
         fall = torch.log(residual.clamp_min(1e-30) / first)  # finite for a frozen sample too (residual 0)

@@ -77,7 +77,7 @@ def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor,
             reference = output.logits if reference is None else reference
             measured[mode][_name(start, solver)] = {
                 "seconds": round(min(seconds), 4),
-                "passes": round(output.fixed_point.iterations.float().mean().item(), 3),
+                "passes": round(output.fixed_point.passes.float().mean().item(), 3),
                 "unconverged_share": round((~output.fixed_point.converged).float().mean().item(), 4),
                 "moved_share": _moved_share(output.logits, reference),
             }
