@@ -66,13 +66,13 @@ def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor,
         rows = inputs if mode == "simultaneous" else inputs[:1]
         reference, longer_reference = None, None
         for start, solver in CONFIGURATIONS:
-            model.set_fixed_point_options(**{f"{mode}_initial_guess": start,
-                                             f"{mode}_solver": solver_name(solver, own, mode)})
+            # Each configuration is this forward's options, the model's own left as they are.
+            configuration = {f"{mode}_initial_guess": start, f"{mode}_solver": solver_name(solver, own, mode)}
             seconds = []
             for _ in range(TIMED_RUNS):
                 began = time.perf_counter()
                 with torch.no_grad():  # solved to the tolerance, whatever passes the checkpoint declares
-                    output = model(rows, mode=mode, passes=0)
+                    output = model(rows, mode=mode, passes=0, fixed_point=configuration)
                 seconds.append(time.perf_counter() - began)
             reference = output.logits if reference is None else reference
             measured[mode][_name(start, solver)] = {
@@ -83,7 +83,7 @@ def compare_configurations(model, own: dict[str, str], inputs: torch.Tensor,
             }
             if longer is not None:
                 with torch.no_grad():
-                    logits = model(longer, mode=mode, passes=0).logits
+                    logits = model(longer, mode=mode, passes=0, fixed_point=configuration).logits
                 longer_reference = logits if longer_reference is None else longer_reference
                 measured[mode][_name(start, solver)]["moved_share_long"] = _moved_share(logits, longer_reference)
     return measured
