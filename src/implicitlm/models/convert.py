@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 
 from ..core.errors import ArgumentTypeError, first_line
 from ..core.file_digests import FILES_DIGEST
+from ..core.memory import FLOAT_BYTES, require
 from ..core.targets import FolderKind
 from .families import BY_ARCHITECTURE, BY_SOURCE_MODEL_TYPE, Family
 from .implicit_lm import ImplicitCausalLM
@@ -219,13 +220,23 @@ def _hf_model(source: HFSource, family: Family) -> tuple[PreTrainedModel, dict[s
     if isinstance(source, PreTrainedModel):
         raise ArgumentTypeError(f"expected a {cls.__name__} or its checkpoint directory, got a {type(source).__name__}")
     path = Path(source)
-    model_type = config_values(path).get("model_type")
-    if model_type != family.source_model_type:
-        raise ModelLoadError(f"{path}: model_type {model_type!r}, expected {family.source_model_type!r}")
+    values = config_values(path)
+    if values.get("model_type") != family.source_model_type:
+        raise ModelLoadError(f"{path}: model_type {values.get('model_type')!r}, expected {family.source_model_type!r}")
+    _require_blocks(values, path / "config.json")
     config = _loaded(path, lambda: cls.config_class.from_pretrained(path))
     options = family.source_options(config)
     hf, _, _ = load_checked_folder(cls, path, config)  # transformers checkpoints carry no digests to miss
     return hf, options
+
+
+def _require_blocks(values: dict[str, Any], source: Path) -> None:
+    """Refuse, from the config file's own numbers, a model whose blocks alone outgrow the memory:
+    transformers' config lists a field per block, so a billion blocks took minutes and gigabytes
+    before the full count was refused. Each block holds at least a norm of the width."""
+    blocks, width = values.get("num_hidden_layers"), values.get("hidden_size")
+    if all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in (blocks, width)):
+        require(f"{source}: a model of at least {blocks * width:,} parameters", FLOAT_BYTES * blocks * width)
 
 
 def _loaded(path: Path, load: Callable[[], Any]) -> Any:
