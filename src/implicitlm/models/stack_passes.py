@@ -45,6 +45,9 @@ class StackPasses:
     def __init__(self, stack, config, learned_solver: LearnedSolver, solver: FixedPointSolver) -> None:
         self.stack, self.config, self.learned_solver, self.solver = stack, config, learned_solver, solver
         self._probing = False
+        # The solver of the last call's own options, and the model's solver it was built beside:
+        # a generation hands every token's forward the same options, built into a solver once.
+        self._call_solver: tuple[FixedPointOptions, FixedPointSolver, FixedPointSolver] | None = None
 
     @property
     def training(self) -> bool:
@@ -57,8 +60,13 @@ class StackPasses:
         if not fixed_point:
             return self
         options = fixed_point if isinstance(fixed_point, FixedPointOptions) else self.solver.options.replace(**fixed_point)
+        cached = self._call_solver
+        if cached is None or cached[0] != options or cached[1] is not self.solver:
+            # Built again when the model's own solver was replaced: its learned mixing may have changed.
+            cached = self._call_solver = (options, self.solver,
+                                          self.learned_solver.solver(checked_options(self.config, options)))
         call = copy.copy(self)
-        call.solver = self.learned_solver.solver(checked_options(self.config, options))
+        call.solver = cached[2]
         return call
 
     @contextlib.contextmanager

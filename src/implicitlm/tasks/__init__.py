@@ -11,7 +11,7 @@ by path, and ``task_class`` / ``batches_class`` import them when a command runs.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -98,23 +98,6 @@ TASKS: dict[str, TaskEntry] = {entry.name: entry for entry in (
 
 # Each task that trains (``TrainConfig.task``): what the trainer takes of it.
 TRAINING: dict[str, Training] = {name: entry.training for name, entry in TASKS.items() if entry.training}
-
-
-class TrainingBatches(Mapping[str, type]):
-    """Each task that trains, its training batches class: what the trainer reads. A class is
-    imported (torch) when it is read, not with the table."""
-
-    def __getitem__(self, name: str) -> type:
-        return TRAINING[name].batches_class()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(TRAINING)
-
-    def __len__(self) -> int:
-        return len(TRAINING)
-
-
-TRAINING_BATCHES = TrainingBatches()
 
 
 def make_task(name: str, checkpoint: str | Path, dtype: str | None = None, device: str | None = None,

@@ -33,7 +33,7 @@ from ..core.schema import field_names
 from ..data.words import WordData
 from ..deq import penalised
 from ..models.loss import token_cross_entropy
-from ..tasks import TRAINING_BATCHES
+from ..tasks import TRAINING
 from ..tasks.lm import TokenBatches
 from ..tasks.words import WordBatches
 from .checkpoint import (
@@ -167,7 +167,7 @@ def _train(
 
 
 def _batches(config: TrainConfig, data, accelerator) -> WordBatches | TokenBatches:
-    return TRAINING_BATCHES[config.task].for_training(
+    return TRAINING[config.task].batches_class().for_training(
         config, data, rank=accelerator.process_index, world_size=accelerator.num_processes
     )
 
@@ -187,7 +187,7 @@ def unsuited_defaults(config: TrainConfig, on_gpu: bool) -> str | None:
     suit a CPU, naming the option to set; None where nothing is amiss."""
     if on_gpu:
         return None
-    paper_scale = TRAINING_BATCHES[config.task].PAPER_SCALE_DEFAULTS
+    paper_scale = TRAINING[config.task].batches_class().PAPER_SCALE_DEFAULTS
     defaults = [name for name in paper_scale if getattr(config, name) == getattr(TrainConfig, name)]
     if not defaults:
         return None

@@ -35,7 +35,7 @@ from ...deq.solvers.anderson import MEMORY
 from ...models import load_model
 from ...models.convert import MODEL_FOLDER
 from ...models.learned_solver import InitialGuess, LearnedMixing, without_learned_solver
-from ...tasks import TRAINING_BATCHES
+from ...tasks import TRAINING
 from ..config import TrainConfig
 from .guess_fit import fit_guess
 from .mixing_fit import MIXING_LOSSES, fit_mixing, mixing_improved
@@ -96,7 +96,7 @@ def train_learned_solver(
         model.set_fixed_point_options(**{f"{mode}_solver": own[mode] for mode in MODES})
         config = _batch_settings(checkpoint, batch_size, seed, sequence_length)
         _require_fit_memory(model, config)
-        batches = TRAINING_BATCHES[config.task].from_path(config, data)
+        batches = TRAINING[config.task].batches_class().from_path(config, data)
         batches.prepare(model)
         torch.manual_seed(seed)
         readouts = model.stack.readout_sizes() if guess_reads_state else ()
