@@ -61,10 +61,12 @@ def run(quick: bool, device: str = "cpu") -> Table:
     }
     results = {}
     for name, (mode, chunk, max_iter, solver) in runs.items():
-        model.set_fixed_point_options(chunk_length=chunk, solver=solver)
-        budget = max_iter or (simultaneous_budget(model, length) if mode == "simultaneous" else model.solver.options.max_iter)
+        solving = {"chunk_length": chunk, "solver": solver}
+        budget = max_iter or (simultaneous_budget(model, length, solving) if mode == "simultaneous"
+                              else model.solver.options.max_iter)
         start = time.perf_counter()
-        predicted, row = word_predictions(model, inputs, targets, mode, budget, None, batch_size=256, warn=False)
+        predicted, row = word_predictions(model, inputs, targets, mode, budget, None, batch_size=256, warn=False,
+                                          fixed_point=solving)
         results[name] = (budget, time.perf_counter() - start, row, predicted)
     baseline = results["sequential (RNN), baseline"]
     for name, (budget, seconds, row, predicted) in results.items():

@@ -216,7 +216,8 @@ def floor_row(model, dtype: str, name: str, mode: str, ids: torch.Tensor) -> lis
     # chunk_length 0: one solve over the whole window, not the chunked solve's retries in
     # halves down to single tokens that a tolerance out of reach sets off.
     chunk = 0 if mode == "simultaneous" else None
-    stats = model(ids, mode=mode, max_iter=FLOOR_BUDGET, tol=1e-12, chunk_length=chunk).fixed_point
+    stats = model(ids, mode=mode, max_iter=FLOOR_BUDGET, tol=1e-12, chunk_length=chunk,
+                  fixed_point=every_solve_by(name)).fixed_point
     eps = torch.finfo(getattr(torch, dtype)).eps
     reached = stats.rel_residual.float().flatten() / eps
     return [dtype, f"{eps:.3g}", name, f"{mode} {' x '.join(map(str, ids.shape))}", f"{reached.numel()}",
@@ -243,7 +244,6 @@ def floors(quick: bool, device: str = "cpu") -> Table:
         for dtype in DTYPES:
             model = load("implicit", dtype, device)
             for name in FLOOR_SOLVERS:
-                model.set_fixed_point_options(**every_solve_by(name))
                 for mode, ids in cases:
                     table.add(*floor_row(model, dtype, name, mode, ids))
     table.notes += [

@@ -52,11 +52,10 @@ def load_or_build(device: str) -> tuple[torch.nn.Module, str]:
 @torch.no_grad()
 def measure(model, ids: torch.Tensor, solver: str, mode: str, repeats: int, device: str):
     """(stats of the solve, median seconds)."""
-    model.set_fixed_point_options(solver=solver)
     outputs = []
 
     def solve() -> None:
-        outputs.append(model(ids, mode=mode, max_iter=BUDGET, tol=TOL).fixed_point)
+        outputs.append(model(ids, mode=mode, max_iter=BUDGET, tol=TOL, fixed_point={"solver": solver}).fixed_point)
         synchronize(device)
 
     seconds = median_seconds(solve, repeats)

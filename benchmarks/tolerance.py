@@ -31,14 +31,16 @@ from implicitlm.eval.downstream import PAPER_TASKS, read_local_sets, run_tasks
 from implicitlm.models import load_model
 
 
-def scored(model, tasks, local_sets, limit: int, tol: float, budget: int, batch_size: int, start: str = "zero") -> dict:
+def scored(model, tasks, local_sets, limit: int, tol: float, budget: int, batch_size: int, start: str = "zero",
+           solver: str | None = None) -> dict:
     """lm-eval's results with every document's scores, the wall time, the convergence tally;
-    each solve from ``start`` (zero, or the learned initial guess)."""
-    model.set_fixed_point_options(initial_guess=start, simultaneous_initial_guess="", sequential_initial_guess="")
+    each solve from ``start`` (zero, or the learned initial guess), by ``solver`` (None: the model's)."""
+    starting = {**(every_solve_by(solver) if solver else {}),
+                "initial_guess": start, "simultaneous_initial_guess": "", "sequential_initial_guess": ""}
     began = time.perf_counter()
     with model.track_convergence() as tally:
         results = run_tasks(model, tasks, limit=limit, local_sets=local_sets, log_samples=True, bootstrap_iters=0,
-                            tol=tol, max_iter=budget, batch_size=batch_size, progress=False)
+                            tol=tol, max_iter=budget, batch_size=batch_size, progress=False, fixed_point=starting)
     return {"results": results, "seconds": time.perf_counter() - began, "tally": tally}
 
 
@@ -84,14 +86,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args()
     model = load_model(args.checkpoint).eval()
-    if args.solver:
-        model.set_fixed_point_options(**every_solve_by(args.solver))
     local_sets, _ = read_local_sets(list(PAPER_TASKS), args.data_dir, skip_missing=True)
     tasks = list(local_sets)
     tols = [float(t) for t in args.tols.split(",")]
-    reference = scored(model, tasks, local_sets, args.limit, args.reference_tol, args.budget, args.batch_size)
+    reference = scored(model, tasks, local_sets, args.limit, args.reference_tol, args.budget, args.batch_size,
+                       solver=args.solver)
     starts = [start for start in args.starts.split(",") if start == "zero" or model.learned_guess is not None]
-    runs = {(tol, start): scored(model, tasks, local_sets, args.limit, tol, args.budget, args.batch_size, start)
+    runs = {(tol, start): scored(model, tasks, local_sets, args.limit, tol, args.budget, args.batch_size, start,
+                                 args.solver)
             for tol in tols for start in starts}
     table = Table(
         f"Downstream scores by solver tolerance: {args.checkpoint}, first {args.limit} documents of "

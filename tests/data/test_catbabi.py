@@ -231,7 +231,7 @@ class OracleStub(ExplicitStub, torch.nn.Module):
         self.answerable = {int(p) for p, t in zip(positions, tasks) if t in right}
         self.calls = []
 
-    def forward(self, input_ids, mode, max_iter, tol):
+    def forward(self, input_ids, mode, max_iter, tol, fixed_point=None):
         self.calls.append((mode, max_iter, tol))
         batch, length = input_ids.shape
         logits = torch.zeros(batch, length, self.vocab_size)

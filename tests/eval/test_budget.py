@@ -13,7 +13,10 @@ import pytest
 from implicitlm.cli import main
 from implicitlm.data.shards import TokenShards
 from implicitlm.eval import plots
-from implicitlm.eval.budget import format_passes_table, time_curves
+from implicitlm.eval.budget import budget_by_task, format_passes_table, passes_by_task, time_curves
+from implicitlm.eval.length import evaluate_by_length
+from implicitlm.models import load_model
+from implicitlm.tasks import make_task
 
 from tests.support.contractive import make_contractive
 from tests.support.models import tiny_model
@@ -136,3 +139,28 @@ def test_the_passes_table_keeps_its_header_over_its_columns():
     header, *lines = format_passes_table(rows, "perplexity").splitlines()
     assert all(len(line) == len(header) for line in lines)
     assert header.index("perplexity") + len("perplexity") == lines[0].index("10.0000") + len("10.0000")
+
+
+def test_a_sweep_hands_each_point_to_the_forwards_and_leaves_the_loaded_model_as_saved(pair, shards, tmp_path):
+    """Each point of a sweep scores what an evaluation told that budget alone scores, and the
+    model it loaded keeps the checkpoint's options (before: every point was set on the model,
+    and on the task, the last one left there)."""
+    implicit, _ = pair
+
+    def lm_task():
+        return make_task("lm", implicit, data=[shards], lengths=[8], max_tokens=64)
+
+    saved = load_model(implicit).solver.options
+    task = lm_task()
+    by_passes = passes_by_task(task, [1, 3], out=tmp_path / "passes")["rows"]
+    by_budget = budget_by_task(task, [2, 5], out=tmp_path / "budget")["rows"]
+    assert task.fixed_point == {} and task.model.solver.options == saved
+    for row in by_passes:
+        [alone] = evaluate_by_length(lm_task().solve_with(passes=row["passes"]))["rows"]
+        assert (row["perplexity"], row["fp_passes_mean"]) == (alone["perplexity"], alone["fp_passes_mean"])
+    for row in by_budget:
+        [alone] = evaluate_by_length(lm_task().solve_with(max_iter=row["max_iter"], passes=0))["rows"]
+        assert (row["perplexity"], row["fp_passes_mean"]) == (alone["perplexity"], alone["fp_passes_mean"])
+    assert [row["fp_passes_mean"] for row in by_passes] == [1.0, 3.0] and by_budget[0]["fp_passes_mean"] <= 2
+    record = json.loads((tmp_path / "passes" / "lm_budget_passes.json").read_text())
+    assert record["model"]["fixed_point"] == saved.to_dict()  # the task's settings: none, the model's own

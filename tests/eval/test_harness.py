@@ -258,6 +258,25 @@ def test_passes_from_model_args_reach_every_forward_and_the_results_config(token
         ImplicitLMHarness(model, tokenizer=tokenizer, passes=-1)
 
 
+def test_fixed_point_options_reach_every_forward_and_leave_the_model_s_own_as_they_are(tokenizer):
+    """What ``lm downstream``'s flags become: before, they were set on the model it loaded."""
+    model = make_model("llama", True, len(tokenizer))
+    own = model.solver.options
+    seen = []
+    model.register_forward_hook(lambda module, args, kwargs, out: seen.append(out), with_kwargs=True)
+    lm = ImplicitLMHarness(model, tokenizer=tokenizer, batch_size="auto:2", max_batch_size=2, progress=False,
+                           fixed_point={"passes": 3, "retry_depth": 0})
+    lm.loglikelihood(requests("l", ("The sun", " rises"), ("The sun", " sets")))
+    lm.generate_until(requests("g", ("The sun", {"max_gen_toks": 2, "until": []})))
+    probes = [out.fixed_point for out in seen if out.fixed_point.solver != "3_passes"]  # the batch size's: one pass
+    scored = [out.fixed_point for out in seen if out.fixed_point.solver == "3_passes"]
+    assert probes and all(int(stats.passes.max()) == 1 and bool(stats.converged.all()) for stats in probes)
+    assert len(scored) >= 3 and all(bool((stats.passes == 3).all()) for stats in scored)
+    assert lm.get_model_info()["passes"] == 3 and model.solver.options == own
+    with pytest.raises(OptionError, match="^fixed_point: a dict of FixedPointOptions fields, got str$"):
+        ImplicitLMHarness(model, tokenizer=tokenizer, fixed_point="passes=3")
+
+
 def test_fixed_points_short_of_the_tolerance_are_reported_and_warned_about(tokenizer, caplog):
     model = make_model("llama", True, len(tokenizer))
     lm = ImplicitLMHarness(model, tokenizer=tokenizer, mode="sequential", max_iter=2, tol=1e-9, progress=False)

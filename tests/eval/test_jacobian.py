@@ -177,3 +177,18 @@ def test_cli_refuses_jacobians_past_the_time_limit_before_the_first(tmp_path, ca
     assert err[0].startswith("implicitlm: error: 4 Jacobians (1 sequence(s), 4 position(s) each) would take at least "
                              "4.0 days")
     assert err[0].endswith("; give a smaller --count or fewer --positions")
+
+
+def test_an_analysis_given_fixed_point_options_solves_by_them_and_leaves_the_model_s_own():
+    """Every solve of the analysis, the prefix's forwards and the token's own, by the options it
+    is given (before: ``eval jacobian`` set them on the model it analysed)."""
+    model = make_contractive(make_model(MAMBA2, implicit=True, fixed_point=TIGHT, **FAST))
+    own = model.solver.options
+    ids = token_ids(1, 6, seed=1, vocab=VOCAB)[0]
+    by_options, chosen = state_jacobian(model, ids, 4, coordinates=12, method="unroll",
+                                        fixed_point={"max_iter": 2})
+    by_budget, same = state_jacobian(model, ids, 4, coordinates=12, method="unroll", max_iter=2)
+    tight, _ = state_jacobian(model, ids, 4, coordinates=12, method="unroll")
+    assert torch.equal(chosen, same) and torch.equal(by_options, by_budget)
+    assert not torch.allclose(by_options, tight)  # two passes are not the fixed point's
+    assert model.solver.options == own

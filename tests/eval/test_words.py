@@ -28,7 +28,7 @@ class AnswerModel(ExplicitStub, nn.Module):
         self.group, self.correct_until = group, correct_until
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the model a device
 
-    def forward(self, input_ids, mode="simultaneous", max_iter=None, tol=None):
+    def forward(self, input_ids, mode="simultaneous", max_iter=None, tol=None, fixed_point=None):
         truth = torch.from_numpy(prefix_products(self.group, input_ids.numpy()).astype(np.int64))
         answer = truth.clone()
         answer[:, self.correct_until :] = (truth[:, self.correct_until :] + 1) % 6

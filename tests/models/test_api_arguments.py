@@ -72,15 +72,15 @@ def test_a_call_budget_out_of_range_is_refused(model, mode, budget, name):
 
 
 def test_a_probe_stops_every_solve_at_its_first_evaluation(model):
-    """What a memory probe of one evaluation asks: converged, so no convergence check fails it."""
-    model.set_fixed_point_options(nonconvergence="error")
-    try:
-        with torch.no_grad(), model.probing():
-            stats = model(tokens(2, 5, seed=1)).fixed_point
-    finally:
-        model.set_fixed_point_options(nonconvergence="report")
+    """What a memory probe of one evaluation asks: converged, so no convergence check fails it,
+    in this call alone."""
+    failing = {"nonconvergence": "error"}
+    with torch.no_grad():
+        stats = model(tokens(2, 5, seed=1), fixed_point=failing, probe=True).fixed_point
+        token_stats = model(tokens(2, 5, seed=1), mode="sequential", fixed_point=failing, probe=True).fixed_point
     assert stats.passes.tolist() == [1, 1] and bool(stats.converged.all())
-    assert int(model(tokens(2, 5, seed=1)).fixed_point.passes.max()) > 1  # the probe's budget ends with it
+    assert token_stats.passes.max() == 1 and bool(token_stats.converged.all())
+    assert int(model(tokens(2, 5, seed=1)).fixed_point.passes.max()) > 1
 
 
 @pytest.mark.parametrize("tol", [0, 0.0, math.inf])

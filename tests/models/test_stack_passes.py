@@ -1,6 +1,6 @@
 """``StackPasses``: the object a model holds for its stack's passes, run by itself: K passes are
-K applications of the stack's map, probing stops each solve at one evaluation and lets go of
-it whatever happens in the block, and the object adds no weights and no reference back to the model."""
+K applications of the stack's map, a probe stops each solve of its call at one evaluation, and the
+object adds no weights and no reference back to the model."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_the_model_s_forward_is_its_passes_then_its_head():
                for a, b in zip(vars(old).values(), vars(new).values()) if isinstance(a, torch.Tensor))
 
 
-def test_probing_stops_each_solve_at_one_evaluation_and_restores_the_budget_even_when_the_block_raises():
+def test_a_probe_stops_each_solve_at_one_evaluation_whatever_its_budget_and_an_unroll_keeps_its_passes():
     model = small_model()
     passes = model.stack_passes
     ids = tokens()
@@ -84,24 +84,17 @@ def test_probing_stops_each_solve_at_one_evaluation_and_restores_the_budget_even
         embedded, injection = solve_inputs(model, ids)
         solved = passes.simultaneous(embedded, injection, None, None, False, passes.call_budget("simultaneous"), 0)[1]
         assert solved.batch_passes > 1
-        with pytest.raises(RuntimeError, match="inside the probe"):
-            with passes.probing():
-                budget = passes.call_budget("simultaneous", passes=4)
-                assert budget == Budget.to_tolerance(float("inf"), 1)
-                probed = passes.simultaneous(embedded, injection, None, None, False, budget, 0)[1]
-                assert probed.batch_passes == 1 and bool(probed.converged.all())
-                assert model(ids, mode="sequential").fixed_point.passes.max() == 1
-                raise RuntimeError("inside the probe")
+        budget = passes.call_budget("simultaneous", passes=4, probe=True)
+        assert budget == Budget.to_tolerance(float("inf"), 1)
+        assert passes.call_budget("sequential", probe=True) == budget
+        probed = passes.simultaneous(embedded, injection, None, None, False, budget, 0)[1]
+        assert probed.batch_passes == 1 and bool(probed.converged.all())
+        assert model(ids, mode="sequential", probe=True).fixed_point.passes.max() == 1
+        # A probe is its call's alone: the next call solves with the budget it asks for.
         assert passes.call_budget("simultaneous", passes=4) == Budget.exactly(4, model.solver.options.tol)
         assert model(ids).fixed_point.batch_passes == solved.batch_passes
-
-
-def test_the_model_s_probing_is_its_passes_probing():
-    model = small_model()
-    with model.probing():
-        assert model.stack_passes.call_budget("sequential") == Budget.to_tolerance(float("inf"), 1)
-    options = model.solver.options
-    assert model.stack_passes.call_budget("sequential") == Budget.to_tolerance(options.tol, options.max_iter)
+    model.train()
+    assert passes.call_budget("simultaneous", passes=3, probe=True).kind == "unrolled"
 
 
 @pytest.mark.parametrize("architecture", list(SMALL))

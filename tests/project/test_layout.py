@@ -362,6 +362,25 @@ def test_nothing_branches_on_a_solver_name():
     assert solver_name_comparisons(source, names) == [1, 2]
 
 
+def option_setter_calls(source: str) -> list[int]:
+    """Lines that call a model's ``set_fixed_point_options``."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Attribute) and node.func.attr == "set_fixed_point_options"})
+
+
+def test_no_evaluation_generation_or_command_sets_the_options_of_the_model_it_runs():
+    """An evaluation, a generation and a command hand their fixed-point settings to each forward
+    (``fixed_point=``); a model's own options are set only where they become its defaults: by the
+    model itself (``models/``, a learned solver attached) and by the training that decides what
+    the checkpoint it saves ships with (``train/``). Before: six modules of tasks/, eval/,
+    recipes/ and cli/ set them on the model they had loaded."""
+    setters = ("models", "train")
+    found = [f"{path.relative_to(SOURCE)}:{line}" for path in sorted(SOURCE.rglob("*.py"))
+             if path.relative_to(SOURCE).parts[0] not in setters for line in option_setter_calls(path.read_text())]
+    assert not found, f"give the forwards fixed_point= instead: {', '.join(found)}"
+    assert option_setter_calls("model.set_fixed_point_options(tol=1e-3)\nmodel(ids, fixed_point={'tol': 1e-3})") == [1]
+
+
 def task_class_uses(source: str, classes: set[str]) -> list[int]:
     """Lines naming one of the task classes ``classes`` (an import, an ``isinstance``, a table
     keyed by them) or walking a class's ``__mro__``: a branch on a task's class."""

@@ -123,6 +123,7 @@ def test_the_words_task_rows_are_word_accuracy_rows(tmp_path):
     expected = [word_accuracy(model, *held_out_words("S3", n, 8, seed=2), mode="sequential", max_iter=3, batch_size=4)
                 for n in (6, 12)]
     assert result["rows"] == expected and result["files"] is None
+    assert task.model.solver.options == model.solver.options  # the evaluation's settings were its forwards' alone
     assert result["table"].splitlines()[:2] == [
         "budget: to tolerance 0.001 within 3 passes per solve (as given)",
         f"{'length':>8}{'last10':>9}{'all':>9}{'passes':>10}{'retries':>9}{'not converged':>15}"]
@@ -195,7 +196,7 @@ class SquaresTask(Task):
     def evaluation_sets(self):
         return [2, 3]
 
-    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+    def evaluate(self, model, test_set, mode="simultaneous", fixed_point=None, warn=True, progress=False):
         return {"length": test_set, "square": test_set**2}
 
     def format_rows(self, rows):
@@ -205,7 +206,7 @@ class SquaresTask(Task):
         series = [{"label": mode, "x": [row["length"] for row in rows], "y": [row["square"] for row in rows]}]
         figure = Figure(self.figure_kind, "squares", series, {"x": "length", "y": "square"}, vertical={"two": 2},
                         horizontal={"five": 5.0}, ylim=(0, 10))
-        return TaskRecord(self.experiment, {"square@3": 9}, figure, series, figure.axes, {"mode": mode, "max_iter": self.model.solver.options.max_iter})
+        return TaskRecord(self.experiment, {"square@3": 9}, figure, series, figure.axes, {"mode": mode, "max_iter": self.model.fixed_point_options(self.fixed_point).max_iter})
 
 
 @pytest.mark.parametrize("kind", FIGURE_KINDS)
@@ -309,9 +310,11 @@ def test_a_combination_that_makes_no_sense_is_one_line_and_exit_2(argv, fragment
     assert not (tmp_path / "out").exists()
 
 
-def test_a_task_is_told_how_to_solve_once_and_the_model_it_loads_solves_so(tmp_path):
+def test_a_task_is_told_how_to_solve_once_and_gives_it_to_the_forwards_not_to_the_model_it_loads(tmp_path):
     """``Task.solve_with`` is the one way a task's solves are set: checked when given (before
-    any data is read), a later call replacing what it names, applied to the model it loads."""
+    any data is read), a later call replacing what it names, the settings of every forward of
+    its evaluations; the model it loads keeps the checkpoint's own options (before: they were
+    set on it)."""
     model = build_model(config_from_options({"hidden_size": 16, "state_size": 8, "head_dim": 8, "num_hidden_layers": 1,
                                               "vocab_size": 6}))
     model.save_pretrained(tmp_path / "model")
@@ -321,8 +324,11 @@ def test_a_task_is_told_how_to_solve_once_and_the_model_it_loads_solves_so(tmp_p
     with pytest.raises(OptionError, match="did you mean 'max_iter'"):
         task.solve_with(max_iters=3)
     assert task.solve_with(max_iter=3, tol=0.25).solve_with(max_iter=5).fixed_point == {"max_iter": 5, "tol": 0.25}
-    options = task.load().solver.options
+    loaded = task.load()
+    assert loaded.solver.options == model.solver.options
+    options = loaded.fixed_point_options(task.settings())
     assert (options.max_iter, options.tol, options.budget(None, None, "simultaneous")) == (5, 0.25, (5, 0.25))
+    assert task.settings({"passes": 2}) == {"max_iter": 5, "tol": 0.25, "passes": 2} and task.fixed_point["max_iter"] == 5
 
 
 SHIPPED_S5 = Path(__file__).parents[2] / "checkpoints" / "words" / "s5"
@@ -356,7 +362,7 @@ class SlowSquaresTask(SquaresTask):
     def one_pass_seconds(self, model, test_set, mode):
         return 13 * 3600.0
 
-    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+    def evaluate(self, model, test_set, mode="simultaneous", fixed_point=None, warn=True, progress=False):
         pytest.fail("the evaluation started")
 
 

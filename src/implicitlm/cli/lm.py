@@ -115,13 +115,14 @@ def _score_downstream(args, make_table) -> None:
             print(f"warning: skipped {reason}", file=sys.stderr)
         tasks = list(local_sets)
     model = load_model(args.checkpoint)
-    model.set_fixed_point_options(**fixed_point_settings(args))
+    fixed_point = fixed_point_settings(args)  # every forward's; the checkpoint's own stay as saved
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     settings = {"mode": args.mode, "batch_size": args.batch_size, "max_length": args.max_length,
                 "device": device, "dtype": args.dtype}
     try:
         results = run_tasks(model, tasks, limit=limit, include_path=args.include_path, num_fewshot=args.num_fewshot,
-                            tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets, **settings)
+                            tokenizer=args.tokenizer, progress=not args.no_progress, local_sets=local_sets,
+                            fixed_point=fixed_point, **settings)
     except ConnectionError as error:
         if local_sets is not None:
             raise
@@ -132,8 +133,9 @@ def _score_downstream(args, make_table) -> None:
         print(paper_table(results)[1])
     data = {"data_dir": str(args.data_dir), "skipped": skipped} if args.data_dir is not None else {"data_dir": None}
     # The budget as solved: the model's own, or as --max-iter / --tol / --passes set it.
-    options = model.solver.options
+    options = model.fixed_point_options(fixed_point)
     budget = {**dict(zip(("max_iter", "tol"), options.budget(None, None, args.mode))),
               "passes": options.passes} if model.config.implicit else {}
-    downstream_record(model, args.checkpoint, results, args.out, tasks=tasks, limit=limit, **data, **settings, **budget)
+    downstream_record(model, args.checkpoint, results, args.out, fixed_point, tasks=tasks, limit=limit, **data,
+                      **settings, **budget)
     print(f"results: {args.out / 'downstream.json'}, plot: {args.out / 'downstream.png'}")

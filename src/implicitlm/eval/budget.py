@@ -111,20 +111,19 @@ def budget_by_task(
         # A solve to the tolerance may stop after one pass, whatever its budget.
         task.require_sweep_time(model, test_sets, mode, _sweep(points, test_sets), [1] * points,
                                 arguments=("max_iter", "tol"), hint="; give fewer budgets or tolerances")
-        model_tol = model.solver.options.tol
+        model_tol = model.fixed_point_options(task.fixed_point).tol
 
         def evaluate(budget, tolerance):
-            # Each point of the sweep is a budget the task is told to solve with, in both modes, to
-            # the tolerance (a checkpoint's declared passes would make every point the same).
-            task.solve_with(max_iter=budget, simultaneous_max_iter=0, passes=0,
-                            tol=model_tol if tolerance is None else tolerance)
-            model.set_fixed_point_options(**task.fixed_point)
-            return [task.evaluate(model, s, mode=mode, warn=False) for s in test_sets]
+            # Each point of the sweep is a budget its forwards are given, in both modes, to the
+            # tolerance (a checkpoint's declared passes would make every point the same).
+            point = {"max_iter": budget, "simultaneous_max_iter": 0, "passes": 0,
+                     "tol": model_tol if tolerance is None else tolerance}
+            return [task.evaluate(model, s, mode=mode, fixed_point=point, warn=False) for s in test_sets]
 
         rows = budget_sweep(evaluate, max_iter, tol or [None], progress=progress)
         title = f"{task.budget_title} ({mode} mode)"
         budget_record(task.budget_experiment, model, task.checkpoint, rows, task.quality, out, title,
-                      task.quality_scale, mode=mode, **task.details())
+                      task.quality_scale, fixed_point=task.fixed_point, mode=mode, **task.details())
     files = record_files(out, task.budget_experiment)
     return {"rows": rows, "table": format_budget_table(rows, task.quality), "files": files}
 
@@ -156,9 +155,7 @@ def passes_by_task(
                                 passes + [1] * len(explicit), arguments=("passes",), hint="; give fewer passes")
         rows = []
         for count in tqdm(passes, desc="passes", disable=not progress):
-            task.solve_with(passes=count)
-            model.set_fixed_point_options(**task.fixed_point)
-            rows += [{**row, "passes": count} for row in _timed(task, model, test_sets, mode)]
+            rows += [{**row, "passes": count} for row in _timed(task, model, test_sets, mode, {"passes": count})]
         twins = [{**row, "passes": twin.checkpoint.name} for twin in explicit
                  for row in _timed(twin, twin.load(), test_sets, mode)]
         quality = task.quality
@@ -168,8 +165,8 @@ def passes_by_task(
         metrics = {f"{name} L{row['length']} {row['passes']}": row[key] for row in rows + twins
                    for name, key in ((quality, quality), ("seconds", "seconds"))}
         axes = {"x": "passes per solve", "y": quality, "xscale": "log2", "yscale": task.quality_scale}
-        record = make_record(experiment, task.checkpoint, model, metrics, curves, axes, rows=rows, explicit=twins,
-                             mode=mode, **task.details())
+        record = make_record(experiment, task.checkpoint, model, metrics, curves, axes, task.fixed_point, rows=rows,
+                             explicit=twins, mode=mode, **task.details())
         write_record(out, record)
         plot_curves(curves, files[1], f"{task.budget_title} in passes ({mode} mode)", axes,
                     horizontal=lines)
@@ -203,12 +200,14 @@ def by_length(rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
     return groups
 
 
-def _timed(task: Task, model, test_sets: list[Any], mode: str) -> list[dict[str, Any]]:
-    """``task``'s row on each test set, with the ``seconds`` its evaluation took."""
+def _timed(task: Task, model, test_sets: list[Any], mode: str,
+           fixed_point: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``task``'s row on each test set (its forwards given ``Task.settings(fixed_point)``), with
+    the ``seconds`` its evaluation took."""
     rows = []
     for test_set in test_sets:
         began = time.perf_counter()
-        row = task.evaluate(model, test_set, mode=mode, warn=False)
+        row = task.evaluate(model, test_set, mode=mode, fixed_point=fixed_point, warn=False)
         rows.append({**row, "seconds": time.perf_counter() - began})
     return rows
 

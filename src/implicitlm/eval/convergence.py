@@ -35,19 +35,21 @@ def token_passes(
     tol: float | None = None,
     batch_size: int = 64,
     progress: bool = False,
+    fixed_point: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """Passes and residual (the stop mode's, which the tolerance applies to) of every
-    token of ``inputs`` (N, L), solved in sequential mode with the model's solver to its
-    tolerance (whatever ``passes`` the model declares: these are the solve's own figures); also
-    the budget and tolerance that applied."""
+    token of ``inputs`` (N, L), solved in sequential mode with the model's solver, or as
+    ``fixed_point`` changes its options, to the tolerance (whatever ``passes`` they declare:
+    these are the solve's own figures); also the budget and tolerance that applied."""
     if not model.config.implicit:
         raise OptionError("convergence statistics need an implicit model; this one is explicit")
     model.eval()
-    max_iter, tol = model.solver.options.budget(max_iter, tol)
+    options = model.fixed_point_options(fixed_point)
+    max_iter, tol = options.budget(max_iter, tol)
     passes, residuals = [], []
     for start in tqdm(range(0, len(inputs), batch_size), desc="sequential", disable=not progress):
         batch = torch.as_tensor(inputs[start : start + batch_size].astype(np.int64), device=model.device)
-        stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol, passes=0).fixed_point
+        stats = model(batch, mode="sequential", max_iter=max_iter, tol=tol, passes=0, fixed_point=options).fixed_point
         passes.append(stats.passes.cpu().numpy())
         # float64 holds every dtype's residual exactly: no rounding across the tolerance.
         residuals.append(stats.residual.double().cpu().numpy())
@@ -113,15 +115,16 @@ def convergence_curves(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def convergence_record(
-    model, checkpoint: str | Path, summary: dict[str, Any], out_dir: str | Path, title: str, **details: Any
+    model, checkpoint: str | Path, summary: dict[str, Any], out_dir: str | Path, title: str,
+    fixed_point: dict[str, Any] | None = None, **details: Any
 ) -> dict[str, Any]:
     """Write ``convergence.json`` and the histogram of passes ``convergence.png``; the
-    record names the solver that produced the counts."""
+    record names the solver that produced the counts (the model's, or as ``fixed_point`` set it)."""
     axes = {"x": "passes to reach the tolerance", "y": "share of tokens", "yscale": "log"}
     curves = convergence_curves(summary)
     record = make_record(
-        EXPERIMENT, checkpoint, model, convergence_metrics(summary), curves, axes,
-        summary=summary, solver=model.solver.options.solver_for("sequential"), **details,
+        EXPERIMENT, checkpoint, model, convergence_metrics(summary), curves, axes, fixed_point,
+        summary=summary, solver=model.fixed_point_options(fixed_point).solver_for("sequential"), **details,
     )
     write_record(out_dir, record)
     plot_histograms(curves, record_files(out_dir, EXPERIMENT)[1], title, axes)
@@ -144,20 +147,21 @@ def convergence_by_task(
         model, inputs = task.prepare("convergence")
         # At least one pass per token, as token_passes reads them: in batches, in sequential mode.
         seconds = sum(forward_seconds(model, "sequential", min(task.batch_size, len(tokens)), tokens.shape[1],
-                                      -(-len(tokens) // task.batch_size)) for tokens, _ in inputs)
+                                      -(-len(tokens) // task.batch_size), task.fixed_point) for tokens, _ in inputs)
         require_time(f"convergence statistics of {sum(tokens.size for tokens, _ in inputs):,} tokens", seconds,
                      hint="; give shorter lengths, fewer words or tokens")
         passes, residuals, hard = [], [], []
         for tokens, mask in inputs:
             counts, residual, used_max_iter, used_tol = token_passes(
-                model, tokens, batch_size=task.batch_size, progress=progress
+                model, tokens, batch_size=task.batch_size, progress=progress, fixed_point=task.fixed_point
             )
             passes.append(counts.ravel()), residuals.append(residual.ravel()), hard.append(mask)
         masks = None if any(mask is None for mask in hard) else np.concatenate([mask.ravel() for mask in hard])
         summary = convergence_summary(
             np.concatenate(passes), np.concatenate(residuals), used_max_iter, used_tol, masks
         )
-        convergence_record(model, task.checkpoint, summary, out, task.convergence_title, **task.details())
+        convergence_record(model, task.checkpoint, summary, out, task.convergence_title, task.fixed_point,
+                           **task.details())
     return {"summary": summary, "table": format_convergence(summary), "files": record_files(out, EXPERIMENT)}
 
 

@@ -270,13 +270,15 @@ def _format(value: float | None, metric: str) -> str:
 
 
 def downstream_record(
-    model, checkpoint: str | Path, results: dict[str, Any], out_dir: str | Path, **settings: Any
+    model, checkpoint: str | Path, results: dict[str, Any], out_dir: str | Path,
+    fixed_point: dict[str, Any] | None = None, **settings: Any
 ) -> dict[str, Any]:
     """Write ``downstream.json`` (the metrics, the paper table, lm-eval's own results under
-    ``lm_eval``) and ``downstream.png`` (the accuracies by task) into ``out_dir``."""
+    ``lm_eval``) and ``downstream.png`` (the accuracies by task) into ``out_dir``; the model's
+    forwards were given ``fixed_point``."""
     rows, _ = paper_table(results)
     record = make_record(
-        EXPERIMENT, checkpoint, model, task_metrics(results),
+        EXPERIMENT, checkpoint, model, task_metrics(results), fixed_point=fixed_point,
         paper_table=rows, settings=settings, lm_eval=_serialisable(results),
     )
     write_record(out_dir, record)

@@ -83,11 +83,14 @@ class ImplicitLMHarness(TemplateLM):
         progress: bool = True,
         max_batch_size: int | None = None,
         share_contexts: bool = True,
+        fixed_point: dict[str, Any] | None = None,
     ) -> None:
         """``batch_size="auto"`` (or lm-eval's "auto:N"): found once per request type by
         probing; the batches run longest first, so the size that fits the first fits all.
         ``share_contexts``: a context that several loglikelihood requests continue (the
-        choices of an item) is solved once; False solves every context + continuation whole."""
+        choices of an item) is solved once; False solves every context + continuation whole.
+        ``fixed_point``: ``FixedPointOptions`` fields every forward changes the model's own by
+        (``forward``'s argument; in Python only); the model's own are left as they are."""
         super().__init__()
         if mode not in MODES:
             raise OptionError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
@@ -101,6 +104,9 @@ class ImplicitLMHarness(TemplateLM):
         else:
             self.model = pretrained.to(dtype=torch_dtype(dtype))
         self.model.to(device=device).eval()
+        if fixed_point is not None and not isinstance(fixed_point, dict):
+            raise OptionError(f"fixed_point: a dict of FixedPointOptions fields, got {type(fixed_point).__name__}")
+        self.fixed_point = self.model.fixed_point_options(fixed_point)  # checked before any request runs
         self.tokenizer = model_tokenizer(self.model, tokenizer, "tokenizer=")
         self.mode, self.max_iter, self.tol, self.passes = mode, max_iter, tol, passes
         self.batch_size = batch_size_argument(batch_size)
@@ -127,7 +133,7 @@ class ImplicitLMHarness(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         """The settings lm-eval records in its results' "config" (the budget as used)."""
-        options = self.model.solver.options
+        options = self.fixed_point
         max_iter, tol = options.budget(self.max_iter, self.tol, self.mode)
         return {
             "model_name": self.model.name_or_path, "implicit": bool(self.model.config.implicit), "mode": self.mode,
@@ -139,7 +145,7 @@ class ImplicitLMHarness(TemplateLM):
     @property
     def _budget(self) -> dict[str, Any]:
         """The fixed-point budget every forward and generation of a request is given."""
-        return dict(max_iter=self.max_iter, tol=self.tol, passes=self.passes)
+        return dict(max_iter=self.max_iter, tol=self.tol, passes=self.passes, fixed_point=self.fixed_point)
 
     @property
     def eot_token_id(self) -> int:
@@ -335,15 +341,15 @@ class ImplicitLMHarness(TemplateLM):
         ``find_executable_batch_size``, as lm-eval's own model uses) whose simultaneous forward over ``longest`` tokens runs out of no memory
         (accelerate's probe). Simultaneous mode holds the most at once, and the solve
         without gradients holds the same whatever its iterations, so one iteration probes
-        (``probing``: a convergence check must not fail a probe)."""
+        (``probe``: a convergence check must not fail a probe)."""
         if self.batch_size != AUTO_BATCH:
             return self.batch_size
 
         @find_executable_batch_size(starting_batch_size=self.max_batch_size)
         def probe(batch_size: int) -> int:
             ids = torch.full((batch_size, longest), self.eot_token_id, dtype=torch.long, device=self.device)
-            with torch.no_grad(), self.model.probing():
-                self.model(ids, mode="simultaneous")
+            with torch.no_grad():
+                self.model(ids, mode="simultaneous", fixed_point=self.fixed_point, probe=True)
             return batch_size
 
         size = probe()

@@ -75,23 +75,33 @@ def select_coordinates(model, layer: int = 0, coordinates: int | Sequence[int] =
 def state_jacobian(
     model, input_ids: torch.Tensor, position: int, layer: int = 0, coordinates: int | Sequence[int] = 64,
     method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0,
+    fixed_point: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(J, coordinates): the k x k Jacobian of token ``position`` of the sequence
-    ``input_ids`` (1-D), at the state its prefix leaves in sequential mode."""
+    ``input_ids`` (1-D), at the state its prefix leaves in sequential mode; every solve within
+    ``max_iter`` / ``tol`` (None: the options'), by the model's options changed by ``fixed_point``."""
     _check_method(method)
     chosen = select_coordinates(model, layer, coordinates, seed).to(model.device)
     ids = torch.as_tensor(input_ids, device=model.device).long().reshape(1, -1)
     _check_positions([position], ids.shape[1])
-    state = _advance(model, ids[:, :position], None, max_iter, tol)
-    jacobian, _ = _token_jacobian(model, state, ids[:, position], layer, chosen, method, max_iter, tol)
+    solve = _solve_settings(model, max_iter, tol, fixed_point)
+    state = _advance(model, ids[:, :position], None, solve)
+    jacobian, _ = _token_jacobian(model, state, ids[:, position], layer, chosen, method, solve)
     return jacobian, chosen
+
+
+def _solve_settings(model, max_iter: int | None, tol: float | None, fixed_point: dict[str, Any] | None) -> dict[str, Any]:
+    """What every solve of an analysis is given: its budget, and its options checked once."""
+    return {"max_iter": max_iter, "tol": tol, "fixed_point": model.fixed_point_options(fixed_point)}
 
 
 def jacobian_analysis(
     model, input_ids: torch.Tensor, positions: Sequence[int], layer: int = 0, coordinates: int | Sequence[int] = 64,
     method: str = "ift", max_iter: int | None = None, tol: float | None = None, seed: int = 0, progress: bool = False,
+    fixed_point: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """J at every position of every sequence of ``input_ids`` (count x length), summarised.
+    """J at every position of every sequence of ``input_ids`` (count x length), summarised;
+    solved as ``state_jacobian`` solves.
 
     Returns ``metrics`` (off-diagonal share mean / median / min / max, diagonal statistics,
     and for implicit models the worst relative residual of the fixed points), ``rows`` (one
@@ -103,17 +113,16 @@ def jacobian_analysis(
     ids = torch.as_tensor(input_ids, device=model.device).long()
     positions = sorted(set(positions))
     _check_positions(positions, ids.shape[1])
-    _require_time(model, ids, positions, layer, chosen, method, max_iter, tol)
+    solve = _solve_settings(model, max_iter, tol, fixed_point)
+    _require_time(model, ids, positions, layer, chosen, method, solve)
     rows, jacobians = [], []
     with tqdm(total=len(ids) * len(positions), desc="jacobian", disable=not progress) as bar:
         for sample, sequence in enumerate(ids):
             state, done = None, 0
             for position in positions:
                 # Each sequence is run once: the state advances from one position to the next.
-                state, done = _advance(model, sequence[None, done:position], state, max_iter, tol), position
-                jacobian, residual = _token_jacobian(
-                    model, state, sequence[None, position], layer, chosen, method, max_iter, tol
-                )
+                state, done = _advance(model, sequence[None, done:position], state, solve), position
+                jacobian, residual = _token_jacobian(model, state, sequence[None, position], layer, chosen, method, solve)
                 rows.append(_row(sample, position, jacobian, residual))
                 jacobians.append(jacobian)
                 bar.update()
@@ -128,13 +137,13 @@ def jacobian_analysis(
 
 
 def _require_time(model, ids: torch.Tensor, positions: list[int], layer: int, chosen: torch.Tensor, method: str,
-                  max_iter: int | None, tol: float | None) -> None:
+                  solve: dict[str, Any]) -> None:
     """Refuse, before the first, Jacobians past the time limit (``core.duration``): one, timed
     at the first token, for every sequence and position, and the sequential steps that reach
     them, at one pass each."""
-    state = _advance(model, ids[:1, :0], None, max_iter, tol)
-    one = seconds_of(lambda: _token_jacobian(model, state, ids[:1, 0], layer, chosen, method, max_iter, tol))
-    steps = forward_seconds(model, "sequential", 1, positions[-1], len(ids) if positions[-1] else 0)
+    state = _advance(model, ids[:1, :0], None, solve)
+    one = seconds_of(lambda: _token_jacobian(model, state, ids[:1, 0], layer, chosen, method, solve))
+    steps = forward_seconds(model, "sequential", 1, positions[-1], len(ids) if positions[-1] else 0, solve["fixed_point"])
     require_time(f"{len(ids) * len(positions):,} Jacobians ({len(ids):,} sequence(s), {len(positions):,} position(s) each)",
                  one * len(ids) * len(positions) + steps, arguments=("count", "positions"),
                  hint="; give a smaller count or fewer positions")
@@ -195,19 +204,20 @@ def _check_positions(positions: Sequence[int], length: int) -> None:
 
 
 @torch.no_grad()
-def _advance(model, ids: torch.Tensor, state: list | None, max_iter: int | None, tol: float | None) -> list:
+def _advance(model, ids: torch.Tensor, state: list | None, solve: dict[str, Any]) -> list:
     """The state after feeding ``ids`` (1, n) from ``state`` (zeros when None), in sequential mode,
-    each token solved to the tolerance: the Jacobians are taken at fixed points."""
+    each token solved to the tolerance (``solve``: ``_solve_settings``): the Jacobians are taken
+    at fixed points."""
     if state is None:
         state = model.stack.initial_state(1, model.device, model.dtype)
     if ids.shape[1] == 0:
         return state
-    return model(ids, mode="sequential", state=state, max_iter=max_iter, tol=tol, passes=0).state
+    return model(ids, mode="sequential", state=state, passes=0, **solve).state
 
 
 @torch.no_grad()  # torch.func differentiates all the same; no graph to the weights is kept
 def _token_jacobian(
-    model, state: list, token: torch.Tensor, layer: int, chosen: torch.Tensor, method: str, max_iter, tol
+    model, state: list, token: torch.Tensor, layer: int, chosen: torch.Tensor, method: str, solve: dict[str, Any]
 ) -> tuple[torch.Tensor, float | None]:
     """(J, relative residual of the token's fixed point, None for explicit models)."""
     # The weight-normalised weights computed once for the solve and all of jacrev's
@@ -220,7 +230,7 @@ def _token_jacobian(
             return jacrev(lambda h: step(embedded[0], h)[1])(h), None
         injection = model.injection(model.injection_norm(embedded))
         step = _token_step(model.stack, state, injection, layer, chosen)
-        z_star, stats = _solve_token(model, state, injection, max_iter, tol)
+        z_star, stats = _solve_token(model, state, injection, solve)
         if method == "unroll":
             jacobian = jacrev(_unrolled(step, torch.zeros_like(z_star[0]), int(stats.passes[0])))(h)
         else:
@@ -228,12 +238,14 @@ def _token_jacobian(
         return jacobian, stats.rel_residual[0].item()
 
 
-def _solve_token(model, state: list, injection: torch.Tensor, max_iter: int | None, tol: float | None):
-    """The token's fixed point with the model's evaluation budget, as sequential mode finds it."""
-    return model.solver(
+def _solve_token(model, state: list, injection: torch.Tensor, solve: dict[str, Any]):
+    """The token's fixed point as sequential mode finds it, by the solver of the analysis's
+    options within its budget (``solve``)."""
+    options = solve["fixed_point"]
+    return model.stack_passes.with_options(options).solver(
         lambda z: model.stack.step(z, injection, state)[0],
         injection.new_zeros(injection.shape[0], model.config.hidden_size),
-        model.solver.options.solve_budget("sequential", max_iter, tol, passes=0),
+        options.solve_budget("sequential", solve["max_iter"], solve["tol"], passes=0),
         phase="sequential",
     )
 
@@ -310,9 +322,10 @@ def default_positions(length: int) -> list[int]:
     return sorted({length // 4, length // 2, 3 * length // 4, length - 1})
 
 
-def jacobian_record(checkpoint: str, model, analysis: dict[str, Any], label: str, **settings: Any) -> dict[str, Any]:
-    """The record of one model: metrics, rows, the mean share by position as a curve, and
-    the representative Jacobian as a nested list."""
+def jacobian_record(checkpoint: str, model, analysis: dict[str, Any], label: str,
+                    fixed_point: dict[str, Any] | None = None, **settings: Any) -> dict[str, Any]:
+    """The record of one model (its solves given ``fixed_point``): metrics, rows, the mean share
+    by position as a curve, and the representative Jacobian as a nested list."""
     by_position: dict[int, list[float]] = {}
     for row in analysis["rows"]:
         by_position.setdefault(row["position"], []).append(row["off_diagonal_share"])
@@ -320,7 +333,7 @@ def jacobian_record(checkpoint: str, model, analysis: dict[str, Any], label: str
     representative = {**analysis["representative"], "jacobian": analysis["representative"]["jacobian"].tolist()}
     return make_record(
         EXPERIMENT, checkpoint, model, analysis["metrics"], [curve],
-        {"x": "token position", "y": "off-diagonal share of ||J||_F"},
+        {"x": "token position", "y": "off-diagonal share of ||J||_F"}, fixed_point,
         label=label, rows=analysis["rows"], coordinates=analysis["coordinates"], representative=representative,
         **settings,
     )
@@ -372,13 +385,13 @@ def run_jacobian(
     with claimed_outputs([*outputs, record_files(out_dir, EXPERIMENT)[1]], overwrite):
         for spec, (label, folder) in zip(specs, folders.items()):
             model = analysis_model(spec, seed).to(device)
-            model.set_fixed_point_options(**(fixed_point or {}))
+            options = model.fixed_point_options(fixed_point)  # checked before the analysis starts
             _require_sequences(model, count, length)
             ids = analysis_tokens(model, length, count, seed, words)
             analysis = jacobian_analysis(model, ids, positions, coordinates=coordinates, seed=seed, progress=progress,
-                                         **settings)
-            budget = dict(zip(("max_iter", "tol"), model.solver.options.budget(None, None)))
-            record = jacobian_record(spec, model, analysis, label, **settings, **budget, **details)
+                                         fixed_point=options, **settings)
+            budget = dict(zip(("max_iter", "tol"), options.budget(None, None)))
+            record = jacobian_record(spec, model, analysis, label, fixed_point, **settings, **budget, **details)
             write_record(folder, record)
             if len(specs) > 1:
                 plot_jacobians([record], record_files(folder, EXPERIMENT)[1])

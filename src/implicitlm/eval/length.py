@@ -40,5 +40,5 @@ def evaluate_by_length(
         if out is not None:
             record = task.length_record(rows, mode)
             record = dataclasses.replace(record, details={**record.details, "budget": budget})
-            files = write_task_record(out, task.checkpoint, model, record)
+            files = write_task_record(out, task.checkpoint, model, record, task.fixed_point)
     return {"rows": rows, "table": f"{budget_line(budget)}\n{task.format_rows(rows)}", "files": files}

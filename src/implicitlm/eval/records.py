@@ -36,7 +36,8 @@ EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 SCALES = ("linear", "log", "log2")
 
 
-def model_summary(model) -> dict[str, Any]:
+def model_summary(model, fixed_point: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The model as it ran: its fixed-point options those of its forwards, given ``fixed_point``."""
     config = model.config
     summary = {
         "architecture": config.model_type.removeprefix("implicit_"),
@@ -46,7 +47,7 @@ def model_summary(model) -> dict[str, Any]:
         "device": str(model.device),
     }
     if config.implicit:
-        options = model.solver.options
+        options = model.fixed_point_options(fixed_point)
         summary["fixed_point"] = options.to_dict()
         summary["solvers"] = {mode: options.described_solver(mode) for mode in ("simultaneous", "sequential")}
     return summary
@@ -59,12 +60,13 @@ def make_record(
     metrics: dict[str, float],
     curves: list[dict[str, Any]] | None = None,
     axes: dict[str, str] | None = None,
+    fixed_point: dict[str, Any] | None = None,
     **details: Any,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
         "experiment": experiment,
         "checkpoint": str(checkpoint),
-        "model": model_summary(model),
+        "model": model_summary(model, fixed_point),
         "metrics": {name: float(value) for name, value in metrics.items()},
     }
     if curves is not None:
@@ -109,11 +111,12 @@ def write_record(out_dir: str | Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def write_task_record(out_dir: str | Path, checkpoint: str | Path, model, record: TaskRecord) -> tuple[Path, Path]:
-    """A task's ``record`` of ``model`` on ``checkpoint``, written in ``out_dir`` as every record
-    is, with its figure beside it; returns both files."""
+def write_task_record(out_dir: str | Path, checkpoint: str | Path, model, record: TaskRecord,
+                      fixed_point: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """A task's ``record`` of ``model`` on ``checkpoint`` (its forwards given ``fixed_point``),
+    written in ``out_dir`` as every record is, with its figure beside it; returns both files."""
     write_record(out_dir, make_record(record.experiment, checkpoint, model, record.metrics, record.curves, record.axes,
-                                      **record.details))
+                                      fixed_point, **record.details))
     files = record_files(out_dir, record.experiment)
     plot_figure(record.figure, files[1])
     return files

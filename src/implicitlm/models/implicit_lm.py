@@ -131,9 +131,9 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         """The solver of every solve: the passes' (one home, replaced whole by the methods below)."""
         return self.stack_passes.solver
 
-    def probing(self) -> contextlib.AbstractContextManager[None]:
-        """Inside the block every forward probes the memory its batch takes (``StackPasses.probing``)."""
-        return self.stack_passes.probing()
+    def fixed_point_options(self, fixed_point: FixedPointOptions | dict | None = None) -> FixedPointOptions:
+        """The options a call given ``fixed_point`` (``forward``'s argument) solves with, checked."""
+        return self.stack_passes.with_options(fixed_point).solver.options
 
     def set_fixed_point_options(self, **changes) -> None:
         """Change the model's fixed-point options, the default of every call (a curriculum phase's,
@@ -280,8 +280,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         them; the model's own are left as they are."""
         check_generation_arguments(self.generation_config, args, kwargs)
         if isinstance(kwargs.get("fixed_point"), dict):
-            # Checked once, not at every token's forward.
-            kwargs["fixed_point"] = self.stack_passes.with_options(kwargs["fixed_point"]).solver.options
+            kwargs["fixed_point"] = self.fixed_point_options(kwargs["fixed_point"])  # checked once, not per token
         caller_tracks = bool(self._tallies)
         graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         # The weight-normalised weights once per generation, not once per token: a token's
@@ -320,6 +319,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         chunk_length: int | None = None,
         passes: int | None = None,
         fixed_point: FixedPointOptions | dict | None = None,
+        probe: bool = False,
         **kwargs,
     ) -> ImplicitLMOutput | tuple:
         """``mode``: "simultaneous" (parallel over the sequence) or "sequential" (token by
@@ -341,7 +341,8 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         ``chunk_length``); the output's ``fixed_point`` then describes each sample's chunks together.
         ``fixed_point``: this call's fixed-point options, whole or as changes to the model's
         (``FixedPointOptions`` fields: ``solver``, ``initial_guess``, ``retry_depth`` ...); the
-        model's own are left as they are.
+        model's own are left as they are. ``probe``: a memory or time probe, each solve stopped at
+        its first pass (``StackPasses.call_budget``).
         ``kwargs``: transformers' per-call options (``TransformersKwargs``); the loss honours
         ``num_items_in_batch``, and options this model cannot honour are refused."""
         num_items_in_batch = transformers_options(kwargs)
@@ -350,7 +351,7 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         if mode not in MODES:
             raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
-        budget = stack_passes.call_budget(mode, max_iter, tol, passes)
+        budget = stack_passes.call_budget(mode, max_iter, tol, passes, probe)
         if mode == "sequential" and self.training and torch.is_grad_enabled():
             raise OptionError("sequential mode is for inference; training runs in simultaneous mode")
         if mode == "sequential" and padding is not None:
@@ -412,22 +413,21 @@ class ImplicitCausalLM(PreTrainedModel, GenerationMixin):
         chunk_length: int | None = None,
         passes: int | None = None,
         fixed_point: FixedPointOptions | dict | None = None,
+        probe: bool = False,
         **unused,
     ) -> dict:
-        """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel
-        prefill by default); then each new token alone, in sequential mode (its own fixed
-        point, as an RNN) from the state the previous call returned. That state already
-        holds what the attention mask said about the prompt, so decoding takes no mask.
-        A ``state`` given to ``generate()`` continues an earlier run: the tokens given are
-        the ones after it, fed in sequential mode. A prompt padded on the right (or with gaps)
-        is read with its padding moved to the left (``left_aligned``), as each row alone; the
-        sequences returned keep it where it was given. ``max_iter`` / ``tol`` / ``passes`` set the
-        solver budget (the evaluation budget by default), ``fixed_point`` the options of every
-        forward (as ``forward`` takes them); ``use_cache=False`` re-reads the whole
-        sequence at every token instead. ``inputs_embeds`` stand for the prompt in the first
-        forward (transformers' convention), ``input_ids`` for it afterwards. ``chunk_length``:
-        the prefill's, as ``forward`` takes it."""
-        budget = dict(max_iter=max_iter, tol=tol, passes=passes, fixed_point=fixed_point, use_cache=use_cache,
+        """What ``generate()`` feeds each forward: the prompt whole, in ``mode`` (parallel prefill by
+        default); then each new token alone, in sequential mode (its own fixed point, as an RNN) from
+        the state the previous call returned, which holds what the attention mask said about the
+        prompt, so decoding takes no mask. A ``state`` given to ``generate()`` continues an earlier
+        run: the tokens given are the ones after it, fed in sequential mode. A prompt padded on the
+        right (or with gaps) is read with its padding moved to the left (``left_aligned``), as each
+        row alone; the sequences returned keep it where it was given. ``max_iter`` / ``tol`` /
+        ``passes`` / ``fixed_point`` / ``probe``: every forward's, ``chunk_length`` the prefill's, as
+        ``forward`` takes them; ``use_cache=False`` re-reads the whole sequence at every token
+        instead. ``inputs_embeds`` stand for the prompt in the first forward (transformers'
+        convention), ``input_ids`` for it afterwards."""
+        budget = dict(max_iter=max_iter, tol=tol, passes=passes, fixed_point=fixed_point, probe=probe, use_cache=use_cache,
                       output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
         if state is None:
             name, prompt = ("input_ids", input_ids) if inputs_embeds is None or not is_first_iteration else ("inputs_embeds", inputs_embeds)

@@ -8,10 +8,8 @@ unroll)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from typing import Iterator
 
 import torch
 
@@ -44,7 +42,6 @@ class StackPasses:
 
     def __init__(self, stack, config, learned_solver: LearnedSolver, solver: FixedPointSolver) -> None:
         self.stack, self.config, self.learned_solver, self.solver = stack, config, learned_solver, solver
-        self._probing = False
         # The solver of the last call's own options, and the model's solver it was built beside:
         # a generation hands every token's forward the same options, built into a solver once.
         self._call_solver: tuple[FixedPointOptions, FixedPointSolver, FixedPointSolver] | None = None
@@ -69,25 +66,16 @@ class StackPasses:
         call.solver = cached[2]
         return call
 
-    @contextlib.contextmanager
-    def probing(self) -> Iterator[None]:
-        """Inside the block every forward probes the memory its batch takes: each solve stops at
-        its first pass (a solve without gradients holds as much whatever its passes),
-        to an infinite tolerance, so that it counts as converged and no convergence check
-        fails a probe. A caller's own budget cannot ask for that (``call_budget``). An unroll
-        keeps its passes: its graph holds every one."""
-        self._probing = True
-        try:
-            yield
-        finally:
-            self._probing = False
-
-    def call_budget(self, mode: str, max_iter=None, tol=None, passes=None) -> Budget:
+    def call_budget(self, mode: str, max_iter=None, tol=None, passes=None, probe: bool = False) -> Budget:
         """The ``Budget`` of a call in ``mode`` given its ``max_iter``, ``tol`` and ``passes`` (None:
         the options' own), each held to the rule ``set_fixed_point_options`` holds the option it
         stands in for to. In training, ``passes`` K is an unroll of K passes from z = 0 without
         the phase's Jacobian penalty (the few-pass stage's forward); else the phase's own solve.
-        A ``passes`` asked of an explicit model, which has nothing to iterate, is refused."""
+        A ``passes`` asked of an explicit model, which has nothing to iterate, is refused.
+        ``probe``: a call that probes the memory or time a batch takes: each solve stops at its
+        first pass (a solve without gradients holds as much whatever its passes), to an infinite
+        tolerance, so that it counts as converged and no convergence check fails a probe; an
+        unroll keeps its passes, its graph holding every one."""
         FixedPointOptions.check_call_budget(max_iter, tol, training=self.training, passes=passes)
         if passes and not self.config.implicit:
             raise OptionError(f"passes={passes}: {EXPLICIT_PASSES}")
@@ -97,7 +85,7 @@ class StackPasses:
                 "training", max_iter, tol)
         else:
             budget = options.solve_budget(mode, max_iter, tol, passes)
-        if self._probing and budget.kind != "unrolled":
+        if probe and budget.kind != "unrolled":
             return Budget.to_tolerance(math.inf, 1, budget.jacobian_penalty)
         return budget
 

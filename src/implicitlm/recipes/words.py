@@ -20,7 +20,7 @@ from ..presets import KINDS
 from ..core.run_folder import latest_checkpoint
 from ..core.targets import staged_folder
 from . import DEMO_FOLDER, clock, seconds_since
-from ..tasks.word_scoring import raise_word_budget
+from ..tasks.word_scoring import with_word_budget
 from ..train.runs import word_model, word_train_config
 from ..train.trainer import train
 
@@ -85,30 +85,32 @@ def _train_and_test(
     named where it will be once ``staging`` becomes ``out_dir``."""
     train(model, config, staging / kind, progress=progress, description=f"train {kind}", device=device)
     lengths = [config.sequence_length * m for m in evaluation.length_multiples]
+    # The evaluation's budget, every forward's: the trained model's own options stay as trained.
     if evaluation.max_iter is None:
-        raise_word_budget(model, max(lengths))
+        fixed_point = with_word_budget(model, max(lengths))
     else:
-        model.set_fixed_point_options(max_iter=evaluation.max_iter, simultaneous_max_iter=0)
+        fixed_point = {"max_iter": evaluation.max_iter, "simultaneous_max_iter": 0}
     if evaluation.tol is not None:
-        model.set_fixed_point_options(tol=evaluation.tol)
+        fixed_point["tol"] = evaluation.tol
     entry = {
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_steps": config.total_steps,
         "checkpoint": str(out_dir / latest_checkpoint(staging / kind).relative_to(staging)),
-        "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, progress=progress),
+        "by_length": accuracy_by_length(model, config.group, lengths, evaluation.count, config.seed, progress=progress,
+                                        fixed_point=fixed_point),
     }
     if model.config.implicit:
         # RNN mode on fewer words, which simultaneous mode solves too: the duality check.
         both = agreement_by_length(
-            model, config.group, lengths, evaluation.sequential_count, config.seed, progress=progress
-        )
+            model, config.group, lengths, evaluation.sequential_count, config.seed, progress=progress,
+            fixed_point=fixed_point)
         entry["sequential_by_length"] = [row["sequential"] for row in both]
         entry["mode_agreement"] = [
             {key: row[key] for key in ("length", "sequences", "argmax_agreement")} for row in both
         ]
     # Each model's result also as a record, for ``implicitlm report``.
     record = word_length_record(entry["by_length"], config.group, "simultaneous", config.sequence_length)
-    write_task_record(staging / kind, entry["checkpoint"], model, record)
+    write_task_record(staging / kind, entry["checkpoint"], model, record, fixed_point)
     return entry
 
 

@@ -103,15 +103,22 @@ class Task(ABC):
         self.checkpoint = Path(checkpoint)
         self.batch_size = self.BATCH_SIZE if batch_size is None else batch_size
         self.model = None
-        # Set on the model when it loads: ``FixedPointOptions`` fields, the budget among them.
+        # ``FixedPointOptions`` fields, the budget among them, that every forward of an evaluation
+        # changes the model's own by; the model's own are left as they are.
         self.fixed_point: dict[str, Any] = {}
 
     def solve_with(self, **fixed_point: Any) -> "Task":
-        """Evaluate with these ``FixedPointOptions`` fields set on the model (``max_iter=64``,
-        ``tol``, ``solver``, ``chunk_length`` ...): checked now, before anything is read."""
+        """Evaluate with these ``FixedPointOptions`` fields in place of the model's own
+        (``max_iter=64``, ``tol``, ``solver``, ``chunk_length`` ...): checked now, before
+        anything is read."""
         FixedPointOptions().replace(**{**self.fixed_point, **fixed_point})
         self.fixed_point.update(fixed_point)
         return self
+
+    def settings(self, fixed_point: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``FixedPointOptions`` fields one evaluation's forwards are given: the task's own
+        (``solve_with``) changed by ``fixed_point`` (a point of a budget sweep)."""
+        return {**self.fixed_point, **(fixed_point or {})}
 
     def require(self, evaluation: str) -> None:
         """Refuse, in one line, an evaluation that makes no sense for this task."""
@@ -130,18 +137,18 @@ class Task(ABC):
         given = bool(BUDGET_FIELDS & self.fixed_point.keys())
         if not self.model.config.implicit:
             return {"implicit": False, "given": given}
-        options = self.model.solver.options
+        options = self.model.fixed_point_options(self.fixed_point)
         if options.passes:
             return {"passes": options.passes, "given": given}
         return {**dict(zip(("max_iter", "tol"), options.budget(None, None, mode))), "passes": 0, "given": given}
 
     def load(self):
-        """The checkpoint's model, its fixed-point options set (``solve_with``), the task's
-        options settled against its training settings."""
+        """The checkpoint's model, the task's fixed-point settings (``solve_with``) checked
+        against it, the task's options settled against its training settings."""
         self.model = load_model(self.checkpoint, dtype=self.dtype)
         if self.device is not None:
             self.model.to(self.device)
-        self.model.set_fixed_point_options(**self.fixed_point)
+        self.model.fixed_point_options(self.fixed_point)
         self.resolve()
         return self.model
 
@@ -170,10 +177,11 @@ class Task(ABC):
         """The test data, one set per test length, in the order of the rows."""
 
     @abstractmethod
-    def evaluate(self, model, test_set: Any, mode: str = "simultaneous", warn: bool = True, progress: bool = False
-                 ) -> dict[str, Any]:
+    def evaluate(self, model, test_set: Any, mode: str = "simultaneous", fixed_point: dict[str, Any] | None = None,
+                 warn: bool = True, progress: bool = False) -> dict[str, Any]:
         """One row of metrics on ``test_set``, with its ``length`` and, for implicit models,
-        the mean passes of its solves (``fp_passes_mean``, with the model's budget) and the misses of the tolerance. ``warn``: log a line when
+        the mean passes of its solves (``fp_passes_mean``, with the budget) and the misses of
+        the tolerance; every forward given ``settings(fixed_point)``. ``warn``: log a line when
         fixed points missed it (a budget sweep, whose table shows them, turns it off);
         ``progress``: a bar inside the set's evaluation, where the task has one."""
 
@@ -189,7 +197,8 @@ class Task(ABC):
     def one_pass_seconds(self, model, test_set: Any, mode: str) -> float:
         """A lower bound on the seconds ``evaluate`` takes on ``test_set`` in ``mode``, every
         solve at one pass (where a solve to the tolerance may stop), timed on one forward:
-        what ``require_sweep_time`` multiplies. A task that times nothing (a test's): 0."""
+        what ``require_sweep_time`` multiplies. A task that times nothing (a test's): 0. Probed
+        with the task's own settings: a sweep changes only the budget, which a probe does not spend."""
         return 0.0
 
     def require_sweep_time(self, model, test_sets: list[Any], mode: str, what: str, passes: Sequence[int] = (1,),
@@ -233,14 +242,15 @@ class FolderTask(Task):
         self.data, self.split = Path(folders[0]), "test" if split is None else split
 
 
-def one_forward(model, mode: str, rows: int, positions: int, use_cache: bool = False) -> Callable[[], None]:
-    """A forward over ``rows`` sequences' ``positions`` tokens, as a probe: each solve stops at its
-    first evaluation."""
+def one_forward(model, mode: str, rows: int, positions: int, use_cache: bool = False,
+                fixed_point: FixedPointOptions | dict[str, Any] | None = None) -> Callable[[], None]:
+    """A forward over ``rows`` sequences' ``positions`` tokens given ``fixed_point``, as a probe:
+    each solve stops at its first evaluation."""
     tokens = torch.zeros((rows, positions), dtype=torch.long, device=next(model.parameters()).device)
 
     def one_batch() -> None:
-        with torch.no_grad(), model.probing():
-            output = model(tokens, mode=mode, use_cache=use_cache)
+        with torch.no_grad():
+            output = model(tokens, mode=mode, use_cache=use_cache, fixed_point=fixed_point, probe=True)
             output.logits.argmax(-1)
 
     return one_batch
@@ -251,14 +261,15 @@ def one_forward(model, mode: str, rows: int, positions: int, use_cache: bool = F
 SEQUENTIAL_PROBE_TOKENS = 8
 
 
-def forward_seconds(model, mode: str, rows: int, positions: int, count: int) -> float:
+def forward_seconds(model, mode: str, rows: int, positions: int, count: int,
+                    fixed_point: FixedPointOptions | dict[str, Any] | None = None) -> float:
     """A lower bound on the seconds ``count`` forwards over ``rows`` sequences of ``positions``
-    tokens take in ``mode``: one of them, timed at one pass per solve (in sequential mode, its
-    first tokens, scaled), ``count`` times."""
+    tokens take in ``mode`` given ``fixed_point``: one of them, timed at one pass per solve (in
+    sequential mode, its first tokens, scaled), ``count`` times."""
     if not count:
         return 0.0
     probed = min(positions, SEQUENTIAL_PROBE_TOKENS) if mode == "sequential" else positions
-    probe = one_forward(model, mode, rows, probed)
+    probe = one_forward(model, mode, rows, probed, fixed_point=fixed_point)
     if probed < positions:
         probe()  # the first forward pays for setting up the kernels, which the scaling would multiply
     return seconds_of(probe) * (positions // probed) * count

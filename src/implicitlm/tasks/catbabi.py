@@ -57,9 +57,10 @@ def window_stride(sequence_length: int, stride: int | None) -> int:
 def answer_accuracy(
     model, data_dir: str | os.PathLike, split: str = "test", sequence_length: int = 256, stride: int | None = None,
     mode: str = "simultaneous", max_iter: int | None = None, tol: float | None = None, batch_size: int = 8,
-    progress: bool = False, warn: bool = True,
+    progress: bool = False, warn: bool = True, fixed_point: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Answer accuracy of ``model`` on bAbI split ``split`` of a built catbAbI folder.
+    """Answer accuracy of ``model`` on bAbI split ``split`` of a built catbAbI folder, every
+    forward given ``fixed_point`` (``forward``'s argument).
 
     Returns ``accuracy`` and ``answers`` over all tasks, ``tasks`` {task: {"accuracy",
     "answers"}}, the ``stride`` used and the number of ``windows`` run, and for implicit
@@ -90,7 +91,7 @@ def answer_accuracy(
             for first in tqdm(range(0, len(unique_starts), batch_size), desc="catbabi", disable=not progress):
                 batch = unique_starts[first : first + batch_size]
                 inputs = torch.stack([stream[start : start + length] for start in batch]).to(device)
-                output = model(inputs, mode=mode, max_iter=max_iter, tol=tol)
+                output = model(inputs, mode=mode, max_iter=max_iter, tol=tol, fixed_point=fixed_point)
                 predictions = output.logits.argmax(-1).cpu().numpy()
                 # Answers come in stream order, so their window starts never decrease.
                 scored = slice(np.searchsorted(starts, batch[0]), np.searchsorted(starts, batch[-1], side="right"))
@@ -162,10 +163,10 @@ class CatbabiTask(FolderTask):
     def evaluation_sets(self) -> list[int]:
         return [self.sequence_length]
 
-    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+    def evaluate(self, model, test_set, mode="simultaneous", fixed_point=None, warn=True, progress=False):
         result = answer_accuracy(
             model, self.data, self.split, test_set, self.stride, mode, batch_size=self.batch_size, progress=progress,
-            warn=warn,
+            warn=warn, fixed_point=self.settings(fixed_point),
         )
         return {"length": test_set, **result}
 
@@ -176,7 +177,7 @@ class CatbabiTask(FolderTask):
         starts = window_starts(positions, stream_length, test_set, window_stride(test_set, self.stride))
         windows = len(np.unique(starts))
         return forward_seconds(model, mode, min(self.batch_size, windows), min(test_set, stream_length),
-                               -(-windows // self.batch_size))
+                               -(-windows // self.batch_size), self.fixed_point)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         return "\n".join(filter(None, (text for row in rows for text in (format_task_table(row), convergence_line(row)))))
@@ -191,9 +192,10 @@ class CatbabiTask(FolderTask):
         details = {key: result[key] for key in ("answers", "stride", "windows")}
         details["tasks"] = {str(task): row for task, row in result["tasks"].items()}
         # The budget as solved: the model's own, or as the task's fixed_point settings set it.
-        max_iter, tol = self.model.solver.options.budget(None, None, mode)
+        options = self.model.fixed_point_options(self.fixed_point)
+        max_iter, tol = options.budget(None, None, mode)
         details.update(data=str(self.data), split=self.split, sequence_length=self.sequence_length, mode=mode,
-                       max_iter=max_iter, tol=tol, passes=self.model.solver.options.passes)
+                       max_iter=max_iter, tol=tol, passes=options.passes)
         tasks = sorted(result["tasks"])
         bars = {"label": "", "x": tasks, "y": [result["tasks"][task]["accuracy"] for task in tasks]}
         figure = Figure(

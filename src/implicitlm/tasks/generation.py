@@ -224,11 +224,10 @@ def _require_time(model, ids: torch.Tensor, options: dict[str, Any], sequences: 
     seeded random state alone, and a probe (each solve at its first evaluation, counted as
     converged, so that no warning is logged of it)."""
     if sequences > 1:
-        probe = {**options, "do_sample": False, "max_new_tokens": 1}
+        one_token = {**options, "do_sample": False, "max_new_tokens": 1, "probe": True}
         for setting in SAMPLING_DEFAULTS:
-            probe.pop(setting, None)
-        with model.probing():
-            seconds = seconds_of(lambda: model.generate(ids, **probe))
+            one_token.pop(setting, None)
+        seconds = seconds_of(lambda: model.generate(ids, **one_token))
         require_time(f"{sequences:,} sequences", sequences * seconds, arguments=("num_return_sequences",),
                      hint="; ask for fewer num_return_sequences")
 

@@ -36,10 +36,12 @@ def perplexity(
     max_iter: int | None = None,
     tol: float | None = None,
     warn: bool = True,
+    fixed_point: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Token-weighted mean loss and its exponential over ``windows`` ((b, L + 1) token
     batches: inputs are the first L tokens, each predicts the next), in evaluation mode
-    with the evaluation budget unless ``max_iter`` / ``tol`` say otherwise. Implicit
+    with the evaluation budget unless ``max_iter`` / ``tol`` say otherwise, every forward given
+    ``fixed_point`` (``forward``'s argument). Implicit
     models also report the mean passes used (per sequence in simultaneous
     mode, per token in sequential mode) and how many fixed points stopped above the
     tolerance, and why; ``warn``: say so in one logged line when any did."""
@@ -50,7 +52,7 @@ def perplexity(
         with model.track_convergence() as tally:
             for window in windows:
                 window = window.to(model.device)
-                output = model(window[:, :-1], mode=mode, max_iter=max_iter, tol=tol)
+                output = model(window[:, :-1], mode=mode, max_iter=max_iter, tol=tol, fixed_point=fixed_point)
                 targets = window[:, 1:]
                 total_loss += token_cross_entropy(output.logits, targets, "aligned").item() * targets.numel()
                 total_tokens += targets.numel()
@@ -141,15 +143,17 @@ class LMTask(FolderTask):
     def evaluation_sets(self) -> list[int]:
         return list(self.lengths)
 
-    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
-        return perplexity_at_length(model, self.shards, test_set, self.batch_size, self.max_tokens, mode=mode, warn=warn)
+    def evaluate(self, model, test_set, mode="simultaneous", fixed_point=None, warn=True, progress=False):
+        return perplexity_at_length(model, self.shards, test_set, self.batch_size, self.max_tokens, mode=mode, warn=warn,
+                                    fixed_point=self.settings(fixed_point))
 
     def one_pass_seconds(self, model, test_set, mode):
         # The windows perplexity_at_length reads: the split's whole ones, at most max_tokens' worth.
         windows = len(self.shards) // (test_set + 1)
         if self.max_tokens is not None:
             windows = min(windows, max(1, self.max_tokens // test_set))
-        return forward_seconds(model, mode, min(self.batch_size, windows), test_set, -(-windows // self.batch_size))
+        return forward_seconds(model, mode, min(self.batch_size, windows), test_set, -(-windows // self.batch_size),
+                               self.fixed_point)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         # "passes" per fixed point; "retries": of those, the passes retries spent.

@@ -27,29 +27,33 @@ SIMULTANEOUS_BUDGET_PER_TOKEN = 2
 SIMULTANEOUS_BUDGET_MARGIN = 32
 
 
-def simultaneous_budget(model, length: int) -> int:
-    """The evaluation budget of a simultaneous solve over words of ``length`` tokens: the
-    model's own, or twice the length plus a margin where that is more; a model that solves
-    in chunks (``chunk_length``) needs that for a chunk's length only. Converged words
-    stop early, so a generous budget costs only where it is needed."""
+def simultaneous_budget(model, length: int, fixed_point: dict[str, Any] | None = None) -> int:
+    """The evaluation budget of a simultaneous solve over words of ``length`` tokens given
+    ``fixed_point`` (``forward``'s argument): the options' own, or twice the length plus a margin
+    where that is more; a model that solves in chunks (``chunk_length``) needs that for a
+    chunk's length only. Converged words stop early, so a generous budget costs only where it
+    is needed."""
     return max(
-        model.solver.options.max_iter,
-        SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once(model, length) + SIMULTANEOUS_BUDGET_MARGIN,
+        model.fixed_point_options(fixed_point).max_iter,
+        SIMULTANEOUS_BUDGET_PER_TOKEN * solved_at_once(model, length, fixed_point) + SIMULTANEOUS_BUDGET_MARGIN,
     )
 
 
-def raise_word_budget(model, longest: int) -> None:
-    """Give an implicit model's simultaneous solves the budget that words of ``longest``
-    tokens need (``simultaneous_budget``) as its ``simultaneous_max_iter``: its own
-    ``max_iter`` may be a training length's."""
+def with_word_budget(model, longest: int, fixed_point: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``fixed_point`` with the budget that an implicit model's simultaneous solves over words of
+    ``longest`` tokens need (``simultaneous_budget``) as its ``simultaneous_max_iter``: the
+    model's own ``max_iter`` may be a training length's."""
+    fixed_point = dict(fixed_point or {})
     if model.config.implicit:
         # Held to the solver's limit: words that need more are refused by the memory check first.
-        model.set_fixed_point_options(simultaneous_max_iter=min(simultaneous_budget(model, longest), MAX_PASSES))
+        fixed_point["simultaneous_max_iter"] = min(simultaneous_budget(model, longest, fixed_point), MAX_PASSES)
+    return fixed_point
 
 
-def solved_at_once(model, length: int) -> int:
-    """How many tokens of a ``length``-token word one simultaneous solve takes: a chunk's worth."""
-    return min(length, model.solver.options.chunk_length or length)
+def solved_at_once(model, length: int, fixed_point: dict[str, Any] | None = None) -> int:
+    """How many tokens of a ``length``-token word one simultaneous solve given ``fixed_point``
+    takes: a chunk's worth."""
+    return min(length, model.fixed_point_options(fixed_point).chunk_length or length)
 
 
 # Tokens one forward of a word evaluation reads (words per batch times positions per window):
@@ -62,14 +66,15 @@ WINDOW_TOKENS = 2**16
 PER_POSITION_BYTES = 8 + 8 + 8 + 1
 
 
-def evaluation_window(model, modes: tuple[str, ...], length: int, rows: int) -> int:
+def evaluation_window(model, modes: tuple[str, ...], length: int, rows: int,
+                      fixed_point: dict[str, Any] | None = None) -> int:
     """Positions of a ``length``-token word that one forward of ``rows`` words reads in each of
     ``modes``, the state carried from window to window. A simultaneous solve in chunks reads
     whole chunks (windows are counted back from the end, as the chunks are, so the answers
     are those of one forward over the whole words); one over the whole sequence
-    (``chunk_length`` 0) reads all of it."""
+    (``chunk_length`` 0) reads all of it. ``fixed_point``: the forwards' (``forward``'s argument)."""
     if "simultaneous" in modes and model.config.implicit:
-        chunk = solved_at_once(model, length)
+        chunk = solved_at_once(model, length, fixed_point)
         return min(length, chunk * max(1, WINDOW_TOKENS // (rows * chunk)))
     return min(length, max(1, WINDOW_TOKENS // rows))
 
@@ -91,6 +96,7 @@ def word_accuracy(
     last: int = 10,
     warn: bool = True,
     progress: bool = False,
+    fixed_point: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Per-token accuracy over the last ``last`` tokens of each word (the authors' metric)
     and over all tokens but the first, whose label is its own input (a model that copies it
@@ -99,14 +105,15 @@ def word_accuracy(
     ``targets`` (arrays), or a ``WordWindows`` set, read a window at a time
     (``evaluation_window``) in memory that does not grow with their length.
 
-    Budget: ``max_iter`` / ``tol`` if given, else the model's for ``mode`` (a simultaneous
-    solve over words longer than the model's budget needs ``simultaneous_budget``: the
-    words task sets it as ``simultaneous_max_iter``).
+    Budget: ``max_iter`` / ``tol`` if given, else the options' for ``mode``: the model's
+    changed by ``fixed_point``, every forward's (a simultaneous solve over words longer than
+    the model's budget needs ``simultaneous_budget``: the words task gives it as
+    ``simultaneous_max_iter``, ``with_word_budget``).
     ``warn``: log a one-line warning when fixed points stopped above the tolerance (a
     budget sweep, which shows the share itself, turns it off); ``progress``: a bar over the
     windows."""
     words = _word_windows(inputs, targets)
-    score = WordScore(model, mode, max_iter, tol, words.length, last)
+    score = WordScore(model, mode, max_iter, tol, words.length, last, fixed_point)
     _read_in_windows(model, words, batch_size, [score], progress=progress)
     return score.row(warn)
 
@@ -118,14 +125,16 @@ def mode_agreement(
     max_iter: int | None = None,
     tol: float | None = None,
     batch_size: int = 256,
+    fixed_point: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The duality check: both inference modes of an implicit model on the same words.
 
     ``argmax_agreement``: the share of tokens whose predicted label is the same in
     simultaneous and in sequential (RNN) mode; ``simultaneous`` / ``sequential``: each
-    mode's ``word_accuracy`` row. ``max_iter``: the budget of both (default: each mode's own)."""
+    mode's ``word_accuracy`` row. ``max_iter``: the budget of both (default: each mode's own);
+    ``fixed_point``: every forward's."""
     words = _word_windows(inputs, targets)
-    scores = [WordScore(model, mode, max_iter, tol, words.length) for mode in MODES]
+    scores = [WordScore(model, mode, max_iter, tol, words.length, fixed_point=fixed_point) for mode in MODES]
     agreeing = 0
 
     def compare(predictions: list[torch.Tensor], *_) -> None:
@@ -139,13 +148,14 @@ def mode_agreement(
 
 
 def word_predictions(
-    model, inputs, targets, mode: str, max_iter, tol, batch_size: int, last: int = 10, warn: bool = True
+    model, inputs, targets, mode: str, max_iter, tol, batch_size: int, last: int = 10, warn: bool = True,
+    fixed_point: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """(predicted labels (N, L), ``word_accuracy``'s row): the predictions too, for
     comparisons between solves (they take memory in proportion to the words)."""
     words = _word_windows(inputs, targets)
     predicted = torch.empty(words.count, words.length, dtype=torch.long)
-    score = WordScore(model, mode, max_iter, tol, words.length, last)
+    score = WordScore(model, mode, max_iter, tol, words.length, last, fixed_point)
 
     def keep(predictions: list[torch.Tensor], rows: slice, positions: slice) -> None:
         predicted[rows, positions] = predictions[0]
@@ -165,10 +175,12 @@ class WordScore:
     in one forward over the whole word) or summed (sequential mode: one per token), and the
     hits of all tokens but the first and of the last ``last``."""
 
-    def __init__(self, model, mode: str, max_iter: int | None, tol: float | None, length: int, last: int = 10):
+    def __init__(self, model, mode: str, max_iter: int | None, tol: float | None, length: int, last: int = 10,
+                 fixed_point: dict[str, Any] | None = None):
         if length < 2:
             raise OptionError("word accuracy needs words of at least 2 tokens: token 1's label is its input")
         self.model, self.mode, self.max_iter, self.tol, self.length, self.last = model, mode, max_iter, tol, length, last
+        self.fixed_point = fixed_point
         self.states: dict[int, Any] = {}
         self.chained: dict[int, FixedPointStats] = {}
         self.tally = ConvergenceTally()
@@ -181,7 +193,8 @@ class WordScore:
         carried = {} if batch not in self.states else {"state": self.states.pop(batch)}
         if more:
             carried["use_cache"] = True
-        output = self.model(tokens, mode=self.mode, max_iter=self.max_iter, tol=self.tol, **carried)
+        output = self.model(tokens, mode=self.mode, max_iter=self.max_iter, tol=self.tol, fixed_point=self.fixed_point,
+                            **carried)
         if more:
             # Copied: a state read off a forward may be a view that keeps its whole window's tensors alive.
             self.states[batch] = self.model.stack.select_state(output.state, torch.arange(tokens.shape[0], device=tokens.device))
@@ -214,13 +227,13 @@ class WordScore:
             "accuracy": self.hits / (self.words * (self.length - 1)),
         }
         if self.tally.fixed_points:
-            options = self.model.solver.options
+            options = self.model.fixed_point_options(self.fixed_point)
             if self.tally.in_passes:
                 row["passes"] = options.passes  # no max_iter nor tol: a fixed budget holds none
             else:
                 row["max_iter"], row["tol"] = options.budget(self.max_iter, self.tol, self.mode)
             if self.mode == "simultaneous":
-                row["chunk_length"] = solved_at_once(self.model, self.length)
+                row["chunk_length"] = solved_at_once(self.model, self.length, self.fixed_point)
             row["fp_passes_mean"] = self.passes / self.tally.fixed_points
             row["fp_rel_residual_mean"] = self.rel_residual / self.tally.fixed_points
             row.update(self.tally.as_dict())
@@ -235,7 +248,7 @@ def _read_in_windows(model, words: WordWindows, batch_size: int, scores: list[Wo
     outside, so that a window's tokens are drawn or read once. ``on_read(predictions,
     rows, positions)``: each batch's predictions of each score, as they are made."""
     rows = min(batch_size, words.count)
-    window = evaluation_window(model, tuple(score.mode for score in scores), words.length, rows)
+    window = evaluation_window(model, tuple(score.mode for score in scores), words.length, rows, scores[0].fixed_point)
     bounds = window_bounds(words.length, window)
     model.eval()
     device = next(model.parameters()).device
@@ -252,20 +265,23 @@ def _read_in_windows(model, words: WordWindows, batch_size: int, scores: list[Wo
                     on_read(predictions, part, slice(start, end))
 
 
-def evaluation_bytes(model, words: WordWindows, mode: str, batch_size: int) -> int:
-    """The peak memory ``word_accuracy`` takes on ``words`` beyond the model: what the words
-    hold (``held_bytes``) and one forward's tensors over a batch's window."""
+def evaluation_bytes(model, words: WordWindows, mode: str, batch_size: int,
+                     fixed_point: dict[str, Any] | None = None) -> int:
+    """The peak memory ``word_accuracy`` takes on ``words`` beyond the model, every forward given
+    ``fixed_point``: what the words hold (``held_bytes``) and one forward's tensors over a
+    batch's window."""
     rows = min(batch_size, words.count)
-    window = evaluation_window(model, (mode,), words.length, rows)
-    return held_bytes(model, words, mode, batch_size) + forward_bytes(model, mode, rows, window, words.length)
+    window = evaluation_window(model, (mode,), words.length, rows, fixed_point)
+    return (held_bytes(model, words, mode, batch_size, fixed_point)
+            + forward_bytes(model, mode, rows, window, words.length, fixed_point))
 
 
-def held_bytes(model, words: WordWindows, mode: str, batch_size: int) -> int:
+def held_bytes(model, words: WordWindows, mode: str, batch_size: int, fixed_point: dict[str, Any] | None = None) -> int:
     """What ``word_accuracy`` holds of ``words`` besides a forward, from their sizes alone (no
     forward: a size no memory holds is refused before one is probed): a window of every
     word's tokens and labels (and the tile they are drawn from), and the state every word
     carries between windows."""
-    window = evaluation_window(model, (mode,), words.length, min(batch_size, words.count))
+    window = evaluation_window(model, (mode,), words.length, min(batch_size, words.count), fixed_point)
     tokens = 2 * words.count * window * words.token_bytes + getattr(words, "tile_bytes", 0)
     carried = words.count * carried_state_bytes(model, words.length) if window < words.length else 0
     return tokens + carried
@@ -284,7 +300,7 @@ def carried_state_bytes(model, length: int) -> int:
     return sizes[0] + (sizes[1] - sizes[0]) * (length - 1)
 
 
-def forward_bytes(model, mode: str, rows: int, window: int, length: int) -> int:
+def forward_bytes(model, mode: str, rows: int, window: int, length: int, fixed_point: dict[str, Any] | None = None) -> int:
     """One forward's working set over a batch's window, measured: the peak of a forward over a
     batch's window (at most ``WINDOW_TOKENS`` positions of it, whole chunks, scaled to the
     window), at one fixed-point iteration, whose memory later ones reuse. Measured at the
@@ -294,35 +310,38 @@ def forward_bytes(model, mode: str, rows: int, window: int, length: int) -> int:
     model beyond the probe is estimated low)."""
     config = model.config
     # Whole chunks; a whole-sequence solve (one chunk the length of the words) at the probe's length.
-    chunk = solved_at_once(model, length) if mode == "simultaneous" and config.implicit else 1
+    chunk = solved_at_once(model, length, fixed_point) if mode == "simultaneous" and config.implicit else 1
     unit = max(1, min(chunk, WINDOW_TOKENS // rows))
     positions = min(window, unit * max(1, WINDOW_TOKENS // (rows * unit)))
-    measured = peak_growth(one_forward(model, mode, rows, positions, window < length), next(model.parameters()).device)
+    probe = one_forward(model, mode, rows, positions, window < length, fixed_point)
+    measured = peak_growth(probe, next(model.parameters()).device)
     if measured is None:
         return activation_bytes(rows, window, config.hidden_size, config.num_hidden_layers)
     return int(window / positions * measured) + rows * window * PER_POSITION_BYTES
 
 
-def evaluation_seconds(model, words: WordWindows, mode: str, batch_size: int, one_solve: bool = False) -> float:
-    """A lower bound on the time ``word_accuracy`` takes on ``words``: one forward over a
-    batch's window, timed at one fixed-point iteration, for every batch of every window.
+def evaluation_seconds(model, words: WordWindows, mode: str, batch_size: int, one_solve: bool = False,
+                       fixed_point: dict[str, Any] | None = None) -> float:
+    """A lower bound on the time ``word_accuracy`` takes on ``words``, every forward given
+    ``fixed_point``: one forward over a batch's window, timed at one fixed-point iteration, for
+    every batch of every window.
     ``one_solve``: a looser bound, in a fraction of the time: a forward over the positions of
     one of the solves a window's forward makes one after another (a chunk of a simultaneous
     solve, a token in sequential mode), timed, for each of them."""
     rows = min(batch_size, words.count)
-    window = evaluation_window(model, (mode,), words.length, rows)
-    positions = min(window, _solved_together(model, mode, words.length)) if one_solve else window
-    probe = one_forward(model, mode, rows, positions, window < words.length)
+    window = evaluation_window(model, (mode,), words.length, rows, fixed_point)
+    positions = min(window, _solved_together(model, mode, words.length, fixed_point)) if one_solve else window
+    probe = one_forward(model, mode, rows, positions, window < words.length, fixed_point)
     if one_solve:
         probe()  # the first forward pays for setting up the kernels, which the count below would multiply
     seconds = seconds_of(probe) * (window // positions)
     return seconds * -(-words.count // batch_size) * -(-words.length // window)
 
 
-def _solved_together(model, mode: str, length: int) -> int:
+def _solved_together(model, mode: str, length: int, fixed_point: dict[str, Any] | None) -> int:
     """The positions of a ``length``-token word that one step of a forward reads at once: a
     token in sequential mode, a chunk in an implicit model's simultaneous mode, all of them in
     an explicit model's."""
     if mode == "sequential":
         return 1
-    return solved_at_once(model, length) if model.config.implicit else length
+    return solved_at_once(model, length, fixed_point) if model.config.implicit else length

@@ -23,7 +23,7 @@ from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, gen
 from . import TASKS
 from .base import Figure, Task, TaskRecord, missed_cell, missed_header, retries_cell
 from .word_scoring import (
-    evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, raise_word_budget, word_accuracy,
+    evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, with_word_budget, word_accuracy,
 )
 
 # Test words come from seeds far from any training step's seed sequence.
@@ -158,24 +158,27 @@ class WordsTask(Task):
         count = count if self.count is None else self.count
         return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
 
-    def evaluate(self, model, test_set, mode="simultaneous", warn=True, progress=False):
+    def evaluate(self, model, test_set, mode="simultaneous", fixed_point=None, warn=True, progress=False):
+        fixed_point = self.settings(fixed_point)
         seconds = self.one_pass_seconds(model, test_set, mode)
-        require(_described(test_set), evaluation_bytes(model, test_set, mode, self.batch_size))
+        require(_described(test_set), evaluation_bytes(model, test_set, mode, self.batch_size, fixed_point))
         require_time(_described(test_set), seconds, **TOO_LONG)
-        if "max_iter" not in self.fixed_point:
+        if "max_iter" not in fixed_point:
             # No budget given: a simultaneous solve gets what words of this length need
             # (the model's own may be a training length's).
-            raise_word_budget(model, test_set.length)
-        return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress)
+            fixed_point = with_word_budget(model, test_set.length, fixed_point)
+        return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress,
+                             fixed_point=fixed_point)
 
     def one_pass_seconds(self, model, test_set: WordWindows, mode: str) -> float:
         """``evaluation_seconds``, once the checks that take no forward over a whole window
         pass (an absurd size is refused in about a second): the words' sizes against the
         memory, then a forward over one solve's positions against the time limit."""
-        require(_described(test_set), held_bytes(model, test_set, mode, self.batch_size))
-        require_time(_described(test_set), evaluation_seconds(model, test_set, mode, self.batch_size, one_solve=True),
+        own = self.fixed_point
+        require(_described(test_set), held_bytes(model, test_set, mode, self.batch_size, own))
+        require_time(_described(test_set), evaluation_seconds(model, test_set, mode, self.batch_size, True, own),
                      **TOO_LONG)
-        return evaluation_seconds(model, test_set, mode, self.batch_size)
+        return evaluation_seconds(model, test_set, mode, self.batch_size, fixed_point=own)
 
     def format_rows(self, rows: list[dict[str, Any]]) -> str:
         # Token 1 is left out of "all": its label is its input. "retries": of the passes, those retries spent.
@@ -189,7 +192,7 @@ class WordsTask(Task):
     def budget(self, mode: str) -> dict[str, Any]:
         budget = super().budget(mode)
         if mode == "simultaneous" and "max_iter" in budget and "max_iter" not in self.fixed_point:
-            # Raised for each length's words (raise_word_budget): each row names its own.
+            # Raised for each length's words (with_word_budget): each row names its own.
             del budget["max_iter"]
         return budget
 
