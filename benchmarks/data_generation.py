@@ -120,7 +120,6 @@ def _training_tokens_per_s(quick: bool, device: str) -> tuple[float, int]:
     train = word_train_config(preset, "implicit")
     model = word_model(preset, "implicit", train).to(device)
     bounded = next(phase for phase in train.curriculum(True).phases if phase.name == "bounded")
-    model.set_fixed_point_options(**bounded.fixed_point)
     optimizer = torch.optim.AdamW(model.parameters(), lr=train.lr)
     batch = 32 if quick and device == "cpu" else BATCH
     vocab = get_group(train.group).order
@@ -129,7 +128,7 @@ def _training_tokens_per_s(quick: bool, device: str) -> tuple[float, int]:
 
     def step() -> None:
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss = model(input_ids, labels=labels).loss
+            loss = model(input_ids, labels=labels, fixed_point=bounded.fixed_point).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -46,6 +46,7 @@ def test_phase_options_are_validated():
 
 def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
     model = tiny_model(**WORDS_MODEL)
+    own = model.solver.options
     config = TrainConfig.for_task(
         "words", group="S3", sequence_length=5, batch_size=4, total_steps=4, bounded_fraction=0.5, bounded_max_iter=3,
         free_max_iter=7, free_tol=1e-12, log_every=1,
@@ -53,7 +54,12 @@ def test_trainer_changes_the_iteration_budget_at_the_switch(tmp_path):
     train(model, config, tmp_path, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["fp_batch_passes"]) for r in rows] == [("bounded", 3), ("bounded", 3), ("free", 7), ("free", 7)]
-    assert model.solver.options.train_max_iter == 7
+    assert [r["train_max_iter"] for r in rows] == [3, 3, 7, 7]
+    # Each phase's options were its forwards'; the model's own stay its defaults, as it saves them
+    # (before: the last phase's were left on it).
+    trained = model.solver.options
+    assert (trained.train_max_iter, trained.train_tol, trained.phantom_steps) == (own.train_max_iter, own.train_tol,
+                                                                                  own.phantom_steps)
 
 
 def test_the_contraction_stage_follows_the_free_phase_under_its_penalty(tmp_path):
@@ -69,7 +75,7 @@ def test_the_contraction_stage_follows_the_free_phase_under_its_penalty(tmp_path
     assert [r["fp_batch_passes"] for r in rows[1:]] == [7, 7, 7]
     assert ["fp_jacobian_penalty" in r for r in rows] == [False, False, True, True]
     assert all(r["fp_jacobian_penalty"] > 0 for r in rows[2:])
-    assert model.solver.options.jacobian_penalty == 0.3
+    assert model.solver.options.jacobian_penalty == 0.0  # the stage's forwards', not the model's default
 
 
 def test_an_explicit_model_refuses_the_contraction_stage():

@@ -13,7 +13,8 @@ An implicit model's phases, in order, each left out where it has no steps
 
 The first three are the authors' schedule (``Curriculum.unroll_bounded_free``); the last two
 are this package's stages after it. An explicit model has one phase, ``explicit``. Each phase
-is a set of ``FixedPointOptions`` overrides applied to the model when the phase begins.
+is a set of ``FixedPointOptions`` overrides that every training forward of the phase is given
+(``fixed_point=``), over the model's own options, which stay its defaults, as it saves them.
 """
 
 from __future__ import annotations
@@ -57,14 +58,6 @@ class Curriculum:
             if step < end:
                 return phase
         return self.phases[-1]
-
-    def enter(self, step: int, current: Phase | None, model) -> Phase:
-        """The phase of ``step``; when it is not ``current``, its solver options are set on
-        ``model`` (an implicit one; an explicit model has none)."""
-        phase = self.phase_at(step)
-        if phase is not current and model.config.implicit:
-            model.set_fixed_point_options(**phase.fixed_point)
-        return phase
 
     def boundaries(self) -> list[tuple[int, str]]:
         """(first step, phase name) of every non-empty phase."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,29 +37,31 @@ class FewPassLoss:
     fixed_point: float
 
 
-def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss, scale: float, sync: bool):
+def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss, scale: float, sync: bool,
+                        fixed_point: dict[str, Any] | None = None):
     """Both forwards and backwards of one micro-batch, each backward's loss times ``scale``
-    (1 / the accumulation steps); gradients are synchronised between processes after the
-    second one if ``sync``. Returns the K-pass cross-entropy (the step's loss), the other
-    terms computed (``fixed_point_loss``, ``distance``), detached, and the K-pass output."""
+    (1 / the accumulation steps), each forward given ``fixed_point`` (the stage's options);
+    gradients are synchronised between processes after the second one if ``sync``. Returns the
+    K-pass cross-entropy (the step's loss), the other terms computed (``fixed_point_loss``,
+    ``distance``), detached, and the K-pass output."""
     core = accelerator.unwrap_model(model)
     teacher, fixed_point_loss = None, None
-    jacobian = core.solver.options.jacobian_penalty > 0
+    jacobian = core.fixed_point_options(fixed_point).jacobian_penalty > 0
     if loss.fixed_point or jacobian:
         with accelerator.no_sync(model):
-            output = model(input_ids, output_hidden_states=bool(loss.distance))
+            output = model(input_ids, output_hidden_states=bool(loss.distance), fixed_point=fixed_point)
             fixed_point_loss = token_cross_entropy(output.logits, labels, "aligned")
             accelerator.backward(penalised(loss.fixed_point * fixed_point_loss, output.fixed_point) * scale)
         teacher = output.hidden_states[-1].detach() if loss.distance else None
         fixed_point_loss = fixed_point_loss.detach()
     elif loss.distance:
         with torch.no_grad():
-            teacher = model(input_ids, output_hidden_states=True).hidden_states[-1]
+            teacher = model(input_ids, output_hidden_states=True, fixed_point=fixed_point).hidden_states[-1]
     with contextlib.nullcontext() if sync else accelerator.no_sync(model):
         # K passes from z = 0 with autograd (the unroll), without the phase's Jacobian penalty,
         # which belongs at the fixed point. The hidden states' one more pass over z_K is what
         # gives z_K itself: the head reads it.
-        output = model(input_ids, passes=loss.passes, output_hidden_states=teacher is not None)
+        output = model(input_ids, passes=loss.passes, output_hidden_states=teacher is not None, fixed_point=fixed_point)
         cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
         distance = None if teacher is None else relative_distance(output.hidden_states[-1], teacher)
         objective = cross_entropy if distance is None else cross_entropy + loss.distance * distance

@@ -97,7 +97,7 @@ def run_training(
     lines = sys.stderr if progress else sys.stdout
     with log, StopSignals() as stop:
         for step in bar:
-            phase = task.curriculum.enter(step, phase, core)
+            phase = task.curriculum.phase_at(step)
             with stop_on_numerical_fault(step, last_checkpoint):
                 outcome = task.forward_backward(model, phase)
                 grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), task.grad_clip))
@@ -115,7 +115,8 @@ def run_training(
                     "phase": phase.name, "tokens_per_s": tokens / (time.perf_counter() - started),
                 }
                 if outcome.output.fixed_point is not None:
-                    metrics.update(outcome.output.fixed_point.summary(), train_max_iter=core.solver.options.train_max_iter)
+                    metrics.update(outcome.output.fixed_point.summary(),
+                                   train_max_iter=core.fixed_point_options(phase.fixed_point).train_max_iter)
                 log.write(step, metrics)
                 bar.set_postfix(_postfix(metrics))
                 if main and not progress:

@@ -229,7 +229,8 @@ def _accelerator(config: TrainConfig, model, out_dir: Path, device: str | None):
 def _optimiser_step(accelerator, model, batches, accumulation: int, phase: Phase) -> StepOutcome:
     """Forward and backward over ``accumulation`` micro-batches; gradients are synchronised
     between processes on the last one only. The loss is the step's mean over all processes:
-    the cross-entropy, at the fixed point or, in the few-pass stage, after its passes."""
+    the cross-entropy, at the fixed point or, in the few-pass stage, after its passes; every
+    forward given the phase's fixed-point options."""
     total = torch.zeros((), device=accelerator.device)
     output, non_finite = None, torch.zeros((), dtype=torch.long, device=accelerator.device)
     tokens, terms = 0, {}
@@ -238,13 +239,13 @@ def _optimiser_step(accelerator, model, batches, accumulation: int, phase: Phase
         last = micro_step == accumulation - 1
         if phase.few_pass is not None:
             cross_entropy, step_terms, output = few_pass_micro_step(
-                accelerator, model, input_ids, labels, phase.few_pass, 1 / accumulation, last
+                accelerator, model, input_ids, labels, phase.few_pass, 1 / accumulation, last, phase.fixed_point
             )
             for name, value in step_terms.items():
                 terms[name] = terms.get(name, 0) + value / accumulation
         else:
             with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                output = model(input_ids)
+                output = model(input_ids, fixed_point=phase.fixed_point)
                 # Every micro-batch holds the same number of labels, so the mean of the
                 # micro-batch means is the mean over the whole global batch.
                 cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
@@ -254,7 +255,7 @@ def _optimiser_step(accelerator, model, batches, accumulation: int, phase: Phase
         tokens += input_ids.numel() * accelerator.num_processes
 
     def recheck():
-        again = model(input_ids)
+        again = model(input_ids, fixed_point=phase.fixed_point)
         return token_cross_entropy(again.logits, labels, "aligned"), non_finite_images(again)
 
     loss = accelerator.reduce(total, reduction="mean").item()
