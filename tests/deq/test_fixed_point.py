@@ -380,15 +380,16 @@ def test_a_calls_budget_is_its_own_where_given_else_the_options_of_its_phase():
     assert raised.budget(5, None, "simultaneous") == (5, 0.5)
 
 
-def test_the_options_budget_of_each_phase_and_a_budget_of_an_unknown_kind():
-    """The one place a default budget is filled in: training's unroll or its solve to train_tol
+def test_the_solver_s_budget_of_each_phase_and_a_budget_of_an_unknown_kind():
+    """The one place a default budget is made: training's unroll or its solve to train_tol
     (each with the Jacobian penalty), an inference's exactly K passes or its solve to tol."""
     options = FixedPointOptions(train_max_iter=3, train_tol=0.1, max_iter=7, tol=0.5, jacobian_penalty=0.25)
-    assert options.solve_budget("training") == Budget.to_tolerance(0.1, 3, 0.25)
-    assert options.replace(unroll_steps=4).solve_budget("training") == Budget.unrolled(4, 0.1, 0.25)
-    assert options.solve_budget("sequential", max_iter=2) == Budget.to_tolerance(0.5, 2)
-    assert options.replace(passes=2).solve_budget("simultaneous") == Budget.exactly(2, 0.5)
-    assert options.replace(passes=2).solve_budget("simultaneous", passes=0) == Budget.to_tolerance(0.5, 7)
+    solver = FixedPointSolver(options)
+    assert solver.budget("training") == Budget.to_tolerance(0.1, 3, 0.25)
+    assert FixedPointSolver(options.replace(unroll_steps=4)).budget("training") == Budget.unrolled(4, 0.1, 0.25)
+    assert solver.budget("sequential", max_iter=2) == Budget.to_tolerance(0.5, 2)
+    assert FixedPointSolver(options.replace(passes=2)).budget("simultaneous") == Budget.exactly(2, 0.5)
+    assert FixedPointSolver(options.replace(passes=2)).budget("simultaneous", passes=0) == Budget.to_tolerance(0.5, 7)
     assert Budget.probe() == Budget.to_tolerance(float("inf"), 1) and Budget.exactly(2, 0.5).fixed
     with pytest.raises(OptionError, match="a budget's kind is one of tolerance, passes, unrolled; got 'tolerence'"):
         Budget("tolerence", 3, 1e-3)

@@ -10,7 +10,7 @@ def solved(solver: FixedPointSolver, f, z0, training: bool = False, max_iter=Non
     call's ``max_iter`` / ``tol`` over it); in an evaluation, convergence checked as the model
     checks it (``nonconvergence="error"`` raises)."""
     phase = "training" if training else "simultaneous"
-    budget = solver.options.solve_budget(phase, max_iter, tol)
+    budget = solver.budget(phase, max_iter, tol)
     z, stats = solver(f, z0, budget, phase=phase, restrict=restrict)
     if not training and not budget.fixed:
         solver.require_convergence(stats, budget.passes, "samples")

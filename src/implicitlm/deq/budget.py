@@ -11,8 +11,8 @@ over the tokens). It is one of three kinds:
 - ``unrolled``: exactly ``passes`` passes with autograd through every one (training's unroll).
 
 ``jacobian_penalty``: in training, the weight of the Jacobian penalty added at the answer (0:
-none). The model's options hold its default budgets (``FixedPointOptions.solve_budget``); a
-call may give its own.
+none). The solver gives a call its budget from its options' defaults and the call's own
+(``FixedPointSolver.budget``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from ..core.errors import OptionError
 from ..core.option_names import INITIAL_GUESSES, MAX_PASSES
 from ..core.options import Options
 from ..core.schema import NON_NEGATIVE, POSITIVE, Rule, at_least, between, check_field, one_of
-from .budget import Budget
 from .solvers import solver_names
 
 # The solver table's names (deq/solvers/): plain iteration, torchdeq's Anderson and
@@ -206,21 +205,6 @@ class FixedPointOptions(Options):
             if mode == "simultaneous" and self.simultaneous_max_iter:
                 own_max_iter = self.simultaneous_max_iter
         return (own_max_iter if max_iter is None else max_iter, own_tol if tol is None else tol)
-
-    def solve_budget(self, mode: str, max_iter: int | None = None, tol: float | None = None,
-                     passes: int | None = None) -> Budget:
-        """The ``Budget`` of a solve of ``mode`` given a call's ``max_iter``, ``tol`` and ``passes``
-        (None: the options' own, as ``budget`` fills them in). Training: an unroll of
-        ``unroll_steps`` where set, else a solve to ``train_tol`` within ``train_max_iter``, each
-        with the Jacobian penalty; an inference: exactly ``passes`` passes where set, else a solve
-        to ``tol`` within ``max_iter``."""
-        max_iter, tol = self.budget(max_iter, tol, mode)
-        if mode == "training":
-            if self.unroll_steps:
-                return Budget.unrolled(self.unroll_steps, tol, self.jacobian_penalty)
-            return Budget.to_tolerance(tol, max_iter, self.jacobian_penalty)
-        passes = self.passes if passes is None else passes
-        return Budget.exactly(passes, tol) if passes else Budget.to_tolerance(tol, max_iter)
 
     def solver_for(self, mode: str) -> str:
         """The solver name of a phase: "training", "simultaneous" or "sequential" (evaluation)."""

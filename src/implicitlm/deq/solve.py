@@ -42,6 +42,23 @@ class FixedPointSolver:
         # torchdeq's phantom-gradient functor: phantom_steps damped steps with autograd on.
         self._phantom = backward_factory(grad_type=options.phantom_steps, tau=options.tau)
 
+    def budget(self, mode: str, max_iter: int | None = None, tol: float | None = None,
+               passes: int | None = None) -> Budget:
+        """The ``Budget`` this solver gives a solve of ``mode`` on a call's ``max_iter``, ``tol``
+        and ``passes`` (None: its options' own, as ``FixedPointOptions.budget`` fills them in), as
+        torchdeq's solver holds its defaults and takes a call's own. Training: an unroll of
+        ``unroll_steps`` where set, else a solve to ``train_tol`` within ``train_max_iter``, each
+        with the Jacobian penalty; an inference: exactly ``passes`` passes where set, else a solve
+        to ``tol`` within ``max_iter``."""
+        options = self.options
+        max_iter, tol = options.budget(max_iter, tol, mode)
+        if mode == "training":
+            if options.unroll_steps:
+                return Budget.unrolled(options.unroll_steps, tol, options.jacobian_penalty)
+            return Budget.to_tolerance(tol, max_iter, options.jacobian_penalty)
+        passes = options.passes if passes is None else passes
+        return Budget.exactly(passes, tol) if passes else Budget.to_tolerance(tol, max_iter)
+
     def __call__(
         self, f: FixedPointFn, z0: torch.Tensor, budget: Budget, phase: str = "simultaneous",
         restrict: RestrictFn | None = None, on_improved: ImprovedFn | None = None,

@@ -241,11 +241,11 @@ def _token_jacobian(
 def _solve_token(model, state: list, injection: torch.Tensor, solve: dict[str, Any]):
     """The token's fixed point as sequential mode finds it, by the solver of the analysis's
     options within its budget (``solve``)."""
-    options = solve["fixed_point"]
-    return model.stack_passes.with_options(options).solver(
+    solver = model.stack_passes.with_options(solve["fixed_point"]).solver
+    return solver(
         lambda z: model.stack.step(z, injection, state)[0],
         injection.new_zeros(injection.shape[0], model.config.hidden_size),
-        options.solve_budget("sequential", solve["max_iter"], solve["tol"], passes=0),
+        solver.budget("sequential", solve["max_iter"], solve["tol"], passes=0),
         phase="sequential",
     )
 

@@ -79,12 +79,11 @@ class StackPasses:
         FixedPointOptions.check_call_budget(max_iter, tol, training=self.training, passes=passes)
         if passes and not self.config.implicit:
             raise OptionError(f"passes={passes}: {EXPLICIT_PASSES}")
-        options = self.solver.options
         if self.training:
-            budget = Budget.unrolled(passes, options.train_tol) if passes else options.solve_budget(
+            budget = Budget.unrolled(passes, self.solver.options.train_tol) if passes else self.solver.budget(
                 "training", max_iter, tol)
         else:
-            budget = options.solve_budget(mode, max_iter, tol, passes)
+            budget = self.solver.budget(mode, max_iter, tol, passes)
         if probe and budget.kind != "unrolled":
             return Budget.to_tolerance(math.inf, 1, budget.jacobian_penalty)
         return budget
