@@ -13,7 +13,8 @@ import pytest
 from implicitlm.cli import main
 from implicitlm.data.shards import TokenShards
 from implicitlm.eval import plots
-from implicitlm.eval.budget import budget_by_task, format_passes_table, passes_by_task, time_curves
+from implicitlm.eval.budget import budget_by_task, cost_curves, format_passes_table, passes_by_task
+from implicitlm.eval.flops import flops_per_token, solved_flops_per_token
 from implicitlm.eval.length import evaluate_by_length
 from implicitlm.models import load_model
 from implicitlm.tasks import make_task
@@ -59,9 +60,47 @@ def test_a_sweep_of_passes_scores_each_k_beside_the_explicit_models(pair, shards
     assert record["curves"] == [{"label": "length 8", "x": [1, 2, 3], "y": [row["perplexity"] for row in rows]}]
     assert record["metrics"]["seconds L8 explicit"] == twin["seconds"]
     assert (tmp_path / "out" / "lm_budget_passes_time.png").stat().st_size > 0
+    # Each pass costs the same FLOPs; the twin's one pass, without the injection, a little less than K = 1.
+    flops = [row["flops_per_token"] for row in rows]
+    assert flops[2] - flops[1] == pytest.approx(flops[1] - flops[0]) and flops[1] > flops[0] > twin["flops_per_token"] > 0
+    assert (tmp_path / "out" / "lm_budget_passes_flops.png").stat().st_size > 0
     # Each K's answers by their last pass's residual, no share of misses of a tolerance no K holds.
     assert table[1].split()[-2:] == ["last", "residual"] and all("%" not in line for line in table)
     assert [line.split()[-1] for line in table[2:6]] == [f"{row['fp_last_residual_mean']:.2e}" for row in rows] + ["-"]
+    assert [line.split()[-2] for line in table[2:6]] == [f"{value:.3e}" for value in flops + [twin["flops_per_token"]]]
+
+
+def test_the_fixed_point_is_a_point_of_the_frontier_at_the_flops_of_the_passes_it_took(pair, shards, tmp_path, capsys):
+    """``--fixed-point``: the model solved to its tolerance, scored as an evaluation to the
+    tolerance scores it, at what its passes cost."""
+    implicit, _ = pair
+    code = main(["eval", "budget", "--task", "lm", str(implicit), "--data", str(shards), "--lengths", "8",
+                 "--max-tokens", "64", "--no-progress", "--out", str(tmp_path / "out"), "--passes", "1,2",
+                 "--fixed-point"])
+    assert code == 0
+    table = capsys.readouterr().out.splitlines()
+    record = json.loads((tmp_path / "out" / "lm_budget_passes.json").read_text())
+    [solved] = record["solved"]
+    [alone] = evaluate_by_length(make_task("lm", implicit, data=[shards], lengths=[8], max_tokens=64)
+                                 .solve_with(passes=0))["rows"]
+    assert (solved["perplexity"], solved["fp_passes_mean"]) == (alone["perplexity"], alone["fp_passes_mean"])
+    one, two = (row["flops_per_token"] for row in record["rows"])
+    assert solved["flops_per_token"] == pytest.approx(one + (solved["fp_passes_mean"] - 1) * (two - one))
+    assert table[1].split()[-1] == "resid.|missed" and table[4].split()[1:3] == ["fixed", "point"]
+    assert table[4].endswith(f"{solved['fp_not_converged_share']:.2%}")
+
+
+@pytest.mark.parametrize("mode, chunk_length", [("simultaneous", 0), ("simultaneous", 4), ("sequential", 0)])
+def test_a_solve_s_flops_are_its_passes_flops(mode, chunk_length):
+    """What a solve to the tolerance counts, from its mean passes, is what a count of that
+    many passes gives: in chunks, a sample's passes are every chunk's together."""
+    model = make_contractive(tiny_model(architecture="mamba2", vocab_size=12, hidden_size=16, num_hidden_layers=1,
+                                        state_size=8, head_dim=8, chunk_size=4, implicit=True)).eval()
+    settings = {"chunk_length": chunk_length}
+    three = flops_per_token(model, mode, 8, {**settings, "passes": 3})
+    chunks = 2 if chunk_length else 1
+    assert solved_flops_per_token(model, mode, 8, settings, 3.0 * chunks) == pytest.approx(three)
+    assert flops_per_token(model, mode, 8, {**settings, "passes": 1}) < three
 
 
 def test_the_passes_figures_tell_the_explicit_lines_apart_and_read_their_log_axes_in_plain_numbers(
@@ -97,7 +136,7 @@ def test_the_passes_figures_tell_the_explicit_lines_apart_and_read_their_log_axe
 def test_the_time_figure_puts_each_k_and_each_explicit_model_at_its_seconds():
     rows = [{"length": 8, "passes": k, "seconds": 0.1 * k, "perplexity": 10.0 / k} for k in (1, 2)]
     twins = [{"length": 8, "passes": "explicit", "seconds": 0.05, "perplexity": 7.0}]
-    assert time_curves(rows, twins, "perplexity") == [
+    assert cost_curves(rows, twins, "perplexity") == [
         {"label": "implicit, 1, 2 passes, length 8", "x": [0.1, 0.2], "y": [10.0, 5.0]},
         {"label": "explicit, length 8", "x": [0.05], "y": [7.0]},
     ]
@@ -115,6 +154,7 @@ def test_a_passes_sweep_refuses_a_time_figure_already_there(pair, shards, tmp_pa
 
 @pytest.mark.parametrize("flags, message", [
     (["--explicit", "x"], "--explicit is drawn beside a sweep of --passes: give --passes"),
+    (["--fixed-point"], "--fixed-point is drawn beside a sweep of --passes: give --passes"),
     (["--passes", "1,2", "--max-iter", "4"], "--passes (a sweep of fixed budgets) holds no tolerance to solve to, retry "
                                              "or miss: --max-iter is for a solve to the tolerance (--passes 0); give one "
                                              "or the other"),

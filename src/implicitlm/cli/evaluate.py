@@ -60,6 +60,8 @@ def add_budget(commands) -> None:
     p.add_argument("--explicit", type=Path, action="append", default=[], metavar="CHECKPOINT",
                    help="with --passes: an explicit model scored on the same data, a line beside the curves (repeat "
                         "for several: the explicit twin, a deeper one)")
+    p.add_argument("--fixed-point", dest="solved", action="store_true",
+                   help="with --passes: the implicit model solved to its tolerance too, a line beside the curves")
     p.add_argument("--mode", choices=["simultaneous", "sequential"], default="simultaneous",
                    help="simultaneous: all tokens solved together (training's way); sequential: token by token, as an RNN")
     add_solver_flags(p)
@@ -97,8 +99,9 @@ def _run_length(args) -> None:
 def _check_budget(args) -> None:
     from ..core.errors import OptionError
 
-    if args.swept_passes is None and args.explicit:
-        raise OptionError("explicit is drawn beside a sweep of passes: give passes", arguments=("explicit", "passes"))
+    for flag, given in (("explicit", args.explicit), ("fixed_point", args.solved)):
+        if args.swept_passes is None and given:
+            raise OptionError(f"{flag} is drawn beside a sweep of passes: give passes", arguments=(flag, "passes"))
     if args.swept_passes is not None:
         swept = [name for name, values in (("max_iter", args.swept_max_iter), ("tol", args.swept_tol)) if values]
         refuse_beside_passes("passes (a sweep of fixed budgets)", swept + tolerance_flags_given(args))
@@ -115,7 +118,7 @@ def _run_budget(args) -> None:
         return
     twins = [_task(args, checkpoint) for checkpoint in args.explicit]
     _report(passes_by_task(task, args.swept_passes, twins, args.mode, args.out, progress=not args.no_progress,
-                           overwrite=args.overwrite), task)
+                           overwrite=args.overwrite, solved=args.solved), task)
 
 
 def _run_convergence(args) -> None:

@@ -4,9 +4,9 @@ An implicit model's depth is its number of passes per solve, chosen at evaluatio
 time. A sweep re-evaluates the same data at each budget (``max_iter``) and tolerance and
 keeps, beside the quality, the passes the model actually used: with a tolerance, a
 larger budget is only spent where tokens have not yet converged. A sweep over ``passes`` instead
-runs exactly K passes per solve at each point, and sets the quality and the seconds it took
-beside those of explicit models on the same data (its explicit twin, a deeper one): what a
-pass buys and what it costs.
+runs exactly K passes per solve at each point, and sets the quality, the seconds it took and
+the FLOPs per token beside those of explicit models on the same data (its explicit twin, deeper
+ones) and of its own fixed point: what a pass buys and what it costs, the compute frontier.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from tqdm.auto import tqdm
 
 from ..core.errors import OptionError
 from ..tasks.base import Task, missed_cell, missed_header, retries_cell
+from .flops import flops_per_token, solved_flops_per_token
 from .plots import plot_curves
 from .records import claimed_outputs, claimed_records, make_record, record_files, write_record
 
 # evaluate(max_iter, tol) -> one row per test length, each with a "length" key.
+# The "passes" of a passes sweep's row of the implicit model solved to its tolerance.
+SOLVED = "fixed point"
 Evaluate = Callable[[int, "float | None"], list[dict[str, Any]]]
 
 
@@ -136,59 +139,81 @@ def passes_by_task(
     out: str | Path = ".",
     progress: bool = False,
     overwrite: bool = False,
+    solved: bool = False,
 ) -> dict[str, Any]:
     """The sweep of ``task``'s test sets on an implicit checkpoint at exactly K passes per solve
-    for every K in ``passes`` (from its learned guess where it starts from one), and the same
-    test sets scored by each explicit model of ``explicit`` (tasks of the same kind on other
-    checkpoints): the ``rows`` (each with its ``seconds``; an explicit one's ``passes`` is its
-    name), the printed ``table`` and the ``files`` written in ``out``
-    (``<task.budget_experiment>_passes.json`` and its figure: the quality against the passes, a
-    curve per test length, each explicit model's a line per length)."""
+    for every K in ``passes`` (from its learned guess where it starts from one), with ``solved``
+    its fixed point too (solved to its tolerance, ``passes`` "fixed point"), and the same test
+    sets scored by each explicit model of ``explicit`` (tasks of the same kind on other
+    checkpoints): the ``rows`` (each with its ``seconds`` and ``flops_per_token``; an explicit
+    one's ``passes`` is its name), the printed ``table`` and the ``files`` written in ``out``
+    (``<task.budget_experiment>_passes.json`` and its figure, the quality against the passes, a
+    curve per test length, each explicit model's and the fixed point's a line per length;
+    beside them ``_time.png`` and ``_flops.png``, the quality against the seconds and the FLOPs
+    per token: the frontier)."""
     experiment = f"{task.budget_experiment}_passes"
     files = record_files(out, experiment)
-    by_time = Path(out) / f"{experiment}_time.png"
-    with claimed_outputs([*files, by_time], overwrite):
+    by_cost = {x: Path(out) / f"{experiment}_{name}.png" for x, name in (("seconds", "time"), ("flops_per_token", "flops"))}
+    with claimed_outputs([*files, *by_cost.values()], overwrite):
         model, test_sets = task.prepare("budget")
         passes = sorted(set(passes))
-        # Each explicit model's forward is one pass, as the implicit one's at K = 1.
-        task.require_sweep_time(model, test_sets, mode, _sweep(len(passes) + len(explicit), test_sets),
-                                passes + [1] * len(explicit), arguments=("passes",), hint="; give fewer passes")
+        # Each explicit model's forward is one pass, as the implicit one's at K = 1; a solve to
+        # the tolerance, at least one.
+        points = passes + [1] * (len(explicit) + solved)
+        task.require_sweep_time(model, test_sets, mode, _sweep(len(points), test_sets), points, arguments=("passes",),
+                                hint="; give fewer passes")
+        settings = task.settings()
         rows = []
         for count in tqdm(passes, desc="passes", disable=not progress):
-            rows += [{**row, "passes": count} for row in _timed(task, model, test_sets, mode, {"passes": count})]
-        twins = [{**row, "passes": twin.checkpoint.name} for twin in explicit
-                 for row in _timed(twin, twin.load(), test_sets, mode)]
+            rows += [{**row, "passes": count,
+                      "flops_per_token": flops_per_token(model, mode, row["length"], {**settings, "passes": count})}
+                     for row in _timed(task, model, test_sets, mode, {"passes": count})]
+        others = [{**row, "passes": SOLVED, "flops_per_token": solved_flops_per_token(
+                      model, mode, row["length"], settings, row["fp_passes_mean"])}
+                  for row in (_timed(task, model, test_sets, mode, {"passes": 0}) if solved else [])]
+        for twin in explicit:
+            twin_model = twin.load()
+            others += [{**row, "passes": twin.checkpoint.name,
+                        "flops_per_token": flops_per_token(twin_model, mode, row["length"], twin.settings())}
+                       for row in _timed(twin, twin_model, test_sets, mode)]
         quality = task.quality
         curves = [{"label": f"length {length}", "x": [r["passes"] for r in points], "y": [r[quality] for r in points]}
                   for length, points in by_length(rows).items()]
-        lines = {f"{row['passes']} (one pass), length {row['length']}: {row[quality]:.4g}": row[quality] for row in twins}
-        metrics = {f"{name} L{row['length']} {row['passes']}": row[key] for row in rows + twins
-                   for name, key in ((quality, quality), ("seconds", "seconds"))}
+        lines = {f"{row['passes']}{'' if row['passes'] == SOLVED else ' (one pass)'}, length {row['length']}: "
+                 f"{row[quality]:.4g}": row[quality] for row in others}
+        metrics = {f"{name} L{row['length']} {row['passes']}": row[key] for row in rows + others
+                   for name, key in ((quality, quality), ("seconds", "seconds"), ("flops_per_token", "flops_per_token"))}
         axes = {"x": "passes per solve", "y": quality, "xscale": "log2", "yscale": task.quality_scale}
         record = make_record(experiment, task.checkpoint, model, metrics, curves, axes, task.fixed_point, rows=rows,
-                             explicit=twins, mode=mode, **task.details())
+                             explicit=[row for row in others if row["passes"] != SOLVED],
+                             solved=[row for row in others if row["passes"] == SOLVED],
+                             mode=mode, **task.details())
         write_record(out, record)
         plot_curves(curves, files[1], f"{task.budget_title} in passes ({mode} mode)", axes,
                     horizontal=lines)
-        plot_curves(time_curves(rows, twins, quality), by_time, f"{task.budget_title} against time ({mode} mode)",
-                    {"x": "seconds per evaluation", "y": quality, "xscale": "log", "yscale": task.quality_scale})
-    return {"rows": rows + twins, "table": format_passes_table(rows + twins, quality), "files": files}
+        for x, what in (("seconds", "seconds per evaluation"), ("flops_per_token", "FLOPs per token")):
+            plot_curves(cost_curves(rows, others, quality, x), by_cost[x],
+                        f"{task.budget_title} against {'time' if x == 'seconds' else 'FLOPs'} ({mode} mode)",
+                        {"x": what, "y": quality, "xscale": "log", "yscale": task.quality_scale})
+    return {"rows": rows + others, "table": format_passes_table(rows + others, quality), "files": files}
 
 
 def _sweep(points: int, test_sets: list[Any]) -> str:
     return f"a sweep of {points:,} points over {len(test_sets)} test set{'s' * (len(test_sets) != 1)}"
 
 
-def time_curves(rows: list[dict[str, Any]], twins: list[dict[str, Any]], quality: str) -> list[dict[str, Any]]:
-    """The price of quality: the implicit model's points (one per K) and each explicit model's
-    one point, ``quality`` against the seconds each evaluation took, a curve per test length."""
+def cost_curves(rows: list[dict[str, Any]], others: list[dict[str, Any]], quality: str, cost: str = "seconds"
+                ) -> list[dict[str, Any]]:
+    """The price of quality: the implicit model's points (one per K) and each of ``others``'
+    one point (an explicit model, the fixed point), ``quality`` against ``cost`` (the seconds
+    each evaluation took, or its FLOPs per token), a curve per test length."""
     curves = []
     for length, points in by_length(rows).items():
         passes = ", ".join(str(row["passes"]) for row in points)
-        curves.append({"label": f"implicit, {passes} passes, length {length}", "x": [r["seconds"] for r in points],
+        curves.append({"label": f"implicit, {passes} passes, length {length}", "x": [r[cost] for r in points],
                        "y": [r[quality] for r in points]})
-        curves += [{"label": f"{row['passes']}, length {length}", "x": [row["seconds"]], "y": [row[quality]]}
-                   for row in twins if row["length"] == length]
+        curves += [{"label": f"{row['passes']}, length {length}", "x": [row[cost]], "y": [row[quality]]}
+                   for row in others if row["length"] == length]
     return curves
 
 
@@ -213,14 +238,17 @@ def _timed(task: Task, model, test_sets: list[Any], mode: str,
 
 
 def format_passes_table(rows: list[dict[str, Any]], quality: str) -> str:
-    """A line per (test length, passes or explicit model): ``quality``, seconds, the mean
-    residual of the answers' last pass ("-": an explicit model)."""
+    """A line per (test length, passes, the fixed point or explicit model): ``quality``, seconds,
+    FLOPs per token, the mean residual of the answers' last pass or the share of the fixed point's
+    solves above the tolerance ("-": an explicit model)."""
     width = max(12, len(quality) + 2)
     name_width = max(len("passes"), *(len(str(row["passes"])) for row in rows)) + 2
-    lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{missed_header(rows)}"]
+    lines = [f"{'length':>8}{'passes':>{name_width}}{quality:>{width}}{'seconds':>10}{'FLOP/token':>12}"
+             f"{missed_header(rows)}"]
     for row in rows:
+        flops = f"{row['flops_per_token']:>12.3e}" if "flops_per_token" in row else f"{'-':>12}"
         lines.append(f"{row['length']:>8}{str(row['passes']):>{name_width}}{row[quality]:>{width}.4f}{row['seconds']:>10.2f}"
-                     f"{missed_cell(row)}")
+                     f"{flops}{missed_cell(row)}")
     return "\n".join(lines)
 
 

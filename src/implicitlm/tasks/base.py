@@ -282,8 +282,11 @@ def require_implicit(model, what: str) -> None:
 
 def missed_header(rows: list[dict[str, Any]]) -> str:
     """``missed_cell``'s column: "last residual" where the rows' solves were of exactly K passes,
-    which hold no tolerance to miss; "not converged" where they were to the tolerance."""
-    title = "last residual" if any("fp_in_passes" in row for row in rows) else "not converged"
+    which hold no tolerance to miss; "not converged" where they were to the tolerance; both
+    where some were of each (a sweep of passes beside the fixed point)."""
+    in_passes = any("fp_in_passes" in row for row in rows)
+    to_tolerance = any("fp_not_converged_share" in row and "fp_in_passes" not in row for row in rows)
+    title = "resid.|missed" if in_passes and to_tolerance else "last residual" if in_passes else "not converged"
     return f"{title:>15}"
 
 
