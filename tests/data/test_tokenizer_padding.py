@@ -4,6 +4,9 @@ on the left, where generation continues each row."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from transformers import AutoTokenizer
 
@@ -42,3 +45,16 @@ def test_a_tokenizer_saved_after_a_local_load_says_nothing_of_where_it_was_loade
     save_tokenizer(load_tokenizer(tmp_path / "tok"), tmp_path / "again")
     saved = json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())
     assert "local_files_only" not in saved and saved["eos_token"] == EOS_TOKEN
+
+
+SHIPPED = Path(__file__).parents[2] / "checkpoints" / "wikitext2" / "warm_start" / "implicit"
+
+
+def test_a_model_folder_s_tokenizer_loads_without_a_word_about_the_model_s_config():
+    """Before: ``corpus build --tokenizer CHECKPOINT`` printed transformers' warning that the
+    config's model type ``implicit_mamba2`` was not the one it instantiated, where implicitlm's
+    models were not imported (a process that loads only the tokenizer)."""
+    loading = ("import logging, sys; logging.basicConfig()\nfrom implicitlm.data.tokenizer import load_tokenizer\n"
+               "print(len(load_tokenizer(sys.argv[1])))\nassert 'implicitlm.models' not in sys.modules")
+    ran = subprocess.run([sys.executable, "-c", loading, str(SHIPPED)], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and int(ran.stdout) > 0 and ran.stderr == "", ran.stderr

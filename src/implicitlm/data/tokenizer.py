@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from implicitlm.core.atomic_io import atomic_write
 from implicitlm.core.errors import DataError, OptionError, first_line
 from implicitlm.core.hub import check_local_or_hub, hub_unreachable
+from implicitlm.core.log_lines import without_log_lines
 from implicitlm.core.file_digests import check_files_digest
 from implicitlm.core.memory import require
 from implicitlm.core.run_folder import model_folder
@@ -122,10 +123,13 @@ def _from_pretrained(name_or_path: str | os.PathLike, local_files_only: bool) ->
     with exception types that differ between library versions: the caller catches them all."""
     # Never the code a tokenizer folder may name in its auto_map, not even on a yes at a prompt.
     # The padding side given here is also what save_pretrained writes (an attribute set later is not).
-    tokenizer = AutoTokenizer.from_pretrained(
-        os.fspath(name_or_path), trust_remote_code=False, local_files_only=local_files_only,
-        padding_side=PADDING_SIDE,
-    )
+    # A model folder's config names a model type that transformers knows once implicitlm.models
+    # is imported; the tokenizer reads none of it, so a warning that the type is unknown is noise.
+    with without_log_lines("transformers.configuration_utils", "to instantiate a model of type"):
+        tokenizer = AutoTokenizer.from_pretrained(
+            os.fspath(name_or_path), trust_remote_code=False, local_files_only=local_files_only,
+            padding_side=PADDING_SIDE,
+        )
     # Where this load looked is no property of the tokenizer: transformers keeps it among the
     # arguments it saves, and every checkpoint written after a local load would say so.
     tokenizer.init_kwargs.pop("local_files_only", None)
