@@ -74,7 +74,7 @@ def add_solver_flags(p) -> None:
 
 def fixed_point_settings(args) -> dict[str, Any]:
     """The fixed-point flags given (``add_budget_options``, ``add_solver_flags``), as the
-    ``FixedPointOptions`` fields they set on the model: the flag ``--max-iter`` is the field
+    ``FixedPointOptions`` fields they stand for: the flag ``--max-iter`` is the field
     ``max_iter``. A budget or solver given holds in both modes, so it clears the per-mode one;
     a flag of a solve to the tolerance (``TOLERANCE_FLAGS``) asks for one, passes 0, and beside
     a ``--passes`` above 0 is refused: it would be dropped, a budget of K passes holding no
