@@ -5,8 +5,7 @@ shards do not depend on the number of workers."""
 from __future__ import annotations
 
 import collections
-import multiprocessing
-from multiprocessing.pool import AsyncResult
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -76,11 +75,14 @@ def _encoded_batches(
         for batch in batches:
             yield batch, _encode(tokenizer, _pieces(batch))
         return
-    # Results are collected in submission order, so the output does not depend on workers.
-    with multiprocessing.Pool(workers, _start_worker, (tokenizer,)) as pool:
-        in_flight: collections.deque[tuple[list[Labelled], AsyncResult]] = collections.deque()
+    # Results are collected in submission order, so the output does not depend on workers. An
+    # executor, not a multiprocessing.Pool: a run stopped early (an error, a signal) waits for
+    # the few batches in flight, where a Pool's terminate could hang on a queue lock that a
+    # worker it killed held.
+    with ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(tokenizer,)) as pool:
+        in_flight: collections.deque[tuple[list[Labelled], Future]] = collections.deque()
         for batch in batches:
-            in_flight.append((batch, pool.apply_async(_encode_in_worker, (_pieces(batch),))))
+            in_flight.append((batch, pool.submit(_encode_in_worker, _pieces(batch))))
             if len(in_flight) > BATCHES_PER_WORKER * workers:
                 yield _collect(in_flight.popleft())
         while in_flight:
@@ -88,10 +90,10 @@ def _encoded_batches(
 
 
 def _collect(
-    submitted: tuple[list[Labelled], AsyncResult],
+    submitted: tuple[list[Labelled], Future],
 ) -> tuple[list[Labelled], list[np.ndarray]]:
     batch, result = submitted
-    return batch, result.get()
+    return batch, result.result()
 
 
 def _start_worker(tokenizer: PreTrainedTokenizerBase) -> None:
