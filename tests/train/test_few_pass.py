@@ -19,6 +19,7 @@ from implicitlm.core.errors import OptionError
 from implicitlm.data.shards import TokenShards
 from implicitlm.models import load_model
 from implicitlm.train.config import TrainConfig
+from implicitlm.train.few_pass import distillation
 
 from tests.support.lm_run import SEQUENCE, train_tiny_lm
 
@@ -88,20 +89,51 @@ def test_the_stage_closes_the_gap_of_k_passes_to_the_fixed_point_and_keeps_it(sh
 
 def test_the_stage_logs_its_terms_after_the_curriculum(shards, base, tmp_path):
     assert main(few_pass_command(shards, base, tmp_path, "total_steps=4", "few_pass_steps=2", "few_pass_distance=1",
-                                 "bounded_fraction=0.5")) == 0
+                                 "few_pass_logits=1", "bounded_fraction=0.5")) == 0
     rows = logged(tmp_path)
     assert [row["phase"] for row in rows] == ["bounded", "free", "few_pass", "few_pass"]
     for row in rows[2:]:
-        assert row["fixed_point_loss"] > 0 and row["distance"] > 0 and row["fp_solver"] == "unroll"
-        assert row["fp_batch_passes"] == 2  # the K passes of the step's loss
-    assert not {"fixed_point_loss", "distance"} & set(rows[0])
+        assert row["fixed_point_loss"] > 0 and row["distance"] > 0 and row["distillation"] > 0
+        assert row["fp_solver"] == "unroll" and row["fp_batch_passes"] == 2  # the K passes of the step's loss
+    assert not {"fixed_point_loss", "distance", "distillation"} & set(rows[0])
+
+
+def test_distillation_is_the_kl_divergence_from_the_teacher_per_token():
+    generator = torch.Generator().manual_seed(0)
+    logits, teacher = torch.randn(2, 5, 7, generator=generator), torch.randn(2, 5, 7, generator=generator)
+    p = teacher.softmax(-1)
+    expected = (p * (p.log() - logits.log_softmax(-1))).sum(-1).mean()
+    torch.testing.assert_close(distillation(logits, teacher), expected)
+    assert distillation(teacher + 3.0, teacher).abs() < 1e-6  # a shift of the logits is the same distribution
+
+
+def test_distillation_brings_the_k_pass_distribution_to_the_fixed_points(shards, base, tmp_path):
+    """Against the same stage without it, from the same model: after one pass from z = 0 the
+    next-token distribution is nearer the fixed point's."""
+    windows = held_out_windows(shards)
+    gaps = []
+    for weight in (0, 10):
+        run = tmp_path / f"logits_{weight}"
+        assert main(few_pass_command(shards, base, run, "total_steps=8", "few_pass_steps=8", "few_pass_passes=1",
+                                     f"few_pass_logits={weight}")) == 0
+        model = load_model(run).eval()
+        with torch.no_grad():
+            gaps.append(distillation(model(windows[:, :-1], passes=1).logits, model(windows[:, :-1], **TIGHT).logits))
+    assert gaps[1] < 0.8 * gaps[0]
 
 
 def test_the_stage_without_a_teacher_runs_the_passes_alone(shards, base, tmp_path):
     assert main(few_pass_command(shards, base, tmp_path, "total_steps=1", "few_pass_steps=1", "few_pass_passes=3",
                                  "few_pass_distance=0", "few_pass_fixed_point=0")) == 0
     (row,) = logged(tmp_path)
-    assert row["fp_batch_passes"] == 3 and "distance" not in row and "fixed_point_loss" not in row
+    assert row["fp_batch_passes"] == 3 and not {"distance", "distillation", "fixed_point_loss"} & set(row)
+
+
+def test_a_teacher_without_the_fixed_points_loss_runs_without_gradient(shards, base, tmp_path):
+    assert main(few_pass_command(shards, base, tmp_path, "total_steps=1", "few_pass_steps=1", "few_pass_logits=1",
+                                 "few_pass_fixed_point=0")) == 0
+    (row,) = logged(tmp_path)
+    assert row["distillation"] > 0 and "fixed_point_loss" not in row and "distance" not in row
 
 
 def test_a_run_resumes_into_and_through_the_stage_exactly(shards, base, tmp_path):
@@ -139,6 +171,7 @@ def test_two_processes_run_the_stage_as_one_does(shards, base, tmp_path):
 @pytest.mark.parametrize("setting, named", [
     ("few_pass_passes=0", "few_pass_passes"), ("few_pass_distance=-1", "few_pass_distance"),
     ("few_pass_fixed_point=-0.5", "few_pass_fixed_point"), ("few_pass_jacobian=-1", "few_pass_jacobian"),
+    ("few_pass_logits=-1", "few_pass_logits"),
     ("few_pass_steps=5", "few_pass_steps"),
 ])
 def test_bad_stage_options_are_refused_in_one_line(shards, base, tmp_path, capsys, setting, named):

@@ -50,6 +50,8 @@ BEFORE_FEW_PASS_STAGE = {
     "few_pass_steps": 0, "few_pass_passes": 2, "few_pass_distance": 0.0, "few_pass_fixed_point": 1.0,
     "few_pass_jacobian": 0.0,
 }
+# The few-pass stage's distillation of logits, at its default when it came: off.
+BEFORE_FEW_PASS_DISTILLATION = {"few_pass_logits": 0.0}
 # The contraction stage's, as the few-pass stage's.
 BEFORE_CONTRACTION_STAGE = {"contraction_steps": 0, "contraction_jacobian": 0.1}
 
@@ -98,8 +100,8 @@ def training_settings(settings: Mapping[str, Any], source: object) -> dict[str, 
     trainer's spell ``micro_batch_size``; the rest are the former word trainer's. The phase
     budgets of either are renamed (``free_iters`` is ``free_max_iter``). Any key not among
     today's names is refused, not dropped: a misspelt ``lrr`` would run at the default rate.
-    Settings recorded before the few-pass or the contraction stage came get its settings, the
-    stage off. A setting given under both its names, or a former one of the wrong type, is a one-line
+    Settings recorded before the few-pass stage, its distillation or the contraction stage came
+    get their settings, off. A setting given under both its names, or a former one of the wrong type, is a one-line
     DataError naming ``source``."""
     try:
         settings = _renamed(settings, RENAMED_PHASE_BUDGETS, "training option")
@@ -108,7 +110,7 @@ def training_settings(settings: Mapping[str, Any], source: object) -> dict[str, 
     except OptionError as error:
         raise DataError(f"{source}: {error}") from None
     check_header_keys(settings, TRAINING_SETTINGS, source, "the training settings")
-    for stage in (BEFORE_FEW_PASS_STAGE, BEFORE_CONTRACTION_STAGE):
+    for stage in (BEFORE_FEW_PASS_STAGE, BEFORE_FEW_PASS_DISTILLATION, BEFORE_CONTRACTION_STAGE):
         if not any(name in settings for name in stage):
             settings = {**settings, **stage}
     return settings

@@ -26,7 +26,7 @@ TRAINING_SETTINGS = (
     "weight_decay", "warmup_steps", "decay_fraction", "grad_clip", "unroll_steps", "unroll_depth",
     "bounded_fraction", "bounded_max_iter", "bounded_phantom_steps", "free_max_iter", "free_phantom_steps",
     "free_tol", "contraction_steps", "contraction_jacobian", "few_pass_steps", "few_pass_passes", "few_pass_distance", "few_pass_fixed_point",
-    "few_pass_jacobian", "precision", "distributed", "activation_checkpointing", "compile", "seed", "log_every",
+    "few_pass_jacobian", "few_pass_logits", "precision", "distributed", "activation_checkpointing", "compile", "seed", "log_every",
     "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "group", "hard_prob",
 )
 

@@ -58,6 +58,7 @@ class TrainConfig(Options):
     few_pass_distance: float = 0.0
     few_pass_fixed_point: float = 1.0
     few_pass_jacobian: float = 0.0
+    few_pass_logits: float = 0.0
     precision: str = "auto"
     distributed: str = "ddp"
     activation_checkpointing: bool = False
@@ -83,7 +84,7 @@ class TrainConfig(Options):
         "bounded_phantom_steps": pass_count(1), "free_max_iter": pass_count(0), "free_phantom_steps": pass_count(1), "free_tol": POSITIVE,
         "contraction_steps": NON_NEGATIVE, "contraction_jacobian": POSITIVE,
         "few_pass_steps": NON_NEGATIVE, "few_pass_passes": pass_count(1), "few_pass_distance": NON_NEGATIVE,
-        "few_pass_fixed_point": NON_NEGATIVE, "few_pass_jacobian": NON_NEGATIVE,
+        "few_pass_fixed_point": NON_NEGATIVE, "few_pass_jacobian": NON_NEGATIVE, "few_pass_logits": NON_NEGATIVE,
         "precision": one_of(*PRECISIONS), "distributed": one_of(*DISTRIBUTED), "seed": SEED,
         "log_every": at_least(1), "eval_every": NON_NEGATIVE, "eval_batches": at_least(1),
         "checkpoint_every": NON_NEGATIVE, "keep_checkpoints": at_least(1), "hard_prob": UNIT_INTERVAL,
@@ -123,6 +124,8 @@ class TrainConfig(Options):
         "few_pass_fixed_point": "implicit: few-pass stage, weight of the fixed point's own loss (phantom gradient, the "
                                 "free phase's budget), which keeps its quality",
         "few_pass_jacobian": "implicit: few-pass stage, weight of the Jacobian penalty at the fixed point (0: off)",
+        "few_pass_logits": "implicit: few-pass stage, weight of KL(p* || p_K), the fixed point's next-token "
+                           "distribution (held without gradient) as the K passes' soft target (0: off)",
         "precision": "auto (bf16 autocast on CUDA, full precision elsewhere), no (full precision), bf16 (autocast)",
         "distributed": "under torchrun: ddp or fsdp",
         "activation_checkpointing": "recompute each block in the backward pass (less memory, one more forward)",
@@ -218,7 +221,7 @@ class TrainConfig(Options):
         """The few-pass stage: its fixed point solved on the free phase's budget."""
         return Phase(
             "few_pass", self.few_pass_steps, {**self.free_solves(), "jacobian_penalty": self.few_pass_jacobian},
-            FewPassLoss(self.few_pass_passes, self.few_pass_distance, self.few_pass_fixed_point),
+            FewPassLoss(self.few_pass_passes, self.few_pass_distance, self.few_pass_fixed_point, self.few_pass_logits),
         )
 
     def free_solves(self) -> dict[str, Any]:

@@ -8,11 +8,13 @@ model sees one forward per backward):
   point itself, without gradient, is the teacher of the second forward (C-DEQ,
   arXiv 2602.03024). The phase's ``jacobian_penalty``, if any, is added here, at the solution;
 - K passes from z = 0, differentiated through (the unroll): their cross-entropy, plus
-  ``distance`` times the mean over samples of ``|z_K - z*|^2 / |z*|^2``.
+  ``distance`` times the mean over samples of ``|z_K - z*|^2 / |z*|^2``, plus ``logits`` times
+  the mean over tokens of KL(p* || p_K), the fixed point's next-token distribution as the
+  K passes' soft target (distillation from the model's own deeper computation).
 Where neither the fixed point's loss nor a Jacobian penalty is asked for, the first forward
-runs without gradient, and where the distance is not asked for either, not at all. The
-distance is off by default: on WikiText-2's validation text it cost the fixed point more
-than it gave the K passes (the warm-start guide has the figures).
+runs without gradient, and where no teacher term is asked for either, not at all. Both
+teacher terms are off by default: on WikiText-2's validation text the distance cost the
+fixed point more than it gave the K passes (the warm-start guide has the figures).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class FewPassLoss:
     passes: int
     distance: float
     fixed_point: float
+    logits: float = 0.0
+
+    @property
+    def taught(self) -> bool:
+        """Whether a term needs the fixed point as the K passes' teacher."""
+        return bool(self.distance or self.logits)
 
 
 def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss, scale: float, sync: bool,
@@ -43,7 +51,7 @@ def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss
     (1 / the accumulation steps), each forward given ``fixed_point`` (the stage's options);
     gradients are synchronised between processes after the second one if ``sync``. Returns the
     K-pass cross-entropy (the step's loss), the other terms computed (``fixed_point_loss``,
-    ``distance``), detached, and the K-pass output."""
+    ``distance``, ``distillation``), detached, and the K-pass output."""
     core = accelerator.unwrap_model(model)
     teacher, fixed_point_loss = None, None
     jacobian = core.fixed_point_options(fixed_point).jacobian_penalty > 0
@@ -52,22 +60,33 @@ def few_pass_micro_step(accelerator, model, input_ids, labels, loss: FewPassLoss
             output = model(input_ids, output_hidden_states=bool(loss.distance), fixed_point=fixed_point)
             fixed_point_loss = token_cross_entropy(output.logits, labels, "aligned")
             accelerator.backward(penalised(loss.fixed_point * fixed_point_loss, output.fixed_point) * scale)
-        teacher = output.hidden_states[-1].detach() if loss.distance else None
+        teacher = output if loss.taught else None
         fixed_point_loss = fixed_point_loss.detach()
-    elif loss.distance:
+    elif loss.taught:
         with torch.no_grad():
-            teacher = model(input_ids, output_hidden_states=True, fixed_point=fixed_point).hidden_states[-1]
+            teacher = model(input_ids, output_hidden_states=bool(loss.distance), fixed_point=fixed_point)
     with contextlib.nullcontext() if sync else accelerator.no_sync(model):
         # K passes from z = 0 with autograd (the unroll), without the phase's Jacobian penalty,
         # which belongs at the fixed point. The hidden states' one more pass over z_K is what
         # gives z_K itself: the head reads it.
-        output = model(input_ids, passes=loss.passes, output_hidden_states=teacher is not None, fixed_point=fixed_point)
+        output = model(input_ids, passes=loss.passes, output_hidden_states=bool(loss.distance), fixed_point=fixed_point)
         cross_entropy = token_cross_entropy(output.logits, labels, "aligned")
-        distance = None if teacher is None else relative_distance(output.hidden_states[-1], teacher)
-        objective = cross_entropy if distance is None else cross_entropy + loss.distance * distance
+        terms = {"fixed_point_loss": fixed_point_loss}
+        if loss.distance:
+            terms["distance"] = relative_distance(output.hidden_states[-1], teacher.hidden_states[-1].detach())
+        if loss.logits:
+            terms["distillation"] = distillation(output.logits, teacher.logits.detach())
+        weights = {"distance": loss.distance, "distillation": loss.logits}
+        objective = cross_entropy + sum(weights[name] * terms[name] for name in weights if name in terms)
         accelerator.backward(objective * scale)
-    terms = {"fixed_point_loss": fixed_point_loss, "distance": None if distance is None else distance.detach()}
-    return cross_entropy.detach(), {name: value for name, value in terms.items() if value is not None}, output
+    return cross_entropy.detach(), {name: value.detach() for name, value in terms.items() if value is not None}, output
+
+
+def distillation(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """The mean over tokens of KL(target || logits' distribution), in full precision."""
+    log_p = torch.log_softmax(logits.float().flatten(0, -2), dim=-1)
+    log_target = torch.log_softmax(target_logits.float().flatten(0, -2), dim=-1)
+    return torch.nn.functional.kl_div(log_p, log_target, log_target=True, reduction="batchmean")
 
 
 def relative_distance(z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -144,10 +144,11 @@ def special_stages(settings: TrainConfig) -> list[str]:
         lines.append(f"contraction stage: {settings.contraction_steps:,} steps of the free phase's solves under a "
                      f"Jacobian penalty of weight {settings.contraction_jacobian:g} at the fixed point")
     if settings.few_pass_steps:
+        distilled = f"distillation of its logits {settings.few_pass_logits:g}, " if settings.few_pass_logits else ""
         lines.append(f"few-pass stage: the last {settings.few_pass_steps:,} steps trained the output after "
                      f"{settings.few_pass_passes} passes from z = 0 beside the fixed point's (weight "
                      f"{settings.few_pass_fixed_point:g}; distance to the fixed point {settings.few_pass_distance:g}, "
-                     f"Jacobian penalty {settings.few_pass_jacobian:g})")
+                     f"{distilled}Jacobian penalty {settings.few_pass_jacobian:g})")
     return lines
 
 
