@@ -30,6 +30,7 @@ SAVED = {
     "implicit": (1_780_128, 44.9703),
     "warm_start/explicit": (1_783_176, 45.2135),
     "warm_start/explicit_2_layers": (2_353_640, 41.8580),
+    "warm_start/explicit_4_layers": (3_494_568, 40.1502),
     "warm_start/implicit": (2_176_528, 40.8835),
 }
 # The implicit ones as shipped (no flags): the warm-started one at the 2 passes it declares
@@ -43,9 +44,12 @@ LINEAGE = {
     "implicit": [("implicit", 720), ("implicit", 120)],
     "warm_start/explicit": [("explicit", 240), ("explicit", 720)],
     "warm_start/explicit_2_layers": [("explicit", 240), ("explicit", 720)],
+    "warm_start/explicit_4_layers": [("explicit", 240), ("explicit", 720)],
     "warm_start/implicit": [("explicit", 240), ("implicit", 720), ("implicit", 120)],
 }
 TWIN = {"implicit": "explicit", "warm_start/implicit": "warm_start/explicit"}
+# The explicit references of the compute frontier: the twin's recipe at 2 and 4 layers.
+LAYERS = {"warm_start/explicit_2_layers": 2, "warm_start/explicit_4_layers": 4}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +70,7 @@ def test_a_shipped_wikitext2_checkpoint_scores_the_validation_file_as_when_saved
     parameters, perplexity = SAVED[kind]
     model = load_model(SHIPPED / kind)
     implicit = kind.endswith("implicit")
-    assert model.config.implicit == implicit and model.config.num_hidden_layers == (2 if "2_layers" in kind else 1)
+    assert model.config.implicit == implicit and model.config.num_hidden_layers == LAYERS.get(kind, 1)
     assert model.num_parameters() == parameters
     def evaluate(*flags: str) -> dict:
         out = tmp_path / str(len(list(tmp_path.iterdir())))

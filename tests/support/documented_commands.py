@@ -163,6 +163,17 @@ def check_python(words: list[str]) -> str | None:
     return _parse_refusal(lambda: parse_arguments(words[2:]))[1]
 
 
+# Standard tools a block may use to prepare files (a split of a text file, a folder).
+SHELL_TOOLS = frozenset({"mkdir", "xzcat", "head", "tail"})
+
+
+def check_shell_tool(words: list[str]) -> str | None:
+    """Every command of a pipeline is one of the standard tools."""
+    commands = [words[0], *(words[i + 1] for i, word in enumerate(words[:-1]) if word == "|")]
+    strangers = [command for command in commands if command not in SHELL_TOOLS]
+    return f"no check for {strangers[0]!r} in a pipeline" if strangers else None
+
+
 def check_mkdocs(words: list[str]) -> str | None:
     mkdocs = Path(sys.executable).parent / "mkdocs"
     if not mkdocs.exists():
@@ -178,4 +189,5 @@ CHECKS = {
     "source": check_source,
     "python": check_python,
     "mkdocs": check_mkdocs,
+    **dict.fromkeys(SHELL_TOOLS, check_shell_tool),
 }
