@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from implicitlm.cli import main
+from implicitlm.core.errors import OptionError
 from implicitlm.core.run_folder import latest_checkpoint
 from implicitlm.data.word_storage import load_words
 from implicitlm.data.words import verify_targets
+from implicitlm.tasks import make_task
 
 
 def run(capsys, *argv):
@@ -110,6 +112,34 @@ def test_eval_solves_in_chunks_of_the_training_length_unless_told_otherwise(tmp_
     assert [rows[name]["chunk_length"] for name in ("default", "whole", "six")] == [12, 48, 6]
     # Each chunk converges in about as many iterations as it has tokens, the whole word in about 48.
     assert rows["whole"]["fp_passes_mean"] < rows["default"]["fp_passes_mean"]
+
+
+def test_eval_of_prefixes_draws_the_longest_words_once_and_scores_each_length_on_them(tmp_path, capsys, trained_s3):
+    """--prefixes: the rows of the longest words' prefixes, as their own evaluation would give
+    them (the same words given as a file, cut to each length), the record saying so."""
+    from implicitlm.data.word_storage import save_words
+    from implicitlm.tasks.words import held_out_words
+
+    _, train_run = trained_s3
+    common = ["--count", "8", "--seed", "4", "--no-progress"]
+    code, stdout, _ = run(capsys, "words", "eval", str(train_run), "--multiples", "4,1,2", "--prefixes", *common,
+                          "--out", str(tmp_path / "prefixes"))
+    assert code == 0
+    record = json.loads((tmp_path / "prefixes" / "word_length.json").read_text())
+    assert [row["length"] for row in record["rows"]] == [12, 24, 48] and record["prefixes"] is True
+    inputs, targets = held_out_words("S3", 48, 8, seed=4)
+    for row in record["rows"]:
+        words = tmp_path / f"words{row['length']}.npy"
+        save_words(words, inputs[:, :row["length"]], targets[:, :row["length"]], {"group": "S3"})
+        assert run(capsys, "words", "eval", str(train_run), "--data", str(words), *common,
+                   "--out", str(tmp_path / words.stem))[0] == 0
+        alone = json.loads((tmp_path / words.stem / "word_length.json").read_text())
+        assert alone["rows"] == [row] and alone["prefixes"] is False
+    with pytest.raises(SystemExit):  # a length evaluation's flag only
+        main(["eval", "budget", "--task", "words", str(train_run), "--lengths", "12", "--prefixes"])
+    assert "unknown option --prefixes" in capsys.readouterr().err
+    with pytest.raises(OptionError, match="the budget evaluation reads each length's own words"):
+        make_task("words", train_run, lengths=[12, 24], prefixes=True).prepare("budget")
 
 
 @pytest.mark.slow

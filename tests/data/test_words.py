@@ -370,3 +370,37 @@ def test_an_evaluation_in_windows_scores_exactly_as_one_forward_over_the_whole_w
     windowed = word_scoring.word_accuracy(model, words, mode=mode, batch_size=4, max_iter=24, warn=False)
     assert windowed == whole
     assert whole["fp_fixed_points"] == (6 if mode == "simultaneous" else 6 * 101)
+
+
+@pytest.mark.parametrize("mode", ["simultaneous", "sequential"])
+def test_prefixes_read_once_score_as_each_prefix_evaluated_alone(trained_s3, monkeypatch, mode):
+    """One read of 101-token words gives, at 29 and 65 tokens (chunk boundaries of 12 counted
+    from the end), the rows of the 29- and 65-token prefixes evaluated as words of their own,
+    passes and convergence counts too; windows smaller than a prefix split where it ends."""
+    from implicitlm.tasks import word_scoring
+    from implicitlm.tasks.words import held_out_words
+
+    model, _ = trained_s3
+    inputs, targets = held_out_words("S3", 101, 6, seed=3)
+    monkeypatch.setattr(word_scoring, "WINDOW_TOKENS", 4 * 24)
+    rows = word_scoring.prefix_accuracy(model, inputs, targets, (65, 29), mode, max_iter=24, batch_size=4, warn=False)
+    alone = [word_scoring.word_accuracy(model, inputs[:, :n], targets[:, :n], mode, max_iter=24, batch_size=4, warn=False)
+             for n in (29, 65, 101)]
+    assert rows == alone
+    assert [row["fp_fixed_points"] for row in rows] == ([6, 6, 6] if mode == "simultaneous" else [6 * 29, 6 * 65, 6 * 101])
+
+
+@pytest.mark.parametrize("prefixes, fixed_point, refusal", [
+    ((30,), None, "do not end on a chunk boundary"),
+    ((101,), None, "shorter than the words"),
+    ((1,), None, "at least 2"),
+    ((29,), {"chunk_length": 0}, "need a chunked simultaneous solve"),
+])
+def test_a_prefix_its_own_evaluation_would_score_otherwise_is_refused(trained_s3, prefixes, fixed_point, refusal):
+    from implicitlm.core.errors import OptionError
+    from implicitlm.tasks.word_scoring import prefix_cuts
+
+    model, _ = trained_s3
+    with pytest.raises(OptionError, match=refusal):
+        prefix_cuts(model, "simultaneous", 101, prefixes, fixed_point)
+    assert prefix_cuts(model, "sequential", 101, (30, 2)) == (2, 30)  # one token a solve: any prefix

@@ -16,8 +16,8 @@ from .shared import (
 
 # The options of the tasks, as the library names them; one not given (None) takes the task's default.
 TASK_OPTIONS = (
-    "data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "split", "max_tokens", "sequence_length",
-    "stride", "batch_size",
+    "data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "prefixes", "split", "max_tokens",
+    "sequence_length", "stride", "batch_size",
 )
 HELP = {
     "length": "quality by test length (length extrapolation): word accuracy, perplexity by context, catbAbI answers",
@@ -191,6 +191,10 @@ def _add_task_options(p, task: str | None, evaluation: str) -> None:
         p.add_argument("--seed", type=seed, default=None, help=f"{words}seed of the generated words (default: 0)")
         p.add_argument("--hard-prob", type=fraction, default=None,
                        help=f"{words}identity probability of the group part (A5xM; default: the training's)")
+        if evaluation == "length":
+            p.add_argument("--prefixes", action="store_true", default=None,
+                           help=f"{words}draw the longest length's words only and score every length on their "
+                                "prefixes, in one read: the cost of the longest length alone")
     if (split := takes("lm", "catbabi")) is not None:
         choices = ["train", "valid", "test"] if task == "catbabi" else None
         p.add_argument("--split", default=None, choices=choices,

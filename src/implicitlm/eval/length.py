@@ -8,8 +8,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from ..tasks.base import Task, budget_line
 from .records import claimed_records, write_task_record
 
@@ -31,10 +29,7 @@ def evaluate_by_length(
         model, test_sets = task.prepare("length")
         task.require_sweep_time(model, test_sets, mode, f"an evaluation at {len(test_sets)} test lengths",
                                 arguments=("lengths",), hint="; give fewer or shorter lengths")
-        rows = [
-            task.evaluate(model, test_set, mode=mode, progress=progress)
-            for test_set in tqdm(test_sets, desc="eval", disable=not progress)
-        ]
+        rows = task.evaluate_sets(model, test_sets, mode=mode, progress=progress)
         budget = task.budget(mode)
         files = None
         if out is not None:

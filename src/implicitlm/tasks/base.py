@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..core.duration import require_time, seconds_of
 from ..core.errors import OptionError
@@ -184,6 +185,13 @@ class Task(ABC):
         the tolerance; every forward given ``settings(fixed_point)``. ``warn``: log a line when
         fixed points missed it (a budget sweep, whose table shows them, turns it off);
         ``progress``: a bar inside the set's evaluation, where the task has one."""
+
+    def evaluate_sets(self, model, test_sets: list[Any], mode: str = "simultaneous",
+                      progress: bool = False) -> list[dict[str, Any]]:
+        """The rows of a length evaluation: ``evaluate`` on each test set (a task that can score
+        several lengths in one read gives them all here)."""
+        return [self.evaluate(model, test_set, mode=mode, progress=progress)
+                for test_set in tqdm(test_sets, desc="eval", disable=not progress)]
 
     @abstractmethod
     def format_rows(self, rows: list[dict[str, Any]]) -> str:

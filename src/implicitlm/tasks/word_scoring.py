@@ -4,7 +4,9 @@ the next, so an evaluation at any length runs in bounded memory; and that memory
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import dataclasses
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -85,10 +87,17 @@ def window_bounds(length: int, window: int) -> list[int]:
     return [0, *range(length % window or window, length + 1, window)]
 
 
-def word_accuracy(
+def word_accuracy(model, inputs: np.ndarray | WordWindows, targets: np.ndarray | None = None,
+                  mode: str = "simultaneous", **options: Any) -> dict[str, Any]:
+    """``prefix_accuracy``'s one row at the words' whole length (``options``: its own)."""
+    return prefix_accuracy(model, inputs, targets, (), mode, **options)[0]
+
+
+def prefix_accuracy(
     model,
     inputs: np.ndarray | WordWindows,
     targets: np.ndarray | None = None,
+    prefixes: Sequence[int] = (),
     mode: str = "simultaneous",
     max_iter: int | None = None,
     tol: float | None = None,
@@ -97,8 +106,14 @@ def word_accuracy(
     warn: bool = True,
     progress: bool = False,
     fixed_point: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Per-token accuracy over the last ``last`` tokens of each word (the authors' metric)
+) -> list[dict[str, Any]]:
+    """A row per length of ``prefixes`` (shorter than the words), then the words' own, each
+    scoring the words' first that many tokens, read once: the rows an evaluation of each
+    prefix alone gives, at the cost of the longest. A chunked simultaneous solve reads whole
+    chunks counted back from a word's end, so a prefix must end on a chunk boundary of the
+    whole word (``prefix_cuts``).
+
+    A row: per-token accuracy over the last ``last`` tokens of each word (the authors' metric)
     and over all tokens but the first, whose label is its own input (a model that copies it
     would score 1 / length for free); for implicit models, the mean passes per fixed point and
     how many fixed points stopped above the tolerance, and why. The words: ``inputs`` and
@@ -113,9 +128,32 @@ def word_accuracy(
     budget sweep, which shows the share itself, turns it off); ``progress``: a bar over the
     windows."""
     words = _word_windows(inputs, targets)
+    cuts = prefix_cuts(model, mode, words.length, prefixes, fixed_point)
     score = WordScore(model, mode, max_iter, tol, words.length, last, fixed_point)
-    _read_in_windows(model, words, batch_size, [score], progress=progress)
-    return score.row(warn)
+    _read_in_windows(model, words, batch_size, [score], progress=progress, cuts=cuts)
+    return score.rows(warn)
+
+
+def prefix_cuts(model, mode: str, length: int, prefixes: Sequence[int],
+                fixed_point: dict[str, Any] | None = None) -> tuple[int, ...]:
+    """``prefixes`` sorted, each checked to be scored as its own evaluation would score it:
+    shorter than the words, of at least 2 tokens, and ending where a chunk of an implicit
+    model's simultaneous solve ends (a solve of the whole sequence at once has no such
+    point: its every iterate reads all of it)."""
+    cuts = tuple(sorted(set(prefixes)))
+    if any(cut < 2 or cut >= length for cut in cuts):
+        raise OptionError(f"prefixes {list(cuts)} of {length}-token words: each must be at least 2 and shorter than the words")
+    if cuts and mode == "simultaneous" and model.config.implicit:
+        chunk = model.fixed_point_options(fixed_point).chunk_length
+        if not chunk:
+            raise OptionError("prefixes need a chunked simultaneous solve (chunk_length > 0) or sequential mode: a solve "
+                              "of the whole word reads every token at every pass", arguments=("chunk_length",))
+        off = [cut for cut in cuts if (length - cut) % chunk]
+        if off:
+            raise OptionError(f"prefixes {off} of {length}-token words do not end on a chunk boundary: chunks of {chunk} "
+                              f"tokens are counted back from the words' end; give lengths that differ from the "
+                              f"longest by multiples of {chunk}", arguments=("lengths",))
+    return cuts
 
 
 def mode_agreement(
@@ -142,7 +180,7 @@ def mode_agreement(
         agreeing += int((predictions[0] == predictions[1]).sum())
 
     _read_in_windows(model, words, batch_size, scores, compare)
-    rows = {score.mode: score.row() for score in scores}
+    rows = {score.mode: score.rows()[-1] for score in scores}
     agreement = agreeing / (words.count * words.length)
     return {"length": words.length, "sequences": words.count, "argmax_agreement": agreement, **rows}
 
@@ -161,7 +199,7 @@ def word_predictions(
         predicted[rows, positions] = predictions[0]
 
     _read_in_windows(model, words, batch_size, [score], keep)
-    return predicted, score.row(warn)
+    return predicted, score.rows(warn)[-1]
 
 
 def _word_windows(inputs: np.ndarray | WordWindows, targets: np.ndarray | None) -> WordWindows:
@@ -173,7 +211,7 @@ class WordScore:
     each batch's words carry to their next window, their fixed-point stats chained over the
     windows (simultaneous mode: a word's fixed point is all its windows' chunks together, as
     in one forward over the whole word) or summed (sequential mode: one per token), and the
-    hits of all tokens but the first and of the last ``last``."""
+    hits at each position; what they were at the end of each prefix read (``close_prefix``)."""
 
     def __init__(self, model, mode: str, max_iter: int | None, tol: float | None, length: int, last: int = 10,
                  fixed_point: dict[str, Any] | None = None):
@@ -183,9 +221,10 @@ class WordScore:
         self.fixed_point = fixed_point
         self.states: dict[int, Any] = {}
         self.chained: dict[int, FixedPointStats] = {}
-        self.tally = ConvergenceTally()
-        self.hits = self.hits_last = self.words = 0
-        self.passes = self.rel_residual = 0.0
+        self.solves = SolveCounts()
+        self.prefixes: dict[int, SolveCounts] = {}
+        self.position_hits = np.zeros(length, dtype=np.int64)
+        self.words = 0
 
     def read(self, batch: int, tokens: torch.Tensor, labels: torch.Tensor, start: int, more: bool) -> torch.Tensor:
         """The predicted labels of batch ``batch``'s words at positions ``start`` on (their
@@ -199,10 +238,7 @@ class WordScore:
             # Copied: a state read off a forward may be a view that keeps its whole window's tensors alive.
             self.states[batch] = self.model.stack.select_state(output.state, torch.arange(tokens.shape[0], device=tokens.device))
         predicted = output.logits.argmax(-1).cpu()
-        positions = torch.arange(start, start + tokens.shape[1])
-        correct = predicted == labels
-        self.hits += int(correct[:, positions >= 1].sum())
-        self.hits_last += int(correct[:, positions >= max(1, self.length - self.last)].sum())
+        self.position_hits[start:start + tokens.shape[1]] += (predicted == labels).sum(0).numpy()
         if start == 0:
             self.words += tokens.shape[0]
         stats = output.fixed_point
@@ -212,44 +248,72 @@ class WordScore:
             if more:
                 self.chained[batch] = stats
         if stats is not None and not (self.mode == "simultaneous" and more):
-            self.tally.add(stats)
-            self.passes += float(stats.passes.double().sum())
-            self.rel_residual += float(stats.rel_residual.double().sum())
+            self.solves.add(stats)
         return predicted
 
-    def row(self, warn: bool = True) -> dict[str, Any]:
-        """``word_accuracy``'s row, once every window of every word was read."""
-        last = min(self.last, self.length - 1)
+    def close_prefix(self, length: int) -> None:
+        """Keep the solves of the words' first ``length`` tokens, once every batch read them:
+        the sequential ones so far, or each word's simultaneous ones chained so far."""
+        if self.mode == "simultaneous":
+            solves = SolveCounts()
+            for stats in self.chained.values():
+                solves.add(stats)
+        else:
+            solves = copy.deepcopy(self.solves)
+        self.prefixes[length] = solves
+
+    def rows(self, warn: bool = True) -> list[dict[str, Any]]:
+        """``prefix_accuracy``'s rows, once every window of every word was read."""
+        ends = {**self.prefixes, self.length: self.solves}
+        return [self._row(length, solves, warn) for length, solves in sorted(ends.items())]
+
+    def _row(self, length: int, solves: SolveCounts, warn: bool) -> dict[str, Any]:
+        last = min(self.last, length - 1)
         row: dict[str, Any] = {
-            "length": self.length,
+            "length": length,
             "sequences": self.words,
-            f"accuracy_last{self.last}": self.hits_last / (self.words * last),
-            "accuracy": self.hits / (self.words * (self.length - 1)),
+            f"accuracy_last{self.last}": int(self.position_hits[length - last:length].sum()) / (self.words * last),
+            "accuracy": int(self.position_hits[1:length].sum()) / (self.words * (length - 1)),
         }
-        if self.tally.fixed_points:
+        if solves.tally.fixed_points:
             options = self.model.fixed_point_options(self.fixed_point)
-            if self.tally.in_passes:
+            if solves.tally.in_passes:
                 row["passes"] = options.passes  # no max_iter nor tol: a fixed budget holds none
             else:
                 row["max_iter"], row["tol"] = options.budget(self.max_iter, self.tol, self.mode)
             if self.mode == "simultaneous":
-                row["chunk_length"] = solved_at_once(self.model, self.length, self.fixed_point)
-            row["fp_passes_mean"] = self.passes / self.tally.fixed_points
-            row["fp_rel_residual_mean"] = self.rel_residual / self.tally.fixed_points
-            row.update(self.tally.as_dict())
+                row["chunk_length"] = solved_at_once(self.model, length, self.fixed_point)
+            row["fp_passes_mean"] = solves.passes / solves.tally.fixed_points
+            row["fp_rel_residual_mean"] = solves.rel_residual / solves.tally.fixed_points
+            row.update(solves.tally.as_dict())
             if warn:
-                warn_not_converged(self.tally, f"{self.mode} mode, length {self.length}")
+                warn_not_converged(solves.tally, f"{self.mode} mode, length {length}")
         return row
 
 
+@dataclasses.dataclass
+class SolveCounts:
+    """What a score's solves came to: their tally, and their passes and relative residuals summed."""
+
+    tally: ConvergenceTally = dataclasses.field(default_factory=ConvergenceTally)
+    passes: float = 0.0
+    rel_residual: float = 0.0
+
+    def add(self, stats: FixedPointStats) -> None:
+        self.tally.add(stats)
+        self.passes += float(stats.passes.double().sum())
+        self.rel_residual += float(stats.rel_residual.double().sum())
+
+
 def _read_in_windows(model, words: WordWindows, batch_size: int, scores: list[WordScore], on_read=None,
-                     progress: bool = False) -> None:
+                     progress: bool = False, cuts: tuple[int, ...] = ()) -> None:
     """Every window of ``words`` read by each of ``scores`` (modes), batch by batch: windows
     outside, so that a window's tokens are drawn or read once. ``on_read(predictions,
-    rows, positions)``: each batch's predictions of each score, as they are made."""
+    rows, positions)``: each batch's predictions of each score, as they are made. ``cuts``:
+    prefix lengths where a window ends and each score closes the prefix."""
     rows = min(batch_size, words.count)
     window = evaluation_window(model, tuple(score.mode for score in scores), words.length, rows, scores[0].fixed_point)
-    bounds = window_bounds(words.length, window)
+    bounds = sorted({*window_bounds(words.length, window), *cuts})
     model.eval()
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -263,6 +327,9 @@ def _read_in_windows(model, words: WordWindows, batch_size: int, scores: list[Wo
                 predictions = [score.read(batch, x, y, start, end < words.length) for score in scores]
                 if on_read is not None:
                     on_read(predictions, part, slice(start, end))
+            if end in cuts:
+                for score in scores:
+                    score.close_prefix(end)
 
 
 def evaluation_bytes(model, words: WordWindows, mode: str, batch_size: int,

@@ -5,6 +5,7 @@ figure; the hard tokens of a product group's words split a convergence report.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..data.words import GeneratedWords, StoredWords, WordData, WordWindows, gen
 from . import TASKS
 from .base import Figure, Task, TaskRecord, missed_cell, missed_header, retries_cell
 from .word_scoring import (
-    evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, with_word_budget, word_accuracy,
+    evaluation_bytes, evaluation_seconds, held_bytes, mode_agreement, prefix_accuracy, with_word_budget, word_accuracy,
 )
 
 # Test words come from seeds far from any training step's seed sequence.
@@ -108,23 +109,36 @@ def word_length_record(rows: list[dict[str, Any]], group: str, mode: str, train_
 class WordsTask(Task):
     """Word problems over the checkpoint's group (or ``group``, which must be the same): fresh
     test words of ``lengths`` (or ``multiples`` of the training length), ``count`` per length
-    from ``seed``, or the words of the ``data`` files; rows are ``word_accuracy``'s."""
+    from ``seed``, or the words of the ``data`` files; rows are ``word_accuracy``'s. ``prefixes``:
+    a length evaluation draws the longest length's words only and scores every length on
+    their prefixes, in one read (``prefix_accuracy``)."""
 
     entry = TASKS["words"]
-    OPTIONS = ("data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "batch_size")
+    OPTIONS = ("data", "group", "lengths", "multiples", "count", "seed", "hard_prob", "prefixes", "batch_size")
     quality = "accuracy_last10"
 
     def __init__(
         self, checkpoint: str | Path, *, data: list | None = None,
         group: str | None = None, lengths: list[int] | None = None, multiples: list[int] | None = None,
-        count: int | None = None, seed: int | None = None, hard_prob: float | None = None, batch_size: int | None = None,
+        count: int | None = None, seed: int | None = None, hard_prob: float | None = None, prefixes: bool | None = None,
+        batch_size: int | None = None,
     ):
         super().__init__(checkpoint, batch_size)
         self.data = [Path(path) for path in data or []]
         self.group, self.lengths, self.multiples, self.count = group, lengths, multiples, count
         self.seed = 0 if seed is None else seed
         self.hard_prob = hard_prob
+        self.prefixes = bool(prefixes)
         self.train_length: int | None = None
+
+    def require(self, evaluation: str) -> None:
+        super().require(evaluation)
+        if self.prefixes and evaluation != "length":
+            raise OptionError(f"prefixes scores the lengths of a length evaluation; the {evaluation} evaluation reads "
+                              "each length's own words", arguments=("prefixes",))
+        if self.prefixes and self.data:
+            raise OptionError("prefixes draws the words it scores; a word file's words are read whole",
+                              arguments=("prefixes", "data"))
 
     def resolve(self) -> None:
         train = self.training()
@@ -141,6 +155,14 @@ class WordsTask(Task):
         window at a time as they are evaluated."""
         if self.data:
             return [StoredWords(words.inputs, words.targets) for words in (load_words(path, self.group) for path in self.data)]
+        lengths = self.test_lengths()
+        if self.prefixes:  # the longest words alone: evaluate_sets scores the others on their prefixes
+            lengths = lengths[-1:]
+        count = count if self.count is None else self.count
+        return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
+
+    def test_lengths(self) -> list[int]:
+        """The requested lengths of generated words (with ``prefixes``: sorted, each once)."""
         if self.multiples:
             if not self.train_length:
                 raise OptionError(
@@ -155,10 +177,18 @@ class WordsTask(Task):
                 "give lengths (e.g. [16, 32, 64]), multiples (e.g. [1, 2, 4, 8]) or data (a word file)",
                 arguments=("lengths", "multiples", "data"),
             )
-        count = count if self.count is None else self.count
-        return [held_out_word_windows(self.group, n, count, self.seed, self.hard_prob) for n in lengths]
+        return sorted(set(lengths)) if self.prefixes else lengths
 
     def evaluate(self, model, test_set, mode="simultaneous", fixed_point=None, warn=True, progress=False):
+        return self._rows(model, test_set, mode, fixed_point, warn, progress)[-1]
+
+    def evaluate_sets(self, model, test_sets, mode="simultaneous", progress=False):
+        if not self.prefixes:
+            return super().evaluate_sets(model, test_sets, mode, progress)
+        return self._rows(model, test_sets[0], mode, progress=progress, prefixes=self.test_lengths()[:-1])
+
+    def _rows(self, model, test_set, mode, fixed_point=None, warn=True, progress=False, prefixes=()):
+        """``prefix_accuracy``'s rows on ``test_set`` after the checks of its memory and time."""
         fixed_point = self.settings(fixed_point)
         seconds = self.one_pass_seconds(model, test_set, mode)
         require(_described(test_set), evaluation_bytes(model, test_set, mode, self.batch_size, fixed_point))
@@ -167,8 +197,8 @@ class WordsTask(Task):
             # No budget given: a simultaneous solve gets what words of this length need
             # (the model's own may be a training length's).
             fixed_point = with_word_budget(model, test_set.length, fixed_point)
-        return word_accuracy(model, test_set, None, mode, batch_size=self.batch_size, warn=warn, progress=progress,
-                             fixed_point=fixed_point)
+        return prefix_accuracy(model, test_set, None, prefixes, mode, batch_size=self.batch_size, warn=warn,
+                               progress=progress, fixed_point=fixed_point)
 
     def one_pass_seconds(self, model, test_set: WordWindows, mode: str) -> float:
         """``evaluation_seconds``, once the checks that take no forward over a whole window
@@ -197,7 +227,9 @@ class WordsTask(Task):
         return budget
 
     def length_record(self, rows, mode) -> TaskRecord:
-        return word_length_record(rows, self.group, mode, self.train_length)
+        record = word_length_record(rows, self.group, mode, self.train_length)
+        # What the rows read: each length's own words, or the prefixes of the longest's.
+        return dataclasses.replace(record, details={**record.details, "prefixes": self.prefixes})
 
     def convergence_inputs(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         # Hard vs easy only where the group is a product, whose first factor the mask reads.
